@@ -1,0 +1,79 @@
+"""Loading base models, and light copies of them for shape inference."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+#: Initializers with more elements than this are not handed to shape inference
+#: with their values: only their type and shape matter for inference.
+SMALL_TENSOR_ELEMENTS = 1024
+
+
+def load_base_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, Path | None]:
+    """A private copy of ``model`` and the folder its external data lives in.
+
+    A path is read without its external data: tensors stored beside the model
+    stay on disk (models over 2 GB never pass through memory or temp files),
+    and the folder is returned so the data can be found later. A ``ModelProto``
+    is copied, so the caller's object is never changed.
+    """
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy, None
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.is_file():
+            raise ValueError(f"no ONNX model at {str(path)!r}: pass an existing .onnx file or a ModelProto")
+        try:
+            loaded = onnx.load(os.fspath(path), load_external_data=False)
+        except Exception as error:  # protobuf raises its own DecodeError
+            raise ValueError(f"{str(path)!r} is not a readable ONNX model: {error}") from error
+        return loaded, path.resolve().parent
+    raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
+
+
+def _is_small(tensor: onnx.TensorProto) -> bool:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return False
+    count = 1
+    for dim in tensor.dims:
+        count *= dim
+    return count <= SMALL_TENSOR_ELEMENTS
+
+
+def type_only_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A tensor with ``tensor``'s name, type and shape and no data.
+
+    Its data is marked external at a location that does not exist: shape
+    inference reads only the type and dims, and never opens the file.
+    """
+    stub = onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims)
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    stub.external_data.add(key="location", value="__onnxtrain_type_only__")
+    return stub
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the values of its large initializers, for shape inference.
+
+    Small initializers keep their values (shape tensors and axes, which shape
+    inference reads); the skeleton stays small even for a model of many gigabytes.
+    """
+    light = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "domain", "model_version"):
+        setattr(light, field, getattr(model, field))
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = model.graph
+    target = light.graph
+    target.name = graph.name
+    target.node.extend(graph.node)
+    target.input.extend(graph.input)
+    target.output.extend(graph.output)
+    target.value_info.extend(graph.value_info)
+    target.initializer.extend(t if _is_small(t) else type_only_tensor(t) for t in graph.initializer)
+    return light

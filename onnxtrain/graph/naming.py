@@ -1,0 +1,69 @@
+"""Deterministic, collision-free names for the values and nodes a build adds."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import onnx
+
+_UNSAFE = re.compile(r"[^0-9A-Za-z_.:/-]+")
+
+
+def names_in(graph: onnx.GraphProto) -> set[str]:
+    """Every name a graph already uses: values, initializers, inputs, outputs and nodes."""
+    names: set[str] = set()
+    names.update(value.name for value in graph.input)
+    names.update(value.name for value in graph.output)
+    names.update(value.name for value in graph.value_info)
+    names.update(tensor.name for tensor in graph.initializer)
+    names.update(tensor.values.name for tensor in graph.sparse_initializer)
+    for node in graph.node:
+        names.update(node.input)
+        names.update(node.output)
+        if node.name:
+            names.add(node.name)
+    names.discard("")
+    return names
+
+
+class NameGenerator:
+    """Hands out ``hint_N`` names that no other value or node of the graph uses.
+
+    The counter belongs to one build, so the same sequence of blocks on the same
+    base model gives the same names in every process.
+    """
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self._taken: set[str] = set(taken)
+        self._added: list[str] = []
+        self._counter = 0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._taken
+
+    def reserve(self, name: str) -> None:
+        """Mark ``name`` as used (a name the caller chose, e.g. a target input)."""
+        if name not in self._taken:
+            self._taken.add(name)
+            self._added.append(name)
+
+    def fresh(self, hint: str) -> str:
+        """A new unused name that starts with ``hint``."""
+        stem = _UNSAFE.sub("_", hint) or "value"
+        while True:
+            name = f"{stem}_{self._counter}"
+            self._counter += 1
+            if name not in self._taken:
+                self.reserve(name)
+                return name
+
+    def state(self) -> tuple[int, int]:
+        """A snapshot for :meth:`restore`: the counter and how many names were added."""
+        return self._counter, len(self._added)
+
+    def restore(self, state: tuple[int, int]) -> None:
+        """Forget every name handed out or reserved since the snapshot ``state``."""
+        self._counter, added = state
+        while len(self._added) > added:
+            self._taken.discard(self._added.pop())

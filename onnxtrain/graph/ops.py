@@ -1,0 +1,64 @@
+"""Emitters for operators whose form depends on the opset, and typed constants.
+
+Each function appends nodes through a :class:`GraphBuilder` and returns the
+name of the result, choosing the operator's form for the model's opset (for
+example ReduceMean takes ``axes`` as an attribute before opset 18 and as an
+input from 18 on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.builder import GraphBuilder
+
+#: The opset from which each reduction takes its axes as an input.
+_AXES_AS_INPUT_SINCE = {"ReduceSum": 13}
+_AXES_AS_INPUT_DEFAULT = 18
+
+
+def constant(b: GraphBuilder, value: object, elem_type: int, hint: str = "const") -> str:
+    """An initializer holding ``value`` as a tensor of ONNX element type ``elem_type``."""
+    return b.add_initializer(np.asarray(value, dtype=dtypes.to_numpy_dtype(elem_type)), hint)
+
+
+def constant_like(b: GraphBuilder, value: object, like: str, hint: str = "const") -> str:
+    """A constant with the element type of tensor ``like`` (a scalar by default)."""
+    return constant(b, value, b.elem_type(like), hint)
+
+
+def int64s(b: GraphBuilder, values: Sequence[int], hint: str = "axes") -> str:
+    """A 1-D int64 initializer (axes, shapes, indices)."""
+    return b.add_initializer(np.asarray(list(values), dtype=np.int64), hint)
+
+
+def reduce(
+    b: GraphBuilder,
+    op_type: str,
+    x: str,
+    axes: Sequence[int] | None = None,
+    *,
+    keepdims: bool = False,
+    hint: str | None = None,
+) -> str:
+    """``op_type`` (ReduceSum, ReduceMean, ...) of ``x`` over ``axes`` (all when ``None``)."""
+    keep = int(keepdims)
+    if axes is None:
+        return b.add_node1(op_type, [x], keepdims=keep, hint=hint)
+    if b.opset >= _AXES_AS_INPUT_SINCE.get(op_type, _AXES_AS_INPUT_DEFAULT):
+        return b.add_node1(op_type, [x, int64s(b, axes)], keepdims=keep, hint=hint)
+    return b.add_node1(op_type, [x], axes=list(axes), keepdims=keep, hint=hint)
+
+
+def unsqueeze(b: GraphBuilder, x: str, axes: Sequence[int], hint: str | None = None) -> str:
+    """Insert size-1 dimensions at ``axes``."""
+    return b.add_node1("Unsqueeze", [x, int64s(b, axes)], hint=hint)
+
+
+def squeeze(b: GraphBuilder, x: str, axes: Sequence[int] | None = None, hint: str | None = None) -> str:
+    """Remove the size-1 dimensions at ``axes`` (all of them when ``None``)."""
+    inputs = [x] if axes is None else [x, int64s(b, axes)]
+    return b.add_node1("Squeeze", inputs, hint=hint)

@@ -1,0 +1,87 @@
+"""What every loss shares: the reduction, target inputs and input checks."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Literal, get_args
+
+import numpy as np
+
+from onnxtrain.blocks import ReduceMean, ReduceSum
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
+
+Reduction = Literal["mean", "sum", "none"]
+REDUCTIONS: tuple[str, ...] = get_args(Reduction)
+
+
+def check_reduction(loss: str, reduction: str, valid: Sequence[str] = REDUCTIONS) -> str:
+    """Return ``reduction``; ``ValueError`` listing the valid ones otherwise."""
+    if reduction not in valid:
+        raise ValueError(f"{loss} got reduction={reduction!r}; choose one of {list(valid)}")
+    return reduction
+
+
+def reduce_loss(elementwise: str, reduction: str) -> str:
+    """Mean or sum over all elements (a scalar), or the element-wise loss for ``"none"``."""
+    if reduction == "none":
+        return elementwise
+    block = ReduceMean(keepdims=False) if reduction == "mean" else ReduceSum(keepdims=False)
+    return block(elementwise)
+
+
+def require_float(b: GraphBuilder, loss: str, name: str) -> int:
+    """The element type of ``name``; ``TypeError`` unless it is floating point."""
+    elem_type = b.elem_type(b.require(name))
+    if not dtypes.is_float(elem_type):
+        raise TypeError(
+            f"{loss} needs a floating-point input, but {name!r} is {describe_type(b.type_of(name))}; "
+            "cast it first with blocks.Cast(onnx.TensorProto.FLOAT)"
+        )
+    return elem_type
+
+
+def target_input(
+    b: GraphBuilder,
+    loss: str,
+    name: str,
+    like: str,
+    *,
+    elem_type: int | None = None,
+    drop_axis: int | None = None,
+) -> str:
+    """The target (or labels) value ``name`` for a loss on ``like``.
+
+    An existing value of that name is used as it is, when its element type
+    fits. Otherwise a graph input is added with ``like``'s shape (symbolic
+    dimensions kept; axis ``drop_axis`` removed) and element type ``elem_type``
+    (``like``'s by default).
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{loss} needs the target name as a non-empty str, got {name!r}")
+    source = b.tensor_type_of(like)
+    wanted = source.tensor_type.elem_type if elem_type is None else elem_type
+    if b.has(name):
+        have = b.elem_type(name)
+        if have != wanted:
+            raise TypeError(
+                f"{loss} needs its target {name!r} to be {dtypes.dtype_name(wanted)}, but the model already "
+                f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
+            )
+        return name
+    dims: list[Dim] | None = b.shape(like)
+    if dims is not None and drop_axis is not None:
+        dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
+    type_proto = copy.deepcopy(tensor_type(wanted, dims)) if dims is not None else tensor_type(wanted, None)
+    return b.add_input(name, type_proto)
+
+
+def class_weights(loss: str, weight: object, argument: str = "weight") -> np.ndarray | None:
+    """``weight`` as a 1-D float array of per-class weights, or ``None``."""
+    if weight is None:
+        return None
+    array = np.asarray(weight)
+    if array.ndim != 1 or array.size == 0 or array.dtype.kind not in "fiu":
+        raise ValueError(f"{loss} needs {argument} as a 1-D array of numbers (one per class), got {weight!r}")
+    return array.astype(np.float64)

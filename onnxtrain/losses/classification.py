@@ -1,0 +1,232 @@
+"""Classification losses: cross-entropy, negative log-likelihood and binary cross-entropy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxtrain.blocks import Add, Block, Div, LogSoftmax, Mul, Neg, Sub
+from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.losses._common import (
+    Reduction,
+    check_reduction,
+    class_weights,
+    reduce_loss,
+    require_float,
+    target_input,
+)
+
+
+def _label_type(loss: str, label_dtype: Any) -> int:
+    elem_type = dtypes.to_elem_type(label_dtype)
+    if elem_type not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64):
+        raise TypeError(f"{loss} needs label_dtype int32 or int64, got {dtypes.dtype_name(elem_type)}")
+    return elem_type
+
+
+def _class_axis_rank(b: GraphBuilder, loss: str, name: str) -> int:
+    rank = b.rank(name)
+    if rank is not None and rank < 2:
+        raise ValueError(
+            f"{loss} needs {name!r} shaped (batch, classes, d1, ...), but it has rank {rank}; "
+            "add a batch axis with blocks.Unsqueeze([0])"
+        )
+    return rank or 2
+
+
+def _weighted_nll(
+    b: GraphBuilder, log_probs: str, labels: str, weight: np.ndarray | None, reduction: str, ignore_index: int | None
+) -> str:
+    """ONNX ``NegativeLogLikelihoodLoss``: ``-w[y] log_probs[y]``, a weighted mean for ``"mean"``."""
+    inputs = [log_probs, labels]
+    if weight is not None:
+        inputs.append(ops.constant_like(b, weight, log_probs, "class_weight"))
+    attributes: dict[str, Any] = {"reduction": reduction}
+    if ignore_index is not None:
+        attributes["ignore_index"] = int(ignore_index)
+    return b.add_node1("NegativeLogLikelihoodLoss", inputs, hint="nll", **attributes)
+
+
+class NLLLoss(Block):
+    """Negative log-likelihood of log-probabilities ``(N, C, d...)`` at integer labels ``(N, d...)``.
+
+    ``torch.nn.NLLLoss`` semantics: per-class ``weight``, labels equal to
+    ``ignore_index`` count for nothing, ``"mean"`` divides by the summed weights
+    of the counted labels. Emits ONNX ``NegativeLogLikelihoodLoss``.
+    """
+
+    def __init__(
+        self,
+        weight: Any = None,
+        reduction: Reduction = "mean",
+        ignore_index: int | None = -100,
+        *,
+        label_dtype: Any = np.int64,
+    ) -> None:
+        super().__init__()
+        self._weight = class_weights("NLLLoss", weight)
+        self._reduction = check_reduction("NLLLoss", reduction)
+        self._ignore_index = ignore_index
+        self._label_type = _label_type("NLLLoss", label_dtype)
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        b = self.builder
+        require_float(b, "NLLLoss", loss_input_name)
+        _class_axis_rank(b, "NLLLoss", loss_input_name)
+        labels = target_input(b, "NLLLoss", target_name, loss_input_name, elem_type=self._label_type, drop_axis=1)
+        return _weighted_nll(b, loss_input_name, labels, self._weight, self._reduction, self._ignore_index)
+
+
+class CrossEntropyLoss(Block):
+    """Softmax cross-entropy of scores ``(N, C, d...)`` against integer labels ``(N, d...)``.
+
+    ``torch.nn.CrossEntropyLoss`` semantics, including ``weight`` (an array),
+    ``ignore_index`` and ``label_smoothing`` ``eps``:
+    ``(1 - eps) * nll + eps / C * smooth``, where ``smooth`` is the reduced
+    ``-sum_c w_c log p_c`` over counted labels. Emits ``LogSoftmax`` over
+    axis 1 and ``NegativeLogLikelihoodLoss``, never the log of a softmax.
+    Labels are int32 by default, as in ONNX Runtime (``label_dtype=np.int64``
+    for PyTorch-style labels).
+    """
+
+    def __init__(
+        self,
+        weight: Any = None,
+        reduction: Reduction = "mean",
+        ignore_index: int | None = -100,
+        label_smoothing: float = 0.0,
+        *,
+        label_dtype: Any = np.int32,
+    ) -> None:
+        super().__init__()
+        self._weight = class_weights("CrossEntropyLoss", weight)
+        self._reduction = check_reduction("CrossEntropyLoss", reduction)
+        self._ignore_index = ignore_index
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"CrossEntropyLoss needs 0 <= label_smoothing <= 1, got {label_smoothing}")
+        self._smoothing = float(label_smoothing)
+        self._label_type = _label_type("CrossEntropyLoss", label_dtype)
+
+    def build(self, scores_input_name: str, labels_name: str = "labels") -> str:
+        b = self.builder
+        require_float(b, "CrossEntropyLoss", scores_input_name)
+        rank = _class_axis_rank(b, "CrossEntropyLoss", scores_input_name)
+        labels = target_input(
+            b, "CrossEntropyLoss", labels_name, scores_input_name, elem_type=self._label_type, drop_axis=1
+        )
+        log_probs = LogSoftmax(axis=1)(scores_input_name)
+        nll = _weighted_nll(b, log_probs, labels, self._weight, self._reduction, self._ignore_index)
+        if self._smoothing == 0.0:
+            return nll
+        smooth = self._smooth_term(b, log_probs, labels, rank)
+        eps_over_c = Div()(ops.constant_like(b, self._smoothing, log_probs, "label_smoothing"), self._num_classes(b, log_probs))
+        kept = ops.constant_like(b, 1.0 - self._smoothing, log_probs, "one_minus_smoothing")
+        return Add()(Mul()(kept, nll), Mul()(eps_over_c, smooth))
+
+    def _num_classes(self, b: GraphBuilder, log_probs: str) -> str:
+        dims = b.shape(log_probs)
+        if dims is not None and isinstance(dims[1], int):
+            return ops.constant_like(b, dims[1], log_probs, "num_classes")
+        shape = b.add_node1("Shape", [log_probs], start=1, end=2)
+        return b.add_node1("Cast", [ops.squeeze(b, shape, [0])], to=b.elem_type(log_probs))
+
+    def _smooth_term(self, b: GraphBuilder, log_probs: str, labels: str, rank: int) -> str:
+        """``-sum_c w_c log p_c`` per label, zero where ignored, reduced like ``nll``."""
+        weighted = log_probs
+        if self._weight is not None:
+            shape = [1, self._weight.size] + [1] * (rank - 2)
+            weight = ops.constant_like(b, self._weight.reshape(shape), log_probs, "class_weight")
+            weighted = Mul()(log_probs, weight)
+        per_label = Neg()(ops.reduce(b, "ReduceSum", weighted, [1], keepdims=False))
+        if self._ignore_index is None:
+            counted = None
+        else:
+            ignored = b.add_node1("Equal", [labels, ops.constant_like(b, self._ignore_index, labels, "ignore_index")])
+            counted = b.add_node1("Not", [ignored])
+            per_label = b.add_node1("Where", [counted, per_label, ops.constant_like(b, 0.0, log_probs, "zero")])
+        if self._reduction != "mean":
+            return reduce_loss(per_label, self._reduction)
+        total = ops.reduce(b, "ReduceSum", per_label, None, keepdims=False)
+        return Div()(total, self._mean_denominator(b, log_probs, labels, counted))
+
+    def _mean_denominator(self, b: GraphBuilder, log_probs: str, labels: str, counted: str | None) -> str:
+        """The number (or summed class weight) of the labels that count."""
+        elem_type = b.elem_type(log_probs)
+        if self._weight is None:
+            ones = b.add_node1("Cast", [counted], to=elem_type) if counted else None
+            if ones is None:
+                size = b.add_node1("Size", [labels])
+                return b.add_node1("Cast", [size], to=elem_type)
+            return ops.reduce(b, "ReduceSum", ones, None, keepdims=False)
+        safe = labels
+        if counted is not None:
+            safe = b.add_node1("Where", [counted, labels, ops.constant_like(b, 0, labels, "zero_label")])
+        per_label = b.add_node1("Gather", [ops.constant_like(b, self._weight, log_probs, "class_weight"), safe])
+        if counted is not None:
+            per_label = b.add_node1("Where", [counted, per_label, ops.constant_like(b, 0.0, log_probs, "zero")])
+        return ops.reduce(b, "ReduceSum", per_label, None, keepdims=False)
+
+
+class BCEWithLogitsLoss(Block):
+    """Binary cross-entropy on logits ``x``, computed stably (``torch.nn.BCEWithLogitsLoss``).
+
+    ``loss = w * ((1 - t) x + (1 + (pos_weight - 1) t) softplus(-x))``;
+    ``weight`` broadcasts against the input, ``pos_weight`` along the last axis.
+    """
+
+    def __init__(self, weight: Any = None, reduction: Reduction = "mean", pos_weight: Any = None) -> None:
+        super().__init__()
+        self._weight = None if weight is None else np.asarray(weight, dtype=np.float64)
+        self._reduction = check_reduction("BCEWithLogitsLoss", reduction)
+        self._pos_weight = None if pos_weight is None else np.asarray(pos_weight, dtype=np.float64)
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        b = self.builder
+        x = loss_input_name
+        require_float(b, "BCEWithLogitsLoss", x)
+        t = target_input(b, "BCEWithLogitsLoss", target_name, x)
+        one = ops.constant_like(b, 1.0, x, "one")
+        softplus = b.add_node1("Softplus", [Neg()(x)])
+        log_weight: str = one
+        if self._pos_weight is not None:
+            pos_minus_one = ops.constant_like(b, self._pos_weight - 1.0, x, "pos_weight_minus_one")
+            log_weight = Add()(one, Mul()(pos_minus_one, t))
+            softplus = Mul()(log_weight, softplus)
+        loss = Add()(Mul()(Sub()(one, t), x), softplus)
+        if self._weight is not None:
+            loss = Mul()(ops.constant_like(b, self._weight, x, "weight"), loss)
+        return reduce_loss(loss, self._reduction)
+
+
+class BCELoss(Block):
+    """Binary cross-entropy on probabilities ``p`` (``torch.nn.BCELoss``).
+
+    ``loss = -w (t max(log p, -100) + (1 - t) max(log(1 - p), -100))``: the
+    logs are clamped at -100 as PyTorch does, so ``p`` of 0 or 1 stays finite.
+    """
+
+    def __init__(self, weight: Any = None, reduction: Reduction = "mean") -> None:
+        super().__init__()
+        self._weight = None if weight is None else np.asarray(weight, dtype=np.float64)
+        self._reduction = check_reduction("BCELoss", reduction)
+
+    def build(self, loss_input_name: str, target_name: str = "target") -> str:
+        b = self.builder
+        p = loss_input_name
+        require_float(b, "BCELoss", p)
+        t = target_input(b, "BCELoss", target_name, p)
+        one = ops.constant_like(b, 1.0, p, "one")
+        floor = ops.constant_like(b, -100.0, p, "log_floor")
+
+        def clamped_log(value: str) -> str:
+            return b.add_node1("Max", [b.add_node1("Log", [value]), floor])
+
+        positive = Mul()(t, clamped_log(p))
+        negative = Mul()(Sub()(one, t), clamped_log(Sub()(one, p)))
+        loss = Neg()(Add()(positive, negative))
+        if self._weight is not None:
+            loss = Mul()(ops.constant_like(b, self._weight, p, "weight"), loss)
+        return reduce_loss(loss, self._reduction)

@@ -1,0 +1,17 @@
+"""The names of ONNX Runtime's ``onnxruntime.training.onnxblock``, on onnxtrain.
+
+Code written for ONNX Runtime runs with only its import changed::
+
+    import onnxtrain.onnxblock as onnxblock   # was: onnxruntime.training.onnxblock
+
+``blocks`` and ``loss`` are modules here too, so ``from onnxtrain.onnxblock
+import loss`` and ``onnxblock.blocks.Add()`` work as before.
+"""
+
+from __future__ import annotations
+
+from onnxtrain.blocks import Block, ForwardBlock
+from onnxtrain.graph import base, empty_base
+from onnxtrain.onnxblock import blocks, loss
+
+__all__ = ["Block", "ForwardBlock", "base", "blocks", "empty_base", "loss"]
