@@ -77,9 +77,7 @@ def make_model(
         untyped = list(outputs)
     graph = helper.make_graph(list(nodes), "test_graph", graph_inputs, typed, tensors)
     model = helper.make_model(graph, opset_imports=opsets, producer_name="onnxtrain-tests")
-    model.ir_version = (
-        helper.find_min_ir_version_for(opsets, ignore_unknown=True) if ir_version is None else ir_version
-    )
+    model.ir_version = helper.find_min_ir_version_for(opsets, ignore_unknown=True) if ir_version is None else ir_version
     if untyped:
         known = {value.name: value for value in graph_inputs}
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import onnx
+
 from onnxtrain.blocks.block import Block
 from onnxtrain.graph import dtypes, ops
+
+#: The element types onnxruntime's CPU ``Mean`` kernel takes.
+_MEAN_KERNEL_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16})
 
 
 class _UnaryOp(Block):
@@ -162,9 +167,21 @@ class Sum(_VariadicOp):
 
 
 class Mean(_VariadicOp):
-    """Element-wise mean of the inputs (ONNX ``Mean``)."""
+    """Element-wise mean of the inputs (ONNX ``Mean``).
+
+    onnxruntime has ``Mean`` kernels for float and float16 only; inputs of
+    other types (double) get ``Sum`` divided by the number of inputs instead.
+    """
 
     _op_type = "Mean"
+
+    def build(self, *input_names: str) -> str:
+        b = self.builder
+        first = b.type_of(input_names[0]) if input_names else None
+        if first is None or not first.HasField("tensor_type") or first.tensor_type.elem_type in _MEAN_KERNEL_TYPES:
+            return super().build(*input_names)
+        total = b.add_node1("Sum", list(input_names), hint="mean_sum")
+        return b.add_node1("Div", [total, ops.constant_like(b, len(input_names), total, "mean_count")], hint="mean")
 
 
 class Where(Block):

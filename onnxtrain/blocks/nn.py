@@ -73,7 +73,7 @@ class Linear(Block):
         def draw(*shape: int) -> np.ndarray:
             return rng.uniform(-bound, bound, size=shape).astype(self._dtype)
 
-        weight = b.add_initializer(draw(self._in_features, self._out_features), weight_name)
+        weight = b.add_initializer(draw(self._in_features, self._out_features), name=weight_name)
         inputs = [linear_input_name, weight]
         if self._bias:
             inputs.append(b.add_initializer(draw(self._out_features), "linear.bias"))

@@ -9,7 +9,7 @@ from onnxtrain.graph import ops
 
 
 class _Reduce(Block):
-    """``op(x)`` over ``axes`` (all axes when ``None``).
+    """``op(x)`` over ``axes`` (all axes when ``None`` or empty, as in ONNX).
 
     ``keepdims`` defaults to ``True`` as in ONNX (and in ONNX Runtime's blocks,
     which reduce over all axes and keep them); the axes go in as an attribute or

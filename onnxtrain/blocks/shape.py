@@ -62,7 +62,10 @@ class Transpose(Block):
         rank = b.rank(input_name)
         if self._perm is not None and rank is not None and sorted(self._perm) != list(range(rank)):
             raise ValueError(f"Transpose perm {self._perm} is not a permutation of the {rank} axes of {input_name!r}")
-        attributes = {} if self._perm is None else {"perm": self._perm}
+        if self._perm == [] and rank != 0:
+            known = "unknown" if rank is None else rank
+            raise ValueError(f"Transpose perm [] fits only a scalar, but {input_name!r} has rank {known}")
+        attributes = {"perm": self._perm} if self._perm else {}  # a scalar's perm [] is the default
         return b.add_node1("Transpose", [input_name], **attributes)
 
 
@@ -83,6 +86,8 @@ class Squeeze(Block):
     def __init__(self, axes: Sequence[int] | None = None) -> None:
         super().__init__()
         self._axes = None if axes is None else [int(axis) for axis in axes]
+        if self._axes == []:  # onnxruntime then removes all size-1 axes, onnx's shape inference none
+            raise ValueError("Squeeze got axes=[]; pass the axes to remove, or None for all size-1 axes")
 
     def build(self, input_name: str) -> str:
         return ops.squeeze(self.builder, input_name, self._axes)

@@ -94,17 +94,27 @@ class LabelEncoder(Block):
         values_strings: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
-        keys = {k: v for k, v in (("keys_floats", keys_floats), ("keys_int64s", keys_int64s), ("keys_strings", keys_strings)) if v is not None}
+        keys = {
+            k: v
+            for k, v in (("keys_floats", keys_floats), ("keys_int64s", keys_int64s), ("keys_strings", keys_strings))
+            if v is not None
+        }
         values = {
             k: v
-            for k, v in (("values_floats", values_floats), ("values_int64s", values_int64s), ("values_strings", values_strings))
+            for k, v in (
+                ("values_floats", values_floats),
+                ("values_int64s", values_int64s),
+                ("values_strings", values_strings),
+            )
             if v is not None
         }
         if len(keys) != 1 or len(values) != 1:
             raise ValueError("LabelEncoder needs exactly one keys_* list and one values_* list")
         (key_list,), (value_list,) = keys.values(), values.values()
         if len(key_list) != len(value_list):
-            raise ValueError(f"LabelEncoder got {len(key_list)} keys but {len(value_list)} values; give one value per key")
+            raise ValueError(
+                f"LabelEncoder got {len(key_list)} keys but {len(value_list)} values; give one value per key"
+            )
         self._attributes: dict[str, Any] = {
             "default_float": float(default_float),
             "default_int64": int(default_int64),
@@ -115,8 +125,9 @@ class LabelEncoder(Block):
 
     def build(self, label_encoder_input_name: str) -> str:
         return self.builder.add_node1(
-            "LabelEncoder", [label_encoder_input_name], domain="ai.onnx.ml", hint="label_encoder.output", **self._attributes
+            "LabelEncoder",
+            [label_encoder_input_name],
+            domain="ai.onnx.ml",
+            hint="label_encoder.output",
+            **self._attributes,
         )
-
-
-

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from onnxtrain.graph import dtypes, versions
-from onnxtrain.graph.io import SMALL_TENSOR_ELEMENTS, skeleton
+from onnxtrain.graph.io import SMALL_TENSOR_ELEMENTS, checkable, skeleton
 from onnxtrain.graph.naming import NameGenerator, names_in
 
 #: A dimension is a size, a symbolic name (``"batch"``) or unknown (``None``).
@@ -251,7 +251,7 @@ class GraphBuilder:
         """
         self.sync()
         for name in inputs:
-            if name:
+            if not isinstance(name, str) or name:  # "" is an omitted optional input
                 self.require(name)
         if domain:
             self.ensure_opset(domain)
@@ -270,19 +270,24 @@ class GraphBuilder:
         self.sync()
         return output_names
 
-    def add_node1(self, op_type: str, inputs: Sequence[str], *, domain: str = "", hint: str | None = None, **attributes: Any) -> str:
+    def add_node1(
+        self, op_type: str, inputs: Sequence[str], *, domain: str = "", hint: str | None = None, **attributes: Any
+    ) -> str:
         """:meth:`add_node` for the common one-output case: returns the output name."""
         return self.add_node(op_type, inputs, 1, domain=domain, hint=hint, **attributes)[0]
 
     def _claim(self, name: str) -> str:
-        if name in self.names:
+        """Use ``name`` for a new value: free, or handed out by ``names.fresh`` and not used yet."""
+        if name in self._values:
             raise ValueError(f"the name {name!r} is already used in the model; choose another")
         self.names.reserve(name)
         return name
 
-    def add_initializer(self, value: np.ndarray | onnx.TensorProto, hint: str = "const") -> str:
-        """Append an initializer holding ``value`` and return its (new) name."""
-        name = self.names.fresh(hint)
+    def add_initializer(
+        self, value: np.ndarray | onnx.TensorProto, hint: str = "const", *, name: str | None = None
+    ) -> str:
+        """Append an initializer holding ``value``; its name is ``name`` or a fresh one from ``hint``."""
+        name = self.names.fresh(hint) if name is None else self._claim(name)
         if isinstance(value, onnx.TensorProto):
             tensor = onnx.TensorProto()
             tensor.CopyFrom(value)
@@ -307,8 +312,8 @@ class GraphBuilder:
                 f"graph input {name!r} exists with type {describe_type(have)}, but "
                 f"{describe_type(type_proto)} is needed; pass another name"
             )
-        if name in self.names:
-            raise ValueError(f"{name!r} already names a value or node of the model; pass another input name")
+        if name in self._values:  # a name from names.fresh, not used yet, is fine
+            raise ValueError(f"{name!r} already names a value of the model; pass another input name")
         value = onnx.ValueInfoProto(name=name)
         value.type.CopyFrom(type_proto)
         self.model.graph.input.append(value)
@@ -335,7 +340,7 @@ class GraphBuilder:
         model.CopyFrom(self.model)
         versions.stamp_ir_version(model)
         try:
-            onnx.checker.check_model(model)
+            onnx.checker.check_model(checkable(model))
         except onnx.checker.ValidationError as error:
             raise ValueError(f"the built model is not valid ONNX: {error}") from error
         return model

@@ -52,6 +52,8 @@ def to_elem_type(dtype: np.dtype | type | int | str) -> int:
     if isinstance(dtype, str) and dtype.upper() in onnx.TensorProto.DataType.keys():
         return int(onnx.TensorProto.DataType.Value(dtype.upper()))
     try:
+        if dtype is None:  # np.dtype(None) would be float64
+            raise TypeError("None is no dtype")
         return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
     except (TypeError, KeyError, ValueError) as error:
         raise TypeError(

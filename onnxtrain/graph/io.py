@@ -77,3 +77,35 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     target.value_info.extend(graph.value_info)
     target.initializer.extend(t if _is_small(t) else type_only_tensor(t) for t in graph.initializer)
     return light
+
+
+def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` for ``onnx.checker``, without two of its false alarms.
+
+    Given a ``ModelProto``, the checker looks for external data files relative
+    to the current directory, not the model's folder, and fails when they are
+    not there. The values are not what it checks: only that they are defined
+    with a type, which a graph input of the same type and shape says as well;
+    so external-data initializers become typed inputs here.
+
+    The checker also wants a shape on every graph input and output, while the
+    IR lets a tensor type leave it out (unknown rank, e.g. the output of
+    ``Squeeze`` without axes on a symbolic shape); such types get an empty
+    shape here, in the copy only.
+    """
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    for value in (*graph.input, *graph.output):
+        if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
+            value.type.tensor_type.shape.SetInParent()
+    inputs = {value.name for value in graph.input}
+    kept = []
+    for tensor in graph.initializer:
+        if tensor.data_location != onnx.TensorProto.EXTERNAL:
+            kept.append(tensor)
+        elif tensor.name not in inputs:
+            graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    return copy

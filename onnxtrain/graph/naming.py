@@ -11,7 +11,11 @@ _UNSAFE = re.compile(r"[^0-9A-Za-z_.:/-]+")
 
 
 def names_in(graph: onnx.GraphProto) -> set[str]:
-    """Every name a graph already uses: values, initializers, inputs, outputs and nodes."""
+    """Every name a graph already uses: values, initializers, inputs, outputs and nodes.
+
+    Names inside subgraphs (``If``/``Loop``/``Scan`` bodies) count too: a value
+    of the outer graph must not share its name with one a subgraph defines.
+    """
     names: set[str] = set()
     names.update(value.name for value in graph.input)
     names.update(value.name for value in graph.output)
@@ -23,6 +27,9 @@ def names_in(graph: onnx.GraphProto) -> set[str]:
         names.update(node.output)
         if node.name:
             names.add(node.name)
+        for attribute in node.attribute:
+            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+                names.update(names_in(subgraph))
     names.discard("")
     return names
 

@@ -44,9 +44,12 @@ def reduce(
     keepdims: bool = False,
     hint: str | None = None,
 ) -> str:
-    """``op_type`` (ReduceSum, ReduceMean, ...) of ``x`` over ``axes`` (all when ``None``)."""
+    """``op_type`` (ReduceSum, ReduceMean, ...) of ``x`` over ``axes``.
+
+    ``None`` or no axes reduce over all axes, as an empty ``axes`` does in ONNX.
+    """
     keep = int(keepdims)
-    if axes is None:
+    if axes is None or len(axes) == 0:
         return b.add_node1(op_type, [x], keepdims=keep, hint=hint)
     if b.opset >= _AXES_AS_INPUT_SINCE.get(op_type, _AXES_AS_INPUT_DEFAULT):
         return b.add_node1(op_type, [x, int64s(b, axes)], keepdims=keep, hint=hint)

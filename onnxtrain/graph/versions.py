@@ -40,6 +40,9 @@ for _name, _ir in (("FLOAT8E8M0", 12), ("UINT2", 13), ("INT2", 13)):
         _IR_FOR_ELEM_TYPE[getattr(onnx.TensorProto, _name)] = _ir
 del _name, _ir
 
+#: Model-local functions (``ModelProto.functions``) came with IR version 8.
+_IR_FOR_LOCAL_FUNCTIONS = 8
+
 
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int | None:
     """The version of ``domain`` the model imports, or ``None`` if it does not."""
@@ -80,8 +83,10 @@ def _elem_types(model: onnx.ModelProto) -> set[int]:
 
 
 def required_ir_version(model: onnx.ModelProto) -> int:
-    """The lowest IR version that can express ``model``'s opsets and element types."""
+    """The lowest IR version that can express ``model``'s opsets, local functions and element types."""
     ir = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if model.functions:
+        ir = max(ir, _IR_FOR_LOCAL_FUNCTIONS)
     for elem_type in _elem_types(model):
         ir = max(ir, _IR_FOR_ELEM_TYPE.get(elem_type, 3))
     return ir
