@@ -1,0 +1,117 @@
+"""Un-broadcasting: sum an output-shaped gradient back to the shape of an input.
+
+When ``z = x + y`` broadcasts ``x`` of shape ``[3]`` against ``y`` of shape
+``[B, 3]``, ``dL/dx`` is ``dL/dz`` summed over the broadcast axes. This is done
+here once, for every broadcasting rule:
+
+- **statically** when the shapes say which axes were broadcast:
+  ``ReduceSum(g, axes, keepdims=0)`` when only leading axes were added, else
+  ``ReduceSum(g, axes, keepdims=1)`` then ``Reshape`` (or ``Squeeze`` of the
+  leading axes when the input's shape is symbolic);
+- **dynamically** otherwise (e.g. a symbolic dimension that may be 1): pad
+  ``Shape(x)`` with leading 1s to the rank of ``g``, reduce over the axes where
+  that padded shape is 1 and ``Shape(g)`` is not (``Equal``/``Not``/``And``/
+  ``NonZero``, ``ReduceSum`` with ``noop_with_empty_axes=1``), then
+  ``Reshape`` to ``Shape(x)``.
+
+Contract: the gradient's shape is the broadcast of ``x``'s shape with others
+(what a broadcasting rule naturally returns), never smaller than ``x``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+
+from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.graph.builder import Dim
+
+
+def same_shape(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> bool:
+    """Whether two shapes are provably equal (same sizes or same symbolic names)."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    return all(x is not None and x == y for x, y in zip(a, b, strict=True))
+
+
+def broadcast_axes(grad: Sequence[Dim] | None, like: Sequence[Dim] | None) -> list[int] | None:
+    """The axes of ``grad`` to sum over to get ``like``'s shape, or ``None`` if unknowable statically."""
+    if grad is None or like is None or len(grad) < len(like):
+        return None
+    lead = len(grad) - len(like)
+    axes = list(range(lead))
+    for j, (x_dim, g_dim) in enumerate(zip(like, grad[lead:], strict=True)):
+        if x_dim is not None and x_dim == g_dim:
+            continue
+        if x_dim == 1:
+            axes.append(lead + j)  # harmless when g_dim turns out to be 1 as well
+        elif isinstance(x_dim, int):
+            if g_dim == 1:
+                return None  # a gradient smaller than its input breaks the contract
+        elif g_dim != 1:
+            return None  # x_dim is symbolic or unknown: it may or may not be 1
+    return axes
+
+
+def merge_shapes(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> list[Dim] | None:
+    """Two descriptions of one shape combined: per dimension, a size beats a name beats unknown."""
+    if a is None or b is None or len(a) != len(b):
+        return list(a) if a is not None else (list(b) if b is not None else None)
+
+    def score(d: Dim) -> int:
+        return 2 if isinstance(d, int) else 1 if d is not None else 0
+
+    return [x if score(x) >= score(y) else y for x, y in zip(a, b, strict=True)]
+
+
+def unbroadcast(ctx: RuleContext, grad: str, like: str, shaped_like: str | None = None) -> str:
+    """``grad`` summed back to the shape of ``like`` (no nodes when the shapes match).
+
+    ``shaped_like``: a value known to have ``grad``'s shape (the forward output,
+    for a broadcasting rule), whose inferred shape may be better known.
+    """
+    g_dims, x_dims = ctx.shape(grad), ctx.shape(like)
+    if shaped_like is not None:
+        g_dims = merge_shapes(ctx.shape(shaped_like), g_dims)
+    if same_shape(g_dims, x_dims):
+        return grad
+    axes = broadcast_axes(g_dims, x_dims)
+    if axes is None:
+        return dynamic_unbroadcast(ctx, grad, like, None if g_dims is None else len(g_dims))
+    assert g_dims is not None and x_dims is not None
+    lead = len(g_dims) - len(x_dims)
+    if axes == list(range(lead)):  # only new leading axes: one ReduceSum drops them
+        return ctx.op("ReduceSum", grad, ctx.int64s(axes), keepdims=0)
+    result = ctx.op("ReduceSum", grad, ctx.int64s(axes), keepdims=1)
+    if lead:
+        static = ctx.static_shape(like)
+        if static is not None:
+            result = ctx.op("Reshape", result, ctx.int64s(static))
+        else:
+            result = ctx.op("Squeeze", result, ctx.int64s(range(lead)))
+    return result
+
+
+def dynamic_unbroadcast(ctx: RuleContext, grad: str, like: str, g_rank: int | None = None) -> str:
+    """The shape-agnostic form of :func:`unbroadcast`, decided at run time."""
+    x_shape = ctx.op("Shape", like)
+    g_shape = ctx.op("Shape", grad)
+    g_rank = ctx.rank(grad) if g_rank is None else g_rank
+    x_rank = ctx.rank(like)
+    one = onnx.helper.make_tensor("value", onnx.TensorProto.INT64, [1], [1])
+    if g_rank is not None and x_rank is not None:
+        padded = ctx.op("Concat", ctx.int64s([1] * (g_rank - x_rank)), x_shape, axis=0) if g_rank > x_rank else x_shape
+    else:
+        lead = ctx.op("Sub", ctx.op("Size", g_shape), ctx.op("Size", x_shape))
+        ones = ctx.op("ConstantOfShape", ctx.op("Unsqueeze", lead, ctx.int64s([0])), value=one)
+        padded = ctx.op("Concat", ones, x_shape, axis=0)
+    one_scalar = ctx.int64s([1])
+    mask = ctx.op(
+        "And",
+        ctx.op("Equal", padded, one_scalar),
+        ctx.op("Not", ctx.op("Equal", g_shape, one_scalar)),
+    )
+    axes = ctx.op("Reshape", ctx.op("NonZero", mask), ctx.int64s([-1]))
+    summed = ctx.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
+    return ctx.op("Reshape", summed, x_shape)

@@ -1,0 +1,180 @@
+"""What a gradient rule sees: the node, its values, and helpers for the common algebra.
+
+The helpers emit one ONNX node each (``ctx.mul(a, b)`` appends ``Mul``) and
+take value names or Python numbers; a number becomes a scalar constant of the
+other operand's element type, so rules are written once for every float type::
+
+    ctx.mul(g, ctx.sub(1.0, ctx.mul(y, y)))     # g * (1 - y**2)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain.graph import ops
+from onnxtrain.graph.builder import Dim, GraphBuilder
+
+#: An operand of the algebra helpers: a value name or a Python number.
+Operand = str | float | int
+
+
+class RuleContext:
+    """The node being differentiated, as a rule sees it.
+
+    Attributes:
+        builder: the :class:`GraphBuilder` to emit nodes through.
+        node: the forward node.
+        inputs: its input names (``""`` for an omitted optional input).
+        outputs: its output names.
+        opset: the opset version of the node's domain in the model.
+    """
+
+    def __init__(
+        self,
+        builder: GraphBuilder,
+        node: onnx.NodeProto,
+        opset: int,
+        needs: Sequence[bool],
+        constants: dict[tuple[Any, ...], str],
+    ) -> None:
+        self.builder = builder
+        self.node = node
+        self.inputs: tuple[str, ...] = tuple(node.input)
+        self.outputs: tuple[str, ...] = tuple(node.output)
+        self.opset = opset
+        self._needs = tuple(needs)
+        self._constants = constants
+        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._hint = f"{node.op_type.lower()}_grad"
+
+    # ------------------------------------------------------------ inspection
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The value of attribute ``name`` (bytes decoded to str), or ``default``."""
+        value = self._attrs.get(name, default)
+        return value.decode() if isinstance(value, bytes) else value
+
+    def needs(self, index: int) -> bool:
+        """Whether the engine wants a gradient for input ``index`` (skip work when not)."""
+        return index < len(self._needs) and self._needs[index]
+
+    def has_input(self, index: int) -> bool:
+        """Whether optional input ``index`` is present."""
+        return index < len(self.inputs) and bool(self.inputs[index])
+
+    def elem_type(self, name: str) -> int:
+        """The ONNX element type of value ``name``."""
+        return self.builder.elem_type(name)
+
+    def shape(self, name: str) -> list[Dim] | None:
+        """The dimensions of ``name`` (``None`` entries unknown), or ``None``."""
+        return self.builder.shape(name)
+
+    def rank(self, name: str) -> int | None:
+        """The rank of ``name``, or ``None`` when unknown."""
+        return self.builder.rank(name)
+
+    def static_shape(self, name: str) -> list[int] | None:
+        """The shape of ``name`` when every dimension is a known size, else ``None``."""
+        dims = self.shape(name)
+        if dims is None or not all(isinstance(d, int) for d in dims):
+            return None
+        return [int(d) for d in dims]  # type: ignore[arg-type]
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when it is a small initializer, else ``None``."""
+        return self.builder.constant_value(name) if name else None
+
+    # --------------------------------------------------------------- emitting
+
+    def op(self, op_type: str, *inputs: str, **attributes: Any) -> str:
+        """Append ``op_type(*inputs)`` with ``attributes``; return its output."""
+        return self.builder.add_node1(op_type, list(inputs), hint=self._hint, **attributes)
+
+    def const(self, value: Any, like: str) -> str:
+        """A constant ``value`` with the element type of ``like`` (cached per value)."""
+        elem_type = self.elem_type(like)
+        array = np.asarray(value, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem_type))
+        key = (elem_type, array.shape, array.tobytes())
+        if key not in self._constants:
+            self._constants[key] = ops.constant(self.builder, array, elem_type, hint="grad_const")
+        return self._constants[key]
+
+    def int64s(self, values: Sequence[int]) -> str:
+        """A 1-D int64 constant (axes, shapes), cached per value."""
+        key = ("int64s", tuple(int(v) for v in values))
+        if key not in self._constants:
+            self._constants[key] = ops.int64s(self.builder, list(values), hint="grad_axes")
+        return self._constants[key]
+
+    def _pair(self, a: Operand, b: Operand) -> tuple[str, str]:
+        if isinstance(a, str) and isinstance(b, str):
+            return a, b
+        if isinstance(a, str):
+            return a, self.const(b, a)
+        if isinstance(b, str):
+            return self.const(a, b), b
+        raise TypeError(f"at least one operand must be a value name, not {a!r} and {b!r}")
+
+    def add(self, a: Operand, b: Operand) -> str:
+        """``a + b``"""
+        return self.op("Add", *self._pair(a, b))
+
+    def sub(self, a: Operand, b: Operand) -> str:
+        """``a - b``"""
+        return self.op("Sub", *self._pair(a, b))
+
+    def mul(self, a: Operand, b: Operand) -> str:
+        """``a * b``"""
+        return self.op("Mul", *self._pair(a, b))
+
+    def div(self, a: Operand, b: Operand) -> str:
+        """``a / b``"""
+        return self.op("Div", *self._pair(a, b))
+
+    def neg(self, a: str) -> str:
+        """``-a``"""
+        return self.op("Neg", a)
+
+    def square(self, a: str) -> str:
+        """``a * a``"""
+        return self.op("Mul", a, a)
+
+    def where(self, condition: str, a: Operand, b: Operand) -> str:
+        """``a`` where ``condition`` holds, else ``b``."""
+        return self.op("Where", condition, *self._pair(a, b))
+
+    def compare(self, op_type: str, a: Operand, b: Operand) -> str:
+        """``Greater``, ``Less``, ``Equal``, ... of ``a`` and ``b`` (a bool tensor)."""
+        return self.op(op_type, *self._pair(a, b))
+
+    def cast(self, a: str, elem_type: int) -> str:
+        """``a`` cast to ONNX element type ``elem_type`` (no node when it already is)."""
+        if self.elem_type(a) == elem_type:
+            return a
+        return self.op("Cast", a, to=elem_type)
+
+    def cast_like(self, a: str, like: str) -> str:
+        """``a`` cast to the element type of ``like``."""
+        return self.cast(a, self.elem_type(like))
+
+    def shape_of(self, name: str) -> str:
+        """The shape of ``name`` as a 1-D int64 tensor: a constant when static, else ``Shape``."""
+        static = self.static_shape(name)
+        if static is not None:
+            return self.int64s(static)
+        return self.op("Shape", name)
+
+    def zeros_like(self, name: str) -> str:
+        """Zeros with the shape and element type of ``name`` (``ConstantOfShape``)."""
+        zero = onnx.helper.make_tensor("value", self.elem_type(name), [1], [0])
+        return self.op("ConstantOfShape", self.shape_of(name), value=zero)
+
+    def expand_to(self, a: str, like: str) -> str:
+        """``a`` broadcast to the shape of ``like`` (``Expand``)."""
+        return self.op("Expand", a, self.shape_of(like))

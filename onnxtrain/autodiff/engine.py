@@ -1,0 +1,343 @@
+"""Reverse-mode autodiff over an ONNX graph, emitting standard ONNX operators.
+
+:func:`build_gradients` appends to a :class:`GraphBuilder` the nodes computing
+``d loss / d x`` for each requested ``x``, named ``x_grad``. The engine does the
+shared work once, so that rules stay pure math:
+
+1. find the nodes on a path from a ``wrt`` value to the loss (the rest is pruned);
+2. check every node on the path has a rule (or stops the gradient), before
+   emitting anything;
+3. seed ``d loss / d loss = 1`` and walk the path backwards, calling each rule
+   with its output gradients, summing fan-out contributions with ``Sum`` and
+   un-broadcasting the gradients of broadcasting rules;
+4. drop the nodes no requested gradient needs (a rule may emit gradients for
+   inputs that turn out to be unwanted) and name the results ``x_grad``.
+
+Integer and bool values never carry gradients; ``wrt`` values the loss does
+not depend on get zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxtrain.autodiff.broadcast import unbroadcast
+from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.paths import Path, PathNode, find_path, node_label
+from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
+from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph.builder import GraphBuilder, describe_type
+
+
+class MissingGradientError(ValueError):
+    """An operator on the path from a ``wrt`` value to the loss has no gradient rule."""
+
+
+class RuleError(TypeError):
+    """A gradient rule returned something the engine cannot use (a bug in the rule)."""
+
+
+def gradient_name(value: str) -> str:
+    """The name of the gradient of ``value``: ``value + "_grad"``."""
+    return f"{value}_grad"
+
+
+def build_gradients(
+    builder: GraphBuilder,
+    loss: str,
+    wrt: Sequence[str],
+    registry: GradientRegistry | None = None,
+) -> dict[str, str]:
+    """Append ``d loss / d x`` for every ``x`` in ``wrt``; return ``{x: "x_grad"}``.
+
+    Args:
+        builder: the model being built; the gradient nodes are appended to it.
+        loss: a float scalar value (shape ``[]`` or all dimensions 1; a loss whose
+            rank is unknown is taken to be a scalar, and seeded with ones of its
+            run-time shape).
+        wrt: float initializers, graph inputs or intermediate values.
+        registry: the rules to use; default :func:`builtin_registry`.
+
+    Raises:
+        ValueError: a bad ``loss`` or ``wrt`` name, or a ``x_grad`` name already used.
+        MissingGradientError: an operator on the path has no rule.
+
+    On error the model is left as it was.
+    """
+    registry = builtin_registry() if registry is None else registry
+    builder.sync()
+    wrt = _check_wrt(builder, wrt)
+    _check_loss(builder, loss)
+    for name in wrt:
+        if gradient_name(name) in builder.names:
+            raise ValueError(
+                f"the gradient of {name!r} is named {gradient_name(name)!r}, but the model already uses that "
+                "name; rename that value of the model"
+            )
+    path = find_path(builder, loss, wrt, registry)
+    _check_rules(path, wrt, loss)
+    return _Backward(builder, path).run(loss, wrt)
+
+
+# ---------------------------------------------------------------- checking
+
+
+def _float_candidates(builder: GraphBuilder) -> list[str]:
+    graph = builder.model.graph
+    names = [t.name for t in graph.initializer] + [v.name for v in graph.input]
+    result: list[str] = []
+    for name in dict.fromkeys(names):
+        type_proto = builder.type_of(name)
+        tensor = type_proto is not None and type_proto.HasField("tensor_type")
+        if tensor and dtypes.is_float(type_proto.tensor_type.elem_type):  # type: ignore[union-attr]
+            result.append(name)
+    return result
+
+
+def _check_wrt(builder: GraphBuilder, wrt: Sequence[str]) -> list[str]:
+    if isinstance(wrt, str):
+        raise TypeError(f"wrt must be a list of value names, not the str {wrt!r}; pass [{wrt!r}]")
+    names = list(dict.fromkeys(wrt))
+    if not names:
+        raise ValueError(
+            "wrt is empty: pass the names of the values to differentiate (e.g. the trainable initializers)"
+        )
+    for name in names:
+        if not isinstance(name, str) or not builder.has(name):
+            raise ValueError(
+                f"cannot differentiate with respect to {name!r}: the model has no such value. "
+                f"Float initializers and inputs: {_float_candidates(builder)}"
+            )
+        type_proto = builder.type_of(name)
+        if (
+            type_proto is None
+            or not type_proto.HasField("tensor_type")
+            or not dtypes.is_float(type_proto.tensor_type.elem_type)
+        ):
+            raise ValueError(
+                f"cannot differentiate with respect to {name!r} of type {describe_type(type_proto)}: only "
+                f"floating-point tensors have gradients. Float initializers and inputs: {_float_candidates(builder)}"
+            )
+    return names
+
+
+def _check_loss(builder: GraphBuilder, loss: str) -> None:
+    builder.require(loss, role="loss")
+    type_proto = builder.type_of(loss)
+    described = describe_type(type_proto)
+    if type_proto is None or not type_proto.HasField("tensor_type"):
+        raise ValueError(f"the loss {loss!r} has type {described}; it must be a float tensor of known shape")
+    if not dtypes.is_float(type_proto.tensor_type.elem_type):
+        raise ValueError(f"the loss {loss!r} is {described}, not a floating-point tensor; cast it to float")
+    dims = builder.shape(loss)
+    if dims is not None and any(d != 1 for d in dims):
+        raise ValueError(
+            f"the loss {loss!r} has shape {described}, not a scalar: reduce it to shape [] (or all dims 1), "
+            "e.g. with ReduceMean or ReduceSum over all axes"
+        )
+
+
+def _check_rules(path: Path, wrt: Sequence[str], loss: str) -> None:
+    for item in path.nodes:
+        if item.rule is None:
+            node = item.node
+            domain = node.domain or "ai.onnx"
+            raise MissingGradientError(
+                f"no gradient rule for operator {node.op_type} (domain {domain!r}, opset {item.opset}) at node "
+                f"{node_label(node, item.index)}, which lies on the path {path.describe(item.index, wrt, loss)}. "
+                "Register a rule on a copy of the registry (builtin_registry().copy().rule(...)) and pass "
+                "registry=, or keep the values it depends on out of wrt"
+            )
+
+
+# ---------------------------------------------------------------- backward
+
+
+def _elem_type(builder: GraphBuilder, name: str) -> int | None:
+    type_proto = builder.type_of(name)
+    if type_proto is None or not type_proto.HasField("tensor_type"):
+        return None
+    return type_proto.tensor_type.elem_type or None
+
+
+class _Replay(Exception):
+    """Raised inside the builder's transaction to undo the draft backward pass."""
+
+
+class _Backward:
+    """One backward pass: accumulates contributions and calls the rules."""
+
+    def __init__(self, builder: GraphBuilder, path: Path) -> None:
+        self.builder = builder
+        self.path = path
+        self.constants: dict[tuple[Any, ...], str] = {}
+        self.contributions: dict[str, list[str]] = {}
+
+    def run(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
+        builder = self.builder
+        graph = builder.model.graph
+        n_nodes, n_inits, n_opsets = len(graph.node), len(graph.initializer), len(builder.model.opset_import)
+        try:
+            with builder.transaction():
+                results = self._draft(loss, wrt)
+                nodes = list(graph.node[n_nodes:])
+                inits = list(graph.initializer[n_inits:])
+                opsets = list(builder.model.opset_import[n_opsets:])
+                raise _Replay
+        except _Replay:
+            pass
+        return self._commit(results, nodes, inits, opsets)
+
+    # -- draft: every rule's output, some of it unneeded
+
+    def _draft(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
+        b = self.builder
+        dims = b.shape(loss)
+        if dims is not None:
+            seed = ops.constant(b, np.ones([int(d) for d in dims]), b.elem_type(loss), hint="grad_seed")
+        else:  # a scalar whose rank inference could not tell (e.g. ReduceSum of unknown rank)
+            one = onnx.helper.make_tensor("value", b.elem_type(loss), [1], [1])
+            seed = b.add_node1("ConstantOfShape", [b.add_node1("Shape", [loss])], value=one, hint="grad_seed")
+        self.contributions[loss] = [seed]
+        for item in reversed(self.path.nodes):
+            self._differentiate(item)
+        results: dict[str, str] = {}
+        for name in wrt:
+            grad = self._total(name)
+            if grad is None:
+                ctx = self._context(None, [])
+                grad = ctx.zeros_like(name)
+            results[name] = grad
+        return results
+
+    def _context(self, item: PathNode | None, needs: Sequence[bool]) -> RuleContext:
+        node = item.node if item is not None else onnx.helper.make_node("Identity", [], [], name="zeros")
+        return RuleContext(self.builder, node, item.opset if item else 0, needs, self.constants)
+
+    def _total(self, name: str) -> str | None:
+        parts = self.contributions.get(name)
+        if not parts:
+            return None
+        if len(parts) > 1:
+            parts[:] = [self.builder.add_node1("Sum", parts, hint="grad_accum")]
+        return parts[0]
+
+    def _differentiate(self, item: PathNode) -> None:
+        node, rule = item.node, item.rule
+        assert rule is not None  # checked by _check_rules
+        grads = [self._total(name) if name else None for name in node.output]
+        if all(g is None for g in grads):
+            return
+        forward = self.path.forward
+        needs = [bool(name) and name in forward and rule.differentiable(k) for k, name in enumerate(node.input)]
+        if not any(needs):
+            return
+        ctx = self._context(item, needs)
+        result = list(rule.fn(ctx, grads))
+        where = f"the {node.op_type} rule {rule.fn.__module__}.{rule.fn.__qualname__}"
+        if len(result) != len(node.input):
+            raise RuleError(
+                f"{where} returned {len(result)} gradients for {node_label(node, item.index)}, which has "
+                f"{len(node.input)} inputs; return one entry per input (None for no gradient)"
+            )
+        for k, (name, grad) in enumerate(zip(node.input, result, strict=True)):
+            if grad is None or not needs[k]:
+                continue
+            if not isinstance(grad, str) or not self.builder.has(grad):
+                raise RuleError(f"{where} returned {grad!r} for input {k}; return a value name or None")
+            have, want = _elem_type(self.builder, grad), _elem_type(self.builder, name)
+            if have is not None and want is not None and have != want:
+                raise RuleError(
+                    f"{where} returned a {dtypes.dtype_name(have)} gradient for input {k} ({name!r}), which is "
+                    f"{dtypes.dtype_name(want)}; gradients have their input's element type"
+                )
+            if rule.broadcasting:
+                grad = unbroadcast(ctx, grad, name, shaped_like=node.output[0])
+            self.contributions.setdefault(name, []).append(grad)
+
+    # -- commit: only what the results need, under their final names
+
+    def _commit(
+        self,
+        results: dict[str, str],
+        nodes: list[onnx.NodeProto],
+        inits: list[onnx.TensorProto],
+        opsets: list[onnx.OperatorSetIdProto],
+    ) -> dict[str, str]:
+        forward = self.builder.model.graph.node
+        nodes, aliases = _merge_duplicates(nodes, forward)
+        results = {value: aliases.get(grad, grad) for value, grad in results.items()}
+        needed = set(results.values())
+        live: list[onnx.NodeProto] = []
+        for node in reversed(nodes):
+            if any(name in needed for name in node.output):
+                live.append(node)
+                needed.update(name for name in node.input if name)
+        live.reverse()
+        produced = {name for node in live for name in node.output}
+        renames: dict[str, str] = {}
+        copies: list[tuple[str, str]] = []
+        for value, grad in results.items():
+            target = gradient_name(value)
+            if grad in produced and grad not in renames:
+                renames[grad] = target
+            else:
+                copies.append((grad, target))
+        builder = self.builder
+        graph = builder.model.graph
+        for node in live:
+            node.input[:] = [renames.get(name, name) for name in node.input]
+            node.output[:] = [renames.get(name, name) for name in node.output]
+        graph.node.extend(live)
+        graph.initializer.extend(t for t in inits if t.name in needed)
+        builder.model.opset_import.extend(opsets)
+        builder.sync()
+        for grad, target in copies:
+            builder.add_node("Identity", [renames.get(grad, grad)], [target], hint="grad")
+        return {value: gradient_name(value) for value in results}
+
+
+#: Operators whose repeated evaluation may differ: never merged.
+_IMPURE = frozenset(
+    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
+)
+
+
+def _pure_key(node: onnx.NodeProto) -> tuple[Any, ...] | None:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _IMPURE:
+        return None
+    attributes = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
+    return (node.op_type, tuple(node.input), len(node.output), attributes)
+
+
+def _merge_duplicates(
+    nodes: list[onnx.NodeProto], existing: Sequence[onnx.NodeProto] = ()
+) -> tuple[list[onnx.NodeProto], dict[str, str]]:
+    """Drop nodes that repeat an earlier one or one of ``existing`` (same operator, inputs, attributes).
+
+    Returns the remaining nodes, with inputs rewired, and ``{dropped output: kept output}``.
+    """
+    aliases: dict[str, str] = {}
+    seen: dict[tuple[Any, ...], onnx.NodeProto] = {}
+    for node in existing:
+        key = _pure_key(node)
+        if key is not None and all(node.output):
+            seen.setdefault(key, node)
+    kept: list[onnx.NodeProto] = []
+    for node in nodes:
+        node.input[:] = [aliases.get(name, name) for name in node.input]
+        key = _pure_key(node)
+        if key is None:
+            kept.append(node)
+            continue
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            kept.append(node)
+        else:
+            aliases.update((dup, orig) for dup, orig in zip(node.output, first.output, strict=True) if dup)
+    return kept, aliases

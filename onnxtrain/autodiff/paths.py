@@ -1,0 +1,180 @@
+"""Which nodes lie between the values to differentiate and the loss.
+
+A node is *on the path* when one of its differentiable inputs depends on a
+``wrt`` value (through float values and differentiable operators) and the
+loss depends on one of its outputs. Only those nodes are differentiated.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from onnxtrain.autodiff.registry import GradientRegistry, Rule
+from onnxtrain.graph import dtypes, versions
+from onnxtrain.graph.builder import GraphBuilder
+
+
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """``MatMul 'mm_3'`` (or ``MatMul #3`` for an unnamed node), for messages."""
+    return f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
+
+
+def _outer_references(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from the enclosing scope."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(name for name in node.input if name)
+        used.update(_subgraph_references(node))
+        defined.update(node.output)
+    return used - defined
+
+
+def _subgraph_references(node: onnx.NodeProto) -> set[str]:
+    refs: set[str] = set()
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            refs |= _outer_references(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for graph in attr.graphs:
+                refs |= _outer_references(graph)
+    return refs
+
+
+def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
+    """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    deps: list[set[int]] = []
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        names = {n for n in node.input if n} | _subgraph_references(node)
+        before = {producer[n] for n in names if n in producer and producer[n] != i}
+        deps.append(before)
+        for j in before:
+            users[j].append(i)
+    remaining = [len(d) for d in deps]
+    ready = collections.deque(i for i, r in enumerate(remaining) if r == 0)
+    order: list[int] = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for j in sorted(users[i]):
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                ready.append(j)
+    if len(order) != len(nodes):
+        stuck = [node_label(nodes[i], i) for i, r in enumerate(remaining) if r > 0][:5]
+        raise ValueError(f"the graph has a cycle (nodes {stuck} wait on each other); an ONNX graph must be acyclic")
+    return order
+
+
+@dataclass
+class PathNode:
+    """A node on the path, with what the engine needs to differentiate it."""
+
+    index: int
+    node: onnx.NodeProto
+    opset: int
+    rule: Rule | None
+
+
+@dataclass
+class Path:
+    """The result of :func:`find_path`.
+
+    Attributes:
+        nodes: the nodes on the path, in topological order.
+        forward: values that depend on a ``wrt`` value.
+        backward: values the loss depends on.
+    """
+
+    nodes: list[PathNode]
+    forward: set[str]
+    backward: set[str]
+    all_nodes: list[onnx.NodeProto]
+
+    def describe(self, target: int, wrt: Iterable[str], loss: str) -> str:
+        """``'w' -> MatMul 'mm' -> Foo 'f' -> ReduceSum 'r' -> 'loss'``: a route through node ``target``."""
+        nodes = self.all_nodes
+        producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+        consumers: dict[str, list[int]] = collections.defaultdict(list)
+        for i, node in enumerate(nodes):
+            for name in {n for n in node.input if n} | _subgraph_references(node):
+                consumers[name].append(i)
+        wrt = set(wrt)
+        up: list[str] = []  # from the target back to a wrt value, through values that depend on one
+        current, seen = target, {target}
+        while True:
+            node = nodes[current]
+            up.append(node_label(node, current))
+            inputs = [n for n in node.input if n in self.forward]
+            inputs += sorted(_subgraph_references(node) & self.forward)
+            start = next((n for n in inputs if n in wrt), None)
+            if start is not None:
+                up.append(repr(start))
+                break
+            nxt = next((producer[n] for n in inputs if n in producer and producer[n] not in seen), None)
+            if nxt is None:
+                break
+            seen.add(nxt)
+            current = nxt
+        down: list[str] = []  # from the target on to the loss, through values the loss depends on
+        current = target
+        while loss not in nodes[current].output:
+            nxt = next(
+                (
+                    j
+                    for name in nodes[current].output
+                    if name in self.backward
+                    for j in consumers.get(name, [])
+                    if j not in seen and any(o in self.backward for o in nodes[j].output)
+                ),
+                None,
+            )
+            if nxt is None:
+                break
+            seen.add(nxt)
+            current = nxt
+            down.append(node_label(nodes[current], current))
+        return " -> ".join([*reversed(up), *down, repr(loss)])
+
+
+def _is_float_or_unknown(builder: GraphBuilder, name: str) -> bool:
+    type_proto = builder.type_of(name)
+    if type_proto is None or not type_proto.HasField("tensor_type"):
+        return type_proto is None
+    return dtypes.is_float(type_proto.tensor_type.elem_type)
+
+
+def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: GradientRegistry) -> Path:
+    """The nodes to differentiate to get ``d loss / d wrt`` (see the module docstring)."""
+    model = builder.model
+    nodes = list(model.graph.node)
+    order = topological_order(nodes)
+    forward = set(wrt)
+    candidates: list[PathNode] = []
+    for i in order:
+        node = nodes[i]
+        if registry.is_non_differentiable(node.op_type, node.domain):
+            continue
+        opset = versions.opset_version(model, node.domain) or 0
+        rule = registry.lookup(node.op_type, node.domain, opset)
+        reached = any(
+            name in forward and (rule is None or rule.differentiable(k)) for k, name in enumerate(node.input)
+        ) or (rule is None and bool(_subgraph_references(node) & forward))
+        if not reached:
+            continue
+        candidates.append(PathNode(i, node, opset, rule))
+        forward.update(name for name in node.output if name and _is_float_or_unknown(builder, name))
+    backward = {loss}
+    for i in reversed(order):
+        node = nodes[i]
+        if any(name in backward for name in node.output):
+            backward.update(name for name in node.input if name)
+            backward.update(_subgraph_references(node))
+    on_path = [p for p in candidates if any(name in backward for name in p.node.output)]
+    return Path(on_path, forward, backward, nodes)

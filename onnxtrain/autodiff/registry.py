@@ -1,0 +1,301 @@
+"""The gradient rule registry: one rule per (domain, operator, opset range).
+
+A rule is pure math. It receives a :class:`~onnxtrain.autodiff.context.RuleContext`
+and the gradient names of the node's outputs (``None`` where no gradient flows),
+and returns one entry per node input (``None``: no gradient for that input)::
+
+    registry = GradientRegistry()
+
+    @registry.rule("Exp")
+    def exp(ctx, grads):
+        '''d/dx exp(x) = y'''
+        return [ctx.mul(grads[0], ctx.outputs[0])]
+
+Operators declared *non-differentiable* (``Shape``, ``Floor``, comparisons, ...)
+stop the gradient; an operator with *no rule* on the path to the loss is an
+error. The built-in registry (:func:`builtin_registry`) is populated when
+``onnxtrain.autodiff.rules`` is imported and frozen afterwards; extend a
+:meth:`~GradientRegistry.copy` of it for custom operators.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import onnx
+
+from onnxtrain.graph import versions
+
+if TYPE_CHECKING:
+    from onnxtrain.autodiff.context import RuleContext
+
+#: A rule: output gradients in, one input gradient (or ``None``) per node input out.
+RuleFn = Callable[["RuleContext", Sequence["str | None"]], Sequence["str | None"]]
+
+#: An opset range: ``(since, until)``, both inclusive; ``until=None`` is open.
+OpsetRange = tuple[int, "int | None"]
+
+
+def _domain(domain: str) -> str:
+    return "" if domain == "ai.onnx" else domain
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A registered gradient rule.
+
+    Attributes:
+        domain: the operator's domain (``""`` is ``ai.onnx``).
+        op_type: the operator.
+        since, until: the opset versions (of ``domain``) the rule applies to, inclusive.
+        fn: the rule function.
+        inputs: indices of the inputs the rule differentiates, or ``None`` for
+            "every input that can hold a floating-point tensor" (from the schema).
+        broadcasting: the rule returns output-shaped gradients for inputs that
+            broadcast; the engine sums them back to each input's shape.
+    """
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    fn: RuleFn
+    inputs: tuple[int, ...] | None
+    broadcasting: bool
+
+    def applies(self, opset: int) -> bool:
+        """Whether the rule covers opset version ``opset`` of its domain."""
+        return self.since <= opset and (self.until is None or opset <= self.until)
+
+    def differentiable(self, index: int) -> bool:
+        """Whether the rule may return a gradient for input ``index``."""
+        if self.inputs is not None:
+            return index in self.inputs
+        return True
+
+    @property
+    def formula(self) -> str:
+        """The first line of the rule's docstring: its math."""
+        doc = (self.fn.__doc__ or "").strip()
+        return doc.splitlines()[0].strip() if doc else ""
+
+
+@dataclass(frozen=True)
+class CoverageRow:
+    """One row of the coverage table (see :meth:`GradientRegistry.coverage`)."""
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    inputs: tuple[str, ...]
+    differentiable: bool
+    formula: str
+
+    @property
+    def opsets(self) -> str:
+        """``"13+"``, ``"13-17"``: the opset range as text."""
+        return f"{self.since}+" if self.until is None else f"{self.since}-{self.until}"
+
+
+class GradientRegistry:
+    """Gradient rules and non-differentiable declarations, keyed by (domain, op_type).
+
+    Register with the :meth:`rule` decorator and :meth:`non_differentiable`;
+    the engine looks rules up with :meth:`lookup`. A frozen registry (the
+    built-in one) refuses changes: use :meth:`copy` to extend it.
+    """
+
+    def __init__(self) -> None:
+        self._rules: dict[tuple[str, str], list[Rule]] = {}
+        self._non_differentiable: set[tuple[str, str]] = set()
+        self._frozen = False
+
+    # ------------------------------------------------------------ registering
+
+    def _check_mutable(self, what: str) -> None:
+        if self._frozen:
+            raise RuntimeError(
+                f"cannot {what}: this registry is frozen (the built-in one never changes). "
+                "Register on a copy, `registry = builtin_registry().copy()`, and pass "
+                "`registry=registry` to build_gradients"
+            )
+
+    def rule(
+        self,
+        op_type: str,
+        *,
+        domain: str = "",
+        opsets: OpsetRange | None = None,
+        inputs: Sequence[int] | None = None,
+        broadcasting: bool = False,
+        replace: bool = False,
+    ) -> Callable[[RuleFn], RuleFn]:
+        """Decorator registering a gradient rule for ``domain::op_type``.
+
+        Args:
+            op_type: the operator.
+            domain: its domain (``""`` or ``"ai.onnx"`` for standard operators).
+            opsets: ``(since, until)`` opset versions of ``domain``, inclusive;
+                ``until=None`` is open-ended. ``None``: every version.
+            inputs: indices of the differentiable inputs; ``None``: every input
+                the schema allows a floating-point tensor in.
+            broadcasting: the rule returns output-shaped gradients that the
+                engine must sum back to the inputs' shapes.
+            replace: drop existing rules whose opset ranges overlap (to override
+                a built-in rule on a copy); otherwise an overlap is an error.
+        """
+        since, until = opsets if opsets is not None else (1, None)
+        if since < 1 or (until is not None and until < since):
+            raise ValueError(f"opsets={opsets!r} for {op_type} is not a range (since >= 1, until >= since or None)")
+        key = (_domain(domain), op_type)
+
+        def register(fn: RuleFn) -> RuleFn:
+            self._check_mutable(f"register a rule for {op_type}")
+            if key in self._non_differentiable:
+                raise ValueError(f"{_label(key)} is declared non-differentiable; it cannot also have a rule")
+            new = Rule(key[0], op_type, since, until, fn, None if inputs is None else tuple(inputs), broadcasting)
+            existing = self._rules.get(key, [])
+            if replace:
+                existing[:] = [old for old in existing if not _overlap((old.since, old.until), (since, until))]
+            for old in existing:
+                if _overlap((old.since, old.until), (since, until)):
+                    raise ValueError(
+                        f"a rule for {_label(key)} at opsets {old.since}-{old.until or ''} exists already "
+                        f"({old.fn.__qualname__}); give the new rule a disjoint opset range, or pass replace=True"
+                    )
+            self._rules.setdefault(key, []).append(new)
+            self._rules[key].sort(key=lambda r: r.since)
+            return fn
+
+        return register
+
+    def non_differentiable(self, *op_types: str, domain: str = "") -> None:
+        """Declare operators whose outputs carry no gradient (``Shape``, ``Floor``, ...)."""
+        self._check_mutable("declare operators non-differentiable")
+        for op_type in op_types:
+            key = (_domain(domain), op_type)
+            if key in self._rules:
+                raise ValueError(f"{_label(key)} has a gradient rule; it cannot also be non-differentiable")
+            self._non_differentiable.add(key)
+
+    def copy(self) -> GradientRegistry:
+        """A mutable copy: register custom rules on it without touching this registry."""
+        other = GradientRegistry()
+        other._rules = {key: list(rules) for key, rules in self._rules.items()}
+        other._non_differentiable = set(self._non_differentiable)
+        return other
+
+    def freeze(self) -> GradientRegistry:
+        """Refuse further changes (returns ``self``)."""
+        self._frozen = True
+        return self
+
+    # --------------------------------------------------------------- queries
+
+    def lookup(self, op_type: str, domain: str = "", opset: int | None = None) -> Rule | None:
+        """The rule for ``domain::op_type`` at opset ``opset`` (any opset when ``None``)."""
+        for rule in self._rules.get((_domain(domain), op_type), []):
+            if opset is None or rule.applies(opset):
+                return rule
+        return None
+
+    def is_non_differentiable(self, op_type: str, domain: str = "") -> bool:
+        """Whether ``domain::op_type`` was declared non-differentiable."""
+        return (_domain(domain), op_type) in self._non_differentiable
+
+    def rules(self) -> list[Rule]:
+        """Every registered rule, sorted by domain, operator and opset."""
+        return sorted(
+            (r for rules in self._rules.values() for r in rules), key=lambda r: (r.domain, r.op_type, r.since)
+        )
+
+    def operators(self) -> set[tuple[str, str]]:
+        """The (domain, op_type) pairs that have a rule."""
+        return set(self._rules)
+
+    def non_differentiable_operators(self) -> set[tuple[str, str]]:
+        """The (domain, op_type) pairs declared non-differentiable."""
+        return set(self._non_differentiable)
+
+    def differentiable_inputs(self, rule: Rule) -> tuple[str, ...]:
+        """Names of the inputs ``rule`` differentiates (``"inputs"`` for variadic ones)."""
+        names = _input_names(rule.domain, rule.op_type, rule.since)
+        if names is None:
+            return tuple(str(i) for i in rule.inputs) if rule.inputs is not None else ("all",)
+        candidates = range(len(names)) if rule.inputs is None else rule.inputs
+        return tuple(names[i][0] for i in candidates if i < len(names) and (rule.inputs is not None or names[i][1]))
+
+    def coverage(self) -> list[CoverageRow]:
+        """The coverage table: one row per rule and per non-differentiable operator."""
+        rows = [
+            CoverageRow(
+                rule.domain,
+                rule.op_type,
+                max(rule.since, first_version(rule.domain, rule.op_type) or 1, _oldest(rule.domain)),
+                rule.until,
+                self.differentiable_inputs(rule),
+                True,
+                rule.formula,
+            )
+            for rule in self.rules()
+        ]
+        rows += [
+            CoverageRow(domain, op, max(first_version(domain, op) or 1, _oldest(domain)), None, (), False, "")
+            for domain, op in sorted(self._non_differentiable)
+        ]
+        return rows
+
+
+def _oldest(domain: str) -> int:
+    """The oldest opset of ``domain`` onnxtrain supports (``ai.onnx``: 13; others: 1)."""
+    return versions.MIN_OPSET if domain == "" else 1
+
+
+def _label(key: tuple[str, str]) -> str:
+    return f"{key[0] or 'ai.onnx'}::{key[1]}"
+
+
+def _overlap(a: OpsetRange, b: OpsetRange) -> bool:
+    a_end = a[1] if a[1] is not None else 1 << 30
+    b_end = b[1] if b[1] is not None else 1 << 30
+    return a[0] <= b_end and b[0] <= a_end
+
+
+@functools.cache
+def first_version(domain: str, op_type: str) -> int | None:
+    """The first opset version of ``domain`` that defines ``op_type`` (``None``: unknown op)."""
+    versions = [
+        schema.since_version
+        for schema in onnx.defs.get_all_schemas_with_history()
+        if schema.name == op_type and _domain(schema.domain) == domain
+    ]
+    return min(versions) if versions else None
+
+
+_FLOAT_TYPE_STRINGS = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)")
+
+
+@functools.cache
+def _input_names(domain: str, op_type: str, since: int) -> tuple[tuple[str, bool], ...] | None:
+    """``(name, can_be_float)`` for each input of the newest schema, or ``None``."""
+    try:
+        schema = onnx.defs.get_schema(op_type, 1 << 16, domain)
+    except onnx.defs.SchemaError:
+        return None
+    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    result = []
+    for formal in schema.inputs:
+        allowed: Iterable[str] = constraints.get(formal.type_str, [formal.type_str])
+        result.append((formal.name, any(t in _FLOAT_TYPE_STRINGS for t in allowed)))
+    return tuple(result)
+
+
+def builtin_registry() -> GradientRegistry:
+    """The frozen registry of onnxtrain's built-in rules."""
+    from onnxtrain.autodiff.rules import BUILTIN
+
+    return BUILTIN

@@ -1,0 +1,15 @@
+"""Built-in gradient rules, one module per operator family.
+
+Importing this package registers every rule into :data:`BUILTIN` and freezes
+it; :func:`onnxtrain.autodiff.builtin_registry` returns it.
+"""
+
+from __future__ import annotations
+
+from onnxtrain.autodiff.rules import elementwise, nondifferentiable, reductions, shape
+from onnxtrain.autodiff.rules._builtin import REGISTRY
+
+#: The frozen registry of built-in rules.
+BUILTIN = REGISTRY.freeze()
+
+__all__ = ["BUILTIN", "elementwise", "nondifferentiable", "reductions", "shape"]

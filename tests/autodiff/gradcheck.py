@@ -1,0 +1,241 @@
+"""Check a gradient graph against central finite differences, both run in onnxruntime.
+
+For a spec and a drawn case: build the one-node model, add
+``loss = sum_u ReduceSum(y_u * c_u)`` for random projections ``c_u``, append
+our gradient graph, and compare ``sum_i <t_i, dloss/dx_i>`` with the
+directional derivative ``(f(x + h t) - f(x - h t)) / 2h`` along a random
+direction ``t`` (Richardson-extrapolated in float32). One onnxruntime session
+computes the loss, the outputs and the gradients, and is reused for the
+finite-difference evaluations.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import helper, numpy_helper
+
+from onnxtrain.autodiff import build_gradients
+from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.graph import GraphBuilder, dtypes
+from tests.autodiff.specs import Arg, Case, Spec
+
+#: How input dimensions are declared: sizes, names (``n4``; 1 stays 1), or unknown.
+DimMode = Literal["static", "named", "unknown"]
+DIM_MODES: tuple[DimMode, ...] = ("static", "named", "unknown")
+
+
+@dataclass
+class Compiled:
+    """A spec's training model, ready to run."""
+
+    session: ort.InferenceSession
+    model: onnx.ModelProto
+    args: list[tuple[str, Arg, tuple[int, ...], Any]]  # name, arg, shape, numpy dtype
+    extras: dict[str, np.ndarray]  # fed extra inputs
+    projections: list[tuple[str, int, Any]]  # input name, output index, numpy dtype
+    wrt: list[str]
+    n_outputs: int
+
+
+def _declared(shape: Sequence[int], mode: DimMode) -> list[int | str | None]:
+    if mode == "static":
+        return list(shape)
+    if mode == "named":
+        return [d if d == 1 else f"n{d}" for d in shape]
+    return [None] * len(shape)
+
+
+def _arg_dtype(spec: Spec, arg: Arg) -> Any:
+    return np.dtype(arg.dtype if arg.dtype is not None else spec.dtype)
+
+
+def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | None = None) -> Compiled:
+    """The model for ``spec`` and ``case``: the op, the projected loss and our gradients."""
+    shapes = iter(case.shapes)
+    args = []
+    inputs = []
+    for k, arg in enumerate(spec.args):
+        shape = arg.shape if arg.shape is not None else next(shapes)
+        dtype = _arg_dtype(spec, arg)
+        name = f"x{k}"
+        args.append((name, arg, tuple(shape), dtype))
+        inputs.append(helper.make_tensor_value_info(name, dtypes.to_elem_type(dtype), _declared(shape, mode)))
+    wiring = spec.wiring if spec.wiring is not None else tuple(range(len(spec.args)))
+    node_inputs = ["" if w is None else args[w][0] for w in wiring]
+    initializers = []
+    extras: dict[str, np.ndarray] = {}
+    for extra in case.extras:
+        name = f"extra{extra.index}"
+        value = np.asarray(extra.value, dtype=np.int64)
+        while len(node_inputs) <= extra.index:
+            node_inputs.append("")
+        node_inputs[extra.index] = name
+        if extra.fed:
+            extras[name] = value
+            inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [len(value)]))
+        else:
+            initializers.append(numpy_helper.from_array(value, name))
+    outputs = [f"y{u}" for u in range(case.n_outputs)]
+    node = helper.make_node(spec.op_type, node_inputs, outputs, name="op", domain=spec.domain, **dict(case.attrs))
+    opsets = [helper.make_opsetid("", spec.opset)] + [helper.make_opsetid(d, v) for d, v in spec.extra_opsets]
+    graph = helper.make_graph([node], "spec", inputs, [], initializers)
+    model = helper.make_model(graph, opset_imports=opsets)
+    builder = GraphBuilder(model)
+    projections = []
+    terms = []
+    for u in case.used_outputs:
+        y = outputs[u]
+        elem = builder.elem_type(y)
+        dims = builder.shape(y)
+        known = dims if dims is not None and all(isinstance(d, int) for d in dims) else None
+        declared = known if known is not None else (None if dims is None else [None] * len(dims))
+        c = builder.add_input(f"c{u}", helper.make_tensor_type_proto(elem, declared))
+        projections.append((c, u, dtypes.to_numpy_dtype(elem)))
+        terms.append(builder.add_node1("ReduceSum", [builder.add_node1("Mul", [y, c])], keepdims=0))
+    loss = terms[0] if len(terms) == 1 else builder.add_node1("Sum", terms)
+    wrt = [name for name, arg, _, _ in args if arg.diff]
+    grads = build_gradients(builder, loss, wrt, registry=registry)
+    builder.set_outputs([loss, *outputs, *(grads[name] for name in wrt)])
+    final = builder.finalize()
+    session = ort.InferenceSession(final.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    return Compiled(session, final, args, extras, projections, wrt, case.n_outputs)
+
+
+def _session_options() -> ort.SessionOptions:
+    """One thread, no spinning: many small sessions live side by side in the cache."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+@functools.lru_cache(maxsize=64)
+def build_cached(spec: Spec, case: Case, mode: DimMode) -> Compiled:
+    """:func:`build` for the built-in registry, cached (Hypothesis repeats shapes)."""
+    return build(spec, case, mode)
+
+
+def sample(rng: np.random.Generator, arg: Arg, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Data for ``arg`` from its domain."""
+    return np.asarray(_sample(rng, arg, shape, dtype), dtype=dtype)
+
+
+def _sample(rng: np.random.Generator, arg: Arg, shape: tuple[int, ...], dtype: Any) -> Any:
+    domain = arg.domain
+    if domain == "bool":
+        return rng.random(shape) < 0.5
+    if isinstance(domain, tuple):
+        low, high = domain
+        if np.dtype(dtype).kind in "iu":
+            return rng.integers(int(low), int(high) + 1, size=shape).astype(dtype)
+        return rng.uniform(low, high, size=shape).astype(dtype)
+    if domain == "real":
+        return rng.normal(size=shape).astype(dtype)
+    if domain == "real2":
+        return (2.0 * rng.normal(size=shape)).astype(dtype)
+    if domain == "nonzero":
+        return (rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.5, 1.5, size=shape)).astype(dtype)
+    raise ValueError(f"unknown domain {domain!r}")
+
+
+def away_from(x: np.ndarray, kinks: Sequence[float], gap: float, rng: np.random.Generator) -> np.ndarray:
+    """``x`` with values closer than ``gap`` to a kink moved to between ``gap`` and ``2 gap`` away."""
+    x = np.array(x, copy=True)
+    for kink in kinks:
+        close = np.abs(x - kink) < gap
+        side = np.where(x >= kink, 1.0, -1.0)
+        x = np.asarray(np.where(close, kink + side * gap * (1.0 + rng.random(x.shape)), x), dtype=x.dtype)
+    return x
+
+
+@dataclass
+class Result:
+    """The two sides of the check and the tolerance used."""
+
+    analytic: float
+    numeric: float
+    tolerance: float
+
+    @property
+    def ok(self) -> bool:
+        return bool(np.isfinite(self.analytic) and abs(self.analytic - self.numeric) <= self.tolerance)
+
+
+def check(spec: Spec, case: Case, mode: DimMode, seed: int, compiled: Compiled | None = None) -> Result | None:
+    """Run the check; ``None`` when the drawn data is invalid for the spec (reject the example)."""
+    compiled = compiled or build_cached(spec, case, mode)
+    rng = np.random.default_rng(seed)
+    attrs: Mapping[str, Any] = dict(case.attrs)
+    low_precision = np.dtype(spec.dtype) != np.float64
+    gap = 5e-2 if low_precision else 1e-3
+    values = {}
+    for name, arg, shape, dtype in compiled.args:
+        value = sample(rng, arg, shape, dtype)
+        if value.dtype.kind == "f":
+            value = away_from(value, spec.kinks(attrs), gap, rng)
+        values[name] = value
+    if spec.valid is not None and not spec.valid(list(values.values()), attrs):
+        return None
+    feeds: dict[str, np.ndarray] = {**values, **compiled.extras}
+    shapes = _projection_shapes(compiled)
+    if any(shape is None for shape in shapes):
+        probe = {
+            c: np.ones([1] * len(compiled.model.graph.output[1 + u].type.tensor_type.shape.dim), dtype)
+            for c, u, dtype in compiled.projections
+        }
+        ys = compiled.session.run(None, {**feeds, **probe})[1 : 1 + compiled.n_outputs]
+        shapes = [ys[u].shape for _, u, _ in compiled.projections]
+    for (c, _, dtype), shape in zip(compiled.projections, shapes, strict=True):
+        feeds[c] = np.asarray(rng.normal(size=shape), dtype=dtype)
+    out = compiled.session.run(None, feeds)
+    loss0 = float(out[0])
+    grads = out[1 + compiled.n_outputs :]
+    directions = {}
+    analytic = 0.0
+    scale = 0.0
+    for name, grad in zip(compiled.wrt, grads, strict=True):
+        value = values[name]
+        assert grad.shape == value.shape, f"d/d{name} has shape {grad.shape}, the input {value.shape}"
+        assert grad.dtype == value.dtype, f"d/d{name} has dtype {grad.dtype}, the input {value.dtype}"
+        t = np.asarray(rng.normal(size=value.shape), dtype=value.dtype)
+        directions[name] = t
+        analytic += float(np.sum(t.astype(np.float64) * grad.astype(np.float64)))
+        scale += float(np.sum(np.abs(t.astype(np.float64) * grad.astype(np.float64))))
+
+    def f(step: float) -> float:
+        moved = dict(feeds)
+        for name, t in directions.items():
+            moved[name] = np.asarray(values[name].astype(np.float64) + step * t.astype(np.float64), values[name].dtype)
+        return float(compiled.session.run([compiled.session.get_outputs()[0].name], moved)[0])
+
+    if low_precision:
+        h = 1e-2
+        d1 = (f(h) - f(-h)) / (2 * h)
+        d2 = (f(h / 2) - f(-h / 2)) / h
+        numeric = (4 * d2 - d1) / 3
+        tolerance = 2e-3 * (abs(analytic) + scale) + 2e-4 * (1 + abs(loss0))
+    else:
+        h = 1e-6
+        numeric = (f(h) - f(-h)) / (2 * h)
+        tolerance = 1e-6 * (abs(analytic) + scale) + 1e-8 * (1 + abs(loss0))
+    return Result(analytic, numeric, tolerance)
+
+
+def _projection_shapes(compiled: Compiled) -> list[tuple[int, ...] | None]:
+    """The declared shape of each projection input, ``None`` where not fully known."""
+    declared = {v.name: v.type.tensor_type for v in compiled.model.graph.input}
+    shapes: list[tuple[int, ...] | None] = []
+    for c, _, _ in compiled.projections:
+        tensor = declared[c]
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        known = tensor.HasField("shape") and all(d is not None for d in dims)
+        shapes.append(tuple(dims) if known else None)  # type: ignore[arg-type]
+    return shapes
