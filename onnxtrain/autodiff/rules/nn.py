@@ -1,0 +1,11 @@
+"""Neural-network operators: convolutions, pooling, normalizations, dropout, softmax and the loss operators."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
+
+Grads = Sequence["str | None"]
+Result = list["str | None"]
