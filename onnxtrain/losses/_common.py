@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from typing import Literal, get_args
 
 import numpy as np
+import onnx
 
 from onnxtrain.blocks import ReduceMean, ReduceSum
-from onnxtrain.graph import dtypes
+from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
 
 Reduction = Literal["mean", "sum", "none"]
@@ -75,6 +76,21 @@ def target_input(
         dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
     type_proto = copy.deepcopy(tensor_type(wanted, dims)) if dims is not None else tensor_type(wanted, None)
     return b.add_input(name, type_proto)
+
+
+def dim_size(b: GraphBuilder, x: str, axis: int) -> str:
+    """The size of axis ``axis`` of ``x`` as a scalar of ``x``'s element type.
+
+    A constant when the size is known; else ``Cast(Gather(Shape(x), axis))``,
+    which every opset from 13 accepts (``Shape``'s ``start``/``end`` need 15).
+    """
+    elem_type = b.elem_type(x)
+    dims = b.shape(x)
+    if dims is not None and isinstance(dims[axis], int):
+        return ops.constant(b, dims[axis], elem_type, "dim_size")
+    shape = b.add_node1("Shape", [x])
+    size = b.add_node1("Gather", [shape, ops.constant(b, axis, onnx.TensorProto.INT64, "axis")], axis=0)
+    return b.add_node1("Cast", [size], to=elem_type)
 
 
 def class_weights(loss: str, weight: object, argument: str = "weight") -> np.ndarray | None:

@@ -7,13 +7,14 @@ from typing import Any
 import numpy as np
 import onnx
 
-from onnxtrain.blocks import Add, Block, Div, LogSoftmax, Mul, Neg, Sub
+from onnxtrain.blocks import Abs, Add, Block, Div, Exp, Log, LogSoftmax, Mul, Neg, Sub
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.losses._common import (
     Reduction,
     check_reduction,
     class_weights,
+    dim_size,
     reduce_loss,
     require_float,
     target_input,
@@ -21,20 +22,33 @@ from onnxtrain.losses._common import (
 
 
 def _label_type(loss: str, label_dtype: Any) -> int:
-    elem_type = dtypes.to_elem_type(label_dtype)
-    if elem_type not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64):
-        raise TypeError(f"{loss} needs label_dtype int32 or int64, got {dtypes.dtype_name(elem_type)}")
+    """The ONNX element type of ``label_dtype``; ``TypeError`` unless int32 or int64."""
+    try:
+        elem_type: int | None = dtypes.to_elem_type(label_dtype)
+    except TypeError:
+        elem_type = None
+    if elem_type is None or elem_type not in (onnx.TensorProto.INT32, onnx.TensorProto.INT64):
+        got = repr(label_dtype) if elem_type is None else dtypes.dtype_name(elem_type)
+        raise TypeError(f"{loss} needs label_dtype int32 or int64 (np.int32, np.int64), got {got}")
     return elem_type
 
 
-def _class_axis_rank(b: GraphBuilder, loss: str, name: str) -> int:
-    rank = b.rank(name)
-    if rank is not None and rank < 2:
+def _class_axis_rank(b: GraphBuilder, loss: str, name: str, weight: np.ndarray | None) -> int | None:
+    """The rank of ``name`` (``None``: unknown); ``ValueError`` without a class axis or one weight per class."""
+    dims = b.shape(name)
+    if dims is None:
+        return None
+    if len(dims) < 2:
         raise ValueError(
-            f"{loss} needs {name!r} shaped (batch, classes, d1, ...), but it has rank {rank}; "
+            f"{loss} needs {name!r} shaped (batch, classes, d1, ...), but it has rank {len(dims)}; "
             "add a batch axis with blocks.Unsqueeze([0])"
         )
-    return rank or 2
+    if weight is not None and isinstance(dims[1], int) and weight.size != dims[1]:
+        raise ValueError(
+            f"{loss} got {weight.size} weights, but {name!r} has {dims[1]} classes (axis 1); "
+            "pass one weight per class"
+        )
+    return len(dims)
 
 
 def _weighted_nll(
@@ -75,7 +89,7 @@ class NLLLoss(Block):
     def build(self, loss_input_name: str, target_name: str = "target") -> str:
         b = self.builder
         require_float(b, "NLLLoss", loss_input_name)
-        _class_axis_rank(b, "NLLLoss", loss_input_name)
+        _class_axis_rank(b, "NLLLoss", loss_input_name, self._weight)
         labels = target_input(b, "NLLLoss", target_name, loss_input_name, elem_type=self._label_type, drop_axis=1)
         return _weighted_nll(b, loss_input_name, labels, self._weight, self._reduction, self._ignore_index)
 
@@ -113,7 +127,7 @@ class CrossEntropyLoss(Block):
     def build(self, scores_input_name: str, labels_name: str = "labels") -> str:
         b = self.builder
         require_float(b, "CrossEntropyLoss", scores_input_name)
-        rank = _class_axis_rank(b, "CrossEntropyLoss", scores_input_name)
+        rank = _class_axis_rank(b, "CrossEntropyLoss", scores_input_name, self._weight)
         labels = target_input(
             b, "CrossEntropyLoss", labels_name, scores_input_name, elem_type=self._label_type, drop_axis=1
         )
@@ -122,25 +136,24 @@ class CrossEntropyLoss(Block):
         if self._smoothing == 0.0:
             return nll
         smooth = self._smooth_term(b, log_probs, labels, rank)
-        eps_over_c = Div()(ops.constant_like(b, self._smoothing, log_probs, "label_smoothing"), self._num_classes(b, log_probs))
+        smoothing = ops.constant_like(b, self._smoothing, log_probs, "label_smoothing")
+        eps_over_c = Div()(smoothing, dim_size(b, log_probs, 1))
         kept = ops.constant_like(b, 1.0 - self._smoothing, log_probs, "one_minus_smoothing")
         return Add()(Mul()(kept, nll), Mul()(eps_over_c, smooth))
 
-    def _num_classes(self, b: GraphBuilder, log_probs: str) -> str:
-        dims = b.shape(log_probs)
-        if dims is not None and isinstance(dims[1], int):
-            return ops.constant_like(b, dims[1], log_probs, "num_classes")
-        shape = b.add_node1("Shape", [log_probs], start=1, end=2)
-        return b.add_node1("Cast", [ops.squeeze(b, shape, [0])], to=b.elem_type(log_probs))
-
-    def _smooth_term(self, b: GraphBuilder, log_probs: str, labels: str, rank: int) -> str:
+    def _smooth_term(self, b: GraphBuilder, log_probs: str, labels: str, rank: int | None) -> str:
         """``-sum_c w_c log p_c`` per label, zero where ignored, reduced like ``nll``."""
-        weighted = log_probs
-        if self._weight is not None:
+        if self._weight is None:
+            per_label = Neg()(ops.reduce(b, "ReduceSum", log_probs, [1], keepdims=False))
+        elif rank is not None:
             shape = [1, self._weight.size] + [1] * (rank - 2)
             weight = ops.constant_like(b, self._weight.reshape(shape), log_probs, "class_weight")
-            weighted = Mul()(log_probs, weight)
-        per_label = Neg()(ops.reduce(b, "ReduceSum", weighted, [1], keepdims=False))
+            per_label = Neg()(ops.reduce(b, "ReduceSum", Mul()(log_probs, weight), [1], keepdims=False))
+        else:  # rank unknown: weigh the classes on an (N, C, rest) view, then take the labels' shape
+            flat = b.add_node1("Reshape", [log_probs, ops.int64s(b, [0, 0, -1], "shape")])
+            weight = ops.constant_like(b, self._weight.reshape(1, -1, 1), log_probs, "class_weight")
+            summed = Neg()(ops.reduce(b, "ReduceSum", Mul()(flat, weight), [1], keepdims=False))
+            per_label = b.add_node1("Reshape", [summed, b.add_node1("Shape", [labels])])
         if self._ignore_index is None:
             counted = None
         else:
@@ -175,6 +188,10 @@ class BCEWithLogitsLoss(Block):
 
     ``loss = w * ((1 - t) x + (1 + (pos_weight - 1) t) softplus(-x))``;
     ``weight`` broadcasts against the input, ``pos_weight`` along the last axis.
+    ``softplus(-x)`` is emitted as ``(|x| - x) / 2 + Log(1 + Exp(-|x|))``: it never
+    overflows, runs in float64 (onnxruntime's CPU provider has no float64
+    ``Softplus``), and its gradient at ``x = 0`` is the true ``-1/2`` with
+    ``d|x|/dx = sign(x)`` (``Relu(-x)`` there would give ``0``).
     """
 
     def __init__(self, weight: Any = None, reduction: Reduction = "mean", pos_weight: Any = None) -> None:
@@ -189,7 +206,9 @@ class BCEWithLogitsLoss(Block):
         require_float(b, "BCEWithLogitsLoss", x)
         t = target_input(b, "BCEWithLogitsLoss", target_name, x)
         one = ops.constant_like(b, 1.0, x, "one")
-        softplus = b.add_node1("Softplus", [Neg()(x)])
+        magnitude = Abs()(x)
+        negative_part = Mul()(Sub()(magnitude, x), ops.constant_like(b, 0.5, x, "half"))  # max(-x, 0)
+        softplus = Add()(negative_part, Log()(Add()(one, Exp()(Neg()(magnitude)))))
         log_weight: str = one
         if self._pos_weight is not None:
             pos_minus_one = ops.constant_like(b, self._pos_weight - 1.0, x, "pos_weight_minus_one")
@@ -206,6 +225,9 @@ class BCELoss(Block):
 
     ``loss = -w (t max(log p, -100) + (1 - t) max(log(1 - p), -100))``: the
     logs are clamped at -100 as PyTorch does, so ``p`` of 0 or 1 stays finite.
+    Each log is taken of ``Where(v > 0, v, 1)`` and replaced by -100 where
+    ``v == 0``: a clamped term then passes no gradient, where ``Log``'s
+    derivative at 0 would make it ``0 * inf = nan``.
     """
 
     def __init__(self, weight: Any = None, reduction: Reduction = "mean") -> None:
@@ -219,10 +241,15 @@ class BCELoss(Block):
         require_float(b, "BCELoss", p)
         t = target_input(b, "BCELoss", target_name, p)
         one = ops.constant_like(b, 1.0, p, "one")
+        zero = ops.constant_like(b, 0.0, p, "zero")
         floor = ops.constant_like(b, -100.0, p, "log_floor")
 
         def clamped_log(value: str) -> str:
-            return b.add_node1("Max", [b.add_node1("Log", [value]), floor])
+            """``max(log(value), -100)``, with ``Log`` never evaluated at 0."""
+            positive = b.add_node1("Greater", [value, zero])
+            safe = b.add_node1("Where", [positive, value, one])
+            log = b.add_node1("Where", [positive, b.add_node1("Log", [safe]), floor])
+            return b.add_node1("Max", [log, floor])
 
         positive = Mul()(t, clamped_log(p))
         negative = Mul()(Sub()(one, t), clamped_log(Sub()(one, p)))

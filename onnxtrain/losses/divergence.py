@@ -6,7 +6,7 @@ from typing import Literal
 
 from onnxtrain.blocks import Block, Div, Exp, Mul, Sub
 from onnxtrain.graph import ops
-from onnxtrain.losses._common import REDUCTIONS, check_reduction, reduce_loss, require_float, target_input
+from onnxtrain.losses._common import REDUCTIONS, check_reduction, dim_size, reduce_loss, require_float, target_input
 
 
 class KLDivLoss(Block):
@@ -17,7 +17,9 @@ class KLDivLoss(Block):
     the size of axis 0, the true KL divergence per sample.
     """
 
-    def __init__(self, reduction: Literal["mean", "batchmean", "sum", "none"] = "mean", log_target: bool = False) -> None:
+    def __init__(
+        self, reduction: Literal["mean", "batchmean", "sum", "none"] = "mean", log_target: bool = False
+    ) -> None:
         super().__init__()
         self._reduction = check_reduction("KLDivLoss", reduction, (*REDUCTIONS, "batchmean"))
         self._log_target = bool(log_target)
@@ -37,6 +39,4 @@ class KLDivLoss(Block):
         if self._reduction != "batchmean":
             return reduce_loss(pointwise, self._reduction)
         total = reduce_loss(pointwise, "sum")
-        batch = b.add_node1("Shape", [x], start=0, end=1)
-        batch = b.add_node1("Cast", [ops.squeeze(b, batch, [0])], to=b.elem_type(x))
-        return Div()(total, batch)
+        return Div()(total, dim_size(b, x, 0))

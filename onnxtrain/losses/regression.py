@@ -66,7 +66,7 @@ class SmoothL1Loss(_PointwiseLoss):
 
     def __init__(self, reduction: Reduction = "mean", beta: float = 1.0) -> None:
         super().__init__(reduction)
-        if beta < 0:
+        if not beta >= 0:
             raise ValueError(f"SmoothL1Loss needs beta >= 0, got {beta}")
         self._beta = float(beta)
 

@@ -1,0 +1,145 @@
+"""ONNX Runtime's custom-loss example (``WeightedAverageLoss``) runs on onnxtrain unchanged.
+
+The class below is the example from ONNX Runtime's onnxblock documentation,
+copied with only its import changed (so it keeps the documentation's style:
+no type hints, no ``super().__init__()``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+import onnxtrain.onnxblock as onnxblock
+from tests.helpers import FLOAT, make_model, run_model, tolerance
+from tests.losses import oracles
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+# ---- from ONNX Runtime's documentation; only the import above is changed ----
+# fmt: off
+# Define a custom loss block that takes in two inputs
+# and performs a weighted average of the losses from these
+# two inputs.
+class WeightedAverageLoss(onnxblock.Block):
+    def __init__(self):
+        self._loss1 = onnxblock.loss.MSELoss()
+        self._loss2 = onnxblock.loss.MSELoss()
+        self._w1 = onnxblock.blocks.Constant(0.4)
+        self._w2 = onnxblock.blocks.Constant(0.6)
+        self._add = onnxblock.blocks.Add()
+        self._mul = onnxblock.blocks.Mul()
+
+    def build(self, loss_input_name1, loss_input_name2):
+        # The build method defines how the block should be stacked on top of
+        # loss_input_name1 and loss_input_name2
+
+        # Returns weighted average of the two losses
+        return self._add(
+            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
+            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2"))
+        )
+# fmt: on
+# ------------------------------------------------------------------------------
+
+
+class ForwardWithCustomLoss(onnxblock.ForwardBlock):
+    """The forward model: the base model's two outputs, reduced by the custom loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = WeightedAverageLoss()
+
+    def build(self, output1: str, output2: str) -> str:
+        return self.loss(output1, output2)
+
+
+W1 = np.random.default_rng(0).uniform(-1, 1, (4, 3)).astype(np.float32)
+W2 = np.random.default_rng(1).uniform(-1, 1, (4, 2)).astype(np.float32)
+
+
+def two_output_model() -> onnx.ModelProto:
+    """``output1 = relu(x @ W1)`` (batch, 3) and ``output2 = x @ W2`` (batch, 2)."""
+    return make_model(
+        {"x": (FLOAT, ["batch", 4])},
+        [
+            helper.make_node("MatMul", ["x", "weight1"], ["hidden1"]),
+            helper.make_node("Relu", ["hidden1"], ["output1"]),
+            helper.make_node("MatMul", ["x", "weight2"], ["output2"]),
+        ],
+        {"output1": (FLOAT, ["batch", 3]), "output2": (FLOAT, ["batch", 2])},
+        initializers=[("weight1", W1), ("weight2", W2)],
+    )
+
+
+def build_custom_loss_model() -> onnx.ModelProto:
+    block = ForwardWithCustomLoss()
+    with onnxblock.base(two_output_model()):
+        block("output1", "output2")
+    return block.to_model_proto()
+
+
+def test_custom_loss_adds_both_targets() -> None:
+    model = build_custom_loss_model()
+    inputs = {value.name: value.type.tensor_type for value in model.graph.input}
+    assert list(inputs) == ["x", "target1", "target2"]
+    assert [d.dim_param or d.dim_value for d in inputs["target1"].shape.dim] == ["batch", 3]
+    assert [d.dim_param or d.dim_value for d in inputs["target2"].shape.dim] == ["batch", 2]
+    assert all(t.elem_type == FLOAT for t in inputs.values())
+    (output,) = model.graph.output
+    assert output.type.tensor_type.elem_type == FLOAT
+    assert len(output.type.tensor_type.shape.dim) == 0
+
+
+def test_custom_loss_is_the_weighted_average_of_the_two_mse() -> None:
+    model = build_custom_loss_model()
+    rng = np.random.default_rng(2)
+    for batch in (1, 5):
+        x = rng.standard_normal((batch, 4)).astype(np.float32)
+        target1 = rng.standard_normal((batch, 3)).astype(np.float32)
+        target2 = rng.standard_normal((batch, 2)).astype(np.float32)
+        (loss,) = run_model(model, {"x": x, "target1": target1, "target2": target2})
+        x64 = x.astype(np.float64)
+        mse1 = oracles.mse_loss(np.maximum(x64 @ W1, 0.0), target1)
+        mse2 = oracles.mse_loss(x64 @ W2, target2)
+        expected = 0.4 * mse1 + 0.6 * mse2
+        assert loss.dtype == np.float32 and loss.shape == ()
+        np.testing.assert_allclose(loss, expected, **tolerance(np.float32))
+
+
+_BUILD_IN_SUBPROCESS = (
+    "import sys\n"
+    "from tests.losses.test_custom_loss import build_custom_loss_model\n"
+    "sys.stdout.buffer.write(build_custom_loss_model().SerializeToString())\n"
+)
+
+
+def build_in_subprocess(hash_seed: str) -> bytes:
+    """The serialized model, built by a fresh interpreter with string hashing seeded by ``hash_seed``."""
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", _BUILD_IN_SUBPROCESS],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    return result.stdout
+
+
+def test_custom_loss_builds_byte_identically_in_separate_processes() -> None:
+    """Names come from a per-build counter: the same build gives the same bytes in every process."""
+    first = build_in_subprocess("1")
+    second = build_in_subprocess("2")
+    assert first, "the subprocess wrote no model"
+    assert first == second
+    assert build_custom_loss_model().SerializeToString() == first
