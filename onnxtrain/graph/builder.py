@@ -283,6 +283,28 @@ class GraphBuilder:
         self.names.reserve(name)
         return name
 
+    def ensure_output(self, node: onnx.NodeProto, index: int, hint: str) -> str:
+        """The name of optional output ``index`` of ``node`` (a node of the model), adding it if absent.
+
+        Operators such as Dropout (mask), MaxPool (indices) and
+        BatchNormalization (running statistics) compute outputs their node may
+        not declare; a later stage that needs one asks for it here.
+        """
+        self.sync()
+        if index < len(node.output) and node.output[index]:
+            return node.output[index]
+        while len(node.output) <= index:
+            node.output.append("")
+        added = []
+        for position in range(index + 1):  # operators such as BatchNormalization want all or none
+            if not node.output[position]:
+                node.output[position] = self._claim(self.names.fresh(hint))
+                added.append(node.output[position])
+        types = self._infer_outputs(node)
+        for name in added:
+            self._values[name] = types.get(name)
+        return node.output[index]
+
     def add_initializer(
         self, value: np.ndarray | onnx.TensorProto, hint: str = "const", *, name: str | None = None
     ) -> str:
@@ -334,10 +356,24 @@ class GraphBuilder:
         self.model.graph.output.extend(values)
 
     def finalize(self) -> onnx.ModelProto:
-        """A checked copy of the model with the IR version policy applied."""
+        """A checked copy of the model with the IR version policy applied.
+
+        The copy declares the type of every intermediate value the builder
+        knows in ``graph.value_info``, so that a later build on it starts from
+        the same types even where onnx's whole-model inference gives up.
+        """
         self.sync()
         model = onnx.ModelProto()
         model.CopyFrom(self.model)
+        graph = model.graph
+        declared = {value.name for value in (*graph.input, *graph.output, *graph.value_info)}
+        declared.update(tensor.name for tensor in graph.initializer)
+        for node in graph.node:
+            for name in node.output:
+                type_proto = self._values.get(name)
+                if name and name not in declared and type_proto is not None:
+                    graph.value_info.append(helper.make_value_info(name, type_proto))
+                    declared.add(name)
         versions.stamp_ir_version(model)
         try:
             onnx.checker.check_model(checkable(model))

@@ -10,8 +10,9 @@ import loss`` and ``onnxblock.blocks.Add()`` work as before.
 
 from __future__ import annotations
 
+from onnxtrain.autodiff.training_block import TrainingBlock
 from onnxtrain.blocks import Block, ForwardBlock
 from onnxtrain.graph import base, empty_base
 from onnxtrain.onnxblock import blocks, loss
 
-__all__ = ["Block", "ForwardBlock", "base", "blocks", "empty_base", "loss"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss"]

@@ -1,0 +1,219 @@
+"""From a forward-plus-loss model to the training model and the eval model.
+
+Both models take every parameter (trainable and frozen) as a graph input, in
+initializer order, after the user inputs, so that one set of parameter values
+can be fed to either. The training model outputs the loss, the additional
+outputs, ``<param>_grad`` for each trainable parameter (in the same order),
+then ``<stat>.updated`` for the running statistics of training-mode
+BatchNormalization nodes whose statistics are parameters. The eval model
+outputs the loss and the additional outputs, with Dropout and
+BatchNormalization switched to inference mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import onnx
+from onnx import helper
+
+from onnxtrain.autodiff.engine import build_gradients
+from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph.naming import names_in
+
+#: The suffix of the training-model outputs carrying updated running statistics.
+UPDATED_SUFFIX = ".updated"
+
+
+@dataclass(frozen=True)
+class TrainingModels:
+    """What :func:`build_training_models` returns.
+
+    Attributes:
+        training: the training model (forward, loss and gradients).
+        eval: the eval model (forward and loss, inference mode).
+        trainable: the trainable parameters, in graph-input order.
+        frozen: the frozen parameters, in graph-input order.
+        running_stats: ``{statistic parameter: training-model output}`` for
+            training-mode BatchNormalization.
+    """
+
+    training: onnx.ModelProto
+    eval: onnx.ModelProto
+    trainable: list[onnx.TensorProto]
+    frozen: list[onnx.TensorProto]
+    running_stats: dict[str, str]
+
+
+def _check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], frozen: Sequence[str]) -> None:
+    initializers = {t.name: t for t in model.graph.initializer}
+    floats = [name for name, t in initializers.items() if dtypes.is_float(t.data_type)]
+    overlap = sorted(set(requires_grad) & set(frozen))
+    if overlap:
+        raise ValueError(f"{overlap} are both trainable and frozen; list each parameter in only one of the two")
+    for name in requires_grad:
+        tensor = initializers.get(name)
+        if tensor is None or not dtypes.is_float(tensor.data_type):
+            what = "is not an initializer" if tensor is None else f"is {dtypes.dtype_name(tensor.data_type)}"
+            raise ValueError(
+                f"requires_grad names {name!r}, which {what} of the model; trainable parameters are "
+                f"floating-point initializers: {floats}"
+            )
+    for name in frozen:
+        if name not in initializers:
+            raise ValueError(
+                f"frozen_params names {name!r}, which is not an initializer of the model; "
+                f"initializers: {list(initializers)}"
+            )
+
+
+def move_initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> list[onnx.TensorProto]:
+    """Turn the initializers ``names`` into graph inputs (initializer order); return them."""
+    wanted = set(names)
+    moved = [t for t in model.graph.initializer if t.name in wanted]
+    kept = [t for t in model.graph.initializer if t.name not in wanted]
+    existing_inputs = {value.name for value in model.graph.input}
+    for tensor in moved:
+        if tensor.name not in existing_inputs:
+            model.graph.input.append(helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    del model.graph.initializer[:]
+    model.graph.initializer.extend(kept)
+    return moved
+
+
+def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return attribute.i
+    return default
+
+
+def set_inference_mode(model: onnx.ModelProto) -> None:
+    """Dropout without its training flag, BatchNormalization with ``training_mode=0`` and one output."""
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "Dropout" and len(node.input) > 2:
+            node.input[2] = ""
+        elif node.op_type == "BatchNormalization" and _attribute(node, "training_mode", 0):
+            for attribute in node.attribute:
+                if attribute.name == "training_mode":
+                    attribute.i = 0
+            del node.output[1:]
+
+
+def prune_unused_nodes(model: onnx.ModelProto) -> None:
+    """Remove the nodes no graph output depends on, and the initializers they alone used."""
+    graph = model.graph
+    needed = {value.name for value in graph.output}
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(graph.node):
+        if any(name in needed for name in node.output if name):
+            kept.append(node)
+            needed.update(name for name in node.input if name)
+            for attribute in node.attribute:  # subgraphs may read outer values
+                for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+                    needed.update(name for sub in subgraph.node for name in sub.input if name)
+    kept.reverse()
+    del graph.node[:]
+    graph.node.extend(kept)
+    initializers = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+
+
+def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[str, str]:
+    """Make the running statistics of training-mode BatchNormalization graph outputs.
+
+    Works on the proto before any builder sees it, so that whole-model type
+    inference runs on nodes that declare all three outputs.
+    """
+    taken = names_in(model.graph)
+    exposed: dict[str, str] = {}
+    identities: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not _attribute(node, "training_mode", 0):
+            continue
+        stats = (node.input[3], node.input[4])  # input_mean -> output 1, input_var -> output 2
+        if not all(stat in parameters and stat not in exposed for stat in stats):
+            continue
+        while len(node.output) < 3:
+            node.output.append("")
+        for position, stat in enumerate(stats, start=1):
+            if not node.output[position]:
+                node.output[position] = _unique(f"{stat}.running", taken)
+            exposed[stat] = _unique(f"{stat}{UPDATED_SUFFIX}", taken)
+            identities.append(helper.make_node("Identity", [node.output[position]], [exposed[stat]]))
+    model.graph.node.extend(identities)
+    return exposed
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, counter = name, 0
+    while candidate in taken:
+        counter += 1
+        candidate = f"{name}_{counter}"
+    taken.add(candidate)
+    return candidate
+
+
+def build_training_models(
+    forward: onnx.ModelProto,
+    outputs: Sequence[str],
+    requires_grad: Sequence[str],
+    frozen_params: Sequence[str] = (),
+    *,
+    registry: GradientRegistry | None = None,
+) -> TrainingModels:
+    """The training and eval models of ``forward``, whose output ``outputs[0]`` is the loss.
+
+    ``forward`` is not changed. Raises ``ValueError`` for unknown, integer or
+    overlapping parameter names, and the engine's errors for a non-scalar loss
+    or an operator without a gradient rule.
+    """
+    if not outputs:
+        raise ValueError("a training model needs a loss: pass its name first in outputs")
+    _check_parameters(forward, requires_grad, frozen_params)
+    order = {t.name: k for k, t in enumerate(forward.graph.initializer)}
+    trainable_names = sorted(dict.fromkeys(requires_grad), key=order.__getitem__)
+    parameter_names = set(trainable_names) | set(frozen_params)
+
+    eval_model = onnx.ModelProto()
+    eval_model.CopyFrom(forward)
+    moved = move_initializers_to_inputs(eval_model, list(parameter_names))
+    set_inference_mode(eval_model)
+    eval_builder = GraphBuilder(eval_model)
+    eval_builder.set_outputs(outputs)
+    prune_unused_nodes(eval_model)
+
+    training_model = onnx.ModelProto()
+    training_model.CopyFrom(forward)
+    move_initializers_to_inputs(training_model, list(parameter_names))
+    running = _expose_running_stats(training_model, parameter_names)
+    builder = GraphBuilder(training_model)
+    grads = build_gradients(builder, outputs[0], trainable_names, registry) if trainable_names else {}
+    builder.set_outputs([*outputs, *(grads[name] for name in trainable_names), *running.values()])
+    prune_unused_nodes(training_model)
+
+    return TrainingModels(
+        training=GraphBuilder(training_model).finalize(),
+        eval=GraphBuilder(eval_model).finalize(),
+        trainable=[t for t in moved if t.name in set(trainable_names)],
+        frozen=[t for t in moved if t.name not in set(trainable_names)],
+        running_stats=running,
+    )
+
+
+__all__ = [
+    "UPDATED_SUFFIX",
+    "TrainingModels",
+    "build_training_models",
+    "move_initializers_to_inputs",
+    "prune_unused_nodes",
+    "set_inference_mode",
+]
