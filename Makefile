@@ -5,13 +5,19 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# onnxruntime-training, frozen at 1.19.2, for the checkpoint interop tests. It
+# conflicts with onnxruntime and ships wheels for CPython <= 3.11 only, so it
+# lives in its own environment, built with the newest such Python found.
+ORT_TRAINING_VENV ?= .venv-ort-training
+ORT_TRAINING_PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3.8; do command -v $$p && break; done)
+ORT_TRAINING_PACKAGES ?= onnxruntime-training-cpu==1.19.2 onnx==1.16.2 "numpy<2"
 
-.PHONY: demo test venv torch clean
+.PHONY: demo test venv torch ort-training clean
 
 demo: venv
 	$(BIN)/python examples/custom_loss.py
 
-test: venv torch
+test: venv torch ort-training
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 venv: $(VENV)/.installed
@@ -31,5 +37,31 @@ torch: venv
 	    $(BIN)/python -m pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"; \
 	else echo "torch $(TORCH_VERSION) has no local CPU wheel here: the comparisons with torch will be skipped"; fi
 
+# The interop tests (tests/checkpoint/test_ort_interop.py) run ORT in this
+# environment. Where it cannot be built, the reason goes to UNAVAILABLE and the
+# tests skip with it instead of failing; `make clean` retries.
+ort-training: $(ORT_TRAINING_VENV)/.done
+
+$(ORT_TRAINING_VENV)/.done:
+	@rm -rf $(ORT_TRAINING_VENV)
+	@if [ -z "$(ORT_TRAINING_PYTHON)" ]; then \
+	    mkdir -p $(ORT_TRAINING_VENV); \
+	    echo "no CPython 3.8-3.11 found; onnxruntime-training 1.19.2 has no wheel for newer versions" > $(ORT_TRAINING_VENV)/UNAVAILABLE; \
+	elif ! $(ORT_TRAINING_PYTHON) -m venv $(ORT_TRAINING_VENV) > /dev/null 2>&1; then \
+	    mkdir -p $(ORT_TRAINING_VENV); \
+	    echo "$(ORT_TRAINING_PYTHON) -m venv failed" > $(ORT_TRAINING_VENV)/UNAVAILABLE; \
+	elif ! $(ORT_TRAINING_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	        $(ORT_TRAINING_PACKAGES) > $(ORT_TRAINING_VENV)/install.log 2>&1; then \
+	    echo "pip could not install $(ORT_TRAINING_PACKAGES) for $(ORT_TRAINING_PYTHON): $$(tail -n 1 $(ORT_TRAINING_VENV)/install.log)" \
+	        > $(ORT_TRAINING_VENV)/UNAVAILABLE; \
+	elif ! $(ORT_TRAINING_VENV)/bin/python -c "import onnxruntime.capi._pybind_state as C; C.load_checkpoint" \
+	        >> $(ORT_TRAINING_VENV)/install.log 2>&1; then \
+	    echo "onnxruntime-training installed but does not import: $$(tail -n 1 $(ORT_TRAINING_VENV)/install.log)" \
+	        > $(ORT_TRAINING_VENV)/UNAVAILABLE; \
+	fi
+	@if [ -f $(ORT_TRAINING_VENV)/UNAVAILABLE ]; then \
+	    echo "ort-training: $$(cat $(ORT_TRAINING_VENV)/UNAVAILABLE); the ORT interop tests will be skipped"; fi
+	@touch $@
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ORT_TRAINING_VENV) .pytest_cache .hypothesis

@@ -1,0 +1,325 @@
+"""The checkpoint state: parameters, optimizer state and properties, immutable.
+
+A :class:`CheckpointState` mirrors what ONNX Runtime's on-device training
+checkpoint holds:
+
+- ``trainable`` and ``frozen``: parameter name -> array (ORT's
+  ``requires_grad_params`` and ``frozen_params``); names are unique across both;
+- ``optimizer``: one :class:`OptimizerState` (ORT's group ``group0``): the step,
+  the initial learning rate and, per trainable parameter, its moments
+  (``momentum0``, ``momentum1``, ... in the file), or ``None``;
+- ``properties``: name -> ``int`` (int64), ``float`` (float32 in the file) or
+  ``str``; one namespace for the three kinds, as in ORT's property bag;
+- ``is_nominal``: a nominal checkpoint holds names, dtypes and shapes only.
+
+Arrays are copied once into read-only, native-byte-order NumPy arrays; the
+mappings are read-only. Float values (properties, learning rate) are rounded to
+float32 on construction, because that is what the file stores: a state loaded
+from its own saved file compares equal to it. Equality compares arrays bit for
+bit (dtype, shape and bytes; NaNs with the same bits are equal).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import external_data_helper, numpy_helper
+
+from onnxtrain.checkpoint.dtypes import elem_type, native
+
+#: A property value: int64, float32 or string.
+PropertyValue = int | float | str
+
+#: ORT's name of the only optimizer group its runtime uses.
+GROUP_NAME = "group0"
+
+#: ORT's initial learning rate when a checkpoint has no optimizer state.
+DEFAULT_LEARNING_RATE = 1e-3
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True, eq=False)
+class OptimizerState:
+    """ORT's optimizer group ``group0``: step, initial learning rate, moments.
+
+    ``moments`` maps a trainable parameter name to its moments in order
+    (``momentum0``, ``momentum1``, ...): AdamW has two, SGD with momentum one.
+    Each moment has its parameter's shape. ``step`` counts the optimizer steps
+    taken (int64, >= 0); the current learning rate is not stored, as in ORT.
+    """
+
+    moments: Mapping[str, Sequence[np.ndarray]] = field(default_factory=dict)
+    step: int = 0
+    initial_learning_rate: float = DEFAULT_LEARNING_RATE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.moments, Mapping):
+            raise TypeError(
+                f"moments must be a mapping of parameter name -> list of arrays, not {type(self.moments).__name__}"
+            )
+        moments: dict[str, tuple[np.ndarray, ...]] = {}
+        for name, values in self.moments.items():
+            _check_name(name, "optimizer moments' parameter")
+            if isinstance(values, np.ndarray) or not isinstance(values, Iterable):
+                raise TypeError(
+                    f"moments[{name!r}] must be a list of arrays (momentum0, momentum1, ...), not one array"
+                )
+            moments[name] = tuple(_frozen_array(v, f"moments[{name!r}][{i}]") for i, v in enumerate(values))
+        object.__setattr__(self, "moments", MappingProxyType(moments))
+        object.__setattr__(self, "step", _int64(self.step, "optimizer step", minimum=0))
+        object.__setattr__(self, "initial_learning_rate", _float32(self.initial_learning_rate, "initial_learning_rate"))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OptimizerState):
+            return NotImplemented
+        return (
+            self.step == other.step
+            and _same_float(self.initial_learning_rate, other.initial_learning_rate)
+            and self.moments.keys() == other.moments.keys()
+            and all(
+                len(self.moments[k]) == len(other.moments[k])
+                and all(_same_array(a, b) for a, b in zip(self.moments[k], other.moments[k], strict=True))
+                for k in self.moments
+            )
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        moments = {k: [_describe(a) for a in v] for k, v in self.moments.items()}
+        return (
+            f"OptimizerState(step={self.step}, initial_learning_rate={self.initial_learning_rate!r}, moments={moments})"
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class CheckpointState:
+    """Parameters, optimizer state and properties; see the module docstring."""
+
+    trainable: Mapping[str, np.ndarray] = field(default_factory=dict)
+    frozen: Mapping[str, np.ndarray] = field(default_factory=dict)
+    optimizer: OptimizerState | None = None
+    properties: Mapping[str, PropertyValue] = field(default_factory=dict)
+    is_nominal: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.is_nominal, (bool, np.bool_)):
+            raise TypeError(f"is_nominal must be a bool, not {type(self.is_nominal).__name__}")
+        nominal = bool(self.is_nominal)
+        object.__setattr__(self, "is_nominal", nominal)
+        trainable = _parameters(self.trainable, "trainable", nominal)
+        frozen = _parameters(self.frozen, "frozen", nominal)
+        both = sorted(trainable.keys() & frozen.keys())
+        if both:
+            raise ValueError(f"parameters {both} are both trainable and frozen; each name may appear once")
+        object.__setattr__(self, "trainable", MappingProxyType(trainable))
+        object.__setattr__(self, "frozen", MappingProxyType(frozen))
+        if self.optimizer is not None:
+            if not isinstance(self.optimizer, OptimizerState):
+                raise TypeError(f"optimizer must be an OptimizerState or None, not {type(self.optimizer).__name__}")
+            if nominal:
+                raise ValueError("a nominal checkpoint holds no optimizer state; pass optimizer=None")
+            _check_moments(self.optimizer, trainable)
+        object.__setattr__(self, "properties", MappingProxyType(_properties(self.properties)))
+
+    @property
+    def parameters(self) -> Mapping[str, np.ndarray]:
+        """Trainable then frozen parameters, one mapping."""
+        return MappingProxyType({**self.trainable, **self.frozen})
+
+    def nominal(self) -> CheckpointState:
+        """The nominal version: same names, dtypes and shapes, no data, no optimizer state."""
+        return CheckpointState(self.trainable, self.frozen, None, self.properties, is_nominal=True)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CheckpointState):
+            return NotImplemented
+        return (
+            self.is_nominal == other.is_nominal
+            and _same_arrays(self.trainable, other.trainable, self.is_nominal)
+            and _same_arrays(self.frozen, other.frozen, self.is_nominal)
+            and self.optimizer == other.optimizer
+            and self.properties.keys() == other.properties.keys()
+            and all(_same_property(self.properties[k], other.properties[k]) for k in self.properties)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointState(trainable={ {k: _describe(v) for k, v in self.trainable.items()} }, "
+            f"frozen={ {k: _describe(v) for k, v in self.frozen.items()} }, optimizer={self.optimizer!r}, "
+            f"properties={dict(self.properties)!r}, is_nominal={self.is_nominal})"
+        )
+
+
+def from_tensors(
+    trainable: Iterable[onnx.TensorProto],
+    frozen: Iterable[onnx.TensorProto] = (),
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    nominal: bool = False,
+) -> CheckpointState:
+    """A state from ONNX initializers (ORT's ``save_checkpoint`` from TensorProtos).
+
+    Tensors with external data are read from files relative to ``base_dir``
+    (the model's directory); the given protos are never modified.
+    """
+    return CheckpointState(
+        _arrays_from_tensors(trainable, "trainable", base_dir),
+        _arrays_from_tensors(frozen, "frozen", base_dir),
+        is_nominal=nominal,
+    )
+
+
+def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A read-only array of ``dtype`` and ``shape`` that owns no memory (nominal data)."""
+    dims = [int(d) for d in shape]
+    if any(d < 0 for d in dims):
+        raise ValueError(f"shape {tuple(dims)} has a negative dimension")
+    if math.prod(dims) * dtype.itemsize >= 2**63:
+        raise ValueError(f"shape {tuple(dims)} of {dtype} is too large for any array")
+    return np.broadcast_to(np.zeros((), dtype=dtype), tuple(dims))
+
+
+def _arrays_from_tensors(
+    tensors: Iterable[onnx.TensorProto], what: str, base_dir: str | os.PathLike[str] | None
+) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if not isinstance(tensor, onnx.TensorProto):
+            raise TypeError(f"{what} parameters must be onnx.TensorProto, not {type(tensor).__name__}")
+        if tensor.name in arrays:
+            raise ValueError(f"{what} tensor {tensor.name!r} appears twice")
+        if tensor.data_type == onnx.TensorProto.STRING:
+            raise TypeError(f"{what} tensor {tensor.name!r} holds strings; a checkpoint holds numeric tensors only")
+        if external_data_helper.uses_external_data(tensor):
+            if base_dir is None:
+                raise ValueError(
+                    f"{what} tensor {tensor.name!r} has external data; pass base_dir= (the model's directory)"
+                )
+            loaded = onnx.TensorProto()
+            loaded.CopyFrom(tensor)
+            external_data_helper.load_external_data_for_tensor(loaded, os.fspath(base_dir))
+            tensor = loaded
+        arrays[tensor.name] = numpy_helper.to_array(tensor)
+    return arrays
+
+
+def _parameters(params: Mapping[str, Any], what: str, nominal: bool) -> dict[str, np.ndarray]:
+    if not isinstance(params, Mapping):
+        raise TypeError(f"{what} parameters must be a mapping of name -> array, not {type(params).__name__}")
+    out: dict[str, np.ndarray] = {}
+    for name, value in params.items():
+        _check_name(name, f"{what} parameter")
+        array = _frozen_array(value, f"{what} parameter {name!r}", copy=not nominal)
+        out[name] = placeholder(array.dtype, array.shape) if nominal else array
+    return out
+
+
+def _frozen_array(value: Any, what: str, *, copy: bool = True) -> np.ndarray:
+    """A read-only native-order array owning its data (copied unless already such)."""
+    array = value if isinstance(value, np.ndarray) else np.asarray(value)
+    try:
+        elem_type(array.dtype)
+    except TypeError as error:
+        raise TypeError(f"{what}: {error}") from None
+    if not copy:
+        return array
+    if array.base is None and not array.flags.writeable and array.dtype.isnative:
+        return array
+    result = np.array(array, dtype=native(array.dtype), copy=True, order="C")
+    result.setflags(write=False)
+    return result
+
+
+def _check_moments(optimizer: OptimizerState, trainable: Mapping[str, np.ndarray]) -> None:
+    for name, moments in optimizer.moments.items():
+        if name not in trainable:
+            raise ValueError(
+                f"optimizer moments for {name!r}, which is not a trainable parameter; "
+                f"trainable parameters: {sorted(trainable)}"
+            )
+        shape = trainable[name].shape
+        for i, moment in enumerate(moments):
+            if moment.shape != shape:
+                raise ValueError(f"momentum{i} of {name!r} has shape {moment.shape}; the parameter has {shape}")
+
+
+def _properties(properties: Mapping[str, Any]) -> dict[str, PropertyValue]:
+    if not isinstance(properties, Mapping):
+        raise TypeError(f"properties must be a mapping of name -> int, float or str, not {type(properties).__name__}")
+    out: dict[str, PropertyValue] = {}
+    for name, value in properties.items():
+        _check_name(name, "property")
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError(
+                f"property {name!r} is a bool; store int({value}) instead (properties are int, float or str)"
+            )
+        if isinstance(value, (int, np.integer)):
+            out[name] = _int64(value, f"property {name!r}")
+        elif isinstance(value, (float, np.floating)):
+            out[name] = _float32(value, f"property {name!r}")
+        elif isinstance(value, str):
+            out[name] = value
+        else:
+            raise TypeError(f"property {name!r} is a {type(value).__name__}; properties are int, float or str")
+    return out
+
+
+def _check_name(name: Any, what: str) -> None:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} names must be str, not {type(name).__name__} ({name!r})")
+    if not name:
+        raise ValueError(f"{what} names must not be empty")
+
+
+def _int64(value: Any, what: str, *, minimum: int = _INT64_MIN) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    number = int(value)
+    if not minimum <= number <= _INT64_MAX:
+        raise ValueError(f"{what} = {number} is outside [{minimum}, 2**63 - 1] (int64)")
+    return number
+
+
+def _float32(value: Any, what: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a float, not {type(value).__name__}")
+    number = float(value)
+    if math.isfinite(number) and abs(number) > _FLOAT32_MAX:
+        raise ValueError(f"{what} = {number!r} does not fit in float32, which the checkpoint stores")
+    return float(np.float32(number))
+
+
+def _same_float(a: float, b: float) -> bool:
+    return np.float32(a).tobytes() == np.float32(b).tobytes()
+
+
+def _same_property(a: PropertyValue, b: PropertyValue) -> bool:
+    if type(a) is not type(b):
+        return False
+    return _same_float(a, b) if isinstance(a, float) else a == b  # type: ignore[arg-type]
+
+
+def _same_array(a: np.ndarray, b: np.ndarray, *, data: bool = True) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return not data or np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def _same_arrays(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], nominal: bool) -> bool:
+    return a.keys() == b.keys() and all(_same_array(a[k], b[k], data=not nominal) for k in a)
+
+
+def _describe(array: np.ndarray) -> str:
+    return f"{array.dtype}{list(array.shape)}"
