@@ -10,17 +10,42 @@ other operand's element type, so rules are written once for every float type::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper, shape_inference
 
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import Dim, GraphBuilder
 
 #: An operand of the algebra helpers: a value name or a Python number.
 Operand = str | float | int
+
+
+@dataclass
+class OutputRequest:
+    """An optional output a rule declared on its forward node (:meth:`RuleContext.ensure_output`).
+
+    The engine keeps it (and records its type in ``value_info``) when the gradient
+    graph uses it, and otherwise puts the node's outputs back as they were.
+    """
+
+    node: onnx.NodeProto
+    index: int
+    name: str
+    n_outputs: int  # how many outputs the node listed before
+    value_info: onnx.ValueInfoProto
+
+    def undo(self) -> None:
+        """Omit the output again (other requests on the node stay)."""
+        outputs = list(self.node.output)
+        if self.index < len(outputs) and outputs[self.index] == self.name:
+            outputs[self.index] = ""
+        while len(outputs) > self.n_outputs and not outputs[-1]:
+            outputs.pop()
+        self.node.output[:] = outputs
 
 
 class RuleContext:
@@ -41,6 +66,7 @@ class RuleContext:
         opset: int,
         needs: Sequence[bool],
         constants: dict[tuple[Any, ...], str],
+        requests: list[OutputRequest] | None = None,
     ) -> None:
         self.builder = builder
         self.node = node
@@ -51,6 +77,7 @@ class RuleContext:
         self._constants = constants
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         self._hint = f"{node.op_type.lower()}_grad"
+        self._requests = requests
 
     # ------------------------------------------------------------ inspection
 
@@ -178,3 +205,61 @@ class RuleContext:
     def expand_to(self, a: str, like: str) -> str:
         """``a`` broadcast to the shape of ``like`` (``Expand``)."""
         return self.op("Expand", a, self.shape_of(like))
+
+    def op_n(self, op_type: str, n_outputs: int, *inputs: str, **attributes: Any) -> list[str]:
+        """Append ``op_type(*inputs)`` with ``n_outputs`` outputs (``Split``, ``TopK``); return them."""
+        return self.builder.add_node(op_type, list(inputs), n_outputs, hint=self._hint, **attributes)
+
+    def ensure_output(self, index: int, hint: str | None = None) -> str:
+        """The name of forward output ``index``, declared on the node first if it was omitted.
+
+        For rules that reuse what the forward pass computes anyway (Dropout's mask,
+        MaxPool's indices) instead of recomputing it. The engine keeps the new
+        output only when the gradient graph uses it.
+        """
+        node = self.node
+        if index < len(node.output) and node.output[index]:
+            return node.output[index]
+        if self._requests is None:
+            raise RuntimeError(f"ensure_output needs the engine's context; {node.op_type} was given a bare one")
+        original = list(node.output)
+        name = self.builder.names.fresh(hint or f"{node.op_type.lower()}_output{index}")
+        while len(node.output) <= index:
+            node.output.append("")
+        node.output[index] = name
+        try:
+            value = onnx.ValueInfoProto(name=name)
+            value.type.CopyFrom(self._infer_output(name))
+        except BaseException:
+            node.output[:] = original
+            raise
+        self._requests.append(OutputRequest(node, index, name, len(original), value))
+        self.builder.model.graph.value_info.append(value)
+        self.builder.sync()
+        self.outputs = tuple(node.output)
+        return name
+
+    def _infer_output(self, name: str) -> onnx.TypeProto:
+        """The type of output ``name`` of the forward node, from the operator's schema."""
+        node = self.node
+        inputs = {n: self.builder.type_of(n) for n in node.input if n}
+        data = {}
+        for n in inputs:
+            value = self.constant_value(n)
+            if value is not None:
+                data[n] = numpy_helper.from_array(value, n)
+        missing = [n for n, t in inputs.items() if t is None]
+        if not missing:
+            schema = onnx.defs.get_schema(node.op_type, self.opset, node.domain)
+            try:
+                types = shape_inference.infer_node_outputs(
+                    schema, node, inputs, data, opset_imports=list(self.builder.model.opset_import)
+                )
+            except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError):
+                types = {}
+            if name in types:
+                return types[name]
+        raise TypeError(
+            f"cannot infer the type of output {name!r} added to {node.op_type} {node.name!r} (inputs of unknown "
+            f"type: {missing}); declare the types of the node's inputs in graph.value_info"
+        )

@@ -10,8 +10,15 @@ shared work once, so that rules stay pure math:
 3. seed ``d loss / d loss = 1`` and walk the path backwards, calling each rule
    with its output gradients, summing fan-out contributions with ``Sum`` and
    un-broadcasting the gradients of broadcasting rules;
-4. drop the nodes no requested gradient needs (a rule may emit gradients for
-   inputs that turn out to be unwanted) and name the results ``x_grad``.
+4. merge repeated nodes, fold stacked transposes (``Transpose(Transpose(x))``,
+   ``Transpose(Gemm(a, b))``), drop the nodes no requested gradient needs (a
+   rule may emit gradients for inputs that turn out to be unwanted) and name
+   the results ``x_grad``.
+
+A rule may reuse an optional output its forward node omitted (Dropout's mask,
+MaxPool's indices) through ``ctx.ensure_output``: the output is declared on
+the forward node during the draft and kept only when a surviving gradient
+node reads it; on error, or when unused, the node gets its outputs back.
 
 Integer and bool values never carry gradients; ``wrt`` values the loss does
 not depend on get zeros.
@@ -19,6 +26,7 @@ not depend on get zeros.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +34,7 @@ import numpy as np
 import onnx
 
 from onnxtrain.autodiff.broadcast import unbroadcast
-from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.context import OutputRequest, RuleContext
 from onnxtrain.autodiff.paths import Path, PathNode, find_path, node_label
 from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
 from onnxtrain.graph import dtypes, ops
@@ -176,6 +184,7 @@ class _Backward:
         self.path = path
         self.constants: dict[tuple[Any, ...], str] = {}
         self.contributions: dict[str, list[str]] = {}
+        self.requests: list[OutputRequest] = []  # optional forward outputs the rules declared
 
     def run(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
         builder = self.builder
@@ -190,6 +199,10 @@ class _Backward:
                 raise _Replay
         except _Replay:
             pass
+        except BaseException:
+            for request in reversed(self.requests):
+                request.undo()
+            raise
         return self._commit(results, nodes, inits, opsets)
 
     # -- draft: every rule's output, some of it unneeded
@@ -216,7 +229,7 @@ class _Backward:
 
     def _context(self, item: PathNode | None, needs: Sequence[bool]) -> RuleContext:
         node = item.node if item is not None else onnx.helper.make_node("Identity", [], [], name="zeros")
-        return RuleContext(self.builder, node, item.opset if item else 0, needs, self.constants)
+        return RuleContext(self.builder, node, item.opset if item else 0, needs, self.constants, self.requests)
 
     def _total(self, name: str) -> str | None:
         parts = self.contributions.get(name)
@@ -271,6 +284,7 @@ class _Backward:
         forward = self.builder.model.graph.node
         nodes, aliases = _merge_duplicates(nodes, forward)
         results = {value: aliases.get(grad, grad) for value, grad in results.items()}
+        nodes = _fold_transposes(nodes, forward, set(results.values()))
         needed = set(results.values())
         live: list[onnx.NodeProto] = []
         for node in reversed(nodes):
@@ -289,6 +303,12 @@ class _Backward:
                 copies.append((grad, target))
         builder = self.builder
         graph = builder.model.graph
+        for request in reversed(self.requests):  # forward outputs a rule declared: kept where used
+            if request.name in needed:
+                builder.names.reserve(request.name)
+                graph.value_info.append(request.value_info)
+            else:
+                request.undo()
         for node in live:
             node.input[:] = [renames.get(name, name) for name in node.input]
             node.output[:] = [renames.get(name, name) for name in node.output]
@@ -341,3 +361,74 @@ def _merge_duplicates(
         else:
             aliases.update((dup, orig) for dup, orig in zip(node.output, first.output, strict=True) if dup)
     return kept, aliases
+
+
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    """The ``perm`` of a standard Transpose node, ``None`` when absent (it then depends on the rank)."""
+    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+        return None
+    for attribute in node.attribute:
+        if attribute.name == "perm":
+            return list(attribute.ints)
+    return None
+
+
+def _fold_transposes(
+    nodes: list[onnx.NodeProto], existing: Sequence[onnx.NodeProto], results: set[str]
+) -> list[onnx.NodeProto]:
+    """Fold the transposes the rules stack on each other; return the remaining nodes, rewired.
+
+    Gradients of a transposed weight (``MatMul(x, Transpose(W))``, as PyTorch
+    exports ``nn.Linear`` on 3-D inputs) are full of these:
+
+    - ``Transpose(Transpose(x, p), q)`` becomes ``Transpose(x, p[q])``, or ``x``
+      when ``p[q]`` is the identity;
+    - ``Transpose(Gemm(a, b), [1, 0])`` (no ``C``, its only use) becomes
+      ``Gemm(b, a)`` with ``transA = not transB`` and ``transB = not transA``.
+
+    Only ``nodes`` (the gradient graph) change; ``existing`` (the forward graph)
+    is read. Nodes left unused are dropped by the caller's pruning.
+    """
+    producer = {name: node for node in (*existing, *nodes) for name in node.output if name}
+    backward = {id(node) for node in nodes}
+    uses = Counter(name for node in nodes for name in node.input if name)
+    aliases: dict[str, str] = {}
+    kept: list[onnx.NodeProto] = []
+    for node in nodes:
+        node.input[:] = [aliases.get(name, name) for name in node.input]
+        outer = _perm(node)
+        source = producer.get(node.input[0]) if outer is not None else None
+        if outer is None or source is None:
+            kept.append(node)
+            continue
+        inner = _perm(source)
+        if inner is not None and len(inner) == len(outer):
+            composed = [inner[axis] for axis in outer]
+            if composed == list(range(len(composed))) and node.output[0] not in results:
+                aliases[node.output[0]] = source.input[0]
+                continue
+            node.input[0] = source.input[0]
+            del node.attribute[:]
+            node.attribute.append(onnx.helper.make_attribute("perm", composed))
+        elif (
+            outer == [1, 0]
+            and source.op_type == "Gemm"
+            and source.domain in ("", "ai.onnx")
+            and id(source) in backward
+            and len([name for name in source.input if name]) == 2
+            and uses[source.output[0]] == 1
+            and source.output[0] not in results
+        ):
+            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in source.attribute}
+            trans_a, trans_b = int(attributes.pop("transA", 0)), int(attributes.pop("transB", 0))
+            source.input[:] = [source.input[1], source.input[0]]
+            del source.attribute[:]
+            source.attribute.extend(
+                onnx.helper.make_attribute(name, value)
+                for name, value in {**attributes, "transA": 1 - trans_b, "transB": 1 - trans_a}.items()
+            )
+            source.output[0] = node.output[0]
+            producer[node.output[0]] = source
+            continue
+        kept.append(node)
+    return kept

@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.autodiff.registry import GradientRegistry
-from onnxtrain.graph import GraphBuilder, dtypes
+from onnxtrain.graph import GraphBuilder, dtypes, versions
 from tests.autodiff.specs import Arg, Case, Spec
 
 #: How input dimensions are declared: sizes, names (``n4``; 1 stays 1), or unknown.
@@ -73,13 +73,13 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     extras: dict[str, np.ndarray] = {}
     for extra in case.extras:
         name = f"extra{extra.index}"
-        value = np.asarray(extra.value, dtype=np.int64)
+        value = np.asarray(extra.value, dtype=extra.dtype if extra.dtype is not None else np.int64)
         while len(node_inputs) <= extra.index:
             node_inputs.append("")
         node_inputs[extra.index] = name
         if extra.fed:
             extras[name] = value
-            inputs.append(helper.make_tensor_value_info(name, onnx.TensorProto.INT64, [len(value)]))
+            inputs.append(helper.make_tensor_value_info(name, dtypes.to_elem_type(value.dtype), list(value.shape)))
         else:
             initializers.append(numpy_helper.from_array(value, name))
     outputs = [f"y{u}" for u in range(case.n_outputs)]
@@ -87,6 +87,7 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     opsets = [helper.make_opsetid("", spec.opset)] + [helper.make_opsetid(d, v) for d, v in spec.extra_opsets]
     graph = helper.make_graph([node], "spec", inputs, [], initializers)
     model = helper.make_model(graph, opset_imports=opsets)
+    _declare_uninferred(model, args, case, mode)
     builder = GraphBuilder(model)
     projections = []
     terms = []
@@ -106,6 +107,29 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     final = builder.finalize()
     session = ort.InferenceSession(final.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
     return Compiled(session, final, args, extras, projections, wrt, case.n_outputs)
+
+
+def _declare_uninferred(
+    model: onnx.ModelProto, args: list[tuple[str, Arg, tuple[int, ...], Any]], case: Case, mode: DimMode
+) -> None:
+    """Declare in ``value_info`` the outputs onnx's shape inference cannot type (operators defined
+    by a function, such as GroupNormalization; BatchNormalization's training outputs before
+    opset 14), from one onnxruntime run on zeros."""
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    known = {v.name for v in (*inferred.value_info, *inferred.output) if v.type.tensor_type.elem_type}
+    missing = [name for name in model.graph.node[0].output if name and name not in known]
+    if not missing:
+        return
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    probe.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in missing)
+    versions.stamp_ir_version(probe)
+    session = ort.InferenceSession(probe.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    feeds = {name: np.zeros(shape, dtype) for name, _, shape, dtype in args}
+    feeds.update({f"extra{e.index}": np.asarray(e.value, e.dtype or np.int64) for e in case.extras if e.fed})
+    for name, value in zip(missing, session.run(missing, feeds), strict=True):
+        elem = dtypes.to_elem_type(value.dtype)
+        model.graph.value_info.append(helper.make_tensor_value_info(name, elem, _declared(value.shape, mode)))
 
 
 def _session_options() -> ort.SessionOptions:

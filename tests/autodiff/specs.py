@@ -38,11 +38,16 @@ class Arg:
 
 @dataclass(frozen=True)
 class Extra:
-    """An extra (integer) node input: an initializer, or a graph input when ``fed``."""
+    """An extra (integer) node input: an initializer, or a graph input when ``fed``.
+
+    ``value`` may be nested tuples (an N-D tensor); ``dtype`` defaults to int64
+    (``np.float32`` for float parameters such as Resize's scales).
+    """
 
     index: int
-    value: tuple[int, ...]
+    value: tuple[Any, ...]
     fed: bool = False
+    dtype: Any = None
 
 
 @dataclass(frozen=True)

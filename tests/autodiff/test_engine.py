@@ -349,13 +349,65 @@ def test_loss_of_unknown_rank_is_seeded_at_run_time() -> None:
     model = make_model({"shape": (INT64, [None])}, nodes, ["r"], initializers=[_init("w", np.arange(4.0))])
     builder = GraphBuilder(model)
     assert builder.shape("loss") is None
-    registry = builtin_registry().copy()
-
-    @registry.rule("Reshape")
-    def reshape(ctx: RuleContext, grads: Sequence[str | None]) -> list[str | None]:
-        """dx = reshape(g, shape(x))"""
-        return [ctx.op("Reshape", grads[0], ctx.shape_of(ctx.inputs[0])), None]
-
-    trained = _train(builder, "loss", ["w"], registry=registry)
+    trained = _train(builder, "loss", ["w"])
     _, grad = run_model(trained, {"shape": np.array([2, 2])})
     np.testing.assert_allclose(grad, 2 * np.arange(4.0))
+
+
+# -------------------------------------------------------------- stacked transposes
+
+
+def test_transposed_weight_gradient_has_no_stacked_transposes() -> None:
+    """h = x @ W^T with a 3-D x (PyTorch's nn.Linear): no Transpose(Transpose(W)), no Transpose(Gemm)."""
+    rng = np.random.default_rng(0)
+    w, c = rng.normal(size=(5, 4)), rng.normal(size=(2, 3, 5))
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["h"]),
+        helper.make_node("Mul", ["h", "c"], ["hc"]),
+        helper.make_node("ReduceSum", ["hc"], ["loss"], keepdims=0),
+    ]
+    model = make_model({"x": (DOUBLE, [2, 3, 4])}, nodes, ["h"], initializers=[_init("W", w), _init("c", c)])
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    trained = _train(builder, "loss", ["W", "x"])
+    producer = {out: node for node in trained.graph.node for out in node.output}
+    for node in trained.graph.node[before:]:
+        if node.op_type == "Transpose":
+            assert producer[node.input[0]].op_type not in ("Transpose", "Gemm"), node
+    x = rng.normal(size=(2, 3, 4))
+    _, grad_w, grad_x = run_model(trained, {"x": x})
+    np.testing.assert_allclose(grad_w, np.einsum("btj,bti->ji", c, x), rtol=1e-12)
+    np.testing.assert_allclose(grad_x, c @ w, rtol=1e-12)
+
+
+def test_fold_transposes_composes_chains_and_gemm() -> None:
+    """Transpose(Transpose(Gemm)) is the Gemm; three transposes of [1, 0] are one."""
+    from onnx.reference import ReferenceEvaluator
+
+    from onnxtrain.autodiff.engine import _fold_transposes
+
+    def nodes() -> list[onnx.NodeProto]:
+        return [
+            helper.make_node("Gemm", ["a", "b"], ["g"], transA=1),
+            helper.make_node("Transpose", ["g"], ["t1"], perm=[1, 0]),
+            helper.make_node("Transpose", ["t1"], ["t2"], perm=[1, 0]),
+            helper.make_node("Relu", ["t2"], ["r"]),
+            helper.make_node("Transpose", ["r"], ["t3"], perm=[1, 0]),
+            helper.make_node("Transpose", ["t3"], ["t4"], perm=[1, 0]),
+            helper.make_node("Transpose", ["t4"], ["out"], perm=[1, 0]),
+        ]
+
+    def run(graph_nodes: list[onnx.NodeProto], feeds: dict[str, np.ndarray]) -> np.ndarray:
+        inputs = [helper.make_tensor_value_info(k, DOUBLE, v.shape) for k, v in feeds.items()]
+        graph = helper.make_graph(graph_nodes, "g", inputs, [helper.make_tensor_value_info("out", DOUBLE, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+        return ReferenceEvaluator(model).run(None, feeds)[0]
+
+    rng = np.random.default_rng(1)
+    feeds = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=(3, 5))}
+    folded = _fold_transposes(nodes(), [], {"out"})
+    used = {name for node in folded for name in node.input} | {"out"}
+    live = [node for node in folded if node.output[0] in used]
+    assert [node.op_type for node in live] == ["Gemm", "Relu", "Transpose"]
+    np.testing.assert_array_equal(run(live, feeds), run(nodes(), feeds))

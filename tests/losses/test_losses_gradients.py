@@ -66,25 +66,7 @@ def gradient_session(case_id: str, reduction: str) -> ort.InferenceSession:
     return single_thread_session(gradient_model(case.block(reduction), case.shape, reduction))
 
 
-def has_rules(case: Case) -> bool:
-    return case.family not in ("ce", "nll")
-
-
-GRADIENT_CASES: list[Any] = [
-    case
-    if has_rules(case)
-    else pytest.param(
-        case,
-        id=case.id,
-        marks=pytest.mark.xfail(
-            raises=autodiff.MissingGradientError, strict=False, reason="LogSoftmax / NegativeLogLikelihoodLoss rules"
-        ),
-    )
-    for case in CASES
-]
-
-
-@pytest.mark.parametrize("case", GRADIENT_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_loss_gradient_matches_torch(torch: Any, case: Case) -> None:
     # Built before drawing data: a missing rule fails once, not once per example.
     sessions = {reduction: gradient_session(case.id, reduction) for reduction in case.reductions}

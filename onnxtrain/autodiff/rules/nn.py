@@ -1,11 +1,710 @@
-"""Neural-network operators: convolutions, pooling, normalizations, dropout, softmax and the loss operators."""
+"""Neural-network operators: softmax, loss operators, convolutions, pooling, normalizations, dropout.
+
+Notation: ``x`` is the data input (``[N, C, *S]`` for the spatial operators,
+``S`` the spatial sizes), ``y`` the output with spatial sizes ``O``, ``g`` its
+gradient; ``s``, ``d``, ``p`` are strides, dilations and pads, ``K`` the kernel
+sizes and ``ext = (K - 1) * d + 1`` the extent of a window. ``bc(v)`` reshapes a
+per-channel vector ``[C]`` to ``[C, 1, ..., 1]`` so that it broadcasts against ``x``.
+
+Convolutions are differentiated with convolutions: Conv's gradient for ``x`` is
+a ConvTranspose with the same weights, for ``w`` a Conv of the batch-transposed
+input with the batch-transposed output gradient as kernel (strides and
+dilations swapped); ConvTranspose's gradients are the mirror image, and
+AveragePool's is a ConvTranspose with a kernel of ones. Sizes known only at run
+time (symbolic spatial dimensions, ``auto_pad=SAME_*``) are computed with
+Shape/Slice arithmetic on 1-D int64 tensors; when every size is known while
+building, that arithmetic folds into attributes and constants.
+
+Normalizations recompute their statistics in the input's element type, except
+LayerNormalization, which reuses its Mean and InvStdDev outputs when they have
+that type (they are float32 by default, also for a double input). They share
+``d/dx [(x - mean) * inv] = inv * (gh - mean(gh) - xhat * mean(gh * xhat))``,
+``gh`` the gradient with respect to the standardized ``xhat``.
+
+Rules reuse what the forward pass computes anyway: Dropout its mask, MaxPool
+its argmax indices, SoftmaxCrossEntropyLoss its log-probabilities,
+LayerNormalization its statistics (declared on the forward node with
+``ctx.ensure_output`` when the model omitted them). The running mean and
+variance outputs of training-mode BatchNormalization are state updates: they
+carry no gradient.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import math
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import numpy as np
+from onnx import TensorProto, helper
+
+from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
 
 Grads = Sequence["str | None"]
 Result = list["str | None"]
+
+#: A 1-D int64 vector: known while building (a list) or only at run time (a value name).
+Ints = list[int] | str
+
+_INT64_MAX = 2**63 - 1
+_FOLD: dict[str, Callable[[int, int], int]] = {
+    "Add": operator.add,
+    "Sub": operator.sub,
+    "Mul": operator.mul,
+    "Div": operator.floordiv,  # only ever applied to non-negative numbers
+    "Max": max,
+}
+
+
+# ------------------------------------------------------------ int64 vector arithmetic
+
+
+def _vec(ctx: RuleContext, v: Ints) -> str:
+    return ctx.int64s(v) if isinstance(v, list) else v
+
+
+def _iop(ctx: RuleContext, op: str, a: Ints, b: Ints) -> Ints:
+    """``op`` (Add, Sub, Mul, Div, Max) of two int vectors, folded when both are known."""
+    if isinstance(a, list) and isinstance(b, list):
+        return [_FOLD[op](x, y) for x, y in zip(a, b, strict=True)]
+    return ctx.op(op, _vec(ctx, a), _vec(ctx, b))
+
+
+def _cat(ctx: RuleContext, *parts: Ints) -> Ints:
+    """The concatenation of int vectors."""
+    if all(isinstance(p, list) for p in parts):
+        return [v for p in parts for v in p]  # type: ignore[union-attr]
+    return ctx.op("Concat", *(_vec(ctx, p) for p in parts), axis=0)
+
+
+def _dims(ctx: RuleContext, name: str, start: int, stop: int | None = None, rank: int | None = None) -> Ints:
+    """Dimensions ``start:stop`` of ``name``: constants when known, else sliced from ``Shape``.
+
+    ``rank``: the rank ``name`` must have; inferred sizes of another rank are not trusted
+    (for some ``output_shape`` values, onnx infers ConvTranspose's output with too few axes).
+    """
+    dims = ctx.shape(name)
+    if rank is not None and dims is not None and len(dims) != rank:
+        dims = None
+    if dims is not None and all(isinstance(d, int) for d in dims[start:stop]):
+        return [int(d) for d in dims[start:stop]]  # type: ignore[arg-type]
+    end = _INT64_MAX if stop is None else stop
+    return ctx.op("Slice", ctx.op("Shape", name), ctx.int64s([start]), ctx.int64s([end]))
+
+
+def _known(*values: Ints) -> bool:
+    return all(isinstance(v, list) for v in values)
+
+
+def _rank(ctx: RuleContext, name: str) -> int:
+    rank = ctx.rank(name)
+    if rank is None:
+        raise ValueError(
+            f"the {ctx.node.op_type} gradient needs the rank of {name!r}, which is unknown; "
+            "declare its shape (graph inputs or value_info)"
+        )
+    return rank
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _spatial_axes(rank: int) -> list[int]:
+    return list(range(2, rank))
+
+
+def _reduce(ctx: RuleContext, op: str, v: str, axes: Sequence[int], keepdims: int = 1) -> str:
+    """ReduceSum / ReduceMean over ``axes`` (an input from opset 13 / 18, an attribute before)."""
+    if ctx.opset >= (13 if op == "ReduceSum" else 18):
+        return ctx.op(op, v, ctx.int64s(axes), keepdims=keepdims)
+    return ctx.op(op, v, axes=list(axes), keepdims=keepdims)
+
+
+def _bc(ctx: RuleContext, v: str, rank: int) -> str:
+    """A per-channel vector ``[C]`` as ``[C, 1, ..., 1]``, broadcasting against ``[N, C, *S]``."""
+    return v if rank <= 2 else ctx.op("Unsqueeze", v, ctx.int64s(range(1, rank - 1)))
+
+
+def _standardize(ctx: RuleContext, x: str, axes: Sequence[int], eps: float) -> tuple[str, str]:
+    """``xhat = (x - mean) * inv`` and ``inv = 1 / sqrt(var + eps)`` over ``axes`` (kept as size 1)."""
+    xc = ctx.sub(x, _reduce(ctx, "ReduceMean", x, axes))
+    inv = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(xc), axes), eps)))
+    return ctx.mul(xc, inv), inv
+
+
+def _standardize_grad(ctx: RuleContext, gh: str, xhat: str, inv: str, axes: Sequence[int]) -> str:
+    """d/dx of ``xhat`` given ``gh = dL/dxhat``: ``inv * (gh - mean(gh) - xhat * mean(gh * xhat))``."""
+    centered = ctx.sub(gh, _reduce(ctx, "ReduceMean", gh, axes))
+    projected = ctx.mul(xhat, _reduce(ctx, "ReduceMean", ctx.mul(gh, xhat), axes))
+    return ctx.mul(inv, ctx.sub(centered, projected))
+
+
+def _data_only(ctx: RuleContext, dx: str | None) -> Result:
+    return [dx] + [None] * (len(ctx.inputs) - 1)
+
+
+def _attributes(ctx: RuleContext, drop: Sequence[str] = ()) -> dict[str, Any]:
+    """The forward node's attributes, as keyword arguments for ``ctx.op``."""
+    return {a.name: helper.get_attribute_value(a) for a in ctx.node.attribute if a.name not in drop}
+
+
+# ----------------------------------------------------------------------- softmax
+
+
+@registry.rule("Softmax", opsets=(13, None), inputs=(0,))
+def softmax(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = y * (g - sum(g * y, axis))"""
+    (g,) = grads
+    y = ctx.outputs[0]
+    dot = ctx.op("ReduceSum", ctx.mul(g, y), ctx.int64s([ctx.attr("axis", -1)]), keepdims=1)
+    return [ctx.mul(y, ctx.sub(g, dot))]
+
+
+@registry.rule("LogSoftmax", opsets=(13, None), inputs=(0,))
+def log_softmax(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g - exp(y) * sum(g, axis)"""
+    (g,) = grads
+    total = ctx.op("ReduceSum", g, ctx.int64s([ctx.attr("axis", -1)]), keepdims=1)
+    return [ctx.sub(g, ctx.mul(ctx.op("Exp", ctx.outputs[0]), total))]
+
+
+# ----------------------------------------------------------------- loss operators
+
+
+def _nll_grad(ctx: RuleContext, g: str, x: str) -> str:
+    """d loss / d x for ``loss_i = -w_i * x[i, t_i]``: ``-onehot(t) * w_i * (g, g_i, or g / sum(w))``.
+
+    ``w_i`` is ``weight[t_i]`` (1 without weights) and 0 where ``t_i == ignore_index``;
+    the mean divides by ``sum(w)``.
+    """
+    rank = _rank(ctx, x)
+    target = ctx.cast(ctx.inputs[1], TensorProto.INT64)
+    ignore = ctx.attr("ignore_index")
+    ignored = None if ignore is None else ctx.compare("Equal", target, ctx.const(ignore, target))
+    w: str | None = None
+    if ctx.has_input(2):
+        index = target if ignored is None else ctx.where(ignored, ctx.const(0, target), target)  # valid for Gather
+        w = ctx.op("Gather", ctx.cast_like(ctx.inputs[2], x), index)
+    if ignored is not None:
+        w = ctx.where(ignored, ctx.const(0.0, x), w if w is not None else 1.0)
+        # no class matches an ignored target: its gradient is 0 even when the mean is 0 / 0 (as in torch)
+        target = ctx.where(ignored, ctx.const(-1, target), target)
+    reduction = ctx.attr("reduction", "mean")
+    size = ctx.static_shape(ctx.inputs[1])
+    if reduction != "mean":
+        scale = ctx.neg(g)  # the minus sign of the loss
+    elif w is None and size is not None:
+        scale = ctx.div(g, -float(np.prod(size)))
+    else:
+        count = ctx.op("ReduceSum", w, keepdims=0) if w is not None else ctx.cast_like(ctx.op("Size", target), x)
+        scale = ctx.div(g, ctx.neg(count))
+    per_item = reduction == "none" or w is not None  # scale has the target's shape, else it is a scalar
+    if w is not None:
+        scale = ctx.mul(scale, w)
+    if per_item:
+        scale = ctx.op("Unsqueeze", scale, ctx.int64s([1]))
+    class_shape = [1, -1] + [1] * (rank - 2)
+    n_classes = _dims(ctx, x, 1, 2)
+    if isinstance(n_classes, list):
+        classes = ctx.const(np.arange(n_classes[0]).reshape(class_shape), target)
+    else:
+        classes = ctx.op("Range", ctx.const(0, target), ctx.op("Squeeze", n_classes), ctx.const(1, target))
+        classes = ctx.op("Reshape", classes, ctx.int64s(class_shape))
+    onehot = ctx.compare("Equal", ctx.op("Unsqueeze", target, ctx.int64s([1])), classes)
+    return ctx.where(onehot, scale, 0.0)
+
+
+@registry.rule("SoftmaxCrossEntropyLoss", opsets=(12, None), inputs=(0,))
+def softmax_cross_entropy_loss(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = glp - softmax(x) * sum(glp, 1), glp = g_log_prob - onehot(t) * w_t * (g, g_i or g / sum(w))"""
+    x = ctx.inputs[0]
+    g_loss, g_log_prob = [*grads, None][:2]
+    log_prob = ctx.ensure_output(1, "log_prob")
+    parts = [p for p in (_nll_grad(ctx, g_loss, x) if g_loss else None, g_log_prob) if p is not None]
+    glp = parts[0] if len(parts) == 1 else ctx.add(*parts)
+    total = ctx.op("ReduceSum", glp, ctx.int64s([1]), keepdims=1)
+    return _data_only(ctx, ctx.sub(glp, ctx.mul(ctx.op("Exp", log_prob), total)))
+
+
+@registry.rule("NegativeLogLikelihoodLoss", opsets=(12, None), inputs=(0,))
+def negative_log_likelihood_loss(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = -onehot(t) * w_t * (g, g_i or g / sum(w)), w_t = 0 where t = ignore_index"""
+    return _data_only(ctx, _nll_grad(ctx, grads[0], ctx.inputs[0]))  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------- convolution geometry
+
+
+class _Geometry:
+    """Strides, dilations, kernel and pads of a convolution or pooling node (pads as ``Ints``)."""
+
+    def __init__(self, ctx: RuleContext, x: str, kernel: Ints) -> None:
+        self.rank = _rank(ctx, x)
+        n = self.n = self.rank - 2
+        self.strides = [int(v) for v in ctx.attr("strides", [1] * n)]
+        self.dilations = [int(v) for v in ctx.attr("dilations", [1] * n)]
+        self.kernel = kernel
+        self.auto_pad = ctx.attr("auto_pad", "NOTSET")
+        self.axes = _spatial_axes(self.rank)
+
+    def extent(self, ctx: RuleContext) -> Ints:
+        """``(K - 1) * d + 1``: the span of one window."""
+        return _iop(
+            ctx, "Add", _iop(ctx, "Mul", _iop(ctx, "Sub", self.kernel, [1] * self.n), self.dilations), [1] * self.n
+        )
+
+    def split(self, ctx: RuleContext, total: Ints, head_larger: bool) -> tuple[Ints, Ints]:
+        """``total`` padding as (begin, end): the odd one at the beginning when ``head_larger``."""
+        half = _iop(ctx, "Div", total, [2] * self.n)
+        rest = _iop(ctx, "Sub", total, half)
+        return (rest, half) if head_larger else (half, rest)
+
+    def forward_pads(self, ctx: RuleContext, x: str, y: str) -> tuple[Ints, Ints]:
+        """The pads a Conv or pooling node applied to ``x`` (``auto_pad`` resolved)."""
+        n = self.n
+        if self.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            covered = _iop(ctx, "Mul", _iop(ctx, "Sub", _dims(ctx, y, 2, rank=self.rank), [1] * n), self.strides)
+            needed = _iop(ctx, "Sub", _iop(ctx, "Add", covered, self.extent(ctx)), _dims(ctx, x, 2))
+            return self.split(ctx, _iop(ctx, "Max", needed, [0] * n), self.auto_pad == "SAME_LOWER")
+        if self.auto_pad == "VALID":
+            return [0] * n, [0] * n
+        pads = [int(v) for v in ctx.attr("pads", [0] * 2 * n)]
+        return pads[:n], pads[n:]
+
+
+def _window(ctx: RuleContext, t: str, geo: _Geometry, begin: Ints, length: Ints) -> str:
+    """``out[.., j] = t[.., j + begin]`` for ``0 <= j < length`` on the spatial axes, zero outside ``t``."""
+    n = geo.n
+    have = _dims(ctx, t, 2, rank=geo.rank)
+    zeros = [0] * n
+    lead = _iop(ctx, "Max", _iop(ctx, "Sub", zeros, begin), zeros)  # zeros to add at the start
+    start = _iop(ctx, "Max", begin, zeros)
+    tail = _iop(ctx, "Max", _iop(ctx, "Sub", _iop(ctx, "Add", start, length), _iop(ctx, "Add", have, lead)), zeros)
+    if not (_known(lead, tail) and not any(lead) and not any(tail)):  # type: ignore[arg-type]
+        t = ctx.op("Pad", t, _vec(ctx, _cat(ctx, [0, 0], lead, [0, 0], tail)))
+        have = _iop(ctx, "Add", _iop(ctx, "Add", have, lead), tail)
+    end = _iop(ctx, "Add", start, length)
+    if _known(start, end, have) and not any(start) and end == have:
+        return t
+    return ctx.op("Slice", t, _vec(ctx, start), _vec(ctx, end), ctx.int64s(geo.axes))
+
+
+def _framed(ctx: RuleContext, t: str, geo: _Geometry, lead: Ints, length: Ints) -> tuple[str, list[int]]:
+    """``t`` after ``lead`` zeros, cut or zero-filled to ``length``: as ``(tensor, Conv pads)``.
+
+    With known sizes the zeros are the Conv's pads (and ``t`` is cut with Slice
+    where too long); otherwise the frame is made with Pad/Slice and the pads are 0.
+    """
+    n = geo.n
+    have = _dims(ctx, t, 2, rank=geo.rank)
+    if _known(lead, length, have):
+        tail = [L - h - p for L, h, p in zip(length, have, lead, strict=True)]  # type: ignore[arg-type]
+        if any(v < 0 for v in tail):
+            ends = [h + min(v, 0) for h, v in zip(have, tail, strict=True)]  # type: ignore[arg-type]
+            t = ctx.op("Slice", t, ctx.int64s([0] * n), ctx.int64s(ends), ctx.int64s(geo.axes))
+        return t, list(lead) + [max(v, 0) for v in tail]  # type: ignore[arg-type]
+    return _window(ctx, t, geo, _iop(ctx, "Sub", [0] * n, lead), length), [0] * 2 * n
+
+
+def _transposed_to(
+    ctx: RuleContext, t: str, w: str, geo: _Geometry, group: int, lead: Ints, size: Ints, out: Ints
+) -> str:
+    """``ConvTranspose(t, w)`` (strides, dilations and group of ``geo``) without its first ``lead``
+    positions, cut or zero-filled to ``size``; ``out`` are the spatial sizes of ``t``."""
+    attrs: dict[str, Any] = {"strides": geo.strides, "dilations": geo.dilations}
+    if group != 1:
+        attrs["group"] = group
+    full = _iop(ctx, "Add", _iop(ctx, "Mul", _iop(ctx, "Sub", out, [1] * geo.n), geo.strides), geo.extent(ctx))
+    if _known(full, lead, size):
+        tail = [f - b - s for f, b, s in zip(full, lead, size, strict=True)]  # type: ignore[arg-type]
+        attrs["pads"] = list(lead) + [max(v, 0) for v in tail]  # type: ignore[arg-type]
+        if any(v < 0 for v in tail):
+            attrs["output_padding"] = [max(-v, 0) for v in tail]
+        return ctx.op("ConvTranspose", t, w, **attrs)
+    return _window(ctx, ctx.op("ConvTranspose", t, w, **attrs), geo, lead, size)
+
+
+def _weight_grad(
+    ctx: RuleContext, a: str, pads: list[int], b: str, geo: _Geometry, group: int, kernel: Ints, fits: bool
+) -> str:
+    """``dw[cb, ca, k] = sum_{n, o} a[n, group(cb) * Ca + ca, k * d + o * s] * b[n, cb, o]``, as ``[B, A/G, K]``.
+
+    One Conv of ``a`` as ``[A/G, G * N, L]`` (the batch as channels) with ``b`` as
+    ``[B, N, O]`` for weights, strides ``d``, dilations ``s`` and groups ``G``; its
+    output is cut to ``kernel`` unless ``fits``.
+    """
+    rest = list(range(2, geo.rank))
+    if group == 1:
+        a_t = ctx.op("Transpose", a, perm=[1, 0, *rest])
+    else:
+        tail = _dims(ctx, a, 2, rank=geo.rank)
+        grouped = ctx.op("Reshape", a, _vec(ctx, _cat(ctx, [0, group, -1], tail)))
+        a_t = ctx.op("Transpose", grouped, perm=[2, 1, 0, *range(3, geo.rank + 1)])
+        a_t = ctx.op("Reshape", a_t, _vec(ctx, _cat(ctx, [0, -1], tail)))
+    b_t = ctx.op("Transpose", b, perm=[1, 0, *rest])
+    attrs: dict[str, Any] = {"strides": geo.dilations, "dilations": geo.strides, "pads": pads}
+    if group != 1:
+        attrs["group"] = group
+    dw = ctx.op("Conv", a_t, b_t, **attrs)
+    if not fits:
+        dw = ctx.op("Slice", dw, ctx.int64s([0] * geo.n), _vec(ctx, kernel), ctx.int64s(geo.axes))
+    return ctx.op("Transpose", dw, perm=[1, 0, *rest])
+
+
+def _kernel(ctx: RuleContext, w: str) -> Ints:
+    shape = ctx.attr("kernel_shape")
+    return [int(v) for v in shape] if shape is not None else _dims(ctx, w, 2)
+
+
+def _bias_grad(ctx: RuleContext, g: str, rank: int) -> str | None:
+    if not (ctx.has_input(2) and ctx.needs(2)):
+        return None
+    return ctx.op("ReduceSum", g, ctx.int64s([0, *_spatial_axes(rank)]), keepdims=0)
+
+
+@registry.rule("Conv", inputs=(0, 1, 2))
+def conv(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ConvTranspose(g, w), dw = Conv(x^T, g^T) (strides and dilations swapped), db = sum(g)"""
+    (g,) = grads
+    x, w = ctx.inputs[:2]
+    y = ctx.outputs[0]
+    geo = _Geometry(ctx, x, _kernel(ctx, w))
+    group = int(ctx.attr("group", 1))
+    lead, tail = geo.forward_pads(ctx, x, y)
+    size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
+    dx = _transposed_to(ctx, g, w, geo, group, lead, size, out) if ctx.needs(0) else None
+    dw = None
+    if ctx.needs(1):
+        padded = _iop(ctx, "Add", _iop(ctx, "Add", size, lead), tail)
+        framed, pads = _framed(ctx, x, geo, lead, padded)
+        fits = False
+        if _known(padded, out, geo.kernel):
+            sizes = zip(padded, out, geo.strides, geo.dilations, strict=True)  # type: ignore[arg-type]
+            fits = [(p - (o - 1) * s - 1) // d + 1 for p, o, s, d in sizes] == geo.kernel
+        dw = _weight_grad(ctx, framed, pads, g, geo, group, geo.kernel, fits)
+    return [dx, dw, _bias_grad(ctx, g, geo.rank)][: len(ctx.inputs)]
+
+
+@registry.rule("ConvTranspose", inputs=(0, 1, 2))
+def conv_transpose(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = Conv(g, w), dw = Conv(g^T, x^T) (strides and dilations swapped), db = sum(g); g framed in the full output"""
+    (g,) = grads
+    x, w = ctx.inputs[:2]
+    y = ctx.outputs[0]
+    geo = _Geometry(ctx, x, _kernel(ctx, w))
+    n = geo.n
+    group = int(ctx.attr("group", 1))
+    extra = [int(v) for v in ctx.attr("output_padding", [0] * n)]
+    size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
+    full = _iop(ctx, "Add", _iop(ctx, "Mul", _iop(ctx, "Sub", size, [1] * n), geo.strides), geo.extent(ctx))
+    if ctx.attr("output_shape") is not None or geo.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = _iop(ctx, "Sub", _iop(ctx, "Add", full, extra), out)
+        lead, _ = geo.split(ctx, total, head_larger=geo.auto_pad != "SAME_UPPER")
+    elif geo.auto_pad == "VALID":
+        lead = [0] * n
+    else:
+        lead = [int(v) for v in ctx.attr("pads", [0] * 2 * n)][:n]
+    # y is the full output (length `full`, then output_padding zeros) without its first `lead` positions
+    framed, pads = _framed(ctx, g, geo, lead, full)
+    conv_attrs: dict[str, Any] = {"strides": geo.strides, "dilations": geo.dilations, "pads": pads}
+    if group != 1:
+        conv_attrs["group"] = group
+    dx = ctx.op("Conv", framed, w, **conv_attrs) if ctx.needs(0) else None
+    dw = _weight_grad(ctx, framed, pads, x, geo, group, geo.kernel, fits=True) if ctx.needs(1) else None
+    return [dx, dw, _bias_grad(ctx, g, geo.rank)][: len(ctx.inputs)]
+
+
+# ------------------------------------------------------------------------ pooling
+
+
+def _flat_zeros(ctx: RuleContext, x: str) -> str:
+    size = ctx.static_shape(x)
+    count = (
+        ctx.int64s([int(np.prod(size))]) if size is not None else ctx.op("Reshape", ctx.op("Size", x), ctx.int64s([1]))
+    )
+    zero = helper.make_tensor("value", ctx.elem_type(x), [1], [0])
+    return ctx.op("ConstantOfShape", count, value=zero)
+
+
+@registry.rule("MaxPool", inputs=(0,))
+def max_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g added into zeros at the forward pass's argmax (its Indices output), ScatterElements"""
+    (g,) = grads[:1]
+    x = ctx.inputs[0]
+    if g is None:
+        return [None]
+    if ctx.attr("storage_order", 0) == 0:
+        indices = ctx.ensure_output(1, "maxpool_indices")
+    else:  # column-major indices: compute row-major ones
+        node = ctx.builder.add_node("MaxPool", [x], 2, hint="maxpool_grad", **_attributes(ctx, ("storage_order",)))
+        indices = node[1]
+    zeros = _flat_zeros(ctx, x)
+    flat = ctx.int64s([-1])
+    if ctx.opset >= 16:
+        dx = ctx.op(
+            "ScatterElements",
+            zeros,
+            ctx.op("Reshape", indices, flat),
+            ctx.op("Reshape", g, flat),
+            axis=0,
+            reduction="add",
+        )
+    else:
+        # No reduction before opset 16: split the windows into classes of pairwise
+        # disjoint ones (output positions congruent modulo ceil(ext / s)) and add up
+        # one plain scatter per class.
+        geo = _Geometry(ctx, x, [int(v) for v in ctx.attr("kernel_shape")])
+        steps = [-(-e // s) for e, s in zip(geo.extent(ctx), geo.strides, strict=True)]  # type: ignore[arg-type]
+        parts = []
+        for start in itertools.product(*(range(m) for m in steps)):
+            g_k, i_k = g, indices
+            if any(m > 1 for m in steps):
+                where = (ctx.int64s(start), ctx.int64s([_INT64_MAX] * geo.n), ctx.int64s(geo.axes), ctx.int64s(steps))
+                g_k, i_k = ctx.op("Slice", g, *where), ctx.op("Slice", indices, *where)
+            parts.append(
+                ctx.op("ScatterElements", zeros, ctx.op("Reshape", i_k, flat), ctx.op("Reshape", g_k, flat), axis=0)
+            )
+        dx = parts[0] if len(parts) == 1 else ctx.op("Sum", *parts)
+    return [ctx.op("Reshape", dx, ctx.shape_of(x))]
+
+
+@registry.rule("AveragePool", inputs=(0,))
+def average_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ConvTranspose(g * v, ones), v = 1 / divisor = AveragePool(1) / SumPool(1) (1 / prod(K) when constant)"""
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    kernel = [int(v) for v in ctx.attr("kernel_shape")]
+    geo = _Geometry(ctx, x, kernel)
+    n = geo.n
+    lead, tail = geo.forward_pads(ctx, x, y)
+    size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
+    ceil = bool(ctx.attr("ceil_mode", 0))
+    include_pad = bool(ctx.attr("count_include_pad", 0))
+    ones_kernel = ctx.const(np.ones([1, 1, *kernel]), x)
+    if include_pad and not ceil:
+        scaled = ctx.mul(g, 1.0 / math.prod(kernel))
+    else:
+        one = helper.make_tensor("value", ctx.elem_type(x), [1], [1])
+        ones = ctx.op("ConstantOfShape", _vec(ctx, _cat(ctx, [1, 1], size)), value=one)
+        # ceil_mode's last window may reach past the pads: more zeros at the end, cut below
+        more = [s - 1 if ceil else 0 for s in geo.strides]
+        padded = _iop(ctx, "Add", _iop(ctx, "Add", _iop(ctx, "Add", size, lead), tail), more)
+        framed, pads = _framed(ctx, ones, geo, lead, padded)
+        # the real (not padding) elements of each window
+        count = ctx.op("Conv", framed, ones_kernel, strides=geo.strides, dilations=geo.dilations, pads=pads)
+        if ceil:
+            count = ctx.op("Slice", count, ctx.int64s([0] * n), _vec(ctx, out), ctx.int64s(geo.axes))
+        if include_pad:
+            weight = ctx.div(ctx.op("AveragePool", ones, **_attributes(ctx)), count)
+        else:
+            weight = ctx.op("Reciprocal", count)
+        scaled = ctx.mul(g, weight)
+    # channels as batch: [N * C, 1, *O] through one single-channel ConvTranspose
+    flat = ctx.op("Reshape", scaled, ctx.int64s([-1, 1] + [0] * n))
+    dx = _transposed_to(ctx, flat, ones_kernel, geo, 1, lead, size, out)
+    return [ctx.op("Reshape", dx, ctx.shape_of(x))]
+
+
+@registry.rule("GlobalAveragePool", inputs=(0,))
+def global_average_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = expand(g) / prod(S)"""
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    size = _dims(ctx, x, 2)
+    if isinstance(size, list):
+        scale: str | float = 1.0 / math.prod(size)
+    else:
+        scale = ctx.div(ctx.cast_like(ctx.op("Size", y), x), ctx.cast_like(ctx.op("Size", x), x))
+    return [ctx.expand_to(ctx.mul(grads[0], scale), x)]  # type: ignore[arg-type]
+
+
+@registry.rule("GlobalMaxPool", inputs=(0,))
+def global_max_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g * m / sum(m, S), m = [x == y]  (ties share g evenly)"""
+    x = ctx.inputs[0]
+    mask = ctx.cast_like(ctx.compare("Equal", x, ctx.outputs[0]), x)
+    count = ctx.op("ReduceSum", mask, ctx.int64s(_spatial_axes(_rank(ctx, x))), keepdims=1)
+    return [ctx.mul(mask, ctx.div(grads[0], count))]  # type: ignore[arg-type]
+
+
+# ----------------------------------------------------------------- normalizations
+
+
+def _batch_norm_training(ctx: RuleContext) -> bool:
+    if ctx.opset >= 14:
+        return bool(ctx.attr("training_mode", 0))
+    return sum(1 for name in ctx.outputs if name) > 1  # before 14: the optional outputs switch it on
+
+
+@registry.rule("BatchNormalization", inputs=(0, 1, 2, 3, 4))
+def batch_norm(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = bc(scale * inv) * g (inference) or bc(scale) * inv * (g - mean(g) - xhat * mean(g * xhat)) (training)"""
+    # Statistics over all axes but 1. Inference: inv = 1 / sqrt(var + eps) of the running
+    # variance, and dmean = -sum(g) * scale * inv, dvar = -sum(g * xhat) * scale * inv**2 / 2.
+    # Training: batch statistics, which the running ones do not enter. dscale = sum(g * xhat),
+    # dB = sum(g). The running mean and variance outputs carry no gradient.
+    g = grads[0]
+    if g is None:
+        return [None] * len(ctx.inputs)
+    x, scale, bias, mean, var = ctx.inputs
+    rank = _rank(ctx, x)
+    axes = [0, *_spatial_axes(rank)]
+    eps = ctx.attr("epsilon", 1e-5)
+    scale_x = ctx.cast_like(scale, x)
+    training = _batch_norm_training(ctx)
+    if training:
+        xhat, inv = _standardize(ctx, x, axes, eps)
+    else:
+        inv_c = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(ctx.cast_like(var, x), eps)))
+        inv = _bc(ctx, inv_c, rank)
+        xhat = ctx.mul(ctx.sub(x, _bc(ctx, ctx.cast_like(mean, x), rank)), inv)
+    dx = dscale = dbias = dmean = dvar = None
+    if ctx.needs(0):
+        if training:
+            dx = _standardize_grad(ctx, ctx.mul(g, _bc(ctx, scale_x, rank)), xhat, inv, axes)
+        else:
+            dx = ctx.mul(g, _bc(ctx, ctx.mul(scale_x, inv_c), rank))
+    if ctx.needs(1) or (not training and ctx.needs(4)):
+        dscale = ctx.op("ReduceSum", ctx.mul(g, xhat), ctx.int64s(axes), keepdims=0)
+    if ctx.needs(2) or (not training and ctx.needs(3)):
+        dbias = ctx.op("ReduceSum", g, ctx.int64s(axes), keepdims=0)
+    if not training and ctx.needs(3):
+        dmean = ctx.cast_like(ctx.neg(ctx.mul(dbias, ctx.mul(scale_x, inv_c))), mean)  # type: ignore[arg-type]
+    if not training and ctx.needs(4):
+        half = ctx.mul(ctx.mul(scale_x, ctx.square(inv_c)), -0.5)
+        dvar = ctx.cast_like(ctx.mul(dscale, half), var)  # type: ignore[arg-type]
+    return [
+        dx,
+        ctx.cast_like(dscale, scale) if dscale and ctx.needs(1) else None,
+        ctx.cast_like(dbias, bias) if dbias and ctx.needs(2) else None,
+        dmean,
+        dvar,
+    ]
+
+
+@registry.rule("LayerNormalization", opsets=(17, None), inputs=(0, 1, 2))
+def layer_norm(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = inv * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = g * scale; dscale = sum(g * xhat), dB = sum(g)"""
+    # Over the axes from `axis` on. Gradients reaching the Mean and InvStdDev outputs add
+    # g_mean / n and -g_inv * inv**2 * xhat / n (n: the normalized size).
+    x, scale = ctx.inputs[:2]
+    y = ctx.outputs[0]
+    rank = _rank(ctx, x)
+    axis = ctx.attr("axis", -1)
+    axes = list(range(axis % rank, rank))
+    g, g_mean, g_inv = [*grads, None, None][:3]
+    if ctx.attr("stash_type", TensorProto.FLOAT) == ctx.elem_type(x):
+        # the statistics the forward pass computed anyway, in x's element type
+        inv = ctx.ensure_output(2, "inv_std_dev")
+        xhat = ctx.mul(ctx.sub(x, ctx.ensure_output(1, "mean")), inv)
+    else:
+        xhat, inv = _standardize(ctx, x, axes, ctx.attr("epsilon", 1e-5))
+    dx = None
+    if ctx.needs(0):
+        terms = []
+        if g is not None:
+            terms.append(_standardize_grad(ctx, ctx.mul(g, scale), xhat, inv, axes))
+        if g_mean is not None or g_inv is not None:
+            size = _dims(ctx, x, axes[0]) if axes else []
+            if isinstance(size, list):
+                n_inv: str | float = 1.0 / math.prod(size)
+            else:
+                n_inv = ctx.div(ctx.cast_like(ctx.op("Size", inv), x), ctx.cast_like(ctx.op("Size", x), x))
+            if g_inv is not None:
+                coefficient = ctx.mul(ctx.cast_like(g_inv, x), ctx.square(inv))
+                terms.append(ctx.neg(ctx.mul(ctx.mul(coefficient, xhat), n_inv)))
+            if g_mean is not None:
+                term = ctx.mul(ctx.cast_like(g_mean, x), n_inv)
+                terms.append(term if terms else ctx.expand_to(term, x))
+        dx = terms[0] if len(terms) == 1 else ctx.op("Sum", *terms)
+    dscale = unbroadcast(ctx, ctx.mul(g, xhat), scale, shaped_like=y) if g and ctx.needs(1) else None
+    dbias = unbroadcast(ctx, g, ctx.inputs[2], shaped_like=y) if g and ctx.needs(2) else None
+    return [dx, dscale, dbias][: len(ctx.inputs)]
+
+
+@registry.rule("InstanceNormalization", inputs=(0, 1, 2))
+def instance_norm(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = inv * (gh - mean(gh) - xhat * mean(gh xhat)) over S, gh = g bc(scale); dscale = sum(g xhat), dB = sum(g)"""
+    (g,) = grads
+    x, scale, _ = ctx.inputs
+    rank = _rank(ctx, x)
+    spatial = _spatial_axes(rank)
+    xhat, inv = _standardize(ctx, x, spatial, ctx.attr("epsilon", 1e-5))
+    dx = _standardize_grad(ctx, ctx.mul(g, _bc(ctx, scale, rank)), xhat, inv, spatial) if ctx.needs(0) else None
+    axes = ctx.int64s([0, *spatial])
+    dscale = ctx.op("ReduceSum", ctx.mul(g, xhat), axes, keepdims=0) if ctx.needs(1) else None
+    dbias = ctx.op("ReduceSum", g, axes, keepdims=0) if ctx.needs(2) else None
+    return [dx, dscale, dbias]
+
+
+@registry.rule("GroupNormalization", opsets=(18, None), inputs=(0, 1, 2))
+def group_norm(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = inv * (gh - mean(gh) - xhat * mean(gh xhat)) per group, gh = g * scale; dscale = sum(g xhat), dB = sum(g)"""
+    # x is viewed as [N, G, C / G * prod(S)]. Opset 18 has one scale and bias per group,
+    # opset 21 one per channel.
+    (g,) = grads
+    x, scale, _ = ctx.inputs
+    rank = _rank(ctx, x)
+    groups = int(ctx.attr("num_groups"))
+    grouped_shape = ctx.int64s([0, groups, -1])
+    x_shape = ctx.shape_of(x)
+    xhat, inv = _standardize(ctx, ctx.op("Reshape", x, grouped_shape), [2], ctx.attr("epsilon", 1e-5))
+    g_grouped = ctx.op("Reshape", g, grouped_shape)
+    per_channel = ctx.opset >= 21
+    if per_channel:
+        gh = ctx.op("Reshape", ctx.mul(g, _bc(ctx, scale, rank)), grouped_shape)
+        g_sum, xhat_sum, axes = g, ctx.op("Reshape", xhat, x_shape), [0, *_spatial_axes(rank)]
+    else:
+        gh = ctx.mul(g_grouped, ctx.op("Unsqueeze", scale, ctx.int64s([1])))
+        g_sum, xhat_sum, axes = g_grouped, xhat, [0, 2]
+    dx = None
+    if ctx.needs(0):
+        dx = ctx.op("Reshape", _standardize_grad(ctx, gh, xhat, inv, [2]), x_shape)
+    dscale = ctx.op("ReduceSum", ctx.mul(g_sum, xhat_sum), ctx.int64s(axes), keepdims=0) if ctx.needs(1) else None
+    dbias = ctx.op("ReduceSum", g_sum, ctx.int64s(axes), keepdims=0) if ctx.needs(2) else None
+    return [dx, dscale, dbias]
+
+
+@registry.rule("LpNormalization", inputs=(0,))
+def lp_normalization(ctx: RuleContext, grads: Grads) -> Result:
+    """p = 2: dx = (g - y * sum(g * y)) / |x|_2; p = 1: dx = (g - sign(x) * sum(g * y)) / |x|_1"""
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    axis = ctx.int64s([ctx.attr("axis", -1)])
+    p = ctx.attr("p", 2)
+    if p == 2:
+        norm, direction = ctx.op("Sqrt", ctx.op("ReduceSum", ctx.square(x), axis, keepdims=1)), y
+    elif p == 1:
+        norm, direction = ctx.op("ReduceSum", ctx.op("Abs", x), axis, keepdims=1), ctx.op("Sign", x)
+    else:
+        raise ValueError(f"LpNormalization node {ctx.node.name!r} has p={p}; ONNX allows only p=1 or p=2")
+    dot = ctx.op("ReduceSum", ctx.mul(g, y), axis, keepdims=1)
+    return [ctx.div(ctx.sub(g, ctx.mul(direction, dot)), norm)]
+
+
+# -------------------------------------------------------------------------- dropout
+
+
+@registry.rule("Dropout", opsets=(12, None), inputs=(0,))
+def dropout(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g * mask / (1 - ratio) in training mode (the forward pass's mask), else dx = g"""
+    g = grads[0]
+    x = ctx.inputs[0]
+    if g is None:
+        return [None] * len(ctx.inputs)
+    training = ctx.inputs[2] if ctx.has_input(2) else None
+    mode = ctx.constant_value(training) if training else np.array(False)
+    if mode is not None and not bool(mode):
+        return _data_only(ctx, g)
+    mask = ctx.ensure_output(1, "dropout_mask")
+    ratio = ctx.constant_value(ctx.inputs[1]) if ctx.has_input(1) else np.array(0.5)
+    if ratio is not None:
+        scale: str | float = 1.0 / (1.0 - float(ratio))
+    else:
+        scale = ctx.op("Reciprocal", ctx.sub(1.0, ctx.cast_like(ctx.inputs[1], x)))
+    if mode is None:  # decided at run time; in inference mode the mask is all true
+        scale = ctx.where(training, scale if isinstance(scale, str) else ctx.const(scale, x), 1.0)  # type: ignore[arg-type]
+    return _data_only(ctx, ctx.where(mask, ctx.mul(g, scale), 0.0))

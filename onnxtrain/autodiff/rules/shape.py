@@ -1,8 +1,35 @@
-"""Shape and data-movement operators (rules for this family are being added)."""
+"""Shape and data-movement operators: reshapes, slicing, gathering, scattering, padding, resizing.
+
+Notation: ``x`` is the data input, ``y`` the output and ``g`` its gradient.
+Index, shape, axes and size inputs are integer tensors and carry no gradient.
+
+Most rules are the transpose of a data movement: a reshape goes back with
+``Reshape``, a permutation with the inverse permutation, a gather with a
+scatter that *adds* (indices may repeat). ``ScatterND``/``ScatterElements``
+add only from opset 16 (``reduction="add"``); below that, the adding scatter
+is a one-hot product (``Equal`` against ``Range``, then ``Einsum``/``MatMul``),
+which costs memory proportional to (number of indices) x (axis length).
+
+Where a movement is easiest to describe by where each output element comes
+from (``Slice`` with any steps, ``Pad`` in edge/reflect/wrap mode), the rule
+applies the very same operator to the *flat positions* of ``x``
+(``Reshape(Range(0, size(x)), shape(x))``) and scatters ``g`` back to them.
+
+Resize in nearest and linear mode is separable: along each resized axis
+``a``, ``y = W_a x`` for an (out x in) interpolation matrix ``W_a``. The rule
+rebuilds each ``W_a`` from the coordinate transformation, in float32 and in
+the order of operations onnxruntime uses (so that nearest-neighbour choices
+agree), and returns ``dx = W_a^T g`` along every such axis in one ``Einsum``. Cubic mode, antialiasing and
+``keep_aspect_ratio_policy`` other than ``stretch`` are refused with an error.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
 
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
@@ -10,9 +37,643 @@ from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
 Grads = Sequence["str | None"]
 Result = list["str | None"]
 
+#: Only the data input (0) is differentiable.
+_DATA = (0,)
 
-@registry.rule("Split", inputs=(0,))
+#: The opset from which ScatterND and ScatterElements take ``reduction="add"``.
+_SCATTER_ADD_SINCE = 16
+
+
+def _data(ctx: RuleContext, dx: str | None) -> Result:
+    """``dx`` for the data input, nothing for the others."""
+    return [dx] + [None] * (len(ctx.inputs) - 1)
+
+
+def _i64(ctx: RuleContext, value: Any) -> str:
+    """An int64 constant (a scalar for a scalar ``value``)."""
+    return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
+
+
+def _zero_value(ctx: RuleContext, like: str) -> onnx.TensorProto:
+    return onnx.helper.make_tensor("value", ctx.elem_type(like), [1], [0])
+
+
+def _rank(ctx: RuleContext, name: str) -> int:
+    rank = ctx.rank(name)
+    if rank is None:
+        raise ValueError(
+            f"the gradient of {ctx.node.op_type} node {ctx.node.name!r} needs the rank of {name!r}, which is "
+            "unknown; give the model's inputs a known rank (dimensions may stay symbolic)"
+        )
+    return rank
+
+
+def _dim(ctx: RuleContext, x: str, axis: int) -> str:
+    """Dimension ``axis`` of ``x`` as an int64 scalar (a constant when known)."""
+    dims = ctx.shape(x)
+    if dims is not None and isinstance(dims[axis], int):
+        return _i64(ctx, dims[axis])
+    return ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, axis))
+
+
+def _numel(ctx: RuleContext, x: str) -> str:
+    """The number of elements of ``x`` as an int64 scalar."""
+    static = ctx.static_shape(x)
+    if static is not None:
+        return _i64(ctx, int(np.prod(static, dtype=np.int64)))
+    return ctx.op("Size", x)
+
+
+def _range(ctx: RuleContext, n: str) -> str:
+    """``[0, 1, ..., n - 1]`` (int64)."""
+    return ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1))
+
+
+def _positions(ctx: RuleContext, x: str) -> str:
+    """The flat position of each element of ``x``, shaped like ``x`` (int64)."""
+    return ctx.op("Reshape", _range(ctx, _numel(ctx, x)), ctx.shape_of(x))
+
+
+def _zeros(ctx: RuleContext, shape: str, like: str) -> str:
+    """Zeros of shape ``shape`` (a 1-D int64 value) and the element type of ``like``."""
+    return ctx.op("ConstantOfShape", shape, value=_zero_value(ctx, like))
+
+
+def _one_hot(ctx: RuleContext, indices: str, n: str, like: str) -> str:
+    """``indices.shape + [n]``: 1 where the last index equals ``indices`` (in ``[0, n)``), else 0."""
+    hit = ctx.op("Equal", ctx.op("Unsqueeze", indices, ctx.int64s([-1])), _range(ctx, n))
+    return ctx.cast_like(hit, like)
+
+
+def _wrap(ctx: RuleContext, indices: str, n: str) -> str:
+    """Indices in ``[-n, n)`` mapped to ``[0, n)`` (no node when they are known to be non-negative)."""
+    value = ctx.constant_value(indices)
+    if value is not None and np.all(value >= 0):
+        return indices
+    return ctx.op("Mod", indices, n)
+
+
+def _letters(n: int, skip: str = "") -> list[str]:
+    return [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in skip][:n]
+
+
+def scatter_add_flat(ctx: RuleContext, positions: str, updates: str, like: str) -> str:
+    """``dx`` shaped like ``like`` with ``dx.flat[k] = sum(updates.flat[j] for positions.flat[j] == k)``."""
+    flat_pos = ctx.op("Reshape", positions, ctx.int64s([-1]))
+    flat_upd = ctx.op("Reshape", updates, ctx.int64s([-1]))
+    n = _numel(ctx, like)
+    if ctx.opset >= _SCATTER_ADD_SINCE:
+        zeros = _zeros(ctx, ctx.op("Reshape", n, ctx.int64s([1])), like)
+        flat = ctx.op("ScatterElements", zeros, flat_pos, flat_upd, axis=0, reduction="add")
+    else:
+        flat = ctx.op("MatMul", ctx.op("Unsqueeze", flat_upd, ctx.int64s([0])), _one_hot(ctx, flat_pos, n, like))
+    return ctx.op("Reshape", flat, ctx.shape_of(like))
+
+
+def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str) -> str:
+    """``D[r, ...] = sum(updates[s, ...] for rows[s] == r)``, of shape ``[n_rows] + updates.shape[q:]``.
+
+    ``rows`` (values in ``[0, n_rows)``, rank ``q``) indexes the leading ``q`` axes of ``updates``.
+    """
+    q = _rank(ctx, rows)
+    if ctx.opset >= _SCATTER_ADD_SINCE:
+        static = ctx.static_shape(updates)
+        n_static = ctx.constant_value(n_rows)
+        if static is not None and n_static is not None:
+            shape = ctx.int64s([int(n_static), *static[q:]])
+        else:
+            rest = ctx.op("Slice", ctx.op("Shape", updates), ctx.int64s([q]), ctx.int64s([1 << 62]))
+            shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest, axis=0)
+        return ctx.op(
+            "ScatterND",
+            _zeros(ctx, shape, updates),
+            ctx.op("Unsqueeze", rows, ctx.int64s([-1])),
+            updates,
+            reduction="add",
+        )
+    s = "".join(_letters(q, skip="z"))
+    hot = _one_hot(ctx, rows, n_rows, updates)
+    return ctx.op("Einsum", hot, updates, equation=f"{s}z,{s}...->z...")
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inverse = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inverse[p] = k
+    return inverse
+
+
+# ------------------------------------------------------------ reshapes
+
+
+def _reshape_back(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = reshape(g, shape(x))"""
+    return _data(ctx, ctx.op("Reshape", grads[0], ctx.shape_of(ctx.inputs[0])))
+
+
+for _op in ("Reshape", "Squeeze", "Unsqueeze", "Flatten"):
+    registry.rule(_op, inputs=_DATA)(_reshape_back)
+
+
+@registry.rule("Transpose", inputs=_DATA)
+def transpose(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = transpose(g, inverse(perm))"""
+    perm = ctx.attr("perm")
+    if perm is None:  # the default reverses the axes, its own inverse
+        return [ctx.op("Transpose", grads[0])]
+    return [ctx.op("Transpose", grads[0], perm=_inverse([int(p) for p in perm]))]
+
+
+@registry.rule("DepthToSpace", inputs=_DATA)
+def depth_to_space(ctx: RuleContext, grads: Grads) -> Result:
+    """DCR: dx = SpaceToDepth(g); CRD: the same with channels regrouped from (block, c) to (c, block)"""
+    bs = int(ctx.attr("blocksize"))
+    dx = ctx.op("SpaceToDepth", grads[0], blocksize=bs)
+    if ctx.attr("mode", "DCR") == "CRD":
+        x_shape = ctx.shape_of(ctx.inputs[0])
+        static = ctx.static_shape(ctx.inputs[0])
+        if static is not None:
+            n, c, h, w = static
+            grouped_shape = ctx.int64s([n, bs * bs, c // (bs * bs), h, w])
+        else:
+            dx_shape = ctx.op("Shape", dx)
+            grouped_shape = ctx.op(
+                "Concat",
+                ctx.op("Slice", dx_shape, ctx.int64s([0]), ctx.int64s([1])),
+                ctx.int64s([bs * bs, -1]),
+                ctx.op("Slice", dx_shape, ctx.int64s([2]), ctx.int64s([4])),
+                axis=0,
+            )
+        grouped = ctx.op("Reshape", dx, grouped_shape)
+        swapped = ctx.op("Transpose", grouped, perm=[0, 2, 1, 3, 4])
+        dx = ctx.op("Reshape", swapped, x_shape)
+    return [dx]
+
+
+@registry.rule("SpaceToDepth", inputs=_DATA)
+def space_to_depth(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = DepthToSpace(g, mode=DCR)"""
+    return [ctx.op("DepthToSpace", grads[0], blocksize=int(ctx.attr("blocksize")), mode="DCR")]
+
+
+# ------------------------------------------------------------ joining and splitting
+
+
+@registry.rule("Split", inputs=_DATA)
 def split(ctx: RuleContext, grads: Grads) -> Result:
     """dx = concat(g_1, ..., g_n, axis)  (zeros for outputs without a gradient)"""
     parts = [g if g is not None else ctx.zeros_like(y) for g, y in zip(grads, ctx.outputs, strict=True)]
     return [ctx.op("Concat", *parts, axis=ctx.attr("axis", 0))] + [None] * (len(ctx.inputs) - 1)
+
+
+@registry.rule("Concat")
+def concat(ctx: RuleContext, grads: Grads) -> Result:
+    """dx_i = split(g, [size_i along axis])_i"""
+    (g,) = grads
+    axis = int(ctx.attr("axis"))
+    if len(ctx.inputs) == 1:
+        return [g]
+    sizes: list[str] = []
+    static: list[int] = []
+    for x in ctx.inputs:
+        dims = ctx.shape(x)
+        if dims is not None and isinstance(dims[axis], int):
+            static.append(int(dims[axis]))  # type: ignore[arg-type]
+            sizes.append(ctx.int64s([dims[axis]]))  # type: ignore[list-item]
+        else:
+            sizes.append(ctx.op("Gather", ctx.op("Shape", x), ctx.int64s([axis])))
+    split_sizes = ctx.int64s(static) if len(static) == len(sizes) else ctx.op("Concat", *sizes, axis=0)
+    return list(ctx.op_n("Split", len(ctx.inputs), g, split_sizes, axis=axis))
+
+
+# ------------------------------------------------------------ slicing and padding
+
+
+def _slice_as_pad(ctx: RuleContext, g: str) -> str | None:
+    """dx of a unit-step Slice with constant parameters and known sliced dims: ``Pad`` with zeros."""
+    x = ctx.inputs[0]
+    values = [ctx.constant_value(ctx.inputs[k]) if ctx.has_input(k) else None for k in range(1, 5)]
+    starts, ends, axes, steps = values
+    if starts is None or ends is None or (ctx.has_input(3) and axes is None) or (ctx.has_input(4) and steps is None):
+        return None
+    dims = ctx.shape(x)
+    if dims is None:
+        return None
+    rank = len(dims)
+    axes_list = [int(a) % rank for a in (axes if axes is not None else range(len(starts)))]
+    steps_list = [int(s) for s in steps] if steps is not None else [1] * len(axes_list)
+    if any(s != 1 for s in steps_list):
+        return None
+    pads = [0] * (2 * rank)
+    for a, start, end in zip(axes_list, starts, ends, strict=True):
+        dim = dims[a]
+        if not isinstance(dim, int):
+            return None
+        lo, hi, _ = slice(int(start), int(end), 1).indices(dim)
+        length = max(0, hi - lo)
+        pads[a] = lo
+        pads[rank + a] = dim - lo - length
+    return ctx.op("Pad", g, ctx.int64s(pads), mode="constant")
+
+
+@registry.rule("Slice", inputs=_DATA)
+def slice_(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = zeros(x) with g written where the slice read (Pad for unit steps, else ScatterElements)"""
+    (g,) = grads
+    dx = _slice_as_pad(ctx, g)
+    if dx is None:
+        x = ctx.inputs[0]
+        read = ctx.op("Slice", _positions(ctx, x), *ctx.inputs[1:])
+        zeros = _zeros(ctx, ctx.op("Reshape", _numel(ctx, x), ctx.int64s([1])), x)
+        flat = ctx.op(
+            "ScatterElements",
+            zeros,
+            ctx.op("Reshape", read, ctx.int64s([-1])),
+            ctx.op("Reshape", g, ctx.int64s([-1])),
+            axis=0,
+        )
+        dx = ctx.op("Reshape", flat, ctx.shape_of(x))
+    return _data(ctx, dx)
+
+
+@registry.rule("Pad", inputs=(0, 2))
+def pad(ctx: RuleContext, grads: Grads) -> Result:
+    """constant: dx = Pad(g, -pads) (a crop), dc = sum(g) - sum(dx); edge/reflect/wrap: g added back to its sources"""
+    (g,) = grads
+    x = ctx.inputs[0]
+    mode = ctx.attr("mode", "constant")
+    axes = [ctx.inputs[3]] if ctx.has_input(3) else []
+    dx = dc = None
+    if mode == "constant":
+        pads = ctx.constant_value(ctx.inputs[1])
+        negated = ctx.int64s([-int(p) for p in pads]) if pads is not None else ctx.op("Neg", ctx.inputs[1])
+        dx = ctx.op("Pad", g, negated, *(["", *axes] if axes else []), mode="constant")
+        if ctx.has_input(2) and ctx.needs(2):
+            c = ctx.inputs[2]
+            total = ctx.op("ReduceSum", g, keepdims=0)
+            inside = ctx.op("ReduceSum", dx, keepdims=0)
+            dc = ctx.op("Reshape", ctx.sub(total, inside), ctx.shape_of(c))
+    else:
+        sources = ctx.op("Pad", _positions(ctx, x), ctx.inputs[1], *(["", *axes] if axes else []), mode=mode)
+        dx = scatter_add_flat(ctx, sources, g, x)
+    return [dx, None, dc, None][: len(ctx.inputs)]
+
+
+# ------------------------------------------------------------ broadcasting and tiling
+
+
+@registry.rule("Expand", inputs=_DATA, broadcasting=True)
+def expand(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g summed over the broadcast axes (by the engine)"""
+    return [grads[0], None]
+
+
+@registry.rule("Tile", inputs=_DATA)
+def tile(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = sum over the copies: reshape g to [r_0, d_0, r_1, d_1, ...], ReduceSum over the r axes"""
+    (g,) = grads
+    x, repeats = ctx.inputs
+    rank = _rank(ctx, x)
+    if rank == 0:
+        return [g, None]
+    reps = ctx.constant_value(repeats)
+    static = ctx.static_shape(x)
+    if reps is not None and static is not None:
+        shape = ctx.int64s([v for r, d in zip(reps.tolist(), static, strict=True) for v in (r, d)])
+    else:
+        pairs = ctx.op(
+            "Concat",
+            ctx.op("Unsqueeze", repeats, ctx.int64s([1])),
+            ctx.op("Unsqueeze", ctx.shape_of(x), ctx.int64s([1])),
+            axis=1,
+        )
+        shape = ctx.op("Reshape", pairs, ctx.int64s([-1]))
+    split = ctx.op("Reshape", g, shape)
+    return [ctx.op("ReduceSum", split, ctx.int64s(range(0, 2 * rank, 2)), keepdims=0), None]
+
+
+# ------------------------------------------------------------ gathering and scattering
+
+
+@registry.rule("Gather", inputs=_DATA)
+def gather(ctx: RuleContext, grads: Grads) -> Result:
+    """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)"""
+    (g,) = grads
+    x, indices = ctx.inputs
+    rank = _rank(ctx, x)
+    q = _rank(ctx, indices)
+    axis = int(ctx.attr("axis", 0)) % rank
+    n = _dim(ctx, x, axis)
+    rows = _wrap(ctx, indices, n)
+    # g is x[:axis] + idx.shape + x[axis+1:]: bring the index axes to the front
+    front = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, rank + q - 1))
+    moved = ctx.op("Transpose", g, perm=front) if axis and q else g
+    summed = scatter_add_rows(ctx, rows, moved, n)  # [n] + x[:axis] + x[axis+1:]
+    back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
+    return [ctx.op("Transpose", summed, perm=back) if axis else summed, None]
+
+
+@registry.rule("GatherElements", inputs=_DATA)
+def gather_elements(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ScatterElements(zeros(x), idx, g, axis, reduction=add)"""
+    (g,) = grads
+    x, indices = ctx.inputs
+    rank = _rank(ctx, x)
+    axis = int(ctx.attr("axis", 0)) % rank
+    if ctx.opset >= _SCATTER_ADD_SINCE:
+        dx = ctx.op("ScatterElements", ctx.zeros_like(x), indices, g, axis=axis, reduction="add")
+        return [dx, None]
+    n = _dim(ctx, x, axis)
+    hot = _one_hot(ctx, _wrap(ctx, indices, n), n, x)  # idx.shape + [n]
+    letters = _letters(rank, skip="z")
+    out = [*letters[:axis], "z", *letters[axis + 1 :]]
+    summed = ctx.op("Einsum", g, hot, equation=f"{''.join(letters)},{''.join(letters)}z->{''.join(out)}")
+    # the indices may cover less than x along the other axes: pad with zeros at the end
+    if ctx.static_shape(summed) is None or ctx.static_shape(summed) != ctx.static_shape(x):
+        missing = ctx.op("Sub", ctx.op("Shape", x), ctx.op("Shape", summed))
+        pads = ctx.op("Concat", ctx.int64s([0] * rank), missing, axis=0)
+        summed = ctx.op("Pad", summed, pads, mode="constant")
+    return [summed, None]
+
+
+def _strides(ctx: RuleContext, x: str, count: int) -> list[str]:
+    """The row-major strides of the first ``count`` axes of ``x`` (within those axes), int64 scalars."""
+    static = ctx.shape(x)
+    result = []
+    for j in range(count):
+        tail = static[j + 1 : count] if static is not None else None
+        if tail is not None and all(isinstance(d, int) for d in tail):
+            result.append(_i64(ctx, int(np.prod(tail, dtype=np.int64))))
+        else:
+            dims = ctx.op("Slice", ctx.op("Shape", x), ctx.int64s([j + 1]), ctx.int64s([count]))
+            result.append(ctx.op("ReduceProd", dims, keepdims=0))
+    return result
+
+
+@registry.rule("GatherND", inputs=_DATA)
+def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ScatterND(zeros(x), idx, g, reduction=add)  (batch_dims as leading index coordinates)"""
+    (g,) = grads
+    x, indices = ctx.inputs
+    batch = int(ctx.attr("batch_dims", 0))
+    if batch == 0 and ctx.opset >= _SCATTER_ADD_SINCE:
+        return [ctx.op("ScatterND", ctx.zeros_like(x), indices, g, reduction="add"), None]
+    idx_dims = ctx.shape(indices)
+    if idx_dims is None or not isinstance(idx_dims[-1], int):
+        raise ValueError(
+            f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
+            f"{indices!r} (the index depth), which is unknown; give the indices a known last dimension"
+        )
+    depth = int(idx_dims[-1])
+    q = len(idx_dims)
+    count = batch + depth
+    strides = _strides(ctx, x, count)
+    # the flat position, within x's first batch + depth axes, of each gathered slice
+    terms = []
+    for j in range(batch):
+        coord = ctx.op("Reshape", _range(ctx, _dim(ctx, x, j)), ctx.int64s([1] * j + [-1] + [1] * (q - 2 - j)))
+        terms.append(ctx.op("Mul", coord, strides[j]))
+    for i in range(depth):
+        j = batch + i
+        coord = _wrap(ctx, ctx.op("Gather", indices, _i64(ctx, i), axis=-1), _dim(ctx, x, j))
+        terms.append(ctx.op("Mul", coord, strides[j]))
+    flat = terms[0]
+    for term in terms[1:]:
+        flat = ctx.op("Add", flat, term)
+    n_rows = ctx.op("Mul", _dim(ctx, x, 0), strides[0])
+    summed = scatter_add_rows(ctx, flat, g, n_rows)
+    return [ctx.op("Reshape", summed, ctx.shape_of(x)), None]
+
+
+def _check_reduction(ctx: RuleContext) -> str:
+    reduction = ctx.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise ValueError(
+            f"{ctx.node.op_type} node {ctx.node.name!r} has reduction={reduction!r}; onnxtrain differentiates "
+            "reduction='none' and 'add' only (with 'mul', 'max' and 'min' the gradient depends on which "
+            "update wins): rewrite the model with 'none' or 'add', or keep its inputs out of wrt"
+        )
+    return reduction
+
+
+@registry.rule("ScatterND", inputs=(0, 2))
+def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
+    """ddata = g with the written slices zeroed (none) or g (add); dupdates = GatherND(g, idx)"""
+    (g,) = grads
+    _, indices, updates = ctx.inputs
+    reduction = _check_reduction(ctx)
+    ddata = dupd = None
+    if ctx.needs(0):
+        ddata = g if reduction == "add" else ctx.op("ScatterND", g, indices, ctx.zeros_like(updates))
+    if ctx.needs(2):
+        dupd = ctx.op("GatherND", g, indices)
+    return [ddata, None, dupd]
+
+
+@registry.rule("ScatterElements", inputs=(0, 2))
+def scatter_elements(ctx: RuleContext, grads: Grads) -> Result:
+    """ddata = g with the written elements zeroed (none) or g (add); dupdates = GatherElements(g, idx, axis)"""
+    (g,) = grads
+    _, indices, updates = ctx.inputs
+    reduction = _check_reduction(ctx)
+    axis = int(ctx.attr("axis", 0))
+    ddata = dupd = None
+    if ctx.needs(0):
+        zeros = ctx.zeros_like(updates)
+        ddata = g if reduction == "add" else ctx.op("ScatterElements", g, indices, zeros, axis=axis)
+    if ctx.needs(2):
+        dupd = ctx.op("GatherElements", g, indices, axis=axis)
+    return [ddata, None, dupd]
+
+
+@registry.rule("TopK", inputs=_DATA)
+def top_k(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ScatterElements(zeros(x), indices, g_values, axis)  (the k indices are distinct)"""
+    g = grads[0]
+    if g is None:
+        return [None, None]
+    x = ctx.inputs[0]
+    dx = ctx.op("ScatterElements", ctx.zeros_like(x), ctx.outputs[1], g, axis=int(ctx.attr("axis", -1)))
+    return [dx, None]
+
+
+# ------------------------------------------------------------ triangles and running sums
+
+
+@registry.rule("Trilu", inputs=_DATA)
+def trilu(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = trilu(g, k, upper)"""
+    k = ctx.inputs[1:2] if ctx.has_input(1) else []
+    return _data(ctx, ctx.op("Trilu", grads[0], *k, upper=int(ctx.attr("upper", 1))))
+
+
+@registry.rule("CumSum", inputs=_DATA)
+def cum_sum(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = cumsum(g, axis, exclusive, reverse = not reverse)"""
+    dx = ctx.op(
+        "CumSum",
+        grads[0],
+        ctx.inputs[1],
+        exclusive=int(ctx.attr("exclusive", 0)),
+        reverse=1 - int(ctx.attr("reverse", 0)),
+    )
+    return [dx, None]
+
+
+# ------------------------------------------------------------ constants
+
+
+@registry.rule("Constant", inputs=())
+def constant(ctx: RuleContext, grads: Grads) -> Result:
+    """no inputs: nothing to differentiate"""
+    return []
+
+
+@registry.rule("ConstantOfShape", inputs=())
+def constant_of_shape(ctx: RuleContext, grads: Grads) -> Result:
+    """the only input is an integer shape: no gradient"""
+    return [None]
+
+
+# ------------------------------------------------------------ resizing
+
+
+def _resize_axes(ctx: RuleContext, rank: int) -> list[tuple[int, int]]:
+    """``(axis, k)`` for each axis Resize may change, ``k`` its position in scales/sizes/roi."""
+    given = ctx.attr("axes")
+    axes = [int(a) % rank for a in given] if given is not None else list(range(rank))
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    x_dims, y_dims = ctx.shape(x), ctx.shape(y)
+    sizes = ctx.constant_value(ctx.inputs[3]) if ctx.has_input(3) else None
+    scales = ctx.constant_value(ctx.inputs[2]) if ctx.has_input(2) and not ctx.has_input(3) else None
+    result = []
+    for k, axis in enumerate(axes):
+        if scales is not None and scales.size and float(scales.reshape(-1)[k]) == 1.0:
+            continue
+        if sizes is not None and x_dims is not None and int(sizes.reshape(-1)[k]) == x_dims[axis]:
+            continue
+        if x_dims is not None and y_dims is not None and x_dims[axis] == y_dims[axis] == 1:
+            continue
+        result.append((axis, k))
+    return result
+
+
+def _source_coordinate(ctx: RuleContext, out: str, n_in: str, n_out: str, scale: str, k: int, rank: int) -> str:
+    """Where output coordinates ``out`` (float32) come from in the input, as onnxruntime computes it."""
+    mode = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    half = ctx.add(out, 0.5)
+    if mode == "asymmetric":
+        return ctx.div(out, scale)
+    if mode == "tf_half_pixel_for_nn":
+        return ctx.div(half, scale)
+    if mode == "pytorch_half_pixel":
+        return ctx.where(ctx.compare("Greater", n_out, 1.0), ctx.sub(ctx.div(half, scale), 0.5), 0.0)
+    if mode == "align_corners":
+        stretched = ctx.div(ctx.mul(out, ctx.sub(n_in, 1.0)), ctx.sub(n_out, 1.0))
+        return ctx.where(ctx.compare("Equal", n_out, 1.0), 0.0, stretched)
+    if mode == "tf_crop_and_resize":
+        roi = ctx.cast_like(ctx.inputs[1], out)
+        n_axes = len(ctx.attr("axes")) if ctx.attr("axes") is not None else rank
+        start = ctx.op("Gather", roi, _i64(ctx, k))
+        end = ctx.op("Gather", roi, _i64(ctx, n_axes + k))
+        last = ctx.sub(n_in, 1.0)
+        inside = ctx.add(
+            ctx.mul(start, last), ctx.div(ctx.mul(ctx.mul(out, ctx.sub(end, start)), last), ctx.sub(n_out, 1.0))
+        )
+        middle = ctx.mul(ctx.mul(ctx.add(start, end), 0.5), last)
+        return ctx.where(ctx.compare("Greater", n_out, 1.0), inside, middle)
+    if mode == "half_pixel_symmetric":  # float32 offset, the rest in float64 (as onnxruntime does)
+        adjustment = ctx.div(n_out, ctx.mul(scale, n_in))
+        offset = ctx.mul(ctx.div(n_in, 2.0), ctx.sub(1.0, adjustment))
+        f64 = onnx.TensorProto.DOUBLE
+        shifted = ctx.div(ctx.add(ctx.cast(out, f64), 0.5), ctx.cast(scale, f64))
+        return ctx.cast(ctx.sub(ctx.add(ctx.cast(offset, f64), shifted), 0.5), onnx.TensorProto.FLOAT)
+    if mode != "half_pixel":
+        raise ValueError(f"Resize node {ctx.node.name!r}: unknown coordinate_transformation_mode {mode!r}")
+    return ctx.sub(ctx.div(half, scale), 0.5)
+
+
+def _interpolation_matrix(ctx: RuleContext, axis: int, k: int, rank: int, same: str | None) -> str:
+    """``W`` (out x in, x's element type) with ``y = W x`` along ``axis``, computed in float32.
+
+    ``same``: a bool scalar, whether x and y have the same shape (onnxruntime then copies x).
+    """
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    n_in_int, n_out_int = _dim(ctx, x, axis), _dim(ctx, y, axis)
+    f32 = onnx.TensorProto.FLOAT
+    n_in, n_out = ctx.cast(n_in_int, f32), ctx.cast(n_out_int, f32)
+    given = None if ctx.has_input(3) else ctx.cast(ctx.op("Gather", ctx.inputs[2], _i64(ctx, k)), f32)
+    scale = given if given is not None else ctx.div(n_out, n_in)  # with sizes, the scale is out / in
+    out = ctx.cast(_range(ctx, n_out_int), f32)
+    source = _source_coordinate(ctx, out, n_in, n_out, scale, k, rank)
+    # onnxruntime copies an axis whose scale is 1, and the whole tensor when the shape does not change,
+    # whatever the coordinate mode (the ONNX reference would shift or crop in some modes)
+    copied = ctx.compare("Equal", scale, 1.0)
+    if same is not None:
+        copied = ctx.op("Or", copied, same)
+    source = ctx.where(copied, out, source)
+    last = ctx.sub(n_in, 1.0)
+    if ctx.attr("mode", "nearest") == "nearest":
+        rounding = ctx.attr("nearest_mode", "round_prefer_floor")
+        if rounding == "round_prefer_floor":
+            nearest = ctx.op("Ceil", ctx.sub(source, 0.5))
+        elif rounding == "round_prefer_ceil":
+            nearest = ctx.op("Floor", ctx.add(source, 0.5))
+        elif rounding in ("floor", "ceil"):
+            nearest = ctx.op(rounding.capitalize(), source)
+        else:
+            raise ValueError(f"Resize node {ctx.node.name!r}: unknown nearest_mode {rounding!r}")
+        clamped = ctx.op("Min", ctx.op("Max", nearest, ctx.const(0.0, nearest)), last)
+        weights = _one_hot(ctx, ctx.cast(clamped, onnx.TensorProto.INT64), n_in_int, out)
+    else:
+        clamped = ctx.op("Min", ctx.op("Max", source, ctx.const(0.0, source)), last)
+        low = ctx.op("Floor", clamped)
+        high = ctx.op("Min", ctx.add(low, 1.0), last)
+        frac = ctx.op("Unsqueeze", ctx.sub(clamped, low), ctx.int64s([1]))
+        int64 = onnx.TensorProto.INT64
+        hot_low = _one_hot(ctx, ctx.cast(low, int64), n_in_int, out)
+        hot_high = _one_hot(ctx, ctx.cast(high, int64), n_in_int, out)
+        weights = ctx.add(ctx.mul(hot_low, ctx.sub(1.0, frac)), ctx.mul(hot_high, frac))
+    if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":  # outside the roi: extrapolated
+        inside = ctx.op("And", ctx.compare("GreaterOrEqual", source, 0.0), ctx.compare("LessOrEqual", source, last))
+        weights = ctx.mul(weights, ctx.op("Unsqueeze", ctx.cast_like(inside, weights), ctx.int64s([1])))
+    return ctx.cast_like(weights, x)
+
+
+@registry.rule("Resize", inputs=_DATA)
+def resize(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g contracted with W_a^T on each resized axis a, where y = x contracted with W_a (nearest/linear weights)"""
+    (g,) = grads
+    mode = ctx.attr("mode", "nearest")
+    if (
+        mode not in ("nearest", "linear")
+        or ctx.attr("antialias", 0)
+        or (ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch")
+    ):
+        raise ValueError(
+            f"Resize node {ctx.node.name!r}: onnxtrain differentiates mode 'nearest' and 'linear' without "
+            f"antialias and with keep_aspect_ratio_policy='stretch', not mode={mode!r}, "
+            f"antialias={ctx.attr('antialias', 0)}, keep_aspect_ratio_policy="
+            f"{ctx.attr('keep_aspect_ratio_policy', 'stretch')!r}; use one of those, or keep its input out of wrt"
+        )
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    rank = _rank(ctx, x)
+    axes = _resize_axes(ctx, rank)
+    x_static, y_static = ctx.static_shape(x), ctx.static_shape(y)
+    if not axes or (x_static is not None and x_static == y_static):
+        return _data(ctx, g)
+    same = None
+    if x_static is None or y_static is None:
+        equal = ctx.cast(ctx.op("Equal", ctx.op("Shape", x), ctx.op("Shape", y)), onnx.TensorProto.INT64)
+        same = ctx.cast(ctx.op("ReduceMin", equal, keepdims=0), onnx.TensorProto.BOOL)
+    letters = _letters(rank)
+    upper = [c.upper() for c in letters]
+    out = list(letters)
+    terms = ["".join(letters)]
+    matrices = []
+    for axis, k in axes:
+        matrices.append(_interpolation_matrix(ctx, axis, k, rank, same))
+        terms.append(letters[axis] + upper[axis])
+        out[axis] = upper[axis]
+    dx = ctx.op("Einsum", g, *matrices, equation=",".join(terms) + "->" + "".join(out))
+    return _data(ctx, dx)

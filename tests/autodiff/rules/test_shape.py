@@ -1,0 +1,107 @@
+"""Shape and data-movement rules beyond the spec table: constants in a graph, the forms emitted, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from onnxtrain.autodiff import build_gradients
+from onnxtrain.graph import GraphBuilder
+from tests.helpers import DOUBLE, make_model, run_model
+
+
+def _train(model: onnx.ModelProto, loss: str, wrt: list[str]) -> tuple[onnx.ModelProto, list[str]]:
+    """The model with ``d loss / d wrt`` as outputs, and the op types of the gradient nodes."""
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    grads = build_gradients(builder, loss, wrt)
+    builder.set_outputs([loss, *(grads[name] for name in wrt)])
+    new = [node.op_type for node in builder.model.graph.node[before:]]
+    return builder.finalize(), new
+
+
+def test_constants_in_a_graph_differentiate() -> None:
+    """loss = sum(x * c + ConstantOfShape(shape(x), 2) * x): dx = c + 2, dc = sum of x over rows."""
+    c = np.array([0.5, -1.0, 3.0])
+    nodes = [
+        helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(c)),
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["two"], value=numpy_helper.from_array(np.array([2.0]))),
+        helper.make_node("Mul", ["x", "c"], ["xc"]),
+        helper.make_node("Mul", ["two", "x"], ["x2"]),
+        helper.make_node("Add", ["xc", "x2"], ["t"]),
+        helper.make_node("ReduceSum", ["t"], ["loss"], keepdims=0),
+    ]
+    model = make_model({"x": (DOUBLE, ["batch", 3])}, nodes, {"loss": (DOUBLE, [])})
+    trained, _ = _train(model, "loss", ["x", "c", "two"])
+    x = np.random.default_rng(0).normal(size=(4, 3))
+    _, dx, dc, dtwo = run_model(trained, {"x": x})
+    np.testing.assert_allclose(dx, np.broadcast_to(c + 2.0, x.shape))
+    np.testing.assert_allclose(dc, x.sum(axis=0))
+    np.testing.assert_allclose(dtwo, x)
+
+
+def test_unit_step_slice_with_known_bounds_is_a_pad() -> None:
+    """x[:, 1:3] with constant bounds: the gradient is one Pad of g, no scatter."""
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.int64), n) for n, v in (("s", [1]), ("e", [3]), ("a", [1]))]
+    nodes = [
+        helper.make_node("Slice", ["x", "s", "e", "a"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    model = make_model({"x": (DOUBLE, ["batch", 5])}, nodes, {"loss": (DOUBLE, [])}, initializers=inits)
+    trained, ops = _train(model, "loss", ["x"])
+    assert "Pad" in ops and "ScatterElements" not in ops, ops
+    (_, dx) = run_model(trained, {"x": np.zeros((2, 5))})
+    np.testing.assert_array_equal(dx, [[0, 1, 1, 0, 0]] * 2)
+
+
+@pytest.mark.parametrize(("opset", "form"), [(13, "Einsum"), (18, "ScatterND")])
+def test_embedding_gradient_adds_repeated_rows(opset: int, form: str) -> None:
+    """Gather(table, ids) with repeated ids: rows add up (ScatterND add from opset 16, a one-hot product before)."""
+    table = np.arange(12.0).reshape(4, 3)
+    ids = np.array([[1, 3, 1], [-3, 0, 0]])  # -3 is row 1
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]), helper.make_node("ReduceSum", ["e"], ["loss"])]
+    model = make_model(
+        {"ids": (onnx.TensorProto.INT64, ["batch", 3])},
+        nodes,
+        {"loss": (DOUBLE, [1, 1, 1])},
+        initializers=[("table", table)],
+        opset=opset,
+    )
+    trained, ops = _train(model, "loss", ["table"])
+    assert form in ops, ops
+    (_, dtable) = run_model(trained, {"ids": ids})
+    np.testing.assert_array_equal(dtable, np.array([2, 3, 0, 1])[:, None] * np.ones((1, 3)))
+
+
+def _scatter_model(reduction: str) -> onnx.ModelProto:
+    nodes = [
+        helper.make_node("ScatterElements", ["x", "i", "u"], ["y"], reduction=reduction),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    inits = [("i", np.array([0, 1])), ("u", np.array([1.0, 2.0]))]
+    return make_model({"x": (DOUBLE, [3])}, nodes, {"loss": (DOUBLE, [])}, initializers=inits, opset=18)
+
+
+def test_scatter_with_reduction_mul_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"reduction='mul'.*'none' and 'add'"):
+        _train(_scatter_model("mul"), "loss", ["x"])
+
+
+def test_resize_cubic_is_refused_naming_the_choices() -> None:
+    nodes = [
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="cubic"),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    scales = ("scales", np.array([1.0, 1.0, 2.0, 2.0], dtype=np.float32))
+    model = make_model(
+        {"x": (onnx.TensorProto.FLOAT, [1, 1, 2, 2])},
+        nodes,
+        {"loss": (onnx.TensorProto.FLOAT, [])},
+        initializers=[scales],
+        opset=18,
+    )
+    with pytest.raises(ValueError, match=r"'nearest' and 'linear'.*mode='cubic'"):
+        _train(model, "loss", ["x"])

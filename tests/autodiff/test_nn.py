@@ -1,0 +1,362 @@
+"""Neural-network rules beyond finite differences: training-mode operators and forward outputs
+the rules reuse (Dropout's mask, MaxPool's indices), BatchNormalization in training mode against
+torch, and the forms the spec table cannot check (onnx's inference or checker gets in the way)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from onnxtrain.autodiff import RuleContext, build_gradients, builtin_registry
+from onnxtrain.autodiff.context import OutputRequest
+from onnxtrain.graph import GraphBuilder, versions
+from tests.helpers import DOUBLE, FLOAT, make_model, run_model
+
+Grads = Sequence["str | None"]
+
+
+def _init(name: str, value: object, dtype: object = np.float64) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype=dtype), name)
+
+
+def _projected(nodes: list[onnx.NodeProto], y: str) -> list[onnx.NodeProto]:
+    """``loss = sum(y * c)`` appended to ``nodes`` (``c`` a graph input)."""
+    return [
+        *nodes,
+        helper.make_node("Mul", [y, "c"], ["yc"]),
+        helper.make_node("ReduceSum", ["yc"], ["loss"], keepdims=0),
+    ]
+
+
+def _nodes_of(model: onnx.ModelProto, op_type: str) -> list[onnx.NodeProto]:
+    return [node for node in model.graph.node if node.op_type == op_type]
+
+
+# ------------------------------------------------------------------ BatchNormalization
+
+
+def _batch_norm_model(momentum: float, eps: float, opset: int = 15) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    params = {
+        "scale": rng.normal(size=3),
+        "bias": rng.normal(size=3),
+        "mean": rng.normal(size=3),
+        "var": rng.uniform(0.5, 2.0, size=3),
+    }
+    node = helper.make_node(
+        "BatchNormalization",
+        ["x", "scale", "bias", "mean", "var"],
+        ["y", "running_mean", "running_var"],
+        training_mode=1,
+        momentum=momentum,
+        epsilon=eps,
+        name="bn",
+    )
+    model = make_model(
+        {"x": (DOUBLE, [4, 3, 5, 5]), "c": (DOUBLE, [4, 3, 5, 5])},
+        _projected([node], "y"),
+        {"loss": (DOUBLE, [])},
+        initializers=[_init(name, value) for name, value in params.items()],
+        opset=opset,
+    )
+    return model, params
+
+
+def _train_batch_norm(momentum: float = 0.9, eps: float = 1e-5) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Loss, y, the running statistics and the gradients of x, scale and bias, from onnxruntime."""
+    model, params = _batch_norm_model(momentum, eps)
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["x", "scale", "bias"])
+    builder.set_outputs(["loss", "y", "running_mean", "running_var", *grads.values()])
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.normal(2.0, 3.0, size=(4, 3, 5, 5)), "c": rng.normal(size=(4, 3, 5, 5))}
+    return run_model(builder.finalize(), feeds), {**params, **feeds}
+
+
+def test_batch_norm_training_updates_running_statistics() -> None:
+    """The forward node's running mean and variance (batch statistics, biased variance) are outputs."""
+    momentum = 0.8
+    (_, y, running_mean, running_var, *_), values = _train_batch_norm(momentum)
+    x = values["x"]
+    batch_mean, batch_var = x.mean(axis=(0, 2, 3)), x.var(axis=(0, 2, 3))
+    np.testing.assert_allclose(running_mean, momentum * values["mean"] + (1 - momentum) * batch_mean, rtol=1e-6)
+    np.testing.assert_allclose(running_var, momentum * values["var"] + (1 - momentum) * batch_var, rtol=1e-6)
+    xhat = (x - batch_mean[:, None, None]) / np.sqrt(batch_var[:, None, None] + 1e-5)
+    np.testing.assert_allclose(y, values["scale"][:, None, None] * xhat + values["bias"][:, None, None], atol=1e-9)
+
+
+def test_batch_norm_training_gradient_matches_torch() -> None:
+    """d loss / d (x, scale, bias) through the batch statistics, as torch.nn.functional.batch_norm."""
+    torch = pytest.importorskip("torch")
+    momentum, eps = 0.9, 1e-5
+    (_, y, running_mean, _, dx, dscale, dbias), values = _train_batch_norm(momentum, eps)
+    x = torch.tensor(values["x"], requires_grad=True)
+    weight = torch.tensor(values["scale"], requires_grad=True)
+    bias = torch.tensor(values["bias"], requires_grad=True)
+    stats = torch.tensor(values["mean"]), torch.tensor(values["var"])
+    expected = torch.nn.functional.batch_norm(x, *stats, weight, bias, training=True, momentum=1 - momentum, eps=eps)
+    (expected * torch.tensor(values["c"])).sum().backward()
+    np.testing.assert_allclose(y, expected.detach().numpy(), atol=1e-10)
+    np.testing.assert_allclose(running_mean, stats[0].numpy(), rtol=1e-6)  # torch updated it in place
+    for ours, theirs in ((dx, x), (dscale, weight), (dbias, bias)):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-8, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------ Dropout
+
+
+def _dropout_model(training: bool = True, ratio: float = 0.5) -> onnx.ModelProto:
+    node = helper.make_node("Dropout", ["x", "ratio", "training"], ["y"], name="drop", seed=7)
+    return make_model(
+        {"x": (DOUBLE, [6, 5]), "c": (DOUBLE, [6, 5])},
+        _projected([node], "y"),
+        {"loss": (DOUBLE, [])},
+        initializers=[_init("ratio", ratio), _init("training", training, np.bool_)],
+    )
+
+
+def test_dropout_reuses_the_forward_mask() -> None:
+    """Training mode: the forward node gets a mask output, the gradient reads it, no second Dropout."""
+    builder = GraphBuilder(_dropout_model())
+    grads = build_gradients(builder, "loss", ["x"])
+    (dropout,) = _nodes_of(builder.model, "Dropout")
+    assert len(dropout.output) == 2 and dropout.output[1]
+    mask = dropout.output[1]
+    assert any(mask in node.input for node in builder.model.graph.node if node is not dropout)
+    builder.set_outputs(["y", mask, grads["x"]])
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    y, mask_value, dx = run_model(builder.finalize(), {"x": x, "c": c})
+    assert mask_value.dtype == np.bool_ and 0 < mask_value.sum() < mask_value.size
+    np.testing.assert_allclose(y, x * mask_value / 0.5)
+    np.testing.assert_allclose(dx, c * mask_value / 0.5)
+
+
+def test_dropout_gradient_equals_that_of_its_fixed_mask() -> None:
+    """With the mask the forward pass drew, dropout is y = x * mask / (1 - ratio): same gradient."""
+    builder = GraphBuilder(_dropout_model(ratio=0.25))
+    grads = build_gradients(builder, "loss", ["x"])
+    mask = _nodes_of(builder.model, "Dropout")[0].output[1]
+    builder.set_outputs([mask, grads["x"]])
+    rng = np.random.default_rng(3)
+    x, c = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    mask_value, dx = run_model(builder.finalize(), {"x": x, "c": c})
+    fixed = make_model(
+        {"x": (DOUBLE, [6, 5]), "c": (DOUBLE, [6, 5])},
+        _projected([helper.make_node("Mul", ["x", "scaled_mask"], ["y"])], "y"),
+        {"loss": (DOUBLE, [])},
+        initializers=[_init("scaled_mask", mask_value / 0.75)],
+    )
+    fixed_builder = GraphBuilder(fixed)
+    fixed_grads = build_gradients(fixed_builder, "loss", ["x"])
+    fixed_builder.set_outputs([fixed_grads["x"]])
+    (expected,) = run_model(fixed_builder.finalize(), {"x": x, "c": c})
+    np.testing.assert_allclose(dx, expected, rtol=1e-15)
+
+
+def test_dropout_in_inference_mode_needs_no_mask() -> None:
+    """training_mode=False: the gradient is g, and the forward node keeps its single output."""
+    builder = GraphBuilder(_dropout_model(training=False))
+    build_gradients(builder, "loss", ["x"])
+    assert list(_nodes_of(builder.model, "Dropout")[0].output) == ["y"]
+
+
+def _custom_registry(rule_for: str, fn: object) -> object:
+    registry = builtin_registry().copy()
+    registry.rule(rule_for, domain="test.nn")(fn)  # type: ignore[arg-type]
+    return registry
+
+
+def test_unused_forward_output_request_is_undone() -> None:
+    """A mask the surviving gradient graph does not read is not added to the forward node."""
+
+    def stop(ctx: RuleContext, grads: Grads) -> list[str | None]:
+        """no gradient"""
+        return [None]
+
+    registry = _custom_registry("Stop", stop)
+    nodes = [
+        helper.make_node("Stop", ["w"], ["s"], domain="test.nn"),
+        helper.make_node("Dropout", ["s", "ratio", "training"], ["y"], name="drop"),
+    ]
+    model = make_model(
+        {"w": (DOUBLE, [6, 5]), "c": (DOUBLE, [6, 5])},
+        _projected(nodes, "y"),
+        {"loss": (DOUBLE, [])},
+        initializers=[_init("ratio", 0.5), _init("training", True, np.bool_)],
+        extra_opsets={"test.nn": 1},
+    )
+    model.graph.value_info.append(helper.make_tensor_value_info("s", DOUBLE, [6, 5]))
+    builder = GraphBuilder(model)
+    build_gradients(builder, "loss", ["w"], registry=registry)  # type: ignore[arg-type]
+    assert list(_nodes_of(builder.model, "Dropout")[0].output) == ["y"]
+    assert not any(node.op_type == "Dropout" and len(node.output) > 1 for node in builder.model.graph.node)
+
+
+def test_failed_build_gives_the_forward_node_its_outputs_back() -> None:
+    """A rule that declared a forward output and then failed leaves the model as it was."""
+    registry = builtin_registry().copy()
+
+    @registry.rule("Dropout", replace=True)
+    def broken(ctx: RuleContext, grads: Grads) -> list[str | None]:
+        """declares the mask, then fails"""
+        ctx.ensure_output(1)
+        raise ZeroDivisionError("broken rule")
+
+    builder = GraphBuilder(_dropout_model())
+    before = onnx.ModelProto()
+    before.CopyFrom(builder.model)
+    with pytest.raises(ZeroDivisionError):
+        build_gradients(builder, "loss", ["x"], registry=registry)
+    assert builder.model == before
+
+
+def test_undoing_one_request_keeps_the_others() -> None:
+    """Requests for outputs 2 then 1 of one node: dropping the first leaves the second in place."""
+    node = helper.make_node("LayerNormalization", ["x", "s"], ["y"])
+    info = onnx.ValueInfoProto()
+    inv = OutputRequest(node, 2, "inv", 1, info)
+    node.output[:] = ["y", "", "inv"]
+    mean = OutputRequest(node, 1, "mean", 3, info)
+    node.output[1] = "mean"
+    inv.undo()
+    assert list(node.output) == ["y", "mean"]
+    mean.undo()
+    assert list(node.output) == ["y", ""]  # as it was when the mean was requested, less the mean
+
+
+# ------------------------------------------------------------------------ loss operators
+
+
+@pytest.mark.parametrize("op_type", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_mean_loss_over_ignored_targets_only_has_zero_gradient(op_type: str) -> None:
+    """Every target ignored: the mean is 0 / 0 (nan), but the gradient is 0, as in torch."""
+    node = helper.make_node(op_type, ["x", "t"], ["loss"], ignore_index=1)
+    model = make_model({"x": (DOUBLE, [2, 3]), "t": (onnx.TensorProto.INT64, [2])}, [node], {"loss": (DOUBLE, [])})
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["x"])
+    builder.set_outputs(["loss", grads["x"]])
+    x = np.random.default_rng(0).normal(size=(2, 3))
+    loss, dx = run_model(builder.finalize(), {"x": x, "t": np.array([1, 1])})
+    assert np.isnan(loss)
+    np.testing.assert_array_equal(dx, np.zeros((2, 3)))
+    _, dx = run_model(builder.finalize(), {"x": x, "t": np.array([1, 2])})
+    assert np.all(np.isfinite(dx)) and np.any(dx[1] != 0) and not np.any(dx[0])
+
+
+# ------------------------------------------------------------------------------ MaxPool
+
+
+def _max_pool_model(opset: int, **attrs: object) -> onnx.ModelProto:
+    node = helper.make_node("MaxPool", ["x"], ["y"], name="pool", **attrs)  # type: ignore[arg-type]
+    return make_model(
+        {"x": (DOUBLE, [2, 3, 6, 6]), "c": (DOUBLE, ["n", 3, "h", "w"])},
+        _projected([node], "y"),
+        {"loss": (DOUBLE, [])},
+        opset=opset,
+    )
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_max_pool_reuses_the_forward_indices(opset: int) -> None:
+    """Overlapping 3x3 windows: the gradient scatters into the argmax the forward pass found.
+
+    Opset 17 adds with ScatterElements(reduction="add"); opset 13 has no reduction and scatters
+    the 9 classes of disjoint windows one by one.
+    """
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    builder = GraphBuilder(_max_pool_model(opset, **attrs))
+    grads = build_gradients(builder, "loss", ["x"])
+    (pool,) = _nodes_of(builder.model, "MaxPool")
+    assert len(pool.output) == 2 and pool.output[1]
+    scatters = _nodes_of(builder.model, "ScatterElements")
+    assert len(scatters) == (9 if opset == 13 else 1)
+    builder.set_outputs([grads["x"]])
+    rng = np.random.default_rng(opset)
+    x, c = rng.normal(size=(2, 3, 6, 6)), rng.normal(size=(2, 3, 6, 6))
+    (dx,) = run_model(builder.finalize(), {"x": x, "c": c})
+    padded = np.pad(x, [(0, 0), (0, 0), (1, 1), (1, 1)], constant_values=-np.inf)
+    expected = np.zeros((2, 3, 8, 8))
+    for n, ch, i, j in np.ndindex(2, 3, 6, 6):
+        window = padded[n, ch, i : i + 3, j : j + 3]
+        a, b = np.unravel_index(np.argmax(window), (3, 3))
+        expected[n, ch, i + a, j + b] += c[n, ch, i, j]
+    np.testing.assert_allclose(dx, expected[:, :, 1:-1, 1:-1], rtol=1e-14)
+
+
+# --------------------------------------------------------- forms the spec table cannot run
+
+
+def _gradients(model: onnx.ModelProto, wrt: list[str], feeds: dict[str, np.ndarray], check: bool = True):
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", wrt)
+    builder.set_outputs(["y", *grads.values()])
+    if check:
+        return run_model(builder.finalize(), feeds)
+    final = onnx.ModelProto()
+    final.CopyFrom(builder.model)
+    versions.stamp_ir_version(final)
+    return run_model(final, feeds)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "pads"),
+    [
+        ([1, 2, 3, 3], [2, 3, 3, 3], {"strides": [2, 2], "output_shape": [6, 7]}, [1, 0, 0, 0]),
+        ([2, 4, 3], [4, 1, 2], {"strides": [3], "group": 2, "output_shape": [7]}, [1, 0]),
+        ([1, 2, 4], [2, 2, 3], {"strides": [2], "dilations": [2], "output_shape": [9]}, [1, 1]),
+    ],
+)
+def test_conv_transpose_with_output_shape(
+    x_shape: list[int], w_shape: list[int], attrs: dict[str, object], pads: list[int]
+) -> None:
+    """output_shape (pads derived from it: the odd one at the beginning) equals explicit pads.
+
+    Not in the spec table: for some output_shape values onnx infers an output of the wrong rank.
+    """
+    rng = np.random.default_rng(0)
+    x, w = rng.normal(size=x_shape).astype(np.float32), rng.normal(size=w_shape).astype(np.float32)
+    results = []
+    explicit = {k: v for k, v in attrs.items() if k != "output_shape"} | {"pads": pads}
+    for node_attrs in (attrs, explicit):
+        node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], **node_attrs)
+        model = make_model(
+            {"x": (FLOAT, x_shape), "w": (FLOAT, w_shape), "c": (FLOAT, None)},
+            _projected([node], "y"),
+            {"loss": (FLOAT, [])},
+        )
+        y_shape = run_model(make_model({"x": (FLOAT, x_shape), "w": (FLOAT, w_shape)}, [node]), {"x": x, "w": w})[0]
+        c = np.random.default_rng(1).normal(size=y_shape.shape).astype(np.float32)
+        results.append(_gradients(model, ["x", "w"], {"x": x, "w": w, "c": c}))
+    for ours, theirs in zip(*results, strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_group_normalization_opset18_scales_per_group() -> None:
+    """Opset 18 (deprecated: the onnx checker refuses it): one scale per group equals opset 21
+    with that scale repeated over the group's channels; scale gradients sum over the group."""
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(2, 6, 4)), rng.normal(size=(2, 6, 4))
+    scale, bias = rng.normal(size=3), rng.normal(size=3)
+    results = []
+    for opset, s, b in ((18, scale, bias), (21, np.repeat(scale, 2), np.repeat(bias, 2))):
+        node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=3, epsilon=1e-3)
+        model = make_model(
+            {"x": (FLOAT, [2, 6, 4]), "c": (FLOAT, [2, 6, 4])},
+            _projected([node], "y"),
+            {"loss": (FLOAT, [])},
+            initializers=[_init("scale", s, np.float32), _init("bias", b, np.float32)],
+            opset=opset,
+        )
+        model.graph.value_info.append(helper.make_tensor_value_info("y", FLOAT, [2, 6, 4]))
+        feeds = {"x": x.astype(np.float32), "c": c.astype(np.float32)}
+        results.append(_gradients(model, ["x", "scale", "bias"], feeds, check=opset >= 21))
+    (y18, dx18, ds18, db18), (y21, dx21, ds21, db21) = results
+    np.testing.assert_allclose(y18, y21, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx18, dx21, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(ds18, ds21.reshape(3, 2).sum(axis=1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(db18, db21.reshape(3, 2).sum(axis=1), rtol=1e-4, atol=1e-5)
