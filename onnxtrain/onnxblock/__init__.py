@@ -4,8 +4,9 @@ Code written for ONNX Runtime runs with only its import changed::
 
     import onnxtrain.onnxblock as onnxblock   # was: onnxruntime.training.onnxblock
 
-``blocks`` and ``loss`` are modules here too, so ``from onnxtrain.onnxblock
-import loss`` and ``onnxblock.blocks.Add()`` work as before.
+``blocks``, ``loss`` and ``optim`` are modules here too, so ``from
+onnxtrain.onnxblock import loss, optim`` and ``onnxblock.blocks.Add()`` work
+as before.
 """
 
 from __future__ import annotations
@@ -13,6 +14,6 @@ from __future__ import annotations
 from onnxtrain.autodiff.training_block import TrainingBlock
 from onnxtrain.blocks import Block, ForwardBlock
 from onnxtrain.graph import base, empty_base
-from onnxtrain.onnxblock import blocks, loss
+from onnxtrain.onnxblock import blocks, loss, optim
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss"]
+__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss", "optim"]

@@ -1,0 +1,56 @@
+"""Validation of optimizer hyper-parameters: errors that name the argument and its valid range."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+import numpy as np
+
+
+def number(owner: str, argument: str, value: object, valid: Callable[[float], bool], valid_range: str) -> float:
+    """``value`` as a float; ``TypeError`` if it is no real number, ``ValueError`` if not in ``valid_range``.
+
+    NaN is never valid; ``valid`` decides about infinities.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{owner}: {argument} must be a real number {valid_range}, not {type(value).__name__} {value!r}"
+        )
+    result = float(value)
+    if math.isnan(result) or not valid(result):
+        raise ValueError(f"{owner}: {argument}={value!r} is out of range; {argument} must be {valid_range}")
+    return result
+
+
+def non_negative(owner: str, argument: str, value: object) -> float:
+    """A finite number >= 0 (weight decay, momentum, eps, ...)."""
+    return number(owner, argument, value, lambda v: 0.0 <= v < math.inf, "a finite number >= 0")
+
+
+def unit_interval(owner: str, argument: str, value: object, *, include_one: bool = True) -> float:
+    """A number in ``[0, 1]`` (or ``[0, 1)`` with ``include_one=False``)."""
+    if include_one:
+        return number(owner, argument, value, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+    return number(owner, argument, value, lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+
+
+def flag(owner: str, argument: str, value: object) -> bool:
+    """A bool (NumPy bools too); ``TypeError`` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{owner}: {argument} must be True or False, not {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def betas(owner: str, value: object) -> tuple[float, float]:
+    """A pair ``(beta1, beta2)``, each in ``[0, 1)``."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or not hasattr(value, "__iter__"):
+        raise TypeError(f"{owner}: betas must be a pair (beta1, beta2) of numbers in [0, 1), not {value!r}")
+    items = tuple(value)  # type: ignore[arg-type]
+    if len(items) != 2:
+        raise ValueError(f"{owner}: betas={value!r} must be a pair (beta1, beta2) of numbers in [0, 1)")
+    return (
+        unit_interval(owner, "betas[0]", items[0], include_one=False),
+        unit_interval(owner, "betas[1]", items[1], include_one=False),
+    )

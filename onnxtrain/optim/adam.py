@@ -1,0 +1,154 @@
+"""``Adam`` (L2 weight decay) and ``AdamW`` (decoupled weight decay), as in ``torch.optim``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxtrain.optim import _checks, reference
+from onnxtrain.optim.base import Optimizer, Slot, StateSpec, Update
+from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.emit import Math
+
+
+class _AdamBase(Optimizer):
+    """Adam's update; ``_decoupled`` selects AdamW's weight decay."""
+
+    _decoupled = False
+
+    def __init__(
+        self,
+        *,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        bias_correction: bool,
+        amsgrad: bool,
+        clip_grad: ClipGradNorm | None,
+    ) -> None:
+        super().__init__(clip_grad)
+        owner = type(self).__name__
+        self._betas = _checks.betas(owner, betas)
+        self._eps = _checks.non_negative(owner, "eps", eps)
+        self._weight_decay = _checks.non_negative(owner, "weight_decay", weight_decay)
+        self._bias_correction = _checks.flag(owner, "bias_correction", bias_correction)
+        self._amsgrad = _checks.flag(owner, "amsgrad", amsgrad)
+
+    def hyperparameters(self) -> dict[str, Any]:
+        return {
+            "betas": self._betas,
+            "eps": self._eps,
+            "weight_decay": self._weight_decay,
+            "bias_correction": self._bias_correction,
+            "amsgrad": self._amsgrad,
+        }
+
+    def state_specs(self) -> tuple[StateSpec, ...]:
+        specs = (StateSpec("momentum0", "exp_avg"), StateSpec("momentum1", "exp_avg_sq"))
+        return (*specs, StateSpec("momentum2", "max_exp_avg_sq")) if self._amsgrad else specs
+
+    def update(self, slot: Slot) -> Update:
+        m = slot.math
+        beta1, beta2 = self._betas
+        param, grad = slot.param, slot.grad
+        if self._weight_decay and self._decoupled:
+            keep = m.shared(
+                ("decay",),
+                lambda s: s.sub(s.const(1.0), s.mul(s.lr(), s.const(self._weight_decay, "weight_decay")), hint="decay"),
+            )
+            param = m.mul(param, keep, hint="decayed")
+        elif self._weight_decay:
+            grad = m.axpy(self._weight_decay, param, grad, hint="g")
+        exp_avg = m.add(
+            m.scale(beta1, slot.states[0], hint="m"), m.scale(1.0 - beta1, grad, hint="m"),
+            out=slot.out_states[0], hint="m",
+        )  # fmt: skip
+        exp_avg_sq = m.add(
+            m.scale(beta2, slot.states[1], hint="v"), m.scale(1.0 - beta2, m.mul(grad, grad, hint="g2"), hint="v"),
+            out=slot.out_states[1], hint="v",
+        )  # fmt: skip
+        states = [exp_avg, exp_avg_sq]
+        v_hat = exp_avg_sq
+        if self._amsgrad:
+            v_hat = m.max(slot.states[2], exp_avg_sq, out=slot.out_states[2], hint="vmax")
+            states.append(v_hat)
+        root = m.sqrt(v_hat, hint="sqrt_v")
+        if self._bias_correction:
+            step_size, root_bc2 = m.shared(("adam_bias",), self._bias)
+            root = m.div(root, root_bc2, hint="sqrt_v")
+        else:
+            step_size = m.lr()
+        denom = m.add(root, m.const(self._eps, "eps"), hint="denom")
+        delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
+        return Update(m.sub(param, delta, out=slot.out_param, hint="p"), tuple(states))
+
+    def _bias(self, m: Math) -> tuple[str, str]:
+        """``(lr / (1 - beta1**t), sqrt(1 - beta2**t))``, shared by the parameters of one type."""
+        beta1, beta2 = self._betas
+        one, t = m.const(1.0), m.step()
+        bc1 = m.sub(one, m.pow(m.const(beta1, "beta1"), t, hint="beta1_t"), hint="bias_correction1")
+        bc2 = m.sub(one, m.pow(m.const(beta2, "beta2"), t, hint="beta2_t"), hint="bias_correction2")
+        return m.div(m.lr(), bc1, hint="step_size"), m.sqrt(bc2, hint="bias_correction2_sqrt")
+
+
+class Adam(_AdamBase):
+    """``torch.optim.Adam``; states ``exp_avg`` (``momentum0``), ``exp_avg_sq`` (``momentum1``)
+    and with ``amsgrad`` ``max_exp_avg_sq`` (``momentum2``)::
+
+        g = g + weight_decay * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        vmax = max(vmax, v)                     (amsgrad; used as v below)
+        p = p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+    ``bias_correction=False`` drops both ``1 - b**t`` factors.
+    """
+
+    reference_update = staticmethod(reference.adam_step)
+
+    def __init__(
+        self,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+        amsgrad: bool = False,
+        clip_grad: ClipGradNorm | None = None,
+    ) -> None:
+        super().__init__(
+            betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
+            clip_grad=clip_grad,
+        )  # fmt: skip
+
+
+class AdamW(_AdamBase):
+    """ONNX Runtime's ``optim.AdamW`` arguments and defaults, ``torch.optim.AdamW``'s math::
+
+        p = p * (1 - lr * weight_decay)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
+
+    States as :class:`Adam` (``amsgrad`` is keyword-only here).
+    """
+
+    reference_update = staticmethod(reference.adamw_step)
+    _decoupled = True
+
+    def __init__(
+        self,
+        bias_correction: bool = True,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        clip_grad: ClipGradNorm | None = None,
+        *,
+        amsgrad: bool = False,
+    ) -> None:
+        super().__init__(
+            betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
+            clip_grad=clip_grad,
+        )  # fmt: skip
+
+    def hyperparameters(self) -> dict[str, Any]:
+        hyper = super().hyperparameters()
+        return {"bias_correction": hyper.pop("bias_correction"), **hyper}

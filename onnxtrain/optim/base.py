@@ -1,0 +1,382 @@
+"""The optimizer model interface, and the building shared by every optimizer.
+
+An optimizer block builds a model, in standard ``ai.onnx`` operators, that
+takes one optimizer step for all trainable parameters at once:
+
+Inputs, in this order:
+
+- ``learning_rate``: float32, shape ``[1]``;
+- ``step``: int64, shape ``[1]``, the 1-based number of the step being taken
+  (the state's step count + 1, as ONNX Runtime feeds it);
+- then for each trainable parameter ``p``, in parameter order: ``p`` (its
+  current value), ``p_grad`` (its gradient), and its state tensors
+  ``p.momentum0``, ``p.momentum1``, ... (:meth:`Optimizer.state_specs`
+  says how many and what they hold), each with ``p``'s type and shape.
+
+Outputs, for each trainable parameter ``p`` in the same order: ``p.updated``,
+then ``p.momentum0.updated``, ``p.momentum1.updated``, ... (the new values).
+
+Hyper-parameters are constants of the graph; only the learning rate and the
+step are inputs. Parameters may mix float16, bfloat16, float32 and float64:
+each parameter's update runs in its own type (float16 and bfloat16 in float32,
+cast back), with the learning rate and the step cast to it. Clipping
+(:class:`~onnxtrain.optim.clip.ClipGradNorm`) applies to all gradients
+together before the update.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from onnxtrain.blocks.block import ForwardBlock
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
+from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
+
+#: ``p`` + this suffix: the gradient input of parameter ``p``.
+GRAD_SUFFIX = "_grad"
+#: ``value`` + this suffix: the output with the new value of an input.
+UPDATED_SUFFIX = ".updated"
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def grad_name(param: str) -> str:
+    """``w -> w_grad``: the gradient input of parameter ``param``."""
+    return f"{param}{GRAD_SUFFIX}"
+
+
+def state_name(param: str, index: int) -> str:
+    """``(w, 0) -> w.momentum0``: state tensor ``index`` of parameter ``param``."""
+    return f"{param}.momentum{index}"
+
+
+def updated_name(name: str) -> str:
+    """``w -> w.updated``: the output carrying the new value of input ``name``."""
+    return f"{name}{UPDATED_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One state tensor an optimizer keeps per parameter.
+
+    Attributes:
+        name: ``momentum0``, ``momentum1``, ...: the suffix of its input name
+            (``p.momentum0``) and its name in a checkpoint.
+        role: what it holds, in ``torch.optim``'s words (``exp_avg``, ``sum``, ...).
+        initial_value: the value every element starts from.
+    """
+
+    name: str
+    role: str
+    initial_value: float = 0.0
+
+
+@dataclass(frozen=True)
+class ParameterSpec:
+    """A trainable parameter as the optimizer model sees it: name, element type, shape."""
+
+    name: str
+    elem_type: int
+    shape: tuple[int | str | None, ...] | None
+
+    @classmethod
+    def of(cls, value: onnx.TensorProto | onnx.ValueInfoProto | ParameterSpec) -> ParameterSpec:
+        """From a ``TensorProto`` (data never read), a ``ValueInfoProto`` or a spec."""
+        if isinstance(value, ParameterSpec):
+            return value
+        if isinstance(value, onnx.TensorProto):
+            return cls(value.name, value.data_type, tuple(value.dims))
+        if isinstance(value, onnx.ValueInfoProto) and value.type.HasField("tensor_type"):
+            tensor = value.type.tensor_type
+            if not tensor.HasField("shape"):
+                return cls(value.name, tensor.elem_type, None)
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
+            return cls(value.name, tensor.elem_type, shape)
+        raise TypeError(
+            f"a parameter must be an onnx.TensorProto (as TrainingBlock.parameters() returns) or a "
+            f"tensor onnx.ValueInfoProto, not {type(value).__name__}"
+        )
+
+
+ParameterLike = onnx.TensorProto | onnx.ValueInfoProto | ParameterSpec
+
+
+def trainable_specs(owner: str, parameters: Any) -> list[ParameterSpec]:
+    """The trainable parameters of ``parameters``: a ``(trainable, frozen)`` pair or a list.
+
+    Checks that there is at least one, that each is a float tensor and that
+    the names are unique.
+    """
+    protos = (onnx.TensorProto, onnx.ValueInfoProto, ParameterSpec)
+    if isinstance(parameters, protos):
+        trainable: Any = [parameters]
+    elif (
+        isinstance(parameters, Sequence)
+        and len(parameters) == 2
+        and all(isinstance(part, Sequence) and not isinstance(part, (str, bytes)) for part in parameters)
+    ):
+        trainable = parameters[0]
+    elif isinstance(parameters, Sequence) and not isinstance(parameters, (str, bytes)):
+        trainable = parameters
+    else:
+        raise TypeError(
+            f"{owner}.build() takes the (trainable, frozen) pair of lists that TrainingBlock.parameters() "
+            f"returns (or the list of trainable parameters), not {type(parameters).__name__}"
+        )
+    specs = [ParameterSpec.of(p) for p in trainable]
+    if not specs:
+        raise ValueError(
+            f"{owner}.build() got no trainable parameters, so there is nothing to optimize: mark some "
+            "with TrainingBlock.requires_grad(name) (or requires_grad=[...] in generate_artifacts) first"
+        )
+    seen: set[str] = set()
+    for spec in specs:
+        if not spec.name:
+            raise ValueError(f"{owner}: every trainable parameter needs a name")
+        if spec.name in seen:
+            raise ValueError(f"{owner}: the trainable parameter {spec.name!r} is listed twice")
+        seen.add(spec.name)
+        if spec.elem_type not in _FLOAT_TYPES:
+            raise ValueError(
+                f"{owner}: the trainable parameter {spec.name!r} has element type "
+                f"{dtypes.dtype_name(spec.elem_type)}; only float16, bfloat16, float (float32) and double "
+                "parameters can be trained: freeze it instead"
+            )
+    return specs
+
+
+@dataclass
+class Slot:
+    """One parameter's update as an optimizer sees it: its values in the compute type.
+
+    ``out_param`` and ``out_states`` are the names the last operator of each
+    new value should write (``None``: any name; the base class casts or
+    renames the result into the output).
+    """
+
+    name: str
+    math: Math
+    param: str
+    grad: str
+    states: list[str]
+    out_param: str | None
+    out_states: list[str | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Update:
+    """What :meth:`Optimizer.update` returns: the new parameter and the new states, in state order."""
+
+    param: str
+    states: tuple[str, ...] = ()
+
+
+class Optimizer(ForwardBlock):
+    """Base class of the optimizer blocks; see the module docstring for the model they build.
+
+    Subclasses give :meth:`state_specs`, :meth:`hyperparameters`,
+    :meth:`update` (the ONNX) and ``reference_update`` (the NumPy reference,
+    a function of ``(param, grad, states, lr=..., step=..., **hyperparameters)``).
+    """
+
+    reference_update: Callable[..., tuple[np.ndarray, list[np.ndarray]]]
+
+    def __init__(self, clip_grad: ClipGradNorm | None = None) -> None:
+        super().__init__()
+        if clip_grad is not None and not isinstance(clip_grad, ClipGradNorm):
+            raise TypeError(
+                f"{type(self).__name__}: clip_grad must be None or a ClipGradNorm(max_norm), "
+                f"not {type(clip_grad).__name__} {clip_grad!r}"
+            )
+        self._clip_grad = clip_grad
+
+    # ----------------------------------------------------------- description
+
+    @property
+    def clip_grad(self) -> ClipGradNorm | None:
+        """The gradient clipping applied before each step, or ``None``."""
+        return self._clip_grad
+
+    @abstractmethod
+    def hyperparameters(self) -> dict[str, Any]:
+        """The hyper-parameters (without ``clip_grad``), as keyword arguments of the constructor."""
+
+    @abstractmethod
+    def state_specs(self) -> tuple[StateSpec, ...]:
+        """The state tensors kept per parameter, in input order (``momentum0``, ``momentum1``, ...)."""
+
+    @property
+    def num_states(self) -> int:
+        """How many state tensors each parameter has."""
+        return len(self.state_specs())
+
+    def __repr__(self) -> str:
+        arguments = {**self.hyperparameters(), "clip_grad": self._clip_grad}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+
+    def model_input_names(self, param_names: Sequence[str]) -> list[str]:
+        """The optimizer model's input names for these trainable parameters, in order."""
+        names = [LEARNING_RATE, STEP]
+        for param in param_names:
+            names += [param, grad_name(param)]
+            names += [state_name(param, i) for i in range(self.num_states)]
+        return names
+
+    def model_output_names(self, param_names: Sequence[str]) -> list[str]:
+        """The optimizer model's output names for these trainable parameters, in order."""
+        names = []
+        for param in param_names:
+            names.append(updated_name(param))
+            names += [updated_name(state_name(param, i)) for i in range(self.num_states)]
+        return names
+
+    def initial_state(
+        self, parameters: Mapping[str, np.ndarray] | Sequence[ParameterLike]
+    ) -> dict[str, list[np.ndarray]]:
+        """``{param: [momentum0, momentum1, ...]}``: the state before the first step.
+
+        ``parameters`` maps names to arrays, or lists TensorProtos (their data
+        is never read) or ValueInfoProtos with fixed shapes.
+        """
+        if isinstance(parameters, Mapping):
+            items = [(name, np.asarray(value).dtype, np.shape(value)) for name, value in parameters.items()]
+        else:
+            items = []
+            for spec in map(ParameterSpec.of, parameters):
+                if spec.shape is None or not all(isinstance(d, int) for d in spec.shape):
+                    raise ValueError(f"the shape of parameter {spec.name!r} is not fixed ({spec.shape}); pass arrays")
+                items.append((spec.name, dtypes.to_numpy_dtype(spec.elem_type), spec.shape))
+        return {
+            name: [np.full(shape, s.initial_value, dtype=dtype) for s in self.state_specs()]
+            for name, dtype, shape in items
+        }
+
+    # --------------------------------------------------------------- building
+
+    @abstractmethod
+    def update(self, slot: Slot) -> Update:
+        """Emit one parameter's update; return the new parameter and states in its compute type."""
+
+    def build(self, parameters: Any) -> list[str]:
+        """Build the optimizer model for the trainable parameters of ``parameters``.
+
+        ``parameters`` is the ``(trainable, frozen)`` pair of
+        ``TrainingBlock.parameters()`` (frozen ones are ignored) or the list
+        of trainable parameters. Returns the output names.
+        """
+        owner = type(self).__name__
+        specs = trainable_specs(owner, parameters)
+        b = self.builder
+        params = [spec.name for spec in specs]
+        inputs, outputs = self.model_input_names(params), self.model_output_names(params)
+        _check_names(owner, b, inputs + outputs, params)
+        for name in outputs:
+            b.names.reserve(name)
+
+        lr = b.add_input(LEARNING_RATE, tensor_type(onnx.TensorProto.FLOAT, [1]))
+        step = b.add_input(STEP, tensor_type(onnx.TensorProto.INT64, [1]))
+        for spec in specs:
+            value_type = tensor_type(spec.elem_type, None if spec.shape is None else list(spec.shape))
+            for name in self.model_input_names([spec.name])[2:]:
+                b.add_input(name, value_type)
+        scalars = Scalars(b, lr, step)
+
+        grads = [grad_name(p) for p in params]
+        if self._clip_grad is not None:
+            grads = list(self._clip_grad(grads))
+
+        result: list[str] = []
+        for spec, grad in zip(specs, grads, strict=True):
+            result += self._emit_update(scalars, spec, grad)
+        return result
+
+    def _emit_update(self, scalars: Scalars, spec: ParameterSpec, grad: str) -> list[str]:
+        b = scalars.builder
+        compute = compute_type(spec.elem_type)
+        math = Math(scalars, compute, spec.name)
+        cast = compute != spec.elem_type
+
+        def widen(name: str, hint: str) -> str:
+            return math.cast(name, compute, hint=f"{hint}.f32") if cast else name
+
+        states = [state_name(spec.name, i) for i in range(self.num_states)]
+        slot = Slot(
+            name=spec.name,
+            math=math,
+            param=widen(spec.name, "param"),
+            grad=widen(grad, "grad"),
+            states=[widen(s, f"momentum{i}") for i, s in enumerate(states)],
+            out_param=None if cast else updated_name(spec.name),
+            out_states=[None if cast else updated_name(s) for s in states],
+        )
+        new = self.update(slot)
+        if len(new.states) != len(states):
+            raise RuntimeError(f"{type(self).__name__}.update returned {len(new.states)} states, not {len(states)}")
+        outputs = []
+        for value, target in zip((new.param, *new.states), (spec.name, *states), strict=True):
+            out = updated_name(target)
+            if cast:
+                math.cast(value, spec.elem_type, out=out)
+            elif value != out:
+                b.add_node("Identity", [value], [out])
+            outputs.append(out)
+        return outputs
+
+    # -------------------------------------------------------------- reference
+
+    def reference_step(
+        self,
+        learning_rate: float,
+        step: int,
+        params: Mapping[str, np.ndarray],
+        grads: Mapping[str, np.ndarray],
+        states: Mapping[str, Sequence[np.ndarray]],
+    ) -> tuple[dict[str, np.ndarray], dict[str, list[np.ndarray]]]:
+        """One step in NumPy (:mod:`onnxtrain.optim.reference`): ``(new params, new states)``.
+
+        The same computation as the optimizer model: clipping over all
+        gradients, then each parameter's update, with the learning rate
+        rounded to float32 as the model's ``learning_rate`` input holds it.
+        """
+        from onnxtrain.optim import reference
+
+        learning_rate = float(np.float32(learning_rate))
+        names = list(params)
+        gradients = [np.asarray(grads[name]) for name in names]
+        if self._clip_grad is not None:
+            gradients = reference.clip_grad_norm(gradients, self._clip_grad.max_norm)
+        new_params: dict[str, np.ndarray] = {}
+        new_states: dict[str, list[np.ndarray]] = {}
+        update = type(self).reference_update
+        for name, grad in zip(names, gradients, strict=True):
+            new_params[name], new_states[name] = update(
+                params[name], grad, list(states[name]), lr=learning_rate, step=step, **self.hyperparameters()
+            )
+        return new_params, new_states
+
+
+def _check_names(owner: str, b: GraphBuilder, names: list[str], params: list[str]) -> None:
+    """Every input and output name must be new and distinct (``w_grad`` may not be a parameter too)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise ValueError(
+                f"{owner}: the optimizer model would use the name {name!r} twice; the trainable parameters "
+                f"{params} clash with the names it derives ({LEARNING_RATE!r}, {STEP!r}, 'p_grad', "
+                "'p.momentum0', 'p.updated', ...): rename the parameter"
+            )
+        seen.add(name)
+        if b.has(name):
+            type_text = describe_type(b.type_of(name))
+            raise ValueError(
+                f"{owner}: {name!r} ({type_text}) is already a value of the base model; build an optimizer "
+                "inside `with onnxblock.empty_base():`"
+            )
