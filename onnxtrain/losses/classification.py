@@ -102,15 +102,16 @@ class CrossEntropyLoss(Block):
     ``(1 - eps) * nll + eps / C * smooth``, where ``smooth`` is the reduced
     ``-sum_c w_c log p_c`` over counted labels. Emits ``LogSoftmax`` over
     axis 1 and ``NegativeLogLikelihoodLoss``, never the log of a softmax.
-    Labels are int32 by default, as in ONNX Runtime (``label_dtype=np.int64``
-    for PyTorch-style labels).
+    Labels are int32 by default and no label is ignored unless
+    ``ignore_index`` is given, as in ONNX Runtime's block (PyTorch's defaults:
+    ``label_dtype=np.int64, ignore_index=-100``).
     """
 
     def __init__(
         self,
         weight: Any = None,
         reduction: Reduction = "mean",
-        ignore_index: int | None = -100,
+        ignore_index: int | None = None,
         label_smoothing: float = 0.0,
         *,
         label_dtype: Any = np.int32,

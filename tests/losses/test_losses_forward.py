@@ -256,11 +256,20 @@ def draw_shape(data: st.DataObject, case: Case) -> tuple[int, ...]:
     return tuple(sizes)
 
 
+#: The blocks' default ``ignore_index``: none for CrossEntropyLoss (ONNX Runtime's), -100 for NLLLoss (PyTorch's).
+DEFAULT_IGNORE_INDEX: dict[str, int | None] = {"CrossEntropyLoss": None, "NLLLoss": -100}
+
+
+def ignore_index_of(case: Case) -> int | None:
+    """The ``ignore_index`` the case's block uses."""
+    return case.kwargs.get("ignore_index", DEFAULT_IGNORE_INDEX[case.loss])
+
+
 def draw_labels(data: st.DataObject, case: Case, shape: tuple[int, ...]) -> np.ndarray:
     """Class labels for ``(N, C, d...)`` inputs: shape ``(N, d...)``, some equal to ``ignore_index``."""
     n_classes = shape[1]
     choices = list(range(n_classes))
-    ignore = case.kwargs.get("ignore_index", -100)
+    ignore = ignore_index_of(case)
     if ignore is not None and ignore not in choices:
         choices.append(ignore)
     label_shape = shape[:1] + shape[2:]
@@ -322,7 +331,7 @@ def oracle(case: Case, reduction: str, y: np.ndarray, target: np.ndarray) -> np.
         return oracles.smooth_l1_loss(y, target, reduction, **_kwargs(case, "beta"))
     if case.loss == "CrossEntropyLoss":
         return oracles.cross_entropy(
-            y, target, reduction=reduction, **_kwargs(case, "weight", "ignore_index", "label_smoothing")
+            y, target, reduction=reduction, ignore_index=ignore_index_of(case), **_kwargs(case, "weight", "label_smoothing")
         )
     if case.loss == "NLLLoss":
         return oracles.nll_loss(y, target, reduction=reduction, **_kwargs(case, "weight", "ignore_index"))
@@ -390,9 +399,9 @@ def torch_loss_tensor(torch: Any, case: Case, reduction: str, x: Any, target: np
 
     if case.family in ("ce", "nll"):
         labels = torch.from_numpy(target.astype(np.int64))
-        ignore_index = case.kwargs.get("ignore_index", -100)
+        ignore_index = ignore_index_of(case)
         common = {"weight": tensor("weight"), "reduction": reduction}
-        common["ignore_index"] = -100 if ignore_index is None else ignore_index
+        common["ignore_index"] = -100 if ignore_index is None else ignore_index  # torch's "none": a label never used
         if case.loss == "NLLLoss":
             return functional.nll_loss(x, labels, **common)
         return functional.cross_entropy(x, labels, label_smoothing=case.kwargs.get("label_smoothing", 0.0), **common)
@@ -561,7 +570,8 @@ def test_existing_input_is_reused_as_target() -> None:
 
 def test_existing_int_input_is_reused_as_labels() -> None:
     model = build_loss_model(
-        onnxblock.loss.CrossEntropyLoss(), None, FLOAT, target_name="t", model=two_input_model(INT32, ["batch"])
+        onnxblock.loss.CrossEntropyLoss(ignore_index=-100), None, FLOAT, target_name="t",
+        model=two_input_model(INT32, ["batch"]),
     )
     assert list(inputs_of(model)) == ["x", "t"]
     x = np.random.default_rng(1).standard_normal((4, 3)).astype(np.float32)
@@ -645,7 +655,9 @@ def test_losses_build_and_run_on_every_supported_opset(case: Case, opset: int) -
     if case.family in ("ce", "nll"):
         y = rng.uniform(-5, 0, shape)
         target = rng.integers(0, shape[1], shape[:1] + shape[2:]).astype(case.label_dtype)
-        target.flat[0] = case.kwargs.get("ignore_index", -100)
+        ignore = ignore_index_of(case)
+        if ignore is not None:
+            target.flat[0] = ignore
     else:
         y = rng.uniform(-3, 0, shape) if case.family == "kl" else rng.uniform(0, 1, shape)
         target = rng.uniform(-3, 0, shape) if case.kwargs.get("log_target") else rng.uniform(0, 1, shape)
@@ -680,7 +692,7 @@ def test_cross_entropy_with_weight_and_smoothing_on_scores_of_unknown_rank(
 @pytest.mark.parametrize("smoothing", [0.0, 0.4])
 @pytest.mark.parametrize("weight", [None, W], ids=["unweighted", "weighted"])
 def test_mean_over_only_ignored_labels_is_nan_as_in_torch(weight: list[float] | None, smoothing: float) -> None:
-    loss = onnxblock.loss.CrossEntropyLoss(weight=weight, label_smoothing=smoothing)
+    loss = onnxblock.loss.CrossEntropyLoss(weight=weight, label_smoothing=smoothing, ignore_index=-100)
     model = build_loss_model(loss, ["batch", 3], FLOAT)
     scores = np.zeros((2, 3), np.float32)
     (actual,) = single_thread_session(model).run(None, {"x": scores, "labels": np.full(2, -100, np.int32)})
