@@ -172,6 +172,9 @@ def _zero_tensor(ctx: RuleContext, like: str) -> onnx.TensorProto:
 def _einsum_operand_grad(
     ctx: RuleContext, g: str, k: int, inputs: list[list[str]], output: list[str], ellipsis: set[str]
 ) -> str:
+    """The gradient of operand ``k``: an Einsum of ``g`` and the other operands onto the letters of
+    operand ``k`` that they carry, then its repeated letters (diagonals) put back with Kronecker deltas,
+    the letters only it has broadcast back, and '...' axes it broadcast summed."""
     x = ctx.inputs[k]
     term = inputs[k]
     available = set(output).union(*(set(t) for j, t in enumerate(inputs) if j != k))
