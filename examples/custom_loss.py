@@ -79,7 +79,7 @@ def main() -> None:
     batch = 32
     feeds = {
         "x": rng.normal(size=(batch, 4)).astype(np.float32),
-        "labels": rng.integers(0, 3, size=batch).astype(np.int32),
+        "labels": rng.integers(0, 3, size=batch).astype(np.int64),
         "target": rng.normal(size=(batch, 1)).astype(np.float32),
     }
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

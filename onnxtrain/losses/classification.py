@@ -102,9 +102,9 @@ class CrossEntropyLoss(Block):
     ``(1 - eps) * nll + eps / C * smooth``, where ``smooth`` is the reduced
     ``-sum_c w_c log p_c`` over counted labels. Emits ``LogSoftmax`` over
     axis 1 and ``NegativeLogLikelihoodLoss``, never the log of a softmax.
-    Labels are int32 by default and no label is ignored unless
-    ``ignore_index`` is given, as in ONNX Runtime's block (PyTorch's defaults:
-    ``label_dtype=np.int64, ignore_index=-100``).
+    Labels are int64, and no label is ignored unless ``ignore_index`` is
+    given, as in ONNX Runtime's block (``label_dtype=np.int32`` for the int32
+    labels of its oldest releases; PyTorch ignores ``-100`` by default).
     """
 
     def __init__(
@@ -114,7 +114,7 @@ class CrossEntropyLoss(Block):
         ignore_index: int | None = None,
         label_smoothing: float = 0.0,
         *,
-        label_dtype: Any = np.int32,
+        label_dtype: Any = np.int64,
     ) -> None:
         super().__init__()
         self._weight = class_weights("CrossEntropyLoss", weight)

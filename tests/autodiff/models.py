@@ -149,7 +149,7 @@ class _Graph:
 
 
 def batch_data(name: str, rng: np.random.Generator, batch: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
-    """A batch for model ``name``: its input (``x`` in ``dtype``, or int64 token ``ids``), and int32
+    """A batch for model ``name``: its input (``x`` in ``dtype``, or int64 token ``ids``), and int64
     ``labels`` (cross-entropy) or a ``target`` in ``dtype`` (mean squared error)."""
     if name == "mlp":
         return {"x": rng.normal(size=(batch, MLP_IN)).astype(dtype), "labels": _labels(rng, (batch,), MLP_CLASSES)}
@@ -166,7 +166,7 @@ def batch_data(name: str, rng: np.random.Generator, batch: int, dtype: Any = np.
 
 
 def _labels(rng: np.random.Generator, shape: tuple[int, ...], classes: int) -> np.ndarray:
-    return rng.integers(0, classes, size=shape).astype(np.int32)
+    return rng.integers(0, classes, size=shape).astype(np.int64)
 
 
 def _mlp(g: _Graph) -> ModelCase:
@@ -269,7 +269,7 @@ def build(name: str, dtype: Any = np.float32, seed: int = 0) -> ModelCase:
 
 
 def loss_block(kind: LossKind) -> onnxblock.Block:
-    """The loss: ``CrossEntropyLoss()`` (int32 ``labels``) or ``MSELoss()`` (a float ``target``)."""
+    """The loss: ``CrossEntropyLoss()`` (int64 ``labels``) or ``MSELoss()`` (a float ``target``)."""
     return onnxblock.loss.CrossEntropyLoss() if kind == "cross_entropy" else onnxblock.loss.MSELoss()
 
 

@@ -112,8 +112,8 @@ def test_class_losses_need_a_class_axis(loss: str, shape: list[Any]) -> None:
         (lambda: onnxblock.loss.MSELoss(), "lab", "float"),  # an int64 graph input
         (lambda: onnxblock.loss.BCEWithLogitsLoss(), "t", "float"),  # a double graph input
         (lambda: onnxblock.loss.KLDivLoss(), "lab", "float"),
-        (lambda: onnxblock.loss.CrossEntropyLoss(), "lab", "int32"),  # int64 labels, int32 wanted
-        (lambda: onnxblock.loss.CrossEntropyLoss(), "t", "int32"),
+        (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype=np.int32), "lab", "int32"),  # int64 labels
+        (lambda: onnxblock.loss.CrossEntropyLoss(), "t", "int64"),
         (lambda: onnxblock.loss.NLLLoss(), "lab_float", "int64"),  # a node output, not an input
         (lambda: onnxblock.loss.NLLLoss(label_dtype=np.int32), "lab", "int32"),
     ],

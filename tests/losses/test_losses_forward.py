@@ -147,8 +147,7 @@ class Case:
 
     @property
     def label_dtype(self) -> Any:
-        default = np.int32 if self.loss == "CrossEntropyLoss" else np.int64
-        return np.dtype(self.kwargs.get("label_dtype", default))
+        return np.dtype(self.kwargs.get("label_dtype", np.int64))
 
 
 W = [0.5, 2.0, 1.25]  # class weights, exact in float32
@@ -465,16 +464,16 @@ SIGNATURES = [
     (lambda: onnxblock.loss.BCEWithLogitsLoss(pos_weight=[1.0, 2.0, 3.0]), ["batch", 3], "target", None, ["batch", 3]),
     (lambda: onnxblock.loss.BCELoss(), ["batch", 3], "target", None, ["batch", 3]),
     (lambda: onnxblock.loss.KLDivLoss(reduction="batchmean"), ["batch", 3], "target", None, ["batch", 3]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", 3], "labels", INT32, ["batch"]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", 3, "length"], "labels", INT32, ["batch", "length"]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", "classes", 5, 6], "labels", INT32, ["batch", 5, 6]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype=np.int64), ["batch", 3], "labels", INT64, ["batch"]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype="int64"), ["batch", 3], "labels", INT64, ["batch"]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype=INT64), ["batch", 3], "labels", INT64, ["batch"]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", 3], "labels", INT64, ["batch"]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", 3, "length"], "labels", INT64, ["batch", "length"]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(), ["batch", "classes", 5, 6], "labels", INT64, ["batch", 5, 6]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype=np.int32), ["batch", 3], "labels", INT32, ["batch"]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype="int32"), ["batch", 3], "labels", INT32, ["batch"]),
+    (lambda: onnxblock.loss.CrossEntropyLoss(label_dtype=INT32), ["batch", 3], "labels", INT32, ["batch"]),
     (lambda: onnxblock.loss.NLLLoss(), ["batch", 3], "target", INT64, ["batch"]),
     (lambda: onnxblock.loss.NLLLoss(), ["batch", 3, "length"], "target", INT64, ["batch", "length"]),
     (lambda: onnxblock.loss.NLLLoss(label_dtype=np.int32), ["batch", 3], "target", INT32, ["batch"]),
-    (lambda: onnxblock.loss.CrossEntropyLoss(weight=W, label_smoothing=0.1), None, "labels", INT32, None),
+    (lambda: onnxblock.loss.CrossEntropyLoss(weight=W, label_smoothing=0.1), None, "labels", INT64, None),
 ]
 
 
@@ -570,7 +569,7 @@ def test_existing_input_is_reused_as_target() -> None:
 
 def test_existing_int_input_is_reused_as_labels() -> None:
     model = build_loss_model(
-        onnxblock.loss.CrossEntropyLoss(ignore_index=-100), None, FLOAT, target_name="t",
+        onnxblock.loss.CrossEntropyLoss(ignore_index=-100, label_dtype=np.int32), None, FLOAT, target_name="t",
         model=two_input_model(INT32, ["batch"]),
     )
     assert list(inputs_of(model)) == ["x", "t"]
@@ -679,7 +678,7 @@ def test_cross_entropy_with_weight_and_smoothing_on_scores_of_unknown_rank(
     assert dims_of(inputs_of(model)["labels"]) is None
     rng = np.random.default_rng(3)
     y = rng.uniform(-4, 4, data_shape).astype(np.float32)
-    labels = rng.integers(0, 3, data_shape[:1] + data_shape[2:]).astype(np.int32)
+    labels = rng.integers(0, 3, data_shape[:1] + data_shape[2:]).astype(np.int64)
     labels.flat[0], labels.flat[-1] = 0, 1
     (actual,) = single_thread_session(model).run(None, {"x": y / 2, "labels": labels})
     expected = oracles.cross_entropy(y, labels, W, reduction, ignore_index=0, label_smoothing=0.3)
@@ -695,7 +694,7 @@ def test_mean_over_only_ignored_labels_is_nan_as_in_torch(weight: list[float] | 
     loss = onnxblock.loss.CrossEntropyLoss(weight=weight, label_smoothing=smoothing, ignore_index=-100)
     model = build_loss_model(loss, ["batch", 3], FLOAT)
     scores = np.zeros((2, 3), np.float32)
-    (actual,) = single_thread_session(model).run(None, {"x": scores, "labels": np.full(2, -100, np.int32)})
+    (actual,) = single_thread_session(model).run(None, {"x": scores, "labels": np.full(2, -100, np.int64)})
     assert np.isnan(actual)
     assert np.isnan(oracles.cross_entropy(scores, np.full(2, -100), weight, label_smoothing=smoothing))
 
