@@ -48,6 +48,23 @@ class OutputRequest:
         self.node.output[:] = outputs
 
 
+@dataclass(frozen=True)
+class GraphView:
+    """Who produces and who reads each value of the forward graph, for rules that look around.
+
+    Attributes:
+        producers: ``{value: node}`` for every node output.
+        readers: ``{value: number of nodes that read it}`` (subgraph reads included).
+        outputs: the graph outputs.
+        forward: the values that depend on a value being differentiated.
+    """
+
+    producers: dict[str, onnx.NodeProto]
+    readers: dict[str, int]
+    outputs: frozenset[str]
+    forward: frozenset[str]
+
+
 class RuleContext:
     """The node being differentiated, as a rule sees it.
 
@@ -67,6 +84,7 @@ class RuleContext:
         needs: Sequence[bool],
         constants: dict[tuple[Any, ...], str],
         requests: list[OutputRequest] | None = None,
+        view: GraphView | None = None,
     ) -> None:
         self.builder = builder
         self.node = node
@@ -78,6 +96,9 @@ class RuleContext:
         self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         self._hint = f"{node.op_type.lower()}_grad"
         self._requests = requests
+        self._view = view
+        #: Gradients this rule gives to values that are not its node's inputs (see :meth:`contribute`).
+        self.contributed: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ inspection
 
@@ -117,6 +138,33 @@ class RuleContext:
         """The value of ``name`` when it is a small initializer, else ``None``."""
         return self.builder.constant_value(name) if name else None
 
+    def producer(self, name: str) -> onnx.NodeProto | None:
+        """The forward node that computes ``name`` (``None`` for inputs and initializers)."""
+        return None if self._view is None else self._view.producers.get(name)
+
+    def read_only_here(self, name: str) -> bool:
+        """Whether this node is the only reader of ``name``, and ``name`` is no graph output.
+
+        A rule may then differentiate ``name``'s producer together with its own
+        node (see :meth:`contribute`): no other gradient flows into ``name``.
+        """
+        view = self._view
+        return view is not None and view.readers.get(name, 0) == 1 and name not in view.outputs
+
+    def depends_on_wrt(self, name: str) -> bool:
+        """Whether ``name`` depends on a value being differentiated (so it wants a gradient)."""
+        return self._view is not None and name in self._view.forward
+
+    def contribute(self, value: str, grad: str) -> None:
+        """Give ``grad`` as (a part of) the gradient of ``value``, an upstream value.
+
+        For fused rules: a rule that differentiates its input's producer too
+        (e.g. NegativeLogLikelihoodLoss after LogSoftmax) returns ``None`` for
+        that input and contributes to the producer's input instead. Only valid
+        when :meth:`read_only_here` holds for the skipped value.
+        """
+        self.contributed.append((value, grad))
+
     # --------------------------------------------------------------- emitting
 
     def op(self, op_type: str, *inputs: str, **attributes: Any) -> str:
@@ -148,21 +196,43 @@ class RuleContext:
             return self.const(a, b), b
         raise TypeError(f"at least one operand must be a value name, not {a!r} and {b!r}")
 
+    def _neutral(self, constant: str, other: str, value: float) -> bool:
+        """Whether ``constant`` is ``value`` and combining it with ``other`` leaves ``other`` as it is."""
+        array = self.constant_value(constant)
+        if array is None or array.size != 1 or array.reshape(()).item() != value:
+            return False
+        rank = self.rank(other)
+        return rank is not None and array.ndim <= rank and self.elem_type(constant) == self.elem_type(other)
+
+    def _arith(self, op_type: str, a: Operand, b: Operand) -> str:
+        """``op_type(a, b)`` with the trivial cases folded: two constants, ``x * 1``, ``x / 1``, ``x + 0``."""
+        a, b = self._pair(a, b)
+        left, right = self.constant_value(a), self.constant_value(b)
+        if left is not None and right is not None and self.elem_type(a) == self.elem_type(b):
+            folded = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op_type](left, right)
+            return self.const(folded, a)
+        neutral = {"Add": 0.0, "Sub": 0.0, "Mul": 1.0, "Div": 1.0}[op_type]
+        if self._neutral(b, a, neutral):
+            return a
+        if op_type in ("Add", "Mul") and self._neutral(a, b, neutral):
+            return b
+        return self.op(op_type, a, b)
+
     def add(self, a: Operand, b: Operand) -> str:
         """``a + b``"""
-        return self.op("Add", *self._pair(a, b))
+        return self._arith("Add", a, b)
 
     def sub(self, a: Operand, b: Operand) -> str:
         """``a - b``"""
-        return self.op("Sub", *self._pair(a, b))
+        return self._arith("Sub", a, b)
 
     def mul(self, a: Operand, b: Operand) -> str:
         """``a * b``"""
-        return self.op("Mul", *self._pair(a, b))
+        return self._arith("Mul", a, b)
 
     def div(self, a: Operand, b: Operand) -> str:
         """``a / b``"""
-        return self.op("Div", *self._pair(a, b))
+        return self._arith("Div", a, b)
 
     def neg(self, a: str) -> str:
         """``-a``"""

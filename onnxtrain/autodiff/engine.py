@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 
 from onnxtrain.autodiff.broadcast import unbroadcast
-from onnxtrain.autodiff.context import OutputRequest, RuleContext
-from onnxtrain.autodiff.paths import Path, PathNode, find_path, node_label
+from onnxtrain.autodiff.context import GraphView, OutputRequest, RuleContext
+from onnxtrain.autodiff.paths import Path, PathNode, find_path, node_label, subgraph_references
 from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type
@@ -185,6 +185,7 @@ class _Backward:
         self.constants: dict[tuple[Any, ...], str] = {}
         self.contributions: dict[str, list[str]] = {}
         self.requests: list[OutputRequest] = []  # optional forward outputs the rules declared
+        self.view = _graph_view(builder, path)
 
     def run(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
         builder = self.builder
@@ -229,7 +230,9 @@ class _Backward:
 
     def _context(self, item: PathNode | None, needs: Sequence[bool]) -> RuleContext:
         node = item.node if item is not None else onnx.helper.make_node("Identity", [], [], name="zeros")
-        return RuleContext(self.builder, node, item.opset if item else 0, needs, self.constants, self.requests)
+        return RuleContext(
+            self.builder, node, item.opset if item else 0, needs, self.constants, self.requests, self.view
+        )
 
     def _total(self, name: str) -> str | None:
         parts = self.contributions.get(name)
@@ -260,17 +263,25 @@ class _Backward:
         for k, (name, grad) in enumerate(zip(node.input, result, strict=True)):
             if grad is None or not needs[k]:
                 continue
-            if not isinstance(grad, str) or not self.builder.has(grad):
-                raise RuleError(f"{where} returned {grad!r} for input {k}; return a value name or None")
-            have, want = _elem_type(self.builder, grad), _elem_type(self.builder, name)
-            if have is not None and want is not None and have != want:
-                raise RuleError(
-                    f"{where} returned a {dtypes.dtype_name(have)} gradient for input {k} ({name!r}), which is "
-                    f"{dtypes.dtype_name(want)}; gradients have their input's element type"
-                )
+            self._check_gradient(where, f"input {k} ({name!r})", name, grad)
             if rule.broadcasting:
                 grad = unbroadcast(ctx, grad, name, shaped_like=node.output[0])
             self.contributions.setdefault(name, []).append(grad)
+        for name, grad in ctx.contributed:  # a fused rule's gradients for values upstream of its inputs
+            if name in forward:
+                self._check_gradient(where, f"the upstream value {name!r}", name, grad)
+                self.contributions.setdefault(name, []).append(grad)
+
+    def _check_gradient(self, where: str, what: str, value: str, grad: object) -> None:
+        """``RuleError`` unless ``grad`` names a value of ``value``'s element type."""
+        if not isinstance(grad, str) or not self.builder.has(grad):
+            raise RuleError(f"{where} returned {grad!r} for {what}; return a value name or None")
+        have, want = _elem_type(self.builder, grad), _elem_type(self.builder, value)
+        if have is not None and want is not None and have != want:
+            raise RuleError(
+                f"{where} returned a {dtypes.dtype_name(have)} gradient for {what}, which is "
+                f"{dtypes.dtype_name(want)}; gradients have their value's element type"
+            )
 
     # -- commit: only what the results need, under their final names
 
@@ -319,6 +330,20 @@ class _Backward:
         for grad, target in copies:
             builder.add_node("Identity", [renames.get(grad, grad)], [target], hint="grad")
         return {value: gradient_name(value) for value in results}
+
+
+def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:
+    """Producers and reader counts of the forward graph, for rules that fuse with a neighbour."""
+    producers: dict[str, onnx.NodeProto] = {}
+    readers: dict[str, int] = {}
+    for node in path.all_nodes:
+        for name in node.output:
+            if name:
+                producers[name] = node
+        for name in {n for n in node.input if n} | subgraph_references(node):
+            readers[name] = readers.get(name, 0) + 1
+    outputs = frozenset(value.name for value in builder.model.graph.output)
+    return GraphView(producers, readers, outputs, frozenset(path.forward))
 
 
 #: Operators whose repeated evaluation may differ: never merged.

@@ -29,12 +29,12 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
     used: set[str] = set()
     for node in graph.node:
         used.update(name for name in node.input if name)
-        used.update(_subgraph_references(node))
+        used.update(subgraph_references(node))
         defined.update(node.output)
     return used - defined
 
 
-def _subgraph_references(node: onnx.NodeProto) -> set[str]:
+def subgraph_references(node: onnx.NodeProto) -> set[str]:
     refs: set[str] = set()
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -51,7 +51,7 @@ def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
     deps: list[set[int]] = []
     users: list[list[int]] = [[] for _ in nodes]
     for i, node in enumerate(nodes):
-        names = {n for n in node.input if n} | _subgraph_references(node)
+        names = {n for n in node.input if n} | subgraph_references(node)
         before = {producer[n] for n in names if n in producer and producer[n] != i}
         deps.append(before)
         for j in before:
@@ -103,7 +103,7 @@ class Path:
         producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
         consumers: dict[str, list[int]] = collections.defaultdict(list)
         for i, node in enumerate(nodes):
-            for name in {n for n in node.input if n} | _subgraph_references(node):
+            for name in {n for n in node.input if n} | subgraph_references(node):
                 consumers[name].append(i)
         wrt = set(wrt)
         up: list[str] = []  # from the target back to a wrt value, through values that depend on one
@@ -112,7 +112,7 @@ class Path:
             node = nodes[current]
             up.append(node_label(node, current))
             inputs = [n for n in node.input if n in self.forward]
-            inputs += sorted(_subgraph_references(node) & self.forward)
+            inputs += sorted(subgraph_references(node) & self.forward)
             start = next((n for n in inputs if n in wrt), None)
             if start is not None:
                 up.append(repr(start))
@@ -165,7 +165,7 @@ def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: Gr
         rule = registry.lookup(node.op_type, node.domain, opset)
         reached = any(
             name in forward and (rule is None or rule.differentiable(k)) for k, name in enumerate(node.input)
-        ) or (rule is None and bool(_subgraph_references(node) & forward))
+        ) or (rule is None and bool(subgraph_references(node) & forward))
         if not reached:
             continue
         candidates.append(PathNode(i, node, opset, rule))
@@ -175,6 +175,6 @@ def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: Gr
         node = nodes[i]
         if any(name in backward for name in node.output):
             backward.update(name for name in node.input if name)
-            backward.update(_subgraph_references(node))
+            backward.update(subgraph_references(node))
     on_path = [p for p in candidates if any(name in backward for name in p.node.output)]
     return Path(on_path, forward, backward, nodes)

@@ -7,6 +7,10 @@ directional derivative ``(f(x + h t) - f(x - h t)) / 2h`` along a random
 direction ``t`` (Richardson-extrapolated in float32). One onnxruntime session
 computes the loss, the outputs and the gradients, and is reused for the
 finite-difference evaluations.
+
+A spec with ``backend = "onnx.reference"`` (an attribute of a :class:`Spec`
+subclass; plain specs run in onnxruntime) runs in ``onnx.reference`` instead:
+for operators onnxruntime has no kernel for at the spec's opset.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
+from onnx.reference import ReferenceEvaluator
 
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.autodiff.registry import GradientRegistry
@@ -31,11 +36,48 @@ DimMode = Literal["static", "named", "unknown"]
 DIM_MODES: tuple[DimMode, ...] = ("static", "named", "unknown")
 
 
+#: Where a spec's model runs: onnxruntime's CPU provider, or onnx's reference evaluator.
+Backend = Literal["onnxruntime", "onnx.reference"]
+
+
+def backend_of(spec: Spec) -> Backend:
+    """The spec's ``backend`` attribute, ``"onnxruntime"`` when it has none."""
+    backend = getattr(spec, "backend", "onnxruntime")
+    if backend not in ("onnxruntime", "onnx.reference"):
+        raise ValueError(f"spec {spec.id}: backend={backend!r}; choose 'onnxruntime' or 'onnx.reference'")
+    return backend  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Output:
+    name: str
+
+
+class ReferenceSession:
+    """``onnx.reference.ReferenceEvaluator`` behind the two methods of an InferenceSession used here."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._evaluator = ReferenceEvaluator(model)
+        self._outputs = [_Output(value.name) for value in model.graph.output]
+
+    def get_outputs(self) -> list[_Output]:
+        return list(self._outputs)
+
+    def run(self, names: Sequence[str] | None, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(v) for v in self._evaluator.run(None if names is None else list(names), dict(feeds))]
+
+
+def _session(model: onnx.ModelProto, backend: Backend) -> ort.InferenceSession | ReferenceSession:
+    if backend == "onnx.reference":
+        return ReferenceSession(model)
+    return ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+
+
 @dataclass
 class Compiled:
     """A spec's training model, ready to run."""
 
-    session: ort.InferenceSession
+    session: ort.InferenceSession | ReferenceSession
     model: onnx.ModelProto
     args: list[tuple[str, Arg, tuple[int, ...], Any]]  # name, arg, shape, numpy dtype
     extras: dict[str, np.ndarray]  # fed extra inputs
@@ -87,7 +129,7 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     opsets = [helper.make_opsetid("", spec.opset)] + [helper.make_opsetid(d, v) for d, v in spec.extra_opsets]
     graph = helper.make_graph([node], "spec", inputs, [], initializers)
     model = helper.make_model(graph, opset_imports=opsets)
-    _declare_uninferred(model, args, case, mode)
+    _declare_uninferred(model, args, case, mode, backend_of(spec))
     builder = GraphBuilder(model)
     projections = []
     terms = []
@@ -105,12 +147,15 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     grads = build_gradients(builder, loss, wrt, registry=registry)
     builder.set_outputs([loss, *outputs, *(grads[name] for name in wrt)])
     final = builder.finalize()
-    session = ort.InferenceSession(final.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
-    return Compiled(session, final, args, extras, projections, wrt, case.n_outputs)
+    return Compiled(_session(final, backend_of(spec)), final, args, extras, projections, wrt, case.n_outputs)
 
 
 def _declare_uninferred(
-    model: onnx.ModelProto, args: list[tuple[str, Arg, tuple[int, ...], Any]], case: Case, mode: DimMode
+    model: onnx.ModelProto,
+    args: list[tuple[str, Arg, tuple[int, ...], Any]],
+    case: Case,
+    mode: DimMode,
+    backend: Backend = "onnxruntime",
 ) -> None:
     """Declare in ``value_info`` the outputs onnx's shape inference cannot type (operators defined
     by a function, such as GroupNormalization; BatchNormalization's training outputs before
@@ -124,7 +169,7 @@ def _declare_uninferred(
     probe.CopyFrom(model)
     probe.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in missing)
     versions.stamp_ir_version(probe)
-    session = ort.InferenceSession(probe.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    session = _session(probe, backend)
     feeds = {name: np.zeros(shape, dtype) for name, _, shape, dtype in args}
     feeds.update({f"extra{e.index}": np.asarray(e.value, e.dtype or np.int64) for e in case.extras if e.fed})
     for name, value in zip(missing, session.run(missing, feeds), strict=True):

@@ -49,7 +49,7 @@ from onnxtrain.graph import dtypes
 #: The ``ai.onnx`` opset of every test model (Gelu is an operator from opset 20 on).
 OPSET = 20
 #: The names of the test models, in the order of the docs table.
-NAMES = ("mlp", "cnn", "transformer", "elementwise")
+NAMES = ("relu_mlp", "mlp", "cnn", "transformer", "elementwise")
 
 LossKind = Literal["cross_entropy", "mse"]
 
@@ -151,7 +151,7 @@ class _Graph:
 def batch_data(name: str, rng: np.random.Generator, batch: int, dtype: Any = np.float32) -> dict[str, np.ndarray]:
     """A batch for model ``name``: its input (``x`` in ``dtype``, or int64 token ``ids``), and int64
     ``labels`` (cross-entropy) or a ``target`` in ``dtype`` (mean squared error)."""
-    if name == "mlp":
+    if name in ("mlp", "relu_mlp"):
         return {"x": rng.normal(size=(batch, MLP_IN)).astype(dtype), "labels": _labels(rng, (batch,), MLP_CLASSES)}
     if name == "cnn":
         x = rng.normal(loc=0.5, size=(batch, CNN_CHANNELS, CNN_SIZE, CNN_SIZE)).astype(dtype)
@@ -167,6 +167,18 @@ def batch_data(name: str, rng: np.random.Generator, batch: int, dtype: Any = np.
 
 def _labels(rng: np.random.Generator, shape: tuple[int, ...], classes: int) -> np.ndarray:
     return rng.integers(0, classes, size=shape).astype(np.int64)
+
+
+def _relu_mlp(g: _Graph) -> ModelCase:
+    """The classic MLP: Gemm, Relu, Gemm, Relu, Gemm (the shape of the benchmark's 784-512-512-10)."""
+    w1, b1 = g.linear("fc1", MLP_IN, MLP_HIDDEN)
+    w2, b2 = g.linear("fc2", MLP_HIDDEN, MLP_HIDDEN)
+    w3, b3 = g.linear("fc3", MLP_HIDDEN, MLP_CLASSES)
+    h = g("Relu", g("Gemm", "x", w1, b1, transB=1))
+    h = g("Relu", g("Gemm", h, w2, b2, transB=1))
+    y = g("Gemm", h, w3, b3, transB=1)
+    model = g.model({"x": (g.elem_type, ["batch", MLP_IN])}, y, ["batch", MLP_CLASSES])
+    return ModelCase("relu_mlp", model, "cross_entropy", g.params, (), g.dtype)
 
 
 def _mlp(g: _Graph) -> ModelCase:
@@ -257,7 +269,7 @@ def _elementwise(g: _Graph) -> ModelCase:
     return ModelCase("elementwise", model, "mse", g.params, (), g.dtype)
 
 
-_BUILDERS = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "elementwise": _elementwise}
+_BUILDERS = {"relu_mlp": _relu_mlp, "mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "elementwise": _elementwise}
 
 
 def build(name: str, dtype: Any = np.float32, seed: int = 0) -> ModelCase:
@@ -392,6 +404,16 @@ def torch_module(name: str, seed: int = 0) -> Any:
 
     nn = torch.nn
 
+    class ReluMLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1 = nn.Linear(MLP_IN, MLP_HIDDEN)
+            self.fc2 = nn.Linear(MLP_HIDDEN, MLP_HIDDEN)
+            self.fc3 = nn.Linear(MLP_HIDDEN, MLP_CLASSES)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc3(torch.relu(self.fc2(torch.relu(self.fc1(x)))))
+
     class MLP(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -456,7 +478,7 @@ def torch_module(name: str, seed: int = 0) -> Any:
             return (f + q) + (k + (d * e + torch.log(a + 1.0)))
 
     torch.manual_seed(seed)
-    return {"mlp": MLP, "cnn": CNN, "transformer": Transformer, "elementwise": Elementwise}[name]()
+    return {"relu_mlp": ReluMLP, "mlp": MLP, "cnn": CNN, "transformer": Transformer, "elementwise": Elementwise}[name]()
 
 
 def export_torch(module: Any, name: str) -> onnx.ModelProto:

@@ -362,3 +362,67 @@ SPECS += [
     for spec in SPECS
     if spec.id in ("Add", "Mul", "Max-2-inputs", "Where", "Clip", "PRelu", "Relu")
 ]
+
+
+# ------------------------------------------------------------------ casts, remainders, determinants, one-hot
+
+
+def _mod_valid(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
+    """a / b at least 1e-3 away from the non-zero integers, where trunc(a / b) jumps."""
+    q = np.abs(arrays[0] / arrays[1])
+    nearest = np.round(q)
+    return bool(np.all((nearest == 0) | (np.abs(q - nearest) > 1e-3)))
+
+
+@st.composite
+def det_cases(draw: st.DrawFn) -> Case:
+    """Square matrices of size 1 to 4, with 0 to 2 batch axes."""
+    n = draw(st.integers(1, 4))
+    batch = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    return Case(((*batch, n, n),))
+
+
+@st.composite
+def one_hot_cases(draw: st.DrawFn) -> Case:
+    """Indices of rank 1-2 (onnxruntime wants >= 1; negative and out-of-range ones included), depth 1-4, any axis."""
+    depth = draw(st.integers(1, 4))
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=2, min_side=1, max_side=3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    indices = rng.integers(-depth - 1, depth + 1, size=shape)
+    nested = (
+        indices.item() if indices.ndim == 0 else tuple(map(tuple, indices)) if indices.ndim == 2 else tuple(indices)
+    )
+    axis = draw(st.integers(-len(shape) - 1, len(shape)))
+    fed = draw(st.booleans())
+    attrs = {"axis": axis} if axis != -1 or draw(st.booleans()) else {}
+    return Case((), _fixed(attrs), (Extra(0, nested, fed), Extra(1, depth, fed)))
+
+
+SPECS += [
+    Spec("CastLike", (Arg(), Arg(diff=False, shape=())), cases(1), opset=21, variant="double-like-double"),
+    Spec(
+        "CastLike",
+        (Arg(), Arg(diff=False, shape=(), dtype=np.float64)),
+        cases(1),
+        opset=21,
+        dtype=_F32,
+        variant="float-like-double",
+    ),
+    Spec("CastLike", (Arg(), Arg(diff=False, shape=(2,))), cases(1), opset=15, variant="opset15"),
+    unary(
+        "Shrink",
+        "real2",
+        dtype=_F32,  # onnxruntime's double Shrink rounds through float
+        attrs=st.fixed_dictionaries(
+            {}, optional={"lambd": st.sampled_from([0.0, 0.3, 1.0]), "bias": st.sampled_from([0.0, 0.5])}
+        ),
+        kinks=lambda attrs: (-attrs.get("lambd", 0.5), attrs.get("lambd", 0.5)),
+    ),
+    unary("Swish", "real2", opset=24, attrs=st.fixed_dictionaries({}, optional={"alpha": st.sampled_from([0.5, 2.0])})),
+    Spec("Mod", (Arg("real2"), Arg("nonzero")), cases(2, {"fmod": 1}), valid=_mod_valid),
+    Spec("Mod", (Arg("real2"), Arg("nonzero")), cases(2, {"fmod": 1}), opset=13, valid=_mod_valid, variant="opset13"),
+    # onnxruntime has float kernels only for Det and OneHot
+    Spec("Det", (Arg(),), det_cases(), dtype=_F32),
+    Spec("Det", (Arg(),), det_cases(), opset=22, dtype=_F32, variant="opset22"),
+    Spec("OneHot", (Arg(shape=(2,)),), one_hot_cases(), dtype=_F32, wiring=(None, None, 0)),
+]

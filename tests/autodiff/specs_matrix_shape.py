@@ -566,3 +566,125 @@ SPECS: list[Spec] = [
     Spec("Constant", (Arg(),), constant_cases(), wiring=()),
     Spec("ConstantOfShape", (Arg(),), constant_of_shape_cases(), wiring=()),
 ]
+
+
+# ------------------------------------------------------------------ selecting, reversing, cropping
+
+
+@st.composite
+def compress_cases(draw: st.DrawFn) -> Case:
+    """A condition (at least one True) no longer than x along the axis, or than x flattened without an axis."""
+    shape = draw(_shape(1, 3, 1, 4))
+    axis = draw(st.one_of(st.none(), st.integers(0, len(shape) - 1)))
+    n = int(np.prod(shape)) if axis is None else shape[axis]
+    condition = draw(st.lists(st.booleans(), min_size=1, max_size=n).filter(any))
+    attrs = {} if axis is None else {"axis": _maybe_negative(draw, axis, len(shape))}
+    return Case((shape,), _fixed(attrs), (Extra(1, tuple(condition), draw(st.booleans()), np.bool_),))
+
+
+@st.composite
+def unique_cases(draw: st.DrawFn) -> Case:
+    """Distinct values (drawn later), flattened or along an axis, sorted or in order of appearance."""
+    shape = draw(_shape(1, 3, 1, 4))
+    attrs: dict[str, Any] = {}
+    if draw(st.booleans()):
+        attrs["axis"] = _maybe_negative(draw, draw(st.integers(0, len(shape) - 1)), len(shape))
+    if draw(st.booleans()):
+        attrs["sorted"] = draw(st.integers(0, 1))
+    return Case((shape,), _fixed(attrs))
+
+
+def _distinct_e3(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
+    values = np.sort(arrays[0].reshape(-1))
+    return bool(np.all(np.diff(values) > 1e-3))
+
+
+@st.composite
+def reverse_sequence_cases(draw: st.DrawFn) -> Case:
+    """Time and batch axes 0 and 1 (either order), lengths 0 to the full time axis."""
+    shape = draw(_shape(2, 3, 1, 4))
+    time_axis = draw(st.integers(0, 1))
+    batch_axis = 1 - time_axis
+    lens = tuple(draw(st.integers(0, shape[time_axis])) for _ in range(shape[batch_axis]))
+    attrs = {"time_axis": time_axis, "batch_axis": batch_axis}
+    return Case((shape,), _fixed(attrs), (Extra(1, lens, draw(st.booleans())),))
+
+
+@st.composite
+def center_crop_pad_cases(draw: st.DrawFn) -> Case:
+    """Target sizes smaller and larger than x (odd and even differences), on all axes or some."""
+    shape = draw(_shape(1, 3, 1, 5))
+    rank = len(shape)
+    axes = list(range(rank))
+    attrs: dict[str, Any] = {}
+    if draw(st.booleans()):
+        axes = draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+        attrs["axes"] = tuple(_maybe_negative(draw, a, rank) for a in axes)
+    target = tuple(draw(st.integers(1, 6)) for _ in axes)
+    return Case((shape,), _fixed(attrs), (Extra(1, target, draw(st.booleans())),))
+
+
+@st.composite
+def tensor_scatter_cases(draw: st.DrawFn) -> Case:
+    """A cache of rank 3-4, an update shorter along the sequence axis, write indices in range (or none)."""
+    rank = draw(st.integers(3, 4))
+    axis = draw(st.integers(1, rank - 1))
+    cache = list(draw(_shape(rank, rank, 1, 3)))
+    cache[axis] = draw(st.integers(1, 5))
+    steps = draw(st.integers(1, cache[axis]))
+    update = list(cache)
+    update[axis] = steps
+    mode = draw(st.sampled_from(["linear", "circular"]))
+    attrs: dict[str, Any] = {}
+    if axis != rank - 2 or draw(st.booleans()):
+        attrs["axis"] = _maybe_negative(draw, axis, rank)
+    if mode != "linear" or draw(st.booleans()):
+        attrs["mode"] = mode
+    extras: tuple[Extra, ...] = ()
+    if draw(st.booleans()):
+        top = cache[axis] - steps if mode == "linear" else 2 * cache[axis]
+        indices = tuple(draw(st.integers(0, top)) for _ in range(cache[0]))
+        extras = (Extra(2, indices, draw(st.booleans())),)
+    return Case((tuple(cache), tuple(update)), _fixed(attrs), extras)
+
+
+# ------------------------------------------------------------------ Fourier transforms
+
+
+@st.composite
+def dft_cases(draw: st.DrawFn, opset: int) -> Case:
+    """Forward/inverse, full/one-sided (real in for RFFT, complex in for IRFFT), any signal axis, dft_length."""
+    inverse, onesided = draw(st.integers(0, 1)), draw(st.integers(0, 1))
+    channels = (2 if inverse else 1) if onesided else draw(st.integers(1, 2))
+    signal = draw(_shape(1, 3, 1, 5))
+    rank = len(signal) + 1
+    axis = draw(st.integers(0, rank - 2))
+    attrs: dict[str, Any] = {}
+    if inverse or draw(st.booleans()):
+        attrs["inverse"] = inverse
+    if onesided or draw(st.booleans()):
+        attrs["onesided"] = onesided
+    extras = []
+    if draw(st.booleans()):
+        extras.append(Extra(1, draw(st.integers(1, 8)), draw(st.booleans())))
+    elif onesided and inverse:
+        signal = tuple(max(d, 2) if k == axis else d for k, d in enumerate(signal))  # default length 2 (n - 1)
+    shown = _maybe_negative(draw, axis, rank) if axis or draw(st.booleans()) else axis
+    if opset >= 20:
+        if axis != rank - 2 or draw(st.booleans()):
+            extras.append(Extra(2, shown))
+    elif axis != 1 or draw(st.booleans()):
+        attrs["axis"] = shown
+    return Case(((*signal, channels),), _fixed(attrs), tuple(extras))
+
+
+SPECS += [
+    Spec("Compress", (Arg(),), compress_cases()),
+    Spec("Compress", (Arg(),), compress_cases(), opset=13, variant="opset13"),
+    Spec("Unique", (Arg(),), unique_cases(), valid=_distinct_e3),
+    Spec("ReverseSequence", (Arg(),), reverse_sequence_cases()),
+    Spec("CenterCropPad", (Arg(),), center_crop_pad_cases(), opset=18),
+    Spec("TensorScatter", (Arg(), Arg()), tensor_scatter_cases(), opset=24),
+    Spec("DFT", (Arg(),), dft_cases(17), opset=17, variant="opset17"),
+    Spec("DFT", (Arg(),), dft_cases(20), opset=20, variant="opset20"),
+]

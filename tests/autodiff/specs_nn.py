@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from onnx import TensorProto
 
 from tests.autodiff.specs import Arg, Case, Extra, Spec
 
@@ -182,18 +184,19 @@ def _windows_hold_data(size: int, kernel: int, stride: int, dilation: int, begin
 
 @st.composite
 def pool_cases(draw: st.DrawFn, op_type: str, opset: int) -> Case:
-    """MaxPool / AveragePool in 1-D or 2-D: kernel, strides, dilations, pads or auto_pad, ceil_mode."""
+    """MaxPool / AveragePool / LpPool in 1-D or 2-D: kernel, strides, dilations, pads or auto_pad, ceil_mode."""
     n = draw(st.integers(1, 2))
     batch, channels = draw(st.integers(1, 2)), draw(st.integers(1, 2))
     kernel = [draw(st.integers(1, 3)) for _ in range(n)]
     strides = [draw(st.integers(1, 3)) for _ in range(n)]
-    dilated = op_type == "MaxPool" or opset >= 19
+    # LpPool has dilations and ceil_mode from opset 18 on
+    dilated = op_type == "MaxPool" or opset >= (18 if op_type == "LpPool" else 19)
     auto_pad = draw(st.sampled_from(["NOTSET", "NOTSET", "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"]))
     same = auto_pad.startswith("SAME")
     # onnxruntime: MaxPool's Indices output has the wrong shape for SAME with dilations
     dilations = [draw(st.integers(1, 2)) if dilated and not same else 1 for _ in range(n)]
     pads = [draw(st.integers(0, k - 1)) for k in kernel * 2] if auto_pad == "NOTSET" else [0] * 2 * n
-    ceil = auto_pad == "NOTSET" and draw(st.booleans())
+    ceil = auto_pad == "NOTSET" and (op_type != "LpPool" or opset >= 18) and draw(st.booleans())
     ext = [(k - 1) * d + 1 for k, d in zip(kernel, dilations, strict=True)]
     sizes = [draw(st.integers(max(1, e - pads[i] - pads[n + i]), e + 3)) for i, e in enumerate(ext)]
     if same:  # onnxruntime rejects a negative total padding ((ceil(S / s) - 1) * s + ext < S)
@@ -213,13 +216,16 @@ def pool_cases(draw: st.DrawFn, op_type: str, opset: int) -> Case:
         _optional(draw, attrs, "dilations", dilations, [1] * n)
     if auto_pad == "NOTSET":
         _optional(draw, attrs, "pads", pads, [0] * 2 * n)
-        _optional(draw, attrs, "ceil_mode", int(ceil), 0)
+        if op_type != "LpPool" or opset >= 18:
+            _optional(draw, attrs, "ceil_mode", int(ceil), 0)
     else:
         attrs["auto_pad"] = auto_pad
     n_outputs = 1
     if op_type == "MaxPool":
         _optional(draw, attrs, "storage_order", draw(st.integers(0, 1)), 0)
         n_outputs = draw(st.integers(1, 2))
+    elif op_type == "LpPool":
+        _optional(draw, attrs, "p", draw(st.sampled_from([1, 2, 3])), 2)
     else:
         _optional(draw, attrs, "count_include_pad", draw(st.integers(0, 1)), 0)
     return Case(((batch, channels, *sizes),), _attrs(attrs), n_outputs=n_outputs)
@@ -369,6 +375,168 @@ _RATIO_0 = Arg((0.0, 0.0), diff=False, shape=())
 _TRUE = Arg((1, 1), diff=False, shape=(), dtype=np.bool_)
 _FALSE = Arg((0, 0), diff=False, shape=(), dtype=np.bool_)
 
+# ---------------------------------------------------------------- more operators
+
+
+@dataclass(frozen=True)
+class ReferenceSpec(Spec):
+    """A spec checked in ``onnx.reference`` (see gradcheck.py): for operators onnxruntime has
+    no kernel for at the spec's opset."""
+
+    backend: str = "onnx.reference"
+
+
+@st.composite
+def global_lp_cases(draw: st.DrawFn) -> Case:
+    """``[N, C, *S]`` and p (1, 2, 3, or the default)."""
+    shape = draw(hnp.array_shapes(min_dims=3, max_dims=4, min_side=1, max_side=3))
+    attrs: dict[str, Any] = {}
+    _optional(draw, attrs, "p", draw(st.sampled_from([1, 2, 3])), 2)
+    return Case((shape,), _attrs(attrs))
+
+
+@st.composite
+def mvn_cases(draw: st.DrawFn) -> Case:
+    """Rank 3 or 4 with drawn axes, or rank 4 with the default axes [0, 2, 3]."""
+    if draw(st.booleans()):
+        shape = draw(hnp.array_shapes(min_dims=4, max_dims=4, min_side=1, max_side=3))
+        return Case((shape,))
+    shape = draw(hnp.array_shapes(min_dims=3, max_dims=4, min_side=1, max_side=3))
+    axes = draw(st.lists(st.integers(0, len(shape) - 1), min_size=1, max_size=len(shape), unique=True))
+    return Case((shape,), _attrs({"axes": sorted(axes)}))
+
+
+def _mvn_spread(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
+    """At least 2 elements and a variance of 0.05 over the axes (a one-element group is constant)."""
+    x = arrays[0]
+    axes = tuple(attrs.get("axes", (0, 2, 3)))
+    return math.prod(x.shape[a] for a in axes) >= 2 and _spread(axes)(arrays, attrs)
+
+
+@st.composite
+def lrn_cases(draw: st.DrawFn) -> Case:
+    """``[N, C, *S]`` with size, alpha, beta and bias (some at their defaults)."""
+    shape = draw(hnp.array_shapes(min_dims=4, max_dims=4, min_side=1, max_side=4))
+    attrs: dict[str, Any] = {"size": draw(st.integers(1, 5))}
+    _optional(draw, attrs, "alpha", draw(st.sampled_from([1e-4, 0.5])), 1e-4)
+    _optional(draw, attrs, "beta", draw(st.sampled_from([0.75, 0.5, 1.3])), 0.75)
+    _optional(draw, attrs, "bias", draw(st.sampled_from([1.0, 2.0])), 1.0)
+    return Case((shape,), _attrs(attrs))
+
+
+@st.composite
+def rms_norm_cases(draw: st.DrawFn, stash: int | None) -> Case:
+    """A shape, an axis, and a scale broadcasting to the normalized shape."""
+    shape = draw(hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=4))
+    axis = draw(st.integers(-len(shape), len(shape) - 1))
+    normalized = shape[axis % len(shape) :]
+    tail = draw(st.integers(1, len(normalized)))
+    scale = tuple(d if draw(st.booleans()) else 1 for d in normalized[len(normalized) - tail :])
+    attrs: dict[str, Any] = {}
+    _optional(draw, attrs, "axis", axis, -1)
+    _optional(draw, attrs, "epsilon", draw(st.sampled_from([1e-5, 1e-2])), 1e-5)
+    if stash is not None:
+        attrs["stash_type"] = stash
+    return Case((shape, scale), _attrs(attrs))
+
+
+@st.composite
+def max_unpool_cases(draw: st.DrawFn) -> Case:
+    """``[N, C, *S]`` scattered into an output of ``(S - 1) * stride - pads + kernel`` (or a drawn
+    larger output_shape) at distinct indices (as MaxPool's), given as an initializer or a graph input."""
+    n = draw(st.integers(1, 2))
+    batch, channels = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    sizes = [draw(st.integers(1, 3)) for _ in range(n)]
+    kernel = [draw(st.integers(1, 3)) for _ in range(n)]
+    strides = [draw(st.integers(1, 2)) for _ in range(n)]
+    pads = [draw(st.integers(0, k - 1)) for k in kernel * 2]
+    out = [(s - 1) * t - a - b + k for s, t, a, b, k in zip(sizes, strides, pads[:n], pads[n:], kernel, strict=True)]
+    out = [max(o, 1) for o in out]
+    attrs: dict[str, Any] = {"kernel_shape": kernel}
+    _optional(draw, attrs, "strides", strides, [1] * n)
+    _optional(draw, attrs, "pads", pads, [0] * 2 * n)
+    extras: list[Extra] = []
+    if draw(st.booleans()):
+        out = [o + draw(st.integers(0, 1)) for o in out]
+        extras.append(Extra(2, (batch, channels, *out)))
+    per_image = math.prod(out)
+    count = math.prod(sizes)
+    if count > per_image:
+        sizes = [1] * n
+        count = 1
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    index = np.stack(
+        [(b * channels + c) * per_image + rng.permutation(per_image)[:count] for b in range(batch) for c in range(channels)]
+    ).reshape(batch, channels, *sizes)
+    extras.insert(0, Extra(1, _nested(index), fed=draw(st.booleans())))
+    return Case(((batch, channels, *sizes),), _attrs(attrs), tuple(extras))
+
+
+def _nested(array: np.ndarray) -> Any:
+    """An array as nested tuples (the hashable form an ``Extra`` holds)."""
+    return tuple(_nested(a) for a in array) if array.ndim else array.item()
+
+
+@st.composite
+def col2im_cases(draw: st.DrawFn) -> Case:
+    """Columns ``[N, C * prod(block), L]`` of a 1-D or 2-D image: dilations, pads, strides; the
+    block shape as an initializer (folded kernel) or a graph input (run-time kernel)."""
+    n = draw(st.integers(1, 2))
+    batch, channels = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    block = [draw(st.integers(1, 3)) for _ in range(n)]
+    dilations = [draw(st.integers(1, 2)) for _ in range(n)]
+    strides = [draw(st.integers(1, 2)) for _ in range(n)]
+    pads = [draw(st.integers(0, 1)) for _ in range(2 * n)]
+    ext = [(k - 1) * d + 1 for k, d in zip(block, dilations, strict=True)]
+    image = [draw(st.integers(max(1, e - pads[i] - pads[n + i]), e + 3)) for i, e in enumerate(ext)]
+    blocks = [(s + a + b - e) // t + 1 for s, a, b, e, t in zip(image, pads[:n], pads[n:], ext, strides, strict=True)]
+    attrs: dict[str, Any] = {}
+    _optional(draw, attrs, "dilations", dilations, [1] * n)
+    _optional(draw, attrs, "pads", pads, [0] * 2 * n)
+    _optional(draw, attrs, "strides", strides, [1] * n)
+    extras = (Extra(1, tuple(image), fed=draw(st.booleans())), Extra(2, tuple(block), fed=draw(st.booleans())))
+    return Case(((batch, channels * math.prod(block), math.prod(blocks)),), _attrs(attrs), extras)
+
+
+@st.composite
+def rotary_cases(draw: st.DrawFn) -> Case:
+    """RotaryEmbedding on ``[B, H, S, D]`` or ``[B, S, H * D]`` (num_heads): a full or partial
+    rotary dimension, interleaved or not, caches indexed by position_ids or per token."""
+    batch, heads, seq = draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 3))
+    head = 2 * draw(st.integers(1, 3))
+    rotary = 2 * draw(st.integers(1, head // 2))
+    attrs: dict[str, Any] = {}
+    _optional(draw, attrs, "interleaved", draw(st.integers(0, 1)), 0)
+    if rotary != head or draw(st.booleans()):
+        attrs["rotary_embedding_dim"] = rotary
+    x: tuple[int, ...] = (batch, heads, seq, head)
+    if draw(st.booleans()):
+        x = (batch, seq, heads * head)
+        attrs["num_heads"] = heads
+    extras: tuple[Extra, ...] = ()
+    if draw(st.booleans()):
+        positions = draw(st.integers(seq, seq + 2))
+        cache: tuple[int, ...] = (positions, rotary // 2)
+        ids = tuple(tuple(draw(st.integers(0, positions - 1)) for _ in range(seq)) for _ in range(batch))
+        extras = (Extra(3, ids, fed=draw(st.booleans())),)
+    else:
+        cache = (batch, seq, rotary // 2)
+    return Case((x, cache, cache), _attrs(attrs), extras)
+
+
+@st.composite
+def affine_grid_cases(draw: st.DrawFn) -> Case:
+    """theta ``[N, 2, 3]`` or ``[N, 3, 4]``, the output size as an initializer or a graph input."""
+    k = draw(st.integers(2, 3))
+    batch = draw(st.integers(1, 2))
+    align = draw(st.integers(0, 1))
+    spatial = tuple(draw(st.integers(1 + align, 4)) for _ in range(k))
+    attrs: dict[str, Any] = {}
+    _optional(draw, attrs, "align_corners", align, 0)
+    size = Extra(1, (batch, draw(st.integers(1, 2)), *spatial), fed=draw(st.booleans()))
+    return Case(((batch, k, k + 1),), _attrs(attrs), (size,))
+
+
 # ---------------------------------------------------------------------- the table
 
 SPECS: list[Spec] = [
@@ -419,6 +587,29 @@ SPECS: list[Spec] = [
     Spec("Dropout", (Arg(), Arg((0.1, 0.9), diff=False, shape=()), _FALSE), dropout_cases(), variant="inference"),
     Spec("Dropout", (Arg(), Arg((0.1, 0.9), diff=False, shape=())), dropout_cases(), variant="no-training-mode"),
     Spec("Dropout", (Arg(),), dropout_cases(), variant="data-only"),
+]
+
+# -- more operators: onnxruntime runs LpPool, GlobalLpPool, LRN, MeanVarianceNormalization,
+# MaxUnpool, Col2Im and RotaryEmbedding in float32 only, GlobalLpPool only up to opset 21
+SPECS += [
+    Spec("GlobalLpPool", (Arg("nonzero"),), global_lp_cases(), 21, dtype=_F32, kinks=lambda attrs: (0.0,)),
+    ReferenceSpec(
+        "GlobalLpPool", (Arg("nonzero"),), global_lp_cases(), 22, kinks=lambda attrs: (0.0,), variant="opset22-reference"
+    ),
+    Spec("LpPool", (Arg("nonzero"),), pool_cases("LpPool", 22), 22, dtype=_F32, kinks=lambda attrs: (0.0,)),
+    Spec(
+        "LpPool", (Arg("nonzero"),), pool_cases("LpPool", 13), 13, dtype=_F32, kinks=lambda attrs: (0.0,), variant="opset13"
+    ),
+    Spec("MeanVarianceNormalization", (Arg(),), mvn_cases(), 13, dtype=_F32, valid=_mvn_spread, variant="opset13"),
+    Spec("MeanVarianceNormalization", (Arg(),), mvn_cases(), 18, dtype=_F32, valid=_mvn_spread, variant="opset18"),
+    Spec("LRN", (Arg("real2"),), lrn_cases(), 13, dtype=_F32),
+    Spec("RMSNormalization", (Arg(), Arg()), rms_norm_cases(TensorProto.DOUBLE), 23, variant="double-stash"),
+    Spec("RMSNormalization", (Arg(), Arg()), rms_norm_cases(None), 23, dtype=_F32, variant="float"),
+    Spec("MaxUnpool", (Arg(),), max_unpool_cases(), 22, dtype=_F32),
+    Spec("MaxUnpool", (Arg(),), max_unpool_cases(), 13, dtype=_F32, variant="opset13"),
+    Spec("Col2Im", (Arg(),), col2im_cases(), 18, dtype=_F32),
+    Spec("RotaryEmbedding", (Arg(), Arg(diff=False), Arg(diff=False)), rotary_cases(), 23, dtype=_F32),
+    Spec("AffineGrid", (Arg(),), affine_grid_cases(), 20),
 ]
 
 #: The pytest ids of the specs above, which must be unique.

@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+import numpy as np
+from onnx import TensorProto
+
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import OpsetRange
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
@@ -403,3 +406,114 @@ def gelu(ctx: RuleContext, x: str, y: str) -> str:
     cdf = ctx.mul(ctx.add(ctx.op("Erf", ctx.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
     pdf = ctx.mul(ctx.op("Exp", ctx.mul(x2, -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
     return ctx.add(cdf, ctx.mul(x, pdf))
+
+
+@unary("Swish", opsets=(24, None))
+def swish(ctx: RuleContext, x: str, y: str) -> str:
+    """d/dx x * sigmoid(alpha x) = s + alpha * y * (1 - s), s = sigmoid(alpha x)"""
+    alpha = float(ctx.attr("alpha", 1.0))
+    s = ctx.op("Sigmoid", ctx.mul(x, alpha) if alpha != 1.0 else x)
+    return ctx.add(s, ctx.mul(ctx.mul(y, alpha), ctx.sub(1.0, s)))
+
+
+@registry.rule("Shrink", inputs=(0,))
+def shrink(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g where |x| > lambd, else 0"""
+    lambd = float(ctx.attr("lambd", 0.5))
+    return [ctx.where(ctx.compare("Greater", ctx.op("Abs", ctx.inputs[0]), lambd), grads[0], 0.0)]
+
+
+# --------------------------------------------------------------------- casts and remainders
+
+
+@registry.rule("CastLike", inputs=(0,))
+def cast_like(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = cast(g, type of x); target_type only gives the type"""
+    return [ctx.cast_like(grads[0], ctx.inputs[0]), None]
+
+
+@registry.rule("Mod", broadcasting=True)
+def mod(ctx: RuleContext, grads: Grads) -> Result:
+    """fmod=1: da = g, db = -g * trunc(a / b) = g * (y - a) / b"""
+    (g,) = grads
+    if int(ctx.attr("fmod", 0)) != 1:
+        raise ValueError(
+            f"Mod node {ctx.node.name!r} has fmod=0 on floating-point inputs, which ONNX forbids (fmod=0 is "
+            "the integer, sign-of-divisor remainder): set fmod=1 for floats"
+        )
+    a, b = ctx.inputs
+    db = ctx.div(ctx.mul(g, ctx.sub(ctx.outputs[0], a)), b) if ctx.needs(1) else None
+    return [g, db]
+
+
+# --------------------------------------------------------------------- determinants
+
+
+def _i64(ctx: RuleContext, value: object) -> str:
+    """An int64 constant (a scalar for a scalar ``value``)."""
+    return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
+
+
+def _minor_indices(ctx: RuleContext, n: str | int) -> str:
+    """``r[i, k] = k + (k >= i)``, shape ``[n, n - 1]``: the rows (or columns) left when row ``i`` goes."""
+    if isinstance(n, int):
+        return ctx.const(
+            np.array([[k + (k >= i) for k in range(n - 1)] for i in range(n)], np.int64).reshape(n, n - 1),
+            ctx.int64s([0]),
+        )
+    i = ctx.op("Unsqueeze", ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1)), ctx.int64s([1]))
+    k = ctx.op(
+        "Unsqueeze", ctx.op("Range", _i64(ctx, 0), ctx.op("Sub", n, _i64(ctx, 1)), _i64(ctx, 1)), ctx.int64s([0])
+    )
+    return ctx.op("Add", k, ctx.cast(ctx.op("GreaterOrEqual", k, i), TensorProto.INT64))
+
+
+def _checkerboard(ctx: RuleContext, n: str | int, like: str) -> str:
+    """``(-1)**(i + j)``, shape ``[n, n]``, of the element type of ``like``."""
+    if isinstance(n, int):
+        return ctx.const(np.fromfunction(lambda i, j: 1.0 - 2.0 * ((i + j) % 2), (n, n)), like)
+    i = ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1))
+    parity = ctx.op("Mod", ctx.op("Add", ctx.op("Unsqueeze", i, ctx.int64s([1])), i), _i64(ctx, 2))
+    return ctx.sub(1.0, ctx.mul(ctx.cast_like(parity, like), 2.0))
+
+
+@registry.rule("Det", inputs=(0,))
+def det(ctx: RuleContext, grads: Grads) -> Result:
+    """dX = g * det(X) * inverse(X)^T = g * cofactors(X), cofactor_ij = (-1)**(i+j) * det(X without row i, column j)"""
+    (g,) = grads
+    x = ctx.inputs[0]
+    dims = ctx.shape(x)
+    n: str | int
+    if dims is not None and isinstance(dims[-1], int):
+        n = int(dims[-1])
+    else:
+        n = ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, -1))
+    r = _minor_indices(ctx, n)
+    # the batch flattened: [B, n, n]; then minors[b, i, j] = X[b] without row i and column j
+    n_1d = ctx.int64s([n]) if isinstance(n, int) else ctx.op("Reshape", n, ctx.int64s([1]))
+    flat = ctx.op("Reshape", x, ctx.op("Concat", ctx.int64s([-1]), n_1d, n_1d, axis=0))
+    rows = ctx.op("Gather", flat, r, axis=1)  # [B, n(i), n-1, n]
+    both = ctx.op("Gather", rows, r, axis=3)  # [B, n(i), n-1, n(j), n-1]
+    minors = ctx.op("Det", ctx.op("Transpose", both, perm=[0, 1, 3, 2, 4]))  # [B, n, n]
+    cofactors = ctx.mul(minors, _checkerboard(ctx, n, x))
+    scaled = ctx.mul(cofactors, ctx.op("Reshape", g, ctx.int64s([-1, 1, 1])))
+    return [ctx.op("Reshape", scaled, ctx.shape_of(x))]
+
+
+# --------------------------------------------------------------------- one-hot encoding
+
+
+@registry.rule("OneHot", inputs=(2,))
+def one_hot(ctx: RuleContext, grads: Grads) -> Result:
+    """dvalues = [sum(g * (1 - h)), sum(g * h)], h = OneHot(indices, depth, [0, 1]); indices, depth: none"""
+    (g,) = grads
+    indices, depth, values = ctx.inputs
+    hot = ctx.op("OneHot", indices, depth, ctx.const([0, 1], values), axis=int(ctx.attr("axis", -1)))
+    on = ctx.op("ReduceSum", ctx.mul(g, hot), keepdims=1)
+    off = ctx.sub(ctx.op("ReduceSum", g, keepdims=1), on)
+    flat = ctx.int64s([1])
+    return [None, None, ctx.op("Concat", ctx.op("Reshape", off, flat), ctx.op("Reshape", on, flat), axis=0)]
+
+
+# Piecewise-constant: the derivative is zero almost everywhere.
+registry.non_differentiable("Hardmax", "QuantizeLinear", "BitCast")

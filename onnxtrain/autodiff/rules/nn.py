@@ -233,7 +233,53 @@ def softmax_cross_entropy_loss(ctx: RuleContext, grads: Grads) -> Result:
 @registry.rule("NegativeLogLikelihoodLoss", opsets=(12, None), inputs=(0,))
 def negative_log_likelihood_loss(ctx: RuleContext, grads: Grads) -> Result:
     """dx = -onehot(t) * w_t * (g, g_i or g / sum(w)), w_t = 0 where t = ignore_index"""
-    return _data_only(ctx, _nll_grad(ctx, grads[0], ctx.inputs[0]))  # type: ignore[arg-type]
+    (g,) = grads
+    assert g is not None  # the engine calls a rule only when its output has a gradient
+    if _fuse_with_log_softmax(ctx, g):
+        return [None] * len(ctx.inputs)
+    return _data_only(ctx, _nll_grad(ctx, g, ctx.inputs[0]))
+
+
+def _fuse_with_log_softmax(ctx: RuleContext, g: str) -> bool:
+    """Cross-entropy as LogSoftmax + mean NLL: ``d scores = (softmax(scores) - onehot(t)) * g / N``.
+
+    Taken (and given to the LogSoftmax's input) when the log-probabilities come
+    from a LogSoftmax over the class axis that nothing else reads, with no class
+    weights and no ignored label: the two rules in one, in four or five nodes
+    instead of fifteen.
+    """
+    log_probs = ctx.inputs[0]
+    producer = ctx.producer(log_probs)
+    if producer is None or producer.op_type != "LogSoftmax" or producer.domain not in ("", "ai.onnx"):
+        return False
+    scores, rank = producer.input[0], ctx.rank(log_probs)
+    axis = next((helper.get_attribute_value(a) for a in producer.attribute if a.name == "axis"), -1)
+    if rank is None or axis % rank != 1 or not ctx.read_only_here(log_probs) or not ctx.depends_on_wrt(scores):
+        return False
+    if ctx.has_input(2) or ctx.attr("ignore_index") is not None or ctx.attr("reduction", "mean") != "mean":
+        return False
+    onehot = _onehot(ctx, ctx.inputs[1], log_probs, rank)
+    diff = ctx.sub(ctx.op("Exp", log_probs), onehot)
+    size = ctx.static_shape(ctx.inputs[1])
+    count = ctx.const(float(np.prod(size)), log_probs) if size is not None else ctx.op("ReduceSum", onehot, keepdims=0)
+    ctx.contribute(scores, ctx.mul(ctx.div(diff, count), g))
+    return True
+
+
+def _onehot(ctx: RuleContext, target: str, like: str, rank: int) -> str:
+    """``onehot(t)`` along axis 1, in ``like``'s element type (rows of out-of-range labels are zero)."""
+    depth = _dims(ctx, like, 1, 2)
+    if ctx.elem_type(like) in (TensorProto.FLOAT, TensorProto.FLOAT16):  # onnxruntime's OneHot outputs
+        labels = ctx.cast(target, TensorProto.INT64)  # and indices it takes
+        return ctx.op("OneHot", labels, _vec(ctx, depth), ctx.const([0, 1], like), axis=1)
+    class_shape = [1, -1] + [1] * (rank - 2)
+    if isinstance(depth, list):
+        classes = ctx.const(np.arange(depth[0]).reshape(class_shape), target)
+    else:
+        classes = ctx.op("Range", ctx.const(0, target), ctx.op("Squeeze", depth), ctx.const(1, target))
+        classes = ctx.op("Reshape", classes, ctx.int64s(class_shape))
+    matches = ctx.compare("Equal", ctx.op("Unsqueeze", target, ctx.int64s([1])), classes)
+    return ctx.cast_like(matches, like)
 
 
 # ------------------------------------------------------------- convolution geometry
@@ -708,3 +754,248 @@ def dropout(ctx: RuleContext, grads: Grads) -> Result:
     if mode is None:  # decided at run time; in inference mode the mask is all true
         scale = ctx.where(training, scale if isinstance(scale, str) else ctx.const(scale, x), 1.0)  # type: ignore[arg-type]
     return _data_only(ctx, ctx.where(mask, ctx.mul(g, scale), 0.0))
+
+
+# ================================================================ more operators
+#
+# Lp pooling, MeanVarianceNormalization, LRN, RMSNormalization, region pooling
+# (MaxRoiPool, RoiAlign), sampling (GridSample, AffineGrid), Col2Im, MaxUnpool,
+# RotaryEmbedding and Attention. Sizes known while building fold into constants;
+# the others come from Shape at run time (``_size``). Numbers in the scalar
+# arithmetic (``_num``) fold in Python when both operands are known.
+
+#: A scalar: a Python number (known while building) or the name of a 0-d tensor.
+Num = str | float | int
+
+
+def _size(ctx: RuleContext, x: str, axis: int) -> Num:
+    """Dimension ``axis`` (non-negative) of ``x``: an int when known, else an int64 scalar."""
+    dims = ctx.shape(x)
+    if dims is not None and axis < len(dims) and isinstance(dims[axis], int):
+        return int(dims[axis])
+    return ctx.op("Squeeze", _dims(ctx, x, axis, axis + 1), ctx.int64s([0]))
+
+
+def _as_float(ctx: RuleContext, v: Num, like: str) -> Num:
+    """``v`` in the element type of ``like`` (a Python float when known)."""
+    return float(v) if not isinstance(v, str) else ctx.cast_like(v, like)
+
+
+_NUM_OPS: dict[str, Callable[[Any, Any], Any]] = {
+    "Add": operator.add,
+    "Sub": operator.sub,
+    "Mul": operator.mul,
+    "Div": operator.truediv,
+}
+
+
+def _num(ctx: RuleContext, op: str, a: Num, b: Num) -> Num:
+    """``a op b`` (Add, Sub, Mul, Div) for scalars or tensors, folded when both are numbers."""
+    if not isinstance(a, str) and not isinstance(b, str):
+        return _NUM_OPS[op](a, b)
+    return {"Add": ctx.add, "Sub": ctx.sub, "Mul": ctx.mul, "Div": ctx.div}[op](a, b)
+
+
+def _value(ctx: RuleContext, v: Num, like: str) -> str:
+    """``v`` as a tensor with the element type of ``like``."""
+    return ctx.const(v, like) if not isinstance(v, str) else ctx.cast_like(v, like)
+
+
+def _arange(ctx: RuleContext, n: Num, like: str, shape: Sequence[int] = (-1,)) -> str:
+    """``0, 1, ..., n - 1`` in the element type of ``like``, reshaped to ``shape``."""
+    if not isinstance(n, str):
+        dtype = helper.tensor_dtype_to_np_dtype(ctx.elem_type(like))
+        return ctx.const(np.arange(int(n), dtype=dtype).reshape(shape), like)
+    values = ctx.op("Range", ctx.const(0, like), ctx.cast_like(n, like), ctx.const(1, like))
+    return values if list(shape) == [-1] else ctx.op("Reshape", values, ctx.int64s(shape))
+
+
+def _batch_sum(ctx: RuleContext, parts: str, batch: str, x: str) -> str:
+    """``dx[b] = sum(parts[r] for r where batch[r] == b)``: a one-hot ``[N, R]`` MatMul; ``parts`` is ``[R, ...]``."""
+    n = _size(ctx, x, 0)
+    batch = ctx.cast(batch, TensorProto.INT64)
+    onehot = ctx.compare("Equal", _arange(ctx, n, batch, (-1, 1)), ctx.op("Unsqueeze", batch, ctx.int64s([0])))
+    flat = ctx.op("Reshape", parts, ctx.int64s([0, -1]))
+    return ctx.op("Reshape", ctx.op("MatMul", ctx.cast_like(onehot, x), flat), ctx.shape_of(x))
+
+
+# -------------------------------------------------------------------- Lp pooling
+
+
+def _lp_order(ctx: RuleContext) -> float:
+    p = float(ctx.attr("p", 2))
+    if p < 1:
+        raise ValueError(f"{ctx.node.op_type} node {ctx.node.name!r} has p={p}; the gradient needs p >= 1")
+    return p
+
+
+def _lp_scaled(ctx: RuleContext, g: str, y: str, p: float) -> str:
+    """``g / y^(p - 1)``"""
+    if p == 1:
+        return g
+    return ctx.div(g, y if p == 2 else ctx.op("Pow", y, ctx.const(p - 1, y)))
+
+
+def _lp_direction(ctx: RuleContext, x: str, p: float) -> str:
+    """``d|x|^p / dx / p = sign(x) |x|^(p - 1)``"""
+    if p == 1:
+        return ctx.op("Sign", x)
+    if p == 2:
+        return x
+    return ctx.mul(ctx.op("Sign", x), ctx.op("Pow", ctx.op("Abs", x), ctx.const(p - 1, x)))
+
+
+@registry.rule("GlobalLpPool", inputs=(0,))
+def global_lp_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g * sign(x) |x|^(p-1) / y^(p-1), y = (sum_S |x|^p)^(1/p)"""
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    p = _lp_order(ctx)
+    return [ctx.mul(_lp_direction(ctx, x, p), _lp_scaled(ctx, grads[0], y, p))]  # type: ignore[arg-type]
+
+
+@registry.rule("LpPool", inputs=(0,))
+def lp_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = sign(x) |x|^(p-1) * ConvTranspose(g / y^(p-1), ones), y = (sum_window |x|^p)^(1/p)"""
+    # The windows' gradients are spread back as AveragePool's are (its pads, dilations,
+    # ceil_mode and auto_pad); zero padding adds nothing to the sums.
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    p = _lp_order(ctx)
+    kernel = [int(v) for v in ctx.attr("kernel_shape")]
+    geo = _Geometry(ctx, x, kernel)
+    lead, _ = geo.forward_pads(ctx, x, y)
+    size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
+    flat = ctx.op("Reshape", _lp_scaled(ctx, g, y, p), ctx.int64s([-1, 1] + [0] * geo.n))  # type: ignore[arg-type]
+    spread = _transposed_to(ctx, flat, ctx.const(np.ones([1, 1, *kernel]), x), geo, 1, lead, size, out)
+    return [ctx.mul(ctx.op("Reshape", spread, ctx.shape_of(x)), _lp_direction(ctx, x, p))]
+
+
+# ------------------------------------------------------- more normalizations
+
+
+@registry.rule("MeanVarianceNormalization", inputs=(0,))
+def mean_variance_normalization(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = (g - mean(g)) / (s + eps) - y * mean(g * y) / s, s = std(x) over axes, eps = 1e-9"""
+    # y = (x - mean) / (s + eps) with onnx's eps = 1e-9 added to the standard deviation
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    axes = [int(a) for a in ctx.attr("axes", [0, 2, 3])]
+    centered = ctx.sub(x, _reduce(ctx, "ReduceMean", x, axes))
+    std = ctx.op("Sqrt", _reduce(ctx, "ReduceMean", ctx.square(centered), axes))
+    first = ctx.div(ctx.sub(g, _reduce(ctx, "ReduceMean", g, axes)), ctx.add(std, 1e-9))  # type: ignore[arg-type]
+    second = ctx.div(ctx.mul(y, _reduce(ctx, "ReduceMean", ctx.mul(g, y), axes)), std)  # type: ignore[arg-type]
+    return [ctx.sub(first, second)]
+
+
+def _channel_window_sum(ctx: RuleContext, t: str, x: str, size: int, before: int, after: int) -> str:
+    """``out[:, c] = sum(t[:, c - before : c + after + 1])`` over channels (zeros outside), as a Conv of ones."""
+    grouped = ctx.op("Reshape", t, _vec(ctx, _cat(ctx, [0, 1], _dims(ctx, x, 1, 2), [-1])))  # [N, 1, C, prod(S)]
+    ones = ctx.const(np.ones([1, 1, size, 1]), t)
+    summed = ctx.op("Conv", grouped, ones, pads=[before, 0, after, 0])
+    return ctx.op("Reshape", summed, ctx.shape_of(x))
+
+
+@registry.rule("LRN", inputs=(0,))
+def lrn(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g * d^-beta - 2 alpha beta / size * x * wsum^T(g * y / d), d = bias + alpha / size * wsum(x^2)"""
+    # wsum sums over the channels [c - floor((size-1)/2), c + ceil((size-1)/2)]; its
+    # transpose wsum^T over the mirrored window.
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    size = int(ctx.attr("size"))
+    alpha, beta, bias = float(ctx.attr("alpha", 1e-4)), float(ctx.attr("beta", 0.75)), float(ctx.attr("bias", 1.0))
+    before, after = (size - 1) // 2, size // 2
+    d = ctx.add(ctx.mul(_channel_window_sum(ctx, ctx.square(x), x, size, before, after), alpha / size), bias)
+    direct = ctx.mul(g, ctx.op("Pow", d, ctx.const(-beta, x)))  # type: ignore[arg-type]
+    spread = _channel_window_sum(ctx, ctx.div(ctx.mul(g, y), d), x, size, after, before)  # type: ignore[arg-type]
+    return [ctx.sub(direct, ctx.mul(ctx.mul(x, spread), 2 * alpha * beta / size))]
+
+
+@registry.rule("RMSNormalization", opsets=(23, None), inputs=(0, 1))
+def rms_normalization(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = r * (gh - xh * mean(gh * xh)), gh = g * scale, xh = x * r, r = 1 / sqrt(mean(x^2) + eps); dscale = sum(g * xh)"""
+    # Over the axes from `axis` on, in x's element type whatever stash_type says.
+    (g,) = grads
+    x, scale = ctx.inputs[:2]
+    rank = _rank(ctx, x)
+    axes = list(range(int(ctx.attr("axis", -1)) % rank, rank))
+    eps = float(ctx.attr("epsilon", 1e-5))
+    r = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(x), axes), eps)))
+    xh = ctx.mul(x, r)
+    dx = dscale = None
+    if ctx.needs(0):
+        gh = ctx.mul(g, scale)  # type: ignore[arg-type]
+        dx = ctx.mul(r, ctx.sub(gh, ctx.mul(xh, _reduce(ctx, "ReduceMean", ctx.mul(gh, xh), axes))))
+    if ctx.needs(1):
+        dscale = unbroadcast(ctx, ctx.mul(g, xh), scale, shaped_like=ctx.outputs[0])  # type: ignore[arg-type]
+    return [dx, dscale]
+
+
+# ---------------------------------------------------------------- unpooling, Col2Im
+
+
+@registry.rule("MaxUnpool", inputs=(0,))
+def max_unpool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = flatten(g)[I]  (I: the flat indices into the output; assumed distinct, as MaxPool's are)"""
+    flat = ctx.op("Reshape", grads[0], ctx.int64s([-1]))  # type: ignore[arg-type]
+    return _data_only(ctx, ctx.op("Gather", flat, ctx.cast(ctx.inputs[1], TensorProto.INT64)))
+
+
+@registry.rule("Col2Im", opsets=(18, None), inputs=(0,))
+def col2im(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = Im2Col(g): Conv of g (channels as batch) with a one-hot kernel [K, 1, *block]"""
+    # Col2Im adds each column's K = prod(block) entries into the image; its adjoint reads
+    # them back: output channel k of the Conv picks the k-th position of every block.
+    (g,) = grads
+    x, block = ctx.inputs[0], ctx.inputs[2]
+    n = _rank(ctx, ctx.outputs[0]) - 2
+    shape = ctx.constant_value(block)
+    if shape is not None:
+        k = int(np.prod(shape))
+        kernel = ctx.const(np.eye(k).reshape([k, 1, *[int(v) for v in shape]]), x)
+    else:
+        k_vec = ctx.op("ReduceProd", block, ctx.int64s([0]), keepdims=1)
+        square = ctx.op("ConstantOfShape", ctx.op("Concat", k_vec, k_vec, axis=0), value=_one_tensor(ctx, x))
+        kernel = ctx.op("Reshape", ctx.op("EyeLike", square), ctx.op("Concat", k_vec, ctx.int64s([1]), block, axis=0))
+    attrs = {name: [int(v) for v in ctx.attr(name)] for name in ("dilations", "pads", "strides") if ctx.attr(name)}
+    channels_as_batch = ctx.op("Reshape", g, ctx.int64s([-1, 1] + [0] * n))  # type: ignore[arg-type]
+    columns = ctx.op("Conv", channels_as_batch, kernel, **attrs)  # [N * C, K, *blocks]
+    return _data_only(ctx, ctx.op("Reshape", columns, ctx.shape_of(x)))
+
+
+def _one_tensor(ctx: RuleContext, like: str) -> TensorProto:
+    return helper.make_tensor("value", ctx.elem_type(like), [1], [1])
+
+
+# ------------------------------------------------------------------ RotaryEmbedding
+
+
+@registry.rule("RotaryEmbedding", opsets=(23, None), inputs=(0,))
+def rotary_embedding(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = RotaryEmbedding(g, cos, -sin, position_ids): the inverse rotation"""
+    # y1 = cos x1 - sin x2, y2 = sin x1 + cos x2 is a rotation per pair; its transpose
+    # rotates by -theta. Dimensions past rotary_embedding_dim pass through both ways.
+    inputs = list(ctx.inputs)
+    inputs[0] = grads[0]  # type: ignore[call-overload]
+    inputs[2] = ctx.neg(inputs[2])
+    return _data_only(ctx, ctx.op("RotaryEmbedding", *inputs, **_attributes(ctx)))
+
+
+# ------------------------------------------------------------------------ AffineGrid
+
+
+@registry.rule("AffineGrid", opsets=(20, None), inputs=(0,))
+def affine_grid(ctx: RuleContext, grads: Grads) -> Result:
+    """dtheta = [g^T @ base, sum(g)], base = the normalized grid = AffineGrid(identity, size)"""
+    # grid[n, p] = theta[n] @ [base[p], 1]: linear in theta. The base coordinates come
+    # from the operator itself with the identity transform, so align_corners agrees.
+    (g,) = grads
+    theta, size = ctx.inputs[:2]
+    k = _rank(ctx, ctx.outputs[0]) - 2  # 2-D or 3-D
+    batch = ctx.op("Slice", ctx.cast(size, TensorProto.INT64), ctx.int64s([0]), ctx.int64s([1]))
+    identity = ctx.op("Expand", ctx.const(np.eye(k, k + 1)[None], theta), _vec(ctx, _cat(ctx, batch, [k, k + 1])))
+    base = ctx.op("AffineGrid", identity, size, **_attributes(ctx))
+    g_flat = ctx.op("Reshape", g, ctx.int64s([0, -1, k]))  # type: ignore[arg-type]
+    linear = ctx.op("MatMul", ctx.op("Transpose", g_flat, perm=[0, 2, 1]), ctx.op("Reshape", base, ctx.int64s([0, -1, k])))
+    shift = ctx.op("ReduceSum", g_flat, ctx.int64s([1]), keepdims=0)
+    return _data_only(ctx, ctx.op("Concat", linear, ctx.op("Unsqueeze", shift, ctx.int64s([2])), axis=2))

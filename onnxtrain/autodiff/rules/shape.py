@@ -677,3 +677,239 @@ def resize(ctx: RuleContext, grads: Grads) -> Result:
         out[axis] = upper[axis]
     dx = ctx.op("Einsum", g, *matrices, equation=",".join(terms) + "->" + "".join(out))
     return _data(ctx, dx)
+
+
+# ------------------------------------------------------------ selecting
+
+
+def _flat_zeros(ctx: RuleContext, x: str) -> str:
+    """Zeros of shape ``[size(x)]`` with the element type of ``x``."""
+    static = ctx.static_shape(x)
+    if static is not None:
+        return _zeros(ctx, ctx.int64s([int(np.prod(static, dtype=np.int64))]), x)
+    return _zeros(ctx, ctx.op("Reshape", ctx.op("Size", x), ctx.int64s([1])), x)
+
+
+def _scatter_selected(ctx: RuleContext, g: str, x: str, indices: str, axis: int | None) -> str:
+    """dx for ``y = Gather(x, indices, axis)`` with distinct 1-D ``indices`` (``x`` flattened when ``axis`` is None)."""
+    if axis is None:
+        flat = ctx.op("ScatterElements", _flat_zeros(ctx, x), indices, ctx.op("Reshape", g, ctx.int64s([-1])), axis=0)
+        return ctx.op("Reshape", flat, ctx.shape_of(x))
+    rank = _rank(ctx, x)
+    axis %= rank
+    along = ctx.op("Reshape", indices, ctx.int64s([1] * axis + [-1] + [1] * (rank - axis - 1)))
+    spread = ctx.op("Expand", along, ctx.shape_of(g))
+    return ctx.op("ScatterElements", ctx.zeros_like(x), spread, g, axis=axis)
+
+
+@registry.rule("Compress", inputs=_DATA)
+def compress(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = zeros(x) with g written back at the selected positions NonZero(condition) (along axis, or flat)"""
+    x, condition = ctx.inputs
+    known = ctx.constant_value(condition)
+    if known is not None:
+        indices = ctx.int64s(np.flatnonzero(known).tolist())
+    else:
+        indices = ctx.op("Reshape", ctx.op("NonZero", condition), ctx.int64s([-1]))
+    axis = ctx.attr("axis")
+    return [_scatter_selected(ctx, grads[0], x, indices, None if axis is None else int(axis)), None]
+
+
+@registry.rule("Unique", inputs=_DATA)
+def unique(ctx: RuleContext, grads: Grads) -> Result:
+    """Y = Gather(x, indices, axis) (x flattened without axis): dx = g written back at the first occurrences"""
+    g = grads[0]
+    if g is None:  # only the integer outputs are used
+        return [None]
+    axis = ctx.attr("axis")
+    indices = ctx.ensure_output(1, "unique_indices")
+    return [_scatter_selected(ctx, g, ctx.inputs[0], indices, None if axis is None else int(axis))]
+
+
+@registry.rule("ReverseSequence", inputs=_DATA)
+def reverse_sequence(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ReverseSequence(g, sequence_lens)  (reversing the first lens[b] steps is its own inverse)"""
+    dx = ctx.op(
+        "ReverseSequence",
+        grads[0],
+        ctx.inputs[1],
+        batch_axis=int(ctx.attr("batch_axis", 1)),
+        time_axis=int(ctx.attr("time_axis", 0)),
+    )
+    return [dx, None]
+
+
+@registry.rule("CenterCropPad", inputs=_DATA)
+def center_crop_pad(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = CenterCropPad(g, shape(x)[axes], axes)  (a centred crop and a centred pad are each other's transpose)"""
+    x = ctx.inputs[0]
+    axes = ctx.attr("axes")
+    extra = {"axes": [int(a) for a in axes]} if axes is not None else {}
+    static = ctx.static_shape(x)
+    if axes is None:
+        shape = ctx.shape_of(x)
+    elif static is not None:
+        shape = ctx.int64s([static[int(a)] for a in axes])
+    else:
+        shape = ctx.op("Gather", ctx.op("Shape", x), ctx.int64s([int(a) for a in axes]))
+    return [ctx.op("CenterCropPad", grads[0], shape, **extra), None]
+
+
+@registry.rule("TensorScatter", opsets=(24, None), inputs=(0, 1))
+def tensor_scatter(ctx: RuleContext, grads: Grads) -> Result:
+    """dpast = g with the written entries zeroed; dupdate[.., j, ..] = g[.., w[b] + j (mod max_len if circular), ..]"""
+    (g,) = grads
+    past, update = ctx.inputs[:2]
+    indices = ctx.inputs[2:3] if ctx.has_input(2) else []
+    mode = ctx.attr("mode", "linear")
+    given_axis = int(ctx.attr("axis", -2))
+    dpast = dupdate = None
+    if ctx.needs(0):
+        dpast = ctx.op("TensorScatter", g, ctx.zeros_like(update), *indices, axis=given_axis, mode=mode)
+    if ctx.needs(1):
+        rank = _rank(ctx, update)
+        axis = given_axis % rank
+        steps = _range(ctx, _dim(ctx, update, axis))
+        tail = [1] * (rank - axis - 1)
+        if indices:  # [batch, steps]: 0 keeps the batch size, -1 takes the steps
+            positions = ctx.op("Add", ctx.op("Unsqueeze", indices[0], ctx.int64s([1])), steps)
+            if mode == "circular":
+                positions = ctx.op("Mod", positions, _dim(ctx, past, axis))
+            positions = ctx.op("Reshape", positions, ctx.int64s([0] + [1] * (axis - 1) + [-1] + tail))
+        else:
+            positions = ctx.op("Reshape", steps, ctx.int64s([1] * axis + [-1] + tail))
+        spread = ctx.op("Expand", positions, ctx.shape_of(update))
+        dupdate = ctx.op("GatherElements", g, spread, axis=axis)
+    return [dpast, dupdate, None][: len(ctx.inputs)]
+
+
+# ------------------------------------------------------------ Fourier transforms
+
+
+def _as_i64(ctx: RuleContext, value: str | int) -> str:
+    """An int64 scalar: a constant for an int, ``value`` cast to int64 otherwise."""
+    return (
+        _i64(ctx, value)
+        if isinstance(value, int)
+        else ctx.cast(ctx.op("Reshape", value, ctx.int64s([])), onnx.TensorProto.INT64)
+    )
+
+
+def _fit_axis(ctx: RuleContext, h: str, axis: int, length: str | int, target: str | int) -> str:
+    """``h`` (of ``length`` along ``axis``) truncated or zero-padded at the end to ``target`` along ``axis``."""
+    if isinstance(length, int) and isinstance(target, int):
+        if length > target:
+            return ctx.op("Slice", h, ctx.int64s([0]), ctx.int64s([target]), ctx.int64s([axis]))
+        if length < target:
+            return _pad_axis(ctx, h, axis, 0, target - length)
+        return h
+    target_1d = ctx.op("Reshape", _as_i64(ctx, target), ctx.int64s([1]))
+    cut = ctx.op("Slice", h, ctx.int64s([0]), target_1d, ctx.int64s([axis]))
+    missing = ctx.op("Max", ctx.op("Sub", _as_i64(ctx, target), _as_i64(ctx, length)), _i64(ctx, 0))
+    return _pad_axis(ctx, cut, axis, 0, missing)
+
+
+def _pad_axis(ctx: RuleContext, h: str, axis: int, begin: int, end: str | int) -> str:
+    """``h`` with ``begin`` zeros before and ``end`` zeros after along ``axis`` (``end`` an int or int64 scalar)."""
+    rank = _rank(ctx, h)
+    if isinstance(end, int):
+        pads = ctx.int64s(
+            [begin if k == axis else 0 for k in range(rank)] + [end if k == axis else 0 for k in range(rank)]
+        )
+    else:
+        pads = ctx.op(
+            "Concat",
+            ctx.int64s([begin if k == axis else 0 for k in range(rank)] + [0] * axis),
+            ctx.op("Reshape", end, ctx.int64s([1])),
+            ctx.int64s([0] * (rank - axis - 1)),
+            axis=0,
+        )
+    return ctx.op("Pad", h, pads, mode="constant")
+
+
+def _axis_length(ctx: RuleContext, value: str, axis: int) -> str | int:
+    """The size of ``value`` along ``axis``: an int when known, else an int64 scalar."""
+    dims = ctx.shape(value)
+    if dims is not None and isinstance(dims[axis], int):
+        return int(dims[axis])
+    return ctx.op("Gather", ctx.op("Shape", value), _i64(ctx, axis))
+
+
+def _scaled(ctx: RuleContext, h: str, length: str | int, power: int) -> str:
+    """``h * length**power`` (``power`` is 1 or -1)."""
+    if isinstance(length, int):
+        return ctx.mul(h, float(length) ** power)
+    factor = ctx.cast_like(length, h)
+    return ctx.mul(h, factor) if power == 1 else ctx.div(h, factor)
+
+
+@registry.rule("DFT", opsets=(17, None), inputs=(0,))
+def dft(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = W^H g for y = W x (W: the DFT along axis of x cut or zero-padded to dft_length, then one-sided):
+    W^H = L * IDFT, or DFT / L for the inverse; real x: the real part"""
+    (g,) = grads
+    x, y = ctx.inputs[0], ctx.outputs[0]
+    rank = _rank(ctx, x)
+    if ctx.opset >= 20:
+        given = ctx.constant_value(ctx.inputs[2]) if ctx.has_input(2) else np.array(-2)
+        if given is None:
+            raise ValueError(
+                f"the gradient of DFT node {ctx.node.name!r} needs its axis {ctx.inputs[2]!r} as a constant "
+                "(an initializer), not a value computed at run time"
+            )
+        axis = int(given) % rank
+    else:
+        axis = int(ctx.attr("axis", 1)) % rank
+    inverse, onesided = int(ctx.attr("inverse", 0)), int(ctx.attr("onesided", 0))
+
+    def transform(h: str, inverse: int) -> str:
+        if ctx.opset >= 20:
+            return ctx.op("DFT", h, "", _i64(ctx, axis), inverse=inverse)
+        return ctx.op("DFT", h, inverse=inverse, axis=axis)
+
+    n = _axis_length(ctx, x, axis)
+    if ctx.has_input(1):
+        known = ctx.constant_value(ctx.inputs[1])
+        given_length: str | int | None = int(known) if known is not None else ctx.inputs[1]
+    else:
+        given_length = None
+    if onesided and inverse:  # IRFFT: y = Re(IDFT_L(X, conjugate-symmetric)), X of n bins
+        length = _axis_length(ctx, y, axis)
+        spectrum = _fit_axis(ctx, transform(g, 0), axis, length, n)
+        dx = ctx.mul(_scaled(ctx, spectrum, length, -1), _irfft_weights(ctx, n, length, axis, rank, x))
+        return [dx] + [None] * (len(ctx.inputs) - 1)
+    if onesided:  # RFFT: the one-sided rows of W, zero rows for the others
+        length = given_length if given_length is not None else n
+        full = length if isinstance(length, int) else _as_i64(ctx, length)
+        g = _fit_axis(ctx, g, axis, _axis_length(ctx, g, axis), full)
+    else:
+        length = _axis_length(ctx, y, axis)
+    back = _scaled(ctx, transform(g, 1), length, 1) if not inverse else _scaled(ctx, transform(g, 0), length, -1)
+    dx = _fit_axis(ctx, back, axis, length, n)
+    channels = _axis_length(ctx, x, rank - 1)
+    if channels != 2:  # real x: the real part (a Slice to the size of x's last axis, 1 or 2)
+        end = ctx.int64s([1]) if channels == 1 else ctx.op("Reshape", channels, ctx.int64s([1]))
+        dx = ctx.op("Slice", dx, ctx.int64s([0]), end, ctx.int64s([rank - 1]))
+    return [dx] + [None] * (len(ctx.inputs) - 1)
+
+
+def _irfft_weights(ctx: RuleContext, bins: str | int, length: str | int, axis: int, rank: int, like: str) -> str:
+    """``m_j = [j < L] + [0 < j <= L - bins]`` along ``axis``: how often bin j enters the symmetric spectrum."""
+    tail = [1] * (rank - axis - 1)
+    if isinstance(bins, int) and isinstance(length, int):
+        weights = [float(j < length) + float(0 < j <= length - bins) for j in range(bins)]
+        return ctx.const(np.array(weights).reshape([bins, *tail]), like)
+    j = _range(ctx, _as_i64(ctx, bins))
+    length_i = _as_i64(ctx, length)
+    kept = ctx.cast_like(ctx.op("Less", j, length_i), like)
+    mirrored = ctx.op(
+        "And",
+        ctx.op("Greater", j, _i64(ctx, 0)),
+        ctx.op("LessOrEqual", j, ctx.op("Sub", length_i, _as_i64(ctx, bins))),
+    )
+    weights = ctx.add(kept, ctx.cast_like(mirrored, like))
+    return ctx.op("Reshape", weights, ctx.int64s([-1, *tail]))
+
+
+# Window functions take only an integer size.
+registry.non_differentiable("HannWindow", "HammingWindow", "BlackmanWindow")
