@@ -1,0 +1,20 @@
+"""Artifacts: ``generate_artifacts``, ``LossType``, ``OptimType`` (ONNX Runtime's ``training.artifacts`` names)."""
+
+from __future__ import annotations
+
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, add_gradient_accumulation, buffer_name
+from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.generate import TARGETS, generate_artifacts
+from onnxtrain.artifacts.kinds import LossType, OptimType
+
+__all__ = [
+    "LAZY_RESET_GRAD",
+    "TARGETS",
+    "LossType",
+    "OptimType",
+    "accumulated_name",
+    "add_gradient_accumulation",
+    "buffer_name",
+    "export_model_for_inferencing",
+    "generate_artifacts",
+]

@@ -1,0 +1,52 @@
+"""Export for inference: the eval model with the current parameter values baked in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnxtrain.autodiff.training import prune_unused_nodes
+from onnxtrain.checkpoint import CheckpointState
+from onnxtrain.graph.builder import GraphBuilder
+
+
+def export_model_for_inferencing(
+    eval_model: onnx.ModelProto,
+    parameters: CheckpointState | Mapping[str, np.ndarray],
+    output_names: Sequence[str],
+) -> onnx.ModelProto:
+    """An inference model from ``eval_model``: outputs ``output_names``, parameters as initializers.
+
+    Every graph input that names a parameter becomes an initializer holding its
+    value from ``parameters`` (a checkpoint state, or ``{name: array}``); nodes
+    the requested outputs do not need are removed, and so are the inputs they
+    do not read (the labels and targets of the loss). ``eval_model`` is not changed.
+    """
+    if isinstance(output_names, str) or not output_names:
+        raise ValueError(f"output_names must be a non-empty list of value names, not {output_names!r}")
+    values = dict(parameters.trainable) | dict(parameters.frozen) if isinstance(parameters, CheckpointState) else dict(parameters)
+    if isinstance(parameters, CheckpointState) and parameters.is_nominal:
+        raise ValueError("a nominal checkpoint holds no parameter values; load the full checkpoint to export")
+    model = onnx.ModelProto()
+    model.CopyFrom(eval_model)
+    graph = model.graph
+    computed = {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
+    missing = [name for name in output_names if name not in computed]
+    if missing:
+        raise ValueError(f"the eval model computes no {missing}; its outputs are {[o.name for o in graph.output]}")
+    inputs = [value for value in graph.input if value.name not in values]
+    baked = [value.name for value in graph.input if value.name in values]
+    del graph.input[:]
+    graph.input.extend(inputs)
+    graph.initializer.extend(numpy_helper.from_array(np.asarray(values[name]), name) for name in baked)
+    builder = GraphBuilder(model)
+    builder.set_outputs(list(output_names))
+    prune_unused_nodes(model)
+    read = {name for node in graph.node for name in node.input} | set(output_names)
+    kept = [value for value in graph.input if value.name in read]
+    del graph.input[:]
+    graph.input.extend(kept)
+    return GraphBuilder(model).finalize()

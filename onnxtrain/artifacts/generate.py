@@ -1,0 +1,256 @@
+"""``generate_artifacts``: from a forward model to everything training needs, in one call.
+
+Writes ``{prefix}training_model.onnx``, ``{prefix}eval_model.onnx``,
+``{prefix}optimizer_model.onnx`` (when an optimizer is given),
+``{prefix}checkpoint`` and, on request, ``{prefix}nominal_checkpoint`` and
+``.ort`` versions of the models. Everything is checked and built in memory,
+written to a temporary folder beside the artifact directory, and only then
+moved into place: a failure leaves no partial set behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import onnx
+
+from onnxtrain import checkpoint, optim
+from onnxtrain.artifacts.accumulation import add_gradient_accumulation
+from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
+from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.autodiff.training_block import TrainingBlock
+from onnxtrain.blocks import Block, PassThrough
+from onnxtrain.graph import base, empty_base, versions
+from onnxtrain.graph.io import load_base_model
+
+Target = Literal["onnxruntime", "onnxruntime-training"]
+TARGETS: tuple[str, ...] = ("onnxruntime", "onnxruntime-training")
+
+#: Metadata key of the optimizer model: the initial value of each state tensor (JSON list).
+INITIAL_STATE_KEY = "onnxtrain.optimizer.initial_state"
+#: Metadata key of the optimizer model: the optimizer and its hyper-parameters.
+OPTIMIZER_KEY = "onnxtrain.optimizer"
+
+
+class _Training(TrainingBlock):
+    """The loss on the chosen outputs, then the additional outputs."""
+
+    def __init__(self, loss: Block, additional: Sequence[str], registry: GradientRegistry | None) -> None:
+        super().__init__(registry=registry)
+        self._loss = loss
+        self._additional = list(additional)
+
+    def build(self, *inputs_to_loss: str) -> list[str]:
+        output = self._loss(*inputs_to_loss)
+        names = [output] if isinstance(output, str) else list(output or [])
+        if not names or not all(isinstance(name, str) for name in names):
+            raise ValueError(
+                f"the loss block {type(self._loss).__name__} returned {output!r}; its build() must return "
+                "the name of the loss value"
+            )
+        return [names[0], *self._additional]
+
+
+def _names(argument: str, values: Sequence[str] | None) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str) or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"{argument} must be a list of names, not {values!r}")
+    return list(dict.fromkeys(values))
+
+
+def _check_parameters(model: onnx.ModelProto, requires_grad: list[str], frozen: list[str]) -> None:
+    overlap = sorted(set(requires_grad) & set(frozen))
+    if overlap:
+        raise ValueError(f"{overlap} are in both requires_grad and frozen_params; a parameter is one or the other")
+    initializers = [t.name for t in model.graph.initializer]
+    known = set(initializers)
+    for argument, names in (("requires_grad", requires_grad), ("frozen_params", frozen)):
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(
+                f"{argument} names {unknown}, which are not initializers of the model; its initializers are "
+                f"{initializers}"
+            )
+
+
+def _check_outputs(model: onnx.ModelProto, argument: str, names: list[str], *, values: bool = False) -> None:
+    graph = model.graph
+    available = [o.name for o in graph.output]
+    pool = set(available)
+    if values:
+        pool |= {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
+    unknown = [name for name in names if name not in pool]
+    if unknown:
+        raise ValueError(f"{argument} names {unknown}, which the model does not compute; its outputs are {available}")
+
+
+def _optimizer_model(block: optim.Optimizer, parameters: tuple[list[onnx.TensorProto], list[onnx.TensorProto]],
+                     opset: int) -> onnx.ModelProto:
+    with empty_base(opset_version=max(opset, versions.MIN_OPSET)):
+        block(parameters)
+    model = block.to_model_proto()
+    onnx.helper.set_model_props(
+        model,
+        {
+            OPTIMIZER_KEY: repr(block),
+            INITIAL_STATE_KEY: json.dumps([spec.initial_value for spec in block.state_specs()]),
+        },
+    )
+    return model
+
+
+def generate_artifacts(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | str | Block | None = None,
+    optimizer: OptimType | str | optim.Optimizer | None = None,
+    artifact_directory: str | os.PathLike[str] | None = None,
+    prefix: str = "",
+    ort_format: bool = False,
+    custom_op_library: str | os.PathLike[str] | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    nominal_checkpoint: bool = False,
+    loss_input_names: Sequence[str] | None = None,
+    *,
+    target: Target = "onnxruntime",
+    registry: GradientRegistry | None = None,
+) -> dict[str, Path]:
+    """Write the training, eval and optimizer models and the checkpoint for ``model``.
+
+    Arguments and file names are ONNX Runtime's (``onnxruntime.training.artifacts``).
+    ``loss=None`` means the model's first output already is the loss;
+    ``optimizer=None`` writes no optimizer model. ``loss_input_names`` are the
+    outputs fed to the loss (default: all outputs, in order).
+    ``additional_output_names`` are values the training and eval models also
+    output. ``target="onnxruntime"`` (the default) writes standard operators
+    for any stock onnxruntime; ``registry`` replaces the built-in gradient
+    rules (for custom operators). Returns ``{artifact: path}``.
+
+    Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
+    """
+    if target not in TARGETS:
+        raise ValueError(f"target={target!r} is not a known runtime; choose one of {list(TARGETS)}")
+    if target == "onnxruntime-training":
+        raise NotImplementedError(
+            "target='onnxruntime-training' (ONNX Runtime's on-device format with com.microsoft kernels) is not "
+            "available yet; use target='onnxruntime', whose artifacts run on any stock onnxruntime"
+        )
+    if not isinstance(prefix, str) or os.sep in prefix or (os.altsep and os.altsep in prefix):
+        raise ValueError(f"prefix must be a file-name prefix without path separators, not {prefix!r}")
+    requires = _names("requires_grad", requires_grad)
+    frozen = _names("frozen_params", frozen_params)
+    additional = _names("additional_output_names", additional_output_names)
+    proto, base_dir = load_base_model(model)
+    _check_parameters(proto, requires, frozen)
+    inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
+    _check_outputs(proto, "loss_input_names", inputs_to_loss)
+    _check_outputs(proto, "additional_output_names", additional, values=True)
+    if not inputs_to_loss:
+        raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
+    loss_of = PassThrough() if loss is None else loss_block(loss)
+    optimizer_of = None if optimizer is None else optimizer_block(optimizer)
+    if optimizer_of is not None and not requires:
+        raise ValueError("an optimizer needs trainable parameters: list them in requires_grad")
+
+    training_block = _Training(loss_of, additional, registry)
+    for name in requires:
+        training_block.requires_grad(name)
+    for name in frozen:
+        training_block.requires_grad(name, False)
+    with base(proto):
+        training_block(*inputs_to_loss)
+    training, eval_model = training_block.to_model_proto()
+    training = add_gradient_accumulation(training, [t.name for t in training_block.parameters()[0]])
+    trainable, frozen_tensors = training_block.parameters()
+    models = {"training_model": training, "eval_model": eval_model}
+    if optimizer_of is not None:
+        opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
+        models["optimizer_model"] = _optimizer_model(optimizer_of, training_block.parameters(), opset)
+    state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
+    if custom_op_library is not None:
+        _check_loadable(models, custom_op_library)
+
+    directory = Path.cwd() if artifact_directory is None else Path(artifact_directory)
+    return _write_all(directory, prefix, models, state, nominal_checkpoint, ort_format)
+
+
+def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str | os.PathLike[str]) -> None:
+    """Load each model in onnxruntime with the custom operator library registered."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(os.fspath(custom_op_library))
+    for name, proto in models.items():
+        try:
+            ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as error:
+            raise ValueError(f"the {name} does not load in onnxruntime with {custom_op_library!s}: {error}") from error
+
+
+def _write_all(
+    directory: Path,
+    prefix: str,
+    models: dict[str, onnx.ModelProto],
+    state: checkpoint.CheckpointState,
+    nominal: bool,
+    ort_format: bool,
+) -> dict[str, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".onnxtrain-artifacts-", dir=directory))
+    try:
+        written: dict[str, str] = {}
+        for name, proto in models.items():
+            onnx.save_model(proto, staging / f"{prefix}{name}.onnx")
+            written[name] = f"{prefix}{name}.onnx"
+        checkpoint.save(state, staging / f"{prefix}checkpoint")
+        written["checkpoint"] = f"{prefix}checkpoint"
+        data = checkpoint.external_data_path(staging / f"{prefix}checkpoint")
+        if data.exists():
+            written["checkpoint_data"] = data.name
+        if nominal:
+            checkpoint.save(state.nominal(), staging / f"{prefix}nominal_checkpoint")
+            written["nominal_checkpoint"] = f"{prefix}nominal_checkpoint"
+        if ort_format:
+            written.update(_to_ort_format(staging, {name: written[name] for name in models}))
+        paths = {}
+        for name, file_name in written.items():
+            os.replace(staging / file_name, directory / file_name)
+            paths[name] = directory / file_name
+        return paths
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
+    """Convert the models to ``.ort`` files next to them, with onnxruntime's converter."""
+    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+
+    converted = folder / "ort"
+    converted.mkdir()
+    for file_name in files.values():
+        shutil.copy(folder / file_name, converted / file_name)
+    with contextlib.redirect_stdout(io.StringIO()):  # the converter narrates every file
+        convert_onnx_models_to_ort(converted, output_dir=converted, optimization_styles=[OptimizationStyle.Fixed])
+    result = {}
+    for name, file_name in files.items():
+        ort_file = Path(file_name).with_suffix(".ort").name
+        produced = converted / ort_file
+        if not produced.exists():
+            raise RuntimeError(f"onnxruntime's converter wrote no {ort_file} for the {name}")
+        os.replace(produced, folder / ort_file)
+        result[f"{name}_ort"] = ort_file
+    return result
+
+
+__all__ = ["INITIAL_STATE_KEY", "OPTIMIZER_KEY", "TARGETS", "Target", "generate_artifacts"]
+
