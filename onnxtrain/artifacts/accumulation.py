@@ -42,8 +42,9 @@ def add_gradient_accumulation(model: onnx.ModelProto, trainable: Sequence[str]) 
     copy.CopyFrom(model)
     b = GraphBuilder(copy)
     buffers = [b.add_input(buffer_name(p), b.tensor_type_of(p)) for p in trainable]
-    flag = b.add_input(LAZY_RESET_GRAD, tensor_type(onnx.TensorProto.BOOL, [1]))
-    reset = ops.squeeze(b, flag, [0], hint="reset")  # bool[]: broadcasts against scalar parameters too
+    flag = b.add_input(LAZY_RESET_GRAD, tensor_type(onnx.TensorProto.BOOL, [1]))  # an input even when unused
+    # bool[]: broadcasts against scalar parameters too; no node when nothing is trained
+    reset = ops.squeeze(b, flag, [0], hint="reset") if trainable else flag
     accumulated = {}
     for param, buffer in zip(trainable, buffers, strict=True):
         grad = f"{param}_grad"
@@ -51,4 +52,3 @@ def add_gradient_accumulation(model: onnx.ModelProto, trainable: Sequence[str]) 
         accumulated[grad] = b.add_node("Where", [reset, grad, summed], [accumulated_name(param)])[0]
     b.set_outputs([accumulated.get(value.name, value.name) for value in copy.graph.output])
     return b.finalize()
-

@@ -10,7 +10,8 @@ from onnx import numpy_helper
 
 from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.checkpoint import CheckpointState
-from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.builder import GraphBuilder, describe_type
 
 
 def export_model_for_inferencing(
@@ -24,10 +25,16 @@ def export_model_for_inferencing(
     value from ``parameters`` (a checkpoint state, or ``{name: array}``); nodes
     the requested outputs do not need are removed, and so are the inputs they
     do not read (the labels and targets of the loss). ``eval_model`` is not changed.
+    Raises ``ValueError`` for unknown outputs, a nominal checkpoint or a value
+    of another shape than its input's, ``TypeError`` for another element type.
     """
     if isinstance(output_names, str) or not output_names:
         raise ValueError(f"output_names must be a non-empty list of value names, not {output_names!r}")
-    values = dict(parameters.trainable) | dict(parameters.frozen) if isinstance(parameters, CheckpointState) else dict(parameters)
+    values = (
+        dict(parameters.trainable) | dict(parameters.frozen)
+        if isinstance(parameters, CheckpointState)
+        else dict(parameters)
+    )
     if isinstance(parameters, CheckpointState) and parameters.is_nominal:
         raise ValueError("a nominal checkpoint holds no parameter values; load the full checkpoint to export")
     model = onnx.ModelProto()
@@ -39,6 +46,9 @@ def export_model_for_inferencing(
         raise ValueError(f"the eval model computes no {missing}; its outputs are {[o.name for o in graph.output]}")
     inputs = [value for value in graph.input if value.name not in values]
     baked = [value.name for value in graph.input if value.name in values]
+    for value in graph.input:
+        if value.name in values:
+            _check_value(value, np.asarray(values[value.name]))
     del graph.input[:]
     graph.input.extend(inputs)
     graph.initializer.extend(numpy_helper.from_array(np.asarray(values[name]), name) for name in baked)
@@ -50,3 +60,21 @@ def export_model_for_inferencing(
     del graph.input[:]
     graph.input.extend(kept)
     return GraphBuilder(model).finalize()
+
+
+def _check_value(value: onnx.ValueInfoProto, array: np.ndarray) -> None:
+    """``TypeError``/``ValueError`` unless ``array`` fits the graph input ``value`` it replaces."""
+    tensor = value.type.tensor_type
+    expected = dtypes.to_numpy_dtype(tensor.elem_type)
+    if array.dtype != expected:
+        raise TypeError(
+            f"parameter {value.name!r} is {array.dtype}, but the eval model takes {describe_type(value.type)}; "
+            f"pass it as {expected}"
+        )
+    if tensor.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if len(dims) != array.ndim or any(d is not None and d != n for d, n in zip(dims, array.shape, strict=True)):
+            raise ValueError(
+                f"parameter {value.name!r} has shape {list(array.shape)}, but the eval model takes "
+                f"{describe_type(value.type)}"
+            )

@@ -3,8 +3,9 @@
 Writes ``{prefix}training_model.onnx``, ``{prefix}eval_model.onnx``,
 ``{prefix}optimizer_model.onnx`` (when an optimizer is given),
 ``{prefix}checkpoint`` and, on request, ``{prefix}nominal_checkpoint`` and
-``.ort`` versions of the models. Everything is checked and built in memory,
-written to a temporary folder beside the artifact directory, and only then
+``.ort`` versions of the models (``<model>.onnx.data`` beside a model over
+protobuf's 2 GiB limit). Everything is checked and built in memory,
+written to a temporary folder inside the artifact directory, and only then
 moved into place: a failure leaves no partial set behind.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import onnx
+from onnx import external_data_helper
 
 from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts.accumulation import add_gradient_accumulation
@@ -38,6 +40,9 @@ TARGETS: tuple[str, ...] = ("onnxruntime", "onnxruntime-training")
 INITIAL_STATE_KEY = "onnxtrain.optimizer.initial_state"
 #: Metadata key of the optimizer model: the optimizer and its hyper-parameters.
 OPTIMIZER_KEY = "onnxtrain.optimizer"
+
+#: Models this large or larger cannot be one protobuf: their tensors go to ``<model file>.data``.
+PROTOBUF_LIMIT = 2**31 - 1
 
 
 class _Training(TrainingBlock):
@@ -93,8 +98,9 @@ def _check_outputs(model: onnx.ModelProto, argument: str, names: list[str], *, v
         raise ValueError(f"{argument} names {unknown}, which the model does not compute; its outputs are {available}")
 
 
-def _optimizer_model(block: optim.Optimizer, parameters: tuple[list[onnx.TensorProto], list[onnx.TensorProto]],
-                     opset: int) -> onnx.ModelProto:
+def _optimizer_model(
+    block: optim.Optimizer, parameters: tuple[list[onnx.TensorProto], list[onnx.TensorProto]], opset: int
+) -> onnx.ModelProto:
     with empty_base(opset_version=max(opset, versions.MIN_OPSET)):
         block(parameters)
     model = block.to_model_proto()
@@ -177,6 +183,9 @@ def generate_artifacts(
         opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
         models["optimizer_model"] = _optimizer_model(optimizer_of, training_block.parameters(), opset)
     state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
+    if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
+        for proto in models.values():
+            external_data_helper.load_external_data_for_model(proto, os.fspath(base_dir))
     if custom_op_library is not None:
         _check_loadable(models, custom_op_library)
 
@@ -189,7 +198,10 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.register_custom_ops_library(os.fspath(custom_op_library))
+    try:
+        options.register_custom_ops_library(os.fspath(custom_op_library))
+    except Exception as error:
+        raise ValueError(f"custom_op_library={str(custom_op_library)!r} cannot be loaded: {error}") from error
     for name, proto in models.items():
         try:
             ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
@@ -205,13 +217,21 @@ def _write_all(
     nominal: bool,
     ort_format: bool,
 ) -> dict[str, Path]:
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".onnxtrain-artifacts-", dir=directory))
+    paths: dict[str, Path] = {}
     try:
         written: dict[str, str] = {}
         for name, proto in models.items():
-            onnx.save_model(proto, staging / f"{prefix}{name}.onnx")
             written[name] = f"{prefix}{name}.onnx"
+            if proto.ByteSize() < PROTOBUF_LIMIT:
+                onnx.save_model(proto, staging / written[name])
+            else:
+                written[f"{name}_data"] = f"{written[name]}.data"
+                onnx.save_model(
+                    proto, staging / written[name], save_as_external_data=True, location=written[f"{name}_data"]
+                )
         checkpoint.save(state, staging / f"{prefix}checkpoint")
         written["checkpoint"] = f"{prefix}checkpoint"
         data = checkpoint.external_data_path(staging / f"{prefix}checkpoint")
@@ -222,13 +242,15 @@ def _write_all(
             written["nominal_checkpoint"] = f"{prefix}nominal_checkpoint"
         if ort_format:
             written.update(_to_ort_format(staging, {name: written[name] for name in models}))
-        paths = {}
         for name, file_name in written.items():
             os.replace(staging / file_name, directory / file_name)
             paths[name] = directory / file_name
         return paths
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not paths:  # nothing was written: leave no empty directory either
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
@@ -252,5 +274,4 @@ def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
     return result
 
 
-__all__ = ["INITIAL_STATE_KEY", "OPTIMIZER_KEY", "TARGETS", "Target", "generate_artifacts"]
-
+__all__ = ["INITIAL_STATE_KEY", "OPTIMIZER_KEY", "PROTOBUF_LIMIT", "TARGETS", "Target", "generate_artifacts"]

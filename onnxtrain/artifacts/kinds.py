@@ -39,7 +39,7 @@ def _member(enum: type[Enum], value: Any, argument: str) -> Enum:
     if isinstance(value, str) and value in enum.__members__:
         return enum[value]
     raise ValueError(
-        f"{argument}={value!r} is not a {enum.__name__}; choose one of {list(enum.__members__)} "
+        f"{argument}={value!r} is not in {enum.__name__}; choose one of {list(enum.__members__)} "
         f"(as {enum.__name__}.X or its name), or pass a block"
     )
 
