@@ -144,10 +144,23 @@ class Path:
 
 
 def _is_float_or_unknown(builder: GraphBuilder, name: str) -> bool:
-    type_proto = builder.type_of(name)
-    if type_proto is None or not type_proto.HasField("tensor_type"):
-        return type_proto is None
-    return dtypes.is_float(type_proto.tensor_type.elem_type)
+    return carries_float(builder.type_of(name))
+
+
+def carries_float(type_proto: onnx.TypeProto | None) -> bool:
+    """Whether a value of this type can carry a gradient: float tensors, sequences or optionals of them.
+
+    An unknown type counts too: the rule that consumes the value decides.
+    """
+    if type_proto is None:
+        return True
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        return dtypes.is_float(type_proto.tensor_type.elem_type)
+    if kind in ("sequence_type", "optional_type"):
+        inner = getattr(type_proto, kind)
+        return carries_float(inner.elem_type if inner.HasField("elem_type") else None)
+    return False
 
 
 def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: GradientRegistry) -> Path:

@@ -110,7 +110,7 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
         args.append((name, arg, tuple(shape), dtype))
         inputs.append(helper.make_tensor_value_info(name, dtypes.to_elem_type(dtype), _declared(shape, mode)))
     wiring = spec.wiring if spec.wiring is not None else tuple(range(len(spec.args)))
-    node_inputs = ["" if w is None else args[w][0] for w in wiring]
+    node_inputs = ["" if w is None else w if isinstance(w, str) else args[w][0] for w in wiring]
     initializers = []
     extras: dict[str, np.ndarray] = {}
     for extra in case.extras:
@@ -127,14 +127,20 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     outputs = [f"y{u}" for u in range(case.n_outputs)]
     node = helper.make_node(spec.op_type, node_inputs, outputs, name="op", domain=spec.domain, **dict(case.attrs))
     opsets = [helper.make_opsetid("", spec.opset)] + [helper.make_opsetid(d, v) for d, v in spec.extra_opsets]
-    graph = helper.make_graph([node], "spec", inputs, [], initializers)
+    nodes = [*(spec.before(case) if spec.before is not None else ()), node]
+    projected, used = outputs, case.used_outputs
+    if spec.after is not None:  # the loss projects what `after` makes of the outputs
+        after, projected = spec.after(case, outputs)
+        nodes += after
+        projected, used = list(projected), tuple(range(len(projected)))
+    graph = helper.make_graph(nodes, "spec", inputs, [], initializers)
     model = helper.make_model(graph, opset_imports=opsets)
     _declare_uninferred(model, args, case, mode, backend_of(spec))
     builder = GraphBuilder(model)
     projections = []
     terms = []
-    for u in case.used_outputs:
-        y = outputs[u]
+    for u in used:
+        y = projected[u]
         elem = builder.elem_type(y)
         dims = builder.shape(y)
         known = dims if dims is not None and all(isinstance(d, int) for d in dims) else None
@@ -145,9 +151,9 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     loss = terms[0] if len(terms) == 1 else builder.add_node1("Sum", terms)
     wrt = [name for name, arg, _, _ in args if arg.diff]
     grads = build_gradients(builder, loss, wrt, registry=registry)
-    builder.set_outputs([loss, *outputs, *(grads[name] for name in wrt)])
+    builder.set_outputs([loss, *projected, *(grads[name] for name in wrt)])
     final = builder.finalize()
-    return Compiled(_session(final, backend_of(spec)), final, args, extras, projections, wrt, case.n_outputs)
+    return Compiled(_session(final, backend_of(spec)), final, args, extras, projections, wrt, len(projected))
 
 
 def _declare_uninferred(
@@ -161,8 +167,11 @@ def _declare_uninferred(
     by a function, such as GroupNormalization; BatchNormalization's training outputs before
     opset 14), from one onnxruntime run on zeros."""
     inferred = onnx.shape_inference.infer_shapes(model).graph
-    known = {v.name for v in (*inferred.value_info, *inferred.output) if v.type.tensor_type.elem_type}
-    missing = [name for name in model.graph.node[0].output if name and name not in known]
+    values = (*inferred.value_info, *inferred.output)
+    kinds = ("sequence_type", "optional_type")
+    known = {v.name for v in values if v.type.tensor_type.elem_type or v.type.WhichOneof("value") in kinds}
+    op = next(node for node in model.graph.node if node.name == "op")
+    missing = [name for name in op.output if name and name not in known]
     if not missing:
         return
     probe = onnx.ModelProto()
@@ -210,6 +219,8 @@ def _sample(rng: np.random.Generator, arg: Arg, shape: tuple[int, ...], dtype: A
         return rng.normal(size=shape).astype(dtype)
     if domain == "real2":
         return (2.0 * rng.normal(size=shape)).astype(dtype)
+    if domain == "sparse":
+        return np.where(rng.random(shape) < 0.3, 0.0, rng.normal(size=shape)).astype(dtype)
     if domain == "nonzero":
         return (rng.choice([-1.0, 1.0], size=shape) * rng.uniform(0.5, 1.5, size=shape)).astype(dtype)
     raise ValueError(f"unknown domain {domain!r}")

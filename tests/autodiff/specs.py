@@ -22,7 +22,8 @@ from hypothesis.extra import numpy as hnp
 Shape = tuple[int, ...]
 
 #: Value domains of inputs: ``(low, high)`` uniform ranges, or "real" (standard normal),
-#: "real2" (normal with sd 2), "nonzero" (|x| in [0.5, 1.5], random sign), "bool", "int".
+#: "real2" (normal with sd 2), "nonzero" (|x| in [0.5, 1.5], random sign), "sparse" (normal, about
+#: 30% of the entries exactly 0), "bool", "int".
 Domain = str | tuple[float, float]
 
 
@@ -65,9 +66,10 @@ class Case:
 class Spec:
     """How to check the gradient rule of ``op_type`` (see the module docstring).
 
-    ``wiring[k]`` is the arg feeding node input ``k`` (``None``: omitted); by default
-    arg ``k`` feeds input ``k``. ``kinks(attrs)`` lists points the float inputs
-    must stay away from; ``valid(arrays, attrs)`` rejects other bad draws.
+    ``wiring[k]`` is the arg feeding node input ``k`` (``None``: omitted; a str: a value
+    that ``before`` computes); by default arg ``k`` feeds input ``k``. ``kinks(attrs)``
+    lists points the float inputs must stay away from; ``valid(arrays, attrs)`` rejects
+    other bad draws.
     """
 
     op_type: str
@@ -76,11 +78,17 @@ class Spec:
     opset: int = 17
     dtype: Any = np.float64
     domain: str = ""
-    wiring: tuple[int | None, ...] | None = None
+    wiring: tuple[int | str | None, ...] | None = None
     kinks: Callable[[Mapping[str, Any]], Sequence[float]] = lambda attrs: ()
     valid: Callable[[Sequence[np.ndarray], Mapping[str, Any]], bool] | None = None
     variant: str = ""
     extra_opsets: tuple[tuple[str, int], ...] = field(default=())
+    #: Nodes run before the operator (on the graph inputs ``x0``, ``x1``, ... and ``extra<k>``), for
+    #: operands a graph input cannot give, such as sequences: ``before(case)``.
+    before: Callable[[Case], Sequence[Any]] | None = None
+    #: Nodes run after it, for outputs the loss cannot project (sequences): ``after(case, outputs)``
+    #: returns ``(nodes, tensors to project)``; the loss then projects every one of those tensors.
+    after: Callable[[Case, Sequence[str]], tuple[Sequence[Any], Sequence[str]]] | None = None
 
     @property
     def id(self) -> str:

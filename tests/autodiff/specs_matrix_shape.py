@@ -1,4 +1,4 @@
-"""Specs for the matrix products and shape/data-movement operators (rules/matrix.py, rules/shape.py).
+"""Specs for the matrix products, shape/data-movement and sequence operators (rules/matrix.py, shape.py, sequence.py).
 
 See specs.py for the format. Index, shape and axes inputs are :class:`Extra` inputs,
 drawn in range (negative values included where the operator allows them) and given
@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from onnx import helper, numpy_helper
 
-from tests.autodiff.specs import Arg, Case, Extra, Spec, _fixed
+from tests.autodiff.specs import Arg, Case, Extra, Spec, _fixed, cases
 
 Shape = tuple[int, ...]
 _F32 = np.float32
@@ -653,7 +654,8 @@ def tensor_scatter_cases(draw: st.DrawFn) -> Case:
 
 @st.composite
 def dft_cases(draw: st.DrawFn, opset: int) -> Case:
-    """Forward/inverse, full/one-sided (real in for RFFT, complex in for IRFFT), any signal axis, dft_length."""
+    """Forward/inverse, full/one-sided (real in for RFFT, complex in for IRFFT), any signal axis, dft_length
+    shorter or longer than the signal (IRFFT: one of the two lengths its bins describe)."""
     inverse, onesided = draw(st.integers(0, 1)), draw(st.integers(0, 1))
     channels = (2 if inverse else 1) if onesided else draw(st.integers(1, 2))
     signal = draw(_shape(1, 3, 1, 5))
@@ -665,10 +667,13 @@ def dft_cases(draw: st.DrawFn, opset: int) -> Case:
     if onesided or draw(st.booleans()):
         attrs["onesided"] = onesided
     extras = []
-    if draw(st.booleans()):
+    bins = signal[axis]
+    if onesided and inverse:  # IRFFT: n input bins make a signal of length 2 (n - 1) (the default) or 2 n - 1
+        length = draw(st.sampled_from([2 * bins - 1] + ([2 * bins - 2] if bins > 1 else [])))
+        if length != 2 * bins - 2 or draw(st.booleans()):
+            extras.append(Extra(1, length, draw(st.booleans())))
+    elif draw(st.booleans()):
         extras.append(Extra(1, draw(st.integers(1, 8)), draw(st.booleans())))
-    elif onesided and inverse:
-        signal = tuple(max(d, 2) if k == axis else d for k, d in enumerate(signal))  # default length 2 (n - 1)
     shown = _maybe_negative(draw, axis, rank) if axis or draw(st.booleans()) else axis
     if opset >= 20:
         if axis != rank - 2 or draw(st.booleans()):
@@ -676,6 +681,19 @@ def dft_cases(draw: st.DrawFn, opset: int) -> Case:
     elif axis != 1 or draw(st.booleans()):
         attrs["axis"] = shown
     return Case(((*signal, channels),), _fixed(attrs), tuple(extras))
+
+
+@st.composite
+def stft_cases(draw: st.DrawFn, with_window: bool) -> Case:
+    """A real or complex signal, frames of length 1 to the signal's with steps 1-3, one-sided or not."""
+    batch, length, channels = draw(st.integers(1, 2)), draw(st.integers(1, 7)), draw(st.integers(1, 2))
+    frame = draw(st.integers(1, length))
+    attrs = {"onesided": draw(st.integers(0, 1))}  # always given: onnx's shape inference defaults it to 0, not 1
+    extras = [Extra(1, draw(st.integers(1, 3)), draw(st.booleans()))]
+    if not with_window or draw(st.booleans()):
+        extras.append(Extra(3, frame, draw(st.booleans())))
+    shapes = ((batch, length, channels), (frame,)) if with_window else ((batch, length, channels),)
+    return Case(shapes, _fixed(attrs), tuple(extras))
 
 
 SPECS += [
@@ -687,4 +705,201 @@ SPECS += [
     Spec("TensorScatter", (Arg(), Arg()), tensor_scatter_cases(), opset=24),
     Spec("DFT", (Arg(),), dft_cases(17), opset=17, variant="opset17"),
     Spec("DFT", (Arg(),), dft_cases(20), opset=20, variant="opset20"),
+    Spec("CumProd", (Arg("sparse"),), cumsum_cases(), opset=26),  # exact zeros: the first-zero path
+    Spec("STFT", (Arg(), Arg()), stft_cases(with_window=True), wiring=(0, None, 1), variant="window"),
+    Spec("STFT", (Arg(),), stft_cases(with_window=False), opset=20, variant="frame-length-opset20"),
 ]
+
+
+# ------------------------------------------------------------------ sequences and optionals
+#
+# A sequence cannot be a graph input that is differentiated, nor a projected output: these specs build it
+# from tensors before the operator (``before``) and read its elements back after it (``after``), reading
+# one element twice so that the sequence's gradient has two contributions to sum.
+
+
+def _constant(name: str, value: int) -> Any:
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, np.int64), name))
+
+
+def _construct(*args: int) -> Any:
+    """``before``: the sequence ``s`` of the graph inputs ``x<k>`` for ``k`` in ``args``."""
+    return lambda case: (helper.make_node("SequenceConstruct", [f"x{k}" for k in args], ["s"]),)
+
+
+def _read(count: Any) -> Any:
+    """``after``: every element of the output sequence (``count(case)`` of them), and the first again."""
+
+    def after(case: Case, outputs: Sequence[str]) -> tuple[list[Any], list[str]]:
+        n = count(case)
+        positions = [*range(n), -n] if n else []
+        nodes = [_constant(f"at{i}", p) for i, p in enumerate(positions)]
+        nodes += [helper.make_node("SequenceAt", [outputs[0], f"at{i}"], [f"read{i}"]) for i in range(len(positions))]
+        return nodes, [f"read{i}" for i in range(len(positions))]
+
+    return after
+
+
+def _independent(n: int, same: bool = False) -> st.SearchStrategy[tuple[Shape, ...]]:
+    """``n`` shapes of rank 0-3, drawn independently (or all the same)."""
+    if same:
+        return _shape(0, 3).map(lambda shape: (shape,) * n)
+    return st.tuples(*(_shape(0, 3) for _ in range(n)))
+
+
+@st.composite
+def sequence_cases(draw: st.DrawFn, n: int, position: tuple[int, int, int] | None = None) -> Case:
+    """``n`` element shapes (all equal: static element type; or not), and maybe a position input in range."""
+    shapes = draw(_independent(n, same=draw(st.booleans())))
+    extras: tuple[Extra, ...] = ()
+    if position is not None and draw(st.integers(0, 3)):
+        index, low, high = position
+        extras = (Extra(index, draw(st.integers(low, high)), draw(st.booleans())),)
+    return Case(shapes, extras=extras)
+
+
+def _split_count(case: Case) -> int:
+    """How many pieces SplitToSequence makes for ``case``."""
+    shape = case.shapes[0]
+    length = shape[int(dict(case.attrs).get("axis", 0)) % len(shape)]
+    split = next((e.value for e in case.extras if e.index == 1), None)
+    if split is None:
+        return length
+    if isinstance(split, int):
+        return -(-length // split)
+    return len(split)
+
+
+@st.composite
+def split_to_sequence_cases(draw: st.DrawFn) -> Case:
+    """No split (pieces of 1, keepdims or not), a scalar split (the last piece maybe shorter), or sizes."""
+    shape = list(draw(_shape(1, 3, 1, 4)))
+    rank = len(shape)
+    axis = draw(st.integers(0, rank - 1))
+    attrs: dict[str, Any] = {}
+    if axis or draw(st.booleans()):
+        attrs["axis"] = _maybe_negative(draw, axis, rank)
+    kind = draw(st.sampled_from(["none", "scalar", "sizes"]))
+    extras: tuple[Extra, ...] = ()
+    if kind == "none":
+        if draw(st.booleans()):
+            attrs["keepdims"] = draw(st.integers(0, 1))
+    elif kind == "scalar":
+        extras = (Extra(1, draw(st.integers(1, shape[axis])), draw(st.booleans())),)
+    else:
+        sizes = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+        shape[axis] = sum(sizes)
+        extras = (Extra(1, tuple(sizes), draw(st.booleans())),)
+    return Case((tuple(shape),), _fixed(attrs), extras)
+
+
+@st.composite
+def concat_from_sequence_cases(draw: st.DrawFn) -> Case:
+    """Three elements equal but along the axis (concatenated), or equal (stacked on a new axis)."""
+    new_axis = draw(st.integers(0, 1))
+    shape = list(draw(_shape(0 if new_axis else 1, 3)))
+    rank = len(shape) + new_axis
+    axis = draw(st.integers(0, rank - 1))
+    shapes = []
+    for _ in range(3):
+        if not new_axis:
+            shape[axis] = draw(st.integers(1, 3))
+        shapes.append(tuple(shape))
+    attrs: dict[str, Any] = {"axis": _maybe_negative(draw, axis, rank)}
+    if new_axis or draw(st.booleans()):
+        attrs["new_axis"] = new_axis
+    return Case(tuple(shapes), _fixed(attrs))
+
+
+def _get_element(case: Case, outputs: Sequence[str]) -> tuple[list[Any], list[str]]:
+    return [helper.make_node("OptionalGetElement", [outputs[0]], ["element"])], ["element"]
+
+
+def _three() -> tuple[Arg, Arg, Arg]:
+    return (Arg(), Arg(), Arg())
+
+
+SPECS += [Spec("OptionalGetElement", (Arg(),), cases(1), opset=18, variant="tensor")]
+
+#: The rules of :func:`onnxtrain.autodiff.rules.sequence.register_sequence_rules`, checked (by
+#: tests/autodiff/rules/test_sequence.py) with the engine change they need; they join SPECS with it.
+SEQUENCE_SPECS: list[Spec] = [
+    *(
+        Spec(
+            "SequenceConstruct",
+            tuple(Arg() for _ in range(n)),
+            sequence_cases(n),
+            after=_read(lambda c, n=n: n),
+            variant=f"{n}-inputs",
+        )
+        for n in (1, 3)
+    ),
+    *(
+        Spec(
+            "SequenceAt",
+            _three(),
+            sequence_cases(3, (1, -3, 2)).filter(lambda c: bool(c.extras)),
+            opset=opset,
+            wiring=("s",),
+            before=_construct(0, 1, 2),
+            variant=f"opset{opset}",
+        )
+        for opset in (13, 18)
+    ),
+    Spec(
+        "SequenceInsert",
+        _three(),
+        sequence_cases(3, (2, -2, 2)),
+        wiring=("s", 2),
+        before=_construct(0, 1),
+        after=_read(lambda c: 3),
+    ),
+    *(
+        Spec(
+            "SequenceErase",
+            _three(),
+            sequence_cases(3, (1, -3, 2)),
+            opset=opset,
+            wiring=("s",),
+            before=_construct(0, 1, 2),
+            after=_read(lambda c: 2),
+            variant=f"opset{opset}",
+        )
+        for opset in (13, 18)
+    ),
+    *(
+        Spec(
+            "SplitToSequence",
+            (Arg(),),
+            split_to_sequence_cases(),
+            opset=opset,
+            after=_read(_split_count),
+            variant=f"opset{opset}",
+        )
+        for opset in (13, 18)
+    ),
+    *(
+        Spec(
+            "ConcatFromSequence",
+            _three(),
+            concat_from_sequence_cases(),
+            opset=opset,
+            wiring=("s",),
+            before=_construct(0, 1, 2),
+            variant=f"opset{opset}",
+        )
+        for opset in (13, 18)
+    ),
+    Spec("Optional", (Arg(),), cases(1), opset=18, after=_get_element),
+    Spec(
+        "OptionalGetElement",
+        (Arg(),),
+        cases(1),
+        opset=18,
+        wiring=("o",),
+        before=lambda case: (helper.make_node("Optional", ["x0"], ["o"]),),
+        variant="optional",
+    ),
+]
+
+SPECS += SEQUENCE_SPECS

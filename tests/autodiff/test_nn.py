@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from onnxtrain.autodiff import RuleContext, build_gradients, builtin_registry
 from onnxtrain.autodiff.context import OutputRequest
 from onnxtrain.graph import GraphBuilder, versions
-from tests.helpers import DOUBLE, FLOAT, make_model, run_model
+from tests.helpers import BOOL, DOUBLE, FLOAT, make_model, run_model
 
 Grads = Sequence["str | None"]
 
@@ -360,3 +360,123 @@ def test_group_normalization_opset18_scales_per_group() -> None:
     np.testing.assert_allclose(dx18, dx21, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(ds18, ds21.reshape(3, 2).sum(axis=1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(db18, db21.reshape(3, 2).sum(axis=1), rtol=1e-4, atol=1e-5)
+
+
+# ------------------------------------------------- sampling and attention against torch
+
+
+def _grid_sample_gradients(x: np.ndarray, grid: np.ndarray, c: np.ndarray, **attrs: object) -> list[np.ndarray]:
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], **attrs)
+    model = make_model(
+        {"x": (DOUBLE, list(x.shape)), "grid": (DOUBLE, list(grid.shape)), "c": (DOUBLE, list(c.shape))},
+        _projected([node], "y"),
+        {"loss": (DOUBLE, [])},
+        opset=20,
+    )
+    return _gradients(model, ["x", "grid"], {"x": x, "grid": grid, "c": c})
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [0, 1])
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+@pytest.mark.parametrize("spatial", [(4, 5), (3, 4, 2)])
+def test_grid_sample_gradients_match_torch(spatial: tuple[int, ...], mode: str, align: int, padding: str) -> None:
+    """dx and dgrid of GridSample as torch.nn.functional.grid_sample's, 4-D and 5-D, in float64.
+
+    Also for reflection padding, whose forward pass onnxruntime computes in float32 (the spec
+    table checks it in float32 only): the gradient graph itself is all float64.
+    """
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(len(spatial) * 100 + align * 10 + len(padding))
+    n = len(spatial)
+    x = rng.normal(size=(2, 3, *spatial))
+    grid = rng.uniform(-1.6, 1.6, size=(2, *[3] * n, n))
+    for k in range(n):  # pixel coordinates away from the kinks, at multiples of 0.5
+        size = spatial[n - 1 - k]
+        c = (grid[..., k] + 1) / 2 * (size - 1) if align else ((grid[..., k] + 1) * size - 1) / 2
+        c = np.floor(2 * c) / 2 + 0.1 + 0.3 * rng.random(c.shape)
+        grid[..., k] = 2 * c / (size - 1) - 1 if align else (2 * c + 1) / size - 1
+    y_shape = (2, 3, *[3] * n)
+    proj = rng.normal(size=y_shape)
+    y, dx, dgrid = _grid_sample_gradients(x, grid, proj, mode=mode, padding_mode=padding, align_corners=align)
+    tx, tgrid = torch.tensor(x, requires_grad=True), torch.tensor(grid, requires_grad=True)
+    torch_mode = {"linear": "bilinear", "nearest": "nearest"}[mode]
+    expected = torch.nn.functional.grid_sample(tx, tgrid, torch_mode, padding, align_corners=bool(align))
+    (expected * torch.tensor(proj)).sum().backward()
+    np.testing.assert_allclose(y, expected.detach().numpy(), rtol=1e-5, atol=1e-6)  # reflection: float32 in ORT
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dgrid, tgrid.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_grid_sample_cubic_has_no_rule() -> None:
+    """Bicubic sampling is refused with a ValueError that names the mode and the choices."""
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], mode="cubic")
+    model = make_model(
+        {"x": (FLOAT, [1, 1, 3, 3]), "grid": (FLOAT, [1, 2, 2, 2]), "c": (FLOAT, [1, 1, 2, 2])},
+        _projected([node], "y"),
+        {"loss": (FLOAT, [])},
+        opset=20,
+    )
+    with pytest.raises(ValueError, match="mode='cubic'.*linear.*nearest"):
+        build_gradients(GraphBuilder(model), "loss", ["x"])
+
+
+def _attention_gradients(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, c: np.ndarray, **attrs: object
+) -> list[np.ndarray]:
+    inputs = {"q": q, "k": k, "v": v} | ({"mask": mask} if mask is not None else {})
+    types = {name: (BOOL if a.dtype == np.bool_ else DOUBLE, list(a.shape)) for name, a in inputs.items()}
+    node = helper.make_node("Attention", list(inputs), ["y"], **attrs)
+    model = make_model(
+        {**types, "c": (DOUBLE, list(c.shape))}, _projected([node], "y"), {"loss": (DOUBLE, [])}, opset=23
+    )
+    wrt = ["q", "k", "v"] + (["mask"] if mask is not None and mask.dtype != np.bool_ else [])
+    return _gradients(model, wrt, {**inputs, "c": c})
+
+
+@pytest.mark.parametrize("mask_kind", [None, "bool", "float"])
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_gradients_match_torch(mask_kind: str | None, causal: int, kv_heads: int) -> None:
+    """dQ, dK, dV (and d mask for a float mask) of Attention as torch's scaled_dot_product_attention
+    (GQA via enable_gqa), cross attention with Sq < Sk, in float64."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(kv_heads * 10 + causal)
+    batch, heads, sq, sk, depth = 2, 4, 3, 5, 4
+    q = rng.normal(size=(batch, heads, sq, depth))
+    k, v = rng.normal(size=(batch, kv_heads, sk, depth)), rng.normal(size=(batch, kv_heads, sk, 3))
+    mask = None
+    if mask_kind == "bool":
+        mask = rng.random((batch, 1, sq, sk)) < 0.7
+        mask[..., 0] = True  # every query keeps a key (torch gives NaN rows otherwise)
+    elif mask_kind == "float":
+        mask = rng.normal(size=(sq, sk))
+    if causal and mask_kind == "float":  # onnxruntime has no float64 kernel for a float mask with is_causal
+        pytest.skip("onnxruntime 1.31: no double kernel for Attention with a float mask and is_causal")
+    proj = rng.normal(size=(batch, heads, sq, 3))
+    y, *grads = _attention_gradients(q, k, v, mask, proj, is_causal=causal, scale=0.25)
+    tensors = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    t_mask = None if mask is None else torch.tensor(mask, requires_grad=mask_kind == "float")
+    if causal:  # torch does not take both: add the causal mask (top-left aligned, as onnx without a cache)
+        allowed = torch.ones(sq, sk, dtype=torch.bool).tril()
+        t_mask = allowed if t_mask is None else t_mask & allowed
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *tensors, attn_mask=t_mask, scale=0.25, enable_gqa=kv_heads != heads
+    )
+    (expected * torch.tensor(proj)).sum().backward()
+    np.testing.assert_allclose(y, expected.detach().numpy(), rtol=1e-6, atol=1e-9)  # onnxruntime's, near float32
+    for ours, theirs in zip(grads, [*tensors, *([t_mask] if mask_kind == "float" else [])], strict=True):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_attention_debug_output_has_no_gradient() -> None:
+    """A loss through qk_matmul_output (output 3) is refused with a ValueError naming it."""
+    node = helper.make_node("Attention", ["q", "k", "v"], ["y", "", "", "qk"])
+    model = make_model(
+        {"q": (DOUBLE, [1, 1, 2, 2]), "k": (DOUBLE, [1, 1, 2, 2]), "v": (DOUBLE, [1, 1, 2, 2]), "c": (DOUBLE, None)},
+        _projected([node], "qk"),
+        {"loss": (DOUBLE, [])},
+        opset=23,
+    )
+    with pytest.raises(ValueError, match="qk_matmul_output"):
+        build_gradients(GraphBuilder(model), "loss", ["q"])

@@ -1,4 +1,5 @@
-"""Element-wise operators: arithmetic, activations, selection and casts.
+"""Element-wise operators: arithmetic, activations, selection and casts (and Det and OneHot, whose
+gradients are as short).
 
 Notation: ``x`` (``a``, ``b``) are the inputs, ``y`` the output and ``g`` the
 gradient of the loss with respect to ``y``. Broadcasting rules return
@@ -480,6 +481,7 @@ def _checkerboard(ctx: RuleContext, n: str | int, like: str) -> str:
 @registry.rule("Det", inputs=(0,))
 def det(ctx: RuleContext, grads: Grads) -> Result:
     """dX = g * det(X) * inverse(X)^T = g * cofactors(X), cofactor_ij = (-1)**(i+j) * det(X without row i, column j)"""
+    # No inverse, so singular X is fine; n^2 determinants of size n - 1 per matrix (memory ~ n^4).
     (g,) = grads
     x = ctx.inputs[0]
     dims = ctx.shape(x)
@@ -515,5 +517,7 @@ def one_hot(ctx: RuleContext, grads: Grads) -> Result:
     return [None, None, ctx.op("Concat", ctx.op("Reshape", off, flat), ctx.op("Reshape", on, flat), axis=0)]
 
 
-# Piecewise-constant: the derivative is zero almost everywhere.
-registry.non_differentiable("Hardmax", "QuantizeLinear", "BitCast")
+# Piecewise constant (Hardmax: a one-hot argmax) or a reinterpretation of bits: no useful derivative.
+# (QuantizeLinear is left without a rule on purpose: its derivative is zero almost everywhere, but
+# quantization-aware training wants a straight-through estimator instead; register one on a copy.)
+registry.non_differentiable("Hardmax", "BitCast")

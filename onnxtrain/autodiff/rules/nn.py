@@ -118,7 +118,7 @@ def _spatial_axes(rank: int) -> list[int]:
 
 
 def _reduce(ctx: RuleContext, op: str, v: str, axes: Sequence[int], keepdims: int = 1) -> str:
-    """ReduceSum / ReduceMean over ``axes`` (an input from opset 13 / 18, an attribute before)."""
+    """ReduceSum / ReduceMean / ReduceMax over ``axes`` (an input from opset 13 / 18, an attribute before)."""
     if ctx.opset >= (13 if op == "ReduceSum" else 18):
         return ctx.op(op, v, ctx.int64s(axes), keepdims=keepdims)
     return ctx.op(op, v, axes=list(axes), keepdims=keepdims)
@@ -913,7 +913,7 @@ def lrn(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("RMSNormalization", opsets=(23, None), inputs=(0, 1))
 def rms_normalization(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = r * (gh - xh * mean(gh * xh)), gh = g * scale, xh = x * r, r = 1 / sqrt(mean(x^2) + eps); dscale = sum(g * xh)"""
+    """dx = r (gh - xh mean(gh xh)), gh = g scale, xh = x r, r = 1 / sqrt(mean(x^2) + eps); dscale = sum(g xh)"""
     # Over the axes from `axis` on, in x's element type whatever stash_type says.
     (g,) = grads
     x, scale = ctx.inputs[:2]
@@ -991,11 +991,583 @@ def affine_grid(ctx: RuleContext, grads: Grads) -> Result:
     # from the operator itself with the identity transform, so align_corners agrees.
     (g,) = grads
     theta, size = ctx.inputs[:2]
-    k = _rank(ctx, ctx.outputs[0]) - 2  # 2-D or 3-D
+    rows = _size(ctx, theta, 1)  # theta is [N, 2, 3] (2-D) or [N, 3, 4] (3-D)
+    k = rows if isinstance(rows, int) else _rank(ctx, ctx.outputs[0]) - 2
     batch = ctx.op("Slice", ctx.cast(size, TensorProto.INT64), ctx.int64s([0]), ctx.int64s([1]))
     identity = ctx.op("Expand", ctx.const(np.eye(k, k + 1)[None], theta), _vec(ctx, _cat(ctx, batch, [k, k + 1])))
     base = ctx.op("AffineGrid", identity, size, **_attributes(ctx))
     g_flat = ctx.op("Reshape", g, ctx.int64s([0, -1, k]))  # type: ignore[arg-type]
-    linear = ctx.op("MatMul", ctx.op("Transpose", g_flat, perm=[0, 2, 1]), ctx.op("Reshape", base, ctx.int64s([0, -1, k])))
+    linear = ctx.op(
+        "MatMul", ctx.op("Transpose", g_flat, perm=[0, 2, 1]), ctx.op("Reshape", base, ctx.int64s([0, -1, k]))
+    )
     shift = ctx.op("ReduceSum", g_flat, ctx.int64s([1]), keepdims=0)
     return _data_only(ctx, ctx.op("Concat", linear, ctx.op("Unsqueeze", shift, ctx.int64s([2])), axis=2))
+
+
+# ------------------------------------------------------------------------ GridSample
+
+
+def _clamp(ctx: RuleContext, v: str, low: Num, high: Num) -> str:
+    """``min(max(v, low), high)``"""
+    return ctx.op("Min", ctx.op("Max", v, _value(ctx, low, v)), _value(ctx, high, v))
+
+
+def _reflect(ctx: RuleContext, c: str, low: Num, high: Num) -> tuple[str, str]:
+    """``c`` reflected into ``[low, high]`` (where outside it), and ``d reflected / dc`` (+1 or -1)."""
+    span = _num(ctx, "Sub", high, low)
+    shifted = ctx.sub(c, _value(ctx, low, c))
+    period = _value(ctx, _num(ctx, "Mul", span, 2.0), c)
+    phase = ctx.sub(shifted, ctx.mul(period, ctx.op("Floor", ctx.div(shifted, period))))  # in [0, 2 span)
+    back = ctx.compare("Greater", phase, _value(ctx, span, c))
+    folded = ctx.add(_value(ctx, low, c), ctx.where(back, ctx.sub(period, phase), phase))
+    outside = ctx.op("Or", ctx.compare("Less", c, _value(ctx, low, c)), ctx.compare("Greater", c, _value(ctx, high, c)))
+    return ctx.where(outside, folded, c), ctx.where(outside, ctx.where(back, ctx.const(-1.0, c), 1.0), 1.0)
+
+
+def _grid_axis(
+    ctx: RuleContext, u: str, size: Num, align: bool, padding: str, nearest: bool
+) -> tuple[str, list[tuple[str, str, str]]]:
+    """One axis of GridSample: ``(dc/du, taps)``, a tap ``(index, weight, d weight / dc)`` (int64, float, float).
+
+    ``u`` is the normalized coordinate, ``c`` the pixel coordinate after padding_mode's
+    border clamp or reflection (which both end in a clamp to ``[0, L-1]``: the corner values
+    outside are those of the border). Linear: taps floor(c) and floor(c) + 1; nearest: round(c).
+    """
+    size_f = _as_float(ctx, size, u)
+    last = _num(ctx, "Sub", size_f, 1.0)
+    if align:  # c = (u + 1) / 2 * (L - 1)
+        scale = _num(ctx, "Mul", last, 0.5)
+        c = ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u))
+        low, high = 0.0, last
+    else:  # c = ((u + 1) * L - 1) / 2
+        scale = _num(ctx, "Mul", size_f, 0.5)
+        c = ctx.sub(ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u)), 0.5)
+        low, high = -0.5, _num(ctx, "Sub", size_f, 0.5)
+    slope = _value(ctx, scale, u)
+    if nearest:
+        c = ctx.op("Round", c)  # half to even, as nearbyint
+    if padding == "reflection":
+        c, sign = _reflect(ctx, c, low, high)
+        slope = ctx.mul(slope, sign)
+    if padding in ("border", "reflection"):
+        inside = ctx.op("And", ctx.compare("Greater", c, 0.0), ctx.compare("Less", c, _value(ctx, last, c)))
+        slope = ctx.mul(slope, ctx.cast_like(inside, u))
+        c = _clamp(ctx, c, 0.0, last)
+    if nearest:
+        corners: list[tuple[str, str | float, str | float]] = [(c, 1.0, 0.0)]
+    else:
+        floor = ctx.op("Floor", c)
+        frac = ctx.sub(c, floor)
+        corners = [(floor, ctx.sub(1.0, frac), -1.0), (ctx.add(floor, 1.0), frac, 1.0)]
+    taps = []
+    for position, weight, dweight in corners:
+        if padding == "zeros":  # corners outside the image read zeros
+            valid = ctx.cast_like(
+                ctx.op(
+                    "And",
+                    ctx.compare("GreaterOrEqual", position, 0.0),
+                    ctx.compare("LessOrEqual", position, _value(ctx, last, position)),
+                ),
+                u,
+            )
+            weight, dweight = ctx.mul(valid, weight), ctx.mul(valid, dweight)
+        index = ctx.cast(_clamp(ctx, position, 0.0, last), TensorProto.INT64)
+        taps.append((index, _full(ctx, weight, u), _full(ctx, dweight, u)))
+    return slope, taps
+
+
+def _full(ctx: RuleContext, v: str | float, like: str) -> str:
+    """``v`` (a tensor shaped like ``like``, or a number) as a tensor shaped like ``like``."""
+    return v if isinstance(v, str) else ctx.expand_to(ctx.const(v, like), like)
+
+
+def _corner_stack(ctx: RuleContext, parts: Sequence[str], axis: int, n: int) -> str:
+    """Per-axis tap values ``[N, Q]`` stacked as ``[N, 1, 1.., taps, ..1, Q]`` (taps at ``2 + axis``)."""
+    stacked = ctx.op("Concat", *(ctx.op("Unsqueeze", p, ctx.int64s([1])) for p in parts), axis=1)
+    others = [1 + k for k in range(n + 1) if k != axis + 1]  # the channel axis and the other corner axes
+    return ctx.op("Unsqueeze", stacked, ctx.int64s(others))
+
+
+def _product(ctx: RuleContext, factors: Sequence[str]) -> str:
+    result = factors[0]
+    for factor in factors[1:]:
+        result = ctx.mul(result, factor)
+    return result
+
+
+def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
+    """Gradients of GridSample with ``mode`` "linear" or "nearest" (opset 20 names)."""
+    (g,) = grads
+    x, grid = ctx.inputs[:2]
+    if mode not in ("linear", "nearest"):
+        raise ValueError(
+            f"GridSample node {ctx.node.name!r} has mode={ctx.attr('mode')!r}; onnxtrain differentiates the "
+            "linear (bilinear) and nearest modes only. Export the model with mode='bilinear' or 'nearest'"
+        )
+    padding = ctx.attr("padding_mode", "zeros")
+    if padding not in ("zeros", "border", "reflection"):
+        raise ValueError(
+            f"GridSample node {ctx.node.name!r} has padding_mode={padding!r}; onnx allows zeros, border, reflection"
+        )
+    align = bool(ctx.attr("align_corners", 0))
+    n = _rank(ctx, x) - 2
+    sizes = [_size(ctx, x, 2 + a) for a in range(n)]
+    # the grid's last axis holds (x, y, z): component k indexes spatial axis n - 1 - k
+    components = ctx.op("Transpose", ctx.op("Reshape", grid, ctx.int64s([0, -1, n])), perm=[0, 2, 1])  # [N, n, Q]
+    axes = []
+    for a in range(n):
+        u = ctx.op("Gather", components, ctx.int64s([n - 1 - a]), axis=1)  # [N, 1, Q]
+        axes.append(_grid_axis(ctx, ctx.op("Squeeze", u, ctx.int64s([1])), sizes[a], align, padding, mode == "nearest"))
+    # corner tensors [N, 1, 2, ..., 2, Q] (one tap axis per spatial axis), then [N, 1, K, Q]
+    weights = [_corner_stack(ctx, [w for _, w, _ in taps], a, n) for a, (_, taps) in enumerate(axes)]
+    flat_index: str | None = None
+    stride: Num = 1
+    for a in reversed(range(n)):
+        index = _corner_stack(ctx, [i for i, _, _ in axes[a][1]], a, n)
+        term = index if stride == 1 else ctx.mul(index, _value(ctx, stride, index))
+        flat_index = term if flat_index is None else ctx.add(flat_index, term)
+        stride = _num(ctx, "Mul", stride, sizes[a])
+    assert flat_index is not None
+    k = len(axes[0][1]) ** n  # corners: 2^n (linear) or 1 (nearest)
+    corners = ctx.int64s([0, 1, k, -1])
+    flat_index = ctx.op("Reshape", flat_index, corners)
+    x_flat = ctx.op("Reshape", x, ctx.int64s([0, 0, -1]))  # [N, C, P]
+    g_flat = ctx.op("Unsqueeze", ctx.op("Reshape", g, ctx.int64s([0, 0, -1])), ctx.int64s([2]))  # [N, C, 1, Q]
+    channels = _dims(ctx, x, 1, 2)
+    index_c = ctx.op("Expand", flat_index, _vec(ctx, _cat(ctx, [1], channels, [1, 1])))  # [N, C, K, Q]
+    index_c = ctx.op("Reshape", index_c, ctx.int64s([0, 0, -1]))
+    dx = dgrid = None
+    if ctx.needs(0):
+        w = ctx.op("Reshape", _product(ctx, weights), corners)
+        update = ctx.op("Reshape", ctx.mul(g_flat, ctx.cast_like(w, x)), ctx.int64s([0, 0, -1]))
+        zeros = ctx.zeros_like(x_flat)
+        dx = ctx.op("ScatterElements", zeros, index_c, update, axis=2, reduction="add")
+        dx = ctx.op("Reshape", dx, ctx.shape_of(x))
+    if ctx.needs(1) and mode == "linear":
+        values = ctx.op("Reshape", ctx.op("GatherElements", x_flat, index_c, axis=2), ctx.int64s([0, 0, k, -1]))
+        seen = ctx.cast_like(ctx.op("ReduceSum", ctx.mul(g_flat, values), ctx.int64s([1]), keepdims=1), grid)
+        per_axis = []
+        for a, (slope, taps) in enumerate(axes):
+            factors = [weights[b] for b in range(n) if b != a] + [_corner_stack(ctx, [d for _, _, d in taps], a, n)]
+            dw = ctx.op("Reshape", _product(ctx, factors), corners)
+            dc = ctx.op("ReduceSum", ctx.mul(seen, dw), ctx.int64s([1, 2]), keepdims=0)  # [N, Q]
+            per_axis.append(ctx.op("Unsqueeze", ctx.mul(dc, slope), ctx.int64s([2])))
+        dgrid = ctx.op("Reshape", ctx.op("Concat", *reversed(per_axis), axis=2), ctx.shape_of(grid))
+    return [dx, dgrid]
+
+
+@registry.rule("GridSample", opsets=(16, 19), inputs=(0, 1))
+def grid_sample_16(ctx: RuleContext, grads: Grads) -> Result:
+    """bilinear: dx = scatter-add(g w), dgrid = sum_C g sum_corners x dw/dc dc/dgrid; nearest: dgrid = 0"""
+    # Opsets 16-19 name the modes bilinear, nearest and bicubic; 4-D inputs only.
+    mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode", "bilinear"), ctx.attr("mode", "bilinear"))
+    return _grid_sample(ctx, grads, mode)
+
+
+@registry.rule("GridSample", opsets=(20, None), inputs=(0, 1))
+def grid_sample(ctx: RuleContext, grads: Grads) -> Result:
+    """linear: dx = scatter-add(g w), dgrid = sum_C g sum_corners x dw/dc dc/dgrid; nearest: dgrid = 0"""
+    # w_corner = prod_axes (1 - frac or frac); c = the pixel coordinate, clamped (border) or
+    # reflected then clamped (reflection); zeros padding drops corners outside the image.
+    return _grid_sample(ctx, grads, ctx.attr("mode", "linear"))
+
+
+# ------------------------------------------------------------- region pooling
+
+
+def _per_roi(ctx: RuleContext, v: str) -> str:
+    """A per-RoI vector ``[R]`` as ``[R, 1, 1]``."""
+    return ctx.op("Unsqueeze", v, ctx.int64s([1, 2]))
+
+
+def _roi_column(ctx: RuleContext, rois: str, k: int, like: str) -> str:
+    """Column ``k`` of ``rois`` ``[R, *]`` as ``[R]`` in the element type of ``like``."""
+    return ctx.cast_like(ctx.op("Squeeze", ctx.op("Gather", rois, ctx.int64s([k]), axis=1), ctx.int64s([1])), like)
+
+
+def _roi_align_axis(
+    ctx: RuleContext, start: str, length: str, pooled: int, size: Num, ratio: int, x: str
+) -> tuple[str, str, str, Ints]:
+    """The bilinear taps of RoiAlign along one axis, as one-hot rows.
+
+    Returns ``(taps, present, count, grid)``: ``taps[r, p, s, corner, l]`` is the weight
+    of pixel ``l`` at the low/high corner of sample ``s`` of bin ``p`` (0 for samples
+    outside ``[-1, size]``, as onnxruntime); ``present[r, 1, s]`` says whether sample ``s``
+    exists for RoI ``r`` (the adaptive sample count varies per RoI); ``count[r]`` is
+    that count; ``grid`` the number of sample slots.
+    """
+    bin_size = ctx.div(length, float(pooled))
+    if ratio > 0:
+        count = ctx.expand_to(ctx.const(float(ratio), x), start)
+        grid: Ints = [ratio]
+        n_slots: Num = ratio
+    else:
+        count = ctx.op("Ceil", bin_size)  # ceil(length / pooled); at most 0 for an empty RoI
+        most = ctx.op("Max", ctx.op("ReduceMax", count, keepdims=1), ctx.const([1.0], x))  # at least one slot
+        grid = ctx.cast(most, TensorProto.INT64)
+        n_slots = ctx.op("Squeeze", grid, ctx.int64s([0]))
+    slots = _arange(ctx, n_slots, x, (1, 1, -1))
+    bins = _arange(ctx, pooled, x, (1, -1, 1))
+    step = _per_roi(ctx, bin_size)
+    # y = start + p * bin + (s + 0.5) * bin / count, in onnxruntime's order (no samples when count = 0)
+    y = ctx.add(
+        ctx.add(_per_roi(ctx, start), ctx.mul(bins, step)),
+        ctx.div(ctx.mul(ctx.add(slots, 0.5), step), _per_roi(ctx, ctx.op("Max", count, ctx.const(1.0, x)))),
+    )  # [R, P, G]
+    size_f = _as_float(ctx, size, x)
+    last = _value(ctx, _num(ctx, "Sub", size_f, 1.0), x)
+    inside = ctx.cast_like(
+        ctx.op("Not", ctx.op("Or", ctx.compare("Less", y, -1.0), ctx.compare("Greater", y, _value(ctx, size_f, x)))), x
+    )
+    y = ctx.op("Max", y, ctx.const(0.0, x))
+    low = ctx.op("Floor", y)
+    at_end = ctx.compare("GreaterOrEqual", low, last)
+    low = ctx.where(at_end, last, low)
+    frac = ctx.where(at_end, 0.0, ctx.sub(y, low))
+    high = ctx.where(at_end, last, ctx.add(low, 1.0))
+    weights = ctx.op(
+        "Concat",
+        *(ctx.op("Unsqueeze", ctx.mul(w, inside), ctx.int64s([3])) for w in (ctx.sub(1.0, frac), frac)),
+        axis=3,
+    )  # [R, P, G, 2]
+    corners = ctx.op("Concat", *(ctx.op("Unsqueeze", v, ctx.int64s([3])) for v in (low, high)), axis=3)
+    pixels = _arange(ctx, size, x, (1, 1, 1, 1, -1))
+    hits = ctx.compare("Equal", ctx.op("Unsqueeze", corners, ctx.int64s([4])), pixels)
+    taps = ctx.where(hits, ctx.op("Unsqueeze", weights, ctx.int64s([4])), 0.0)  # [R, P, G, 2, L]
+    present = ctx.compare("Less", slots, _per_roi(ctx, count))  # [R, 1, G]
+    return taps, present, count, grid
+
+
+def _roi_align(ctx: RuleContext, grads: Grads, half_pixel: bool) -> Result:
+    """dx of RoiAlign: per RoI ``dxr = Ay^T g Ax`` (avg) or the argmax sample's corner weights (max)."""
+    (g,) = grads
+    x, rois, batch = ctx.inputs
+    mode = ctx.attr("mode", "avg")
+    if mode not in ("avg", "max"):
+        raise ValueError(f"RoiAlign node {ctx.node.name!r} has mode={mode!r}; onnx allows avg and max")
+    ph, pw = int(ctx.attr("output_height", 1)), int(ctx.attr("output_width", 1))
+    ratio = int(ctx.attr("sampling_ratio", 0))
+    scale = float(ctx.attr("spatial_scale", 1.0))
+    offset = 0.5 if half_pixel else 0.0
+    corner = [ctx.sub(ctx.mul(_roi_column(ctx, rois, k, x), scale), offset) for k in range(4)]  # x1, y1, x2, y2
+    lengths = [ctx.sub(corner[2 + k], corner[k]) for k in range(2)]  # width, height
+    if not half_pixel:
+        lengths = [ctx.op("Max", v, ctx.const(1.0, x)) for v in lengths]
+    height, width = _size(ctx, x, 2), _size(ctx, x, 3)
+    ay, present_y, count_y, grid_y = _roi_align_axis(ctx, corner[1], lengths[1], ph, height, ratio, x)
+    ax, present_x, count_x, grid_x = _roi_align_axis(ctx, corner[0], lengths[0], pw, width, ratio, x)
+    if mode == "avg":
+        # y[r, c] = Sy[r] @ x[batch[r], c] @ Sx[r]^T, S[r, p, l] = sum over the samples / count
+        def average(taps: str, present: str, count: str) -> str:
+            mask = ctx.op("Unsqueeze", ctx.cast_like(present, x), ctx.int64s([3, 4]))
+            total = ctx.op("ReduceSum", ctx.mul(taps, mask), ctx.int64s([2, 3]), keepdims=0)  # [R, P, L]
+            return ctx.op(
+                "Unsqueeze", ctx.div(total, _per_roi(ctx, ctx.op("Max", count, ctx.const(1.0, x)))), ctx.int64s([1])
+            )
+
+        sy, sx = average(ay, present_y, count_y), average(ax, present_x, count_x)  # [R, 1, P, L]
+        per_roi = ctx.op("MatMul", ctx.op("MatMul", ctx.op("Transpose", sy, perm=[0, 1, 3, 2]), g), sx)
+        return [_batch_sum(ctx, per_roi, batch, x), None, None]
+    # max: onnxruntime takes the largest weighted corner value w * x over the samples' four
+    # corners, the first one on ties, in the order (sample y, sample x, corner y, corner x)
+    # one row per (bin, sample, corner): [R, 1, P * G * 2, L]
+    rows = ctx.op(
+        "Unsqueeze", ctx.op("Reshape", ay, _vec(ctx, _cat(ctx, [0, -1], _dims(ctx, x, 2, 3)))), ctx.int64s([1])
+    )
+    cols = ctx.op(
+        "Unsqueeze", ctx.op("Reshape", ax, _vec(ctx, _cat(ctx, [0, -1], _dims(ctx, x, 3, 4)))), ctx.int64s([1])
+    )
+    rois_x = ctx.op("Gather", x, ctx.cast(batch, TensorProto.INT64), axis=0)  # [R, C, H, W]
+    weighted = ctx.op("MatMul", ctx.op("MatMul", rows, rois_x), ctx.op("Transpose", cols, perm=[0, 1, 3, 2]))
+    split = _vec(ctx, _cat(ctx, [0, 0, ph], grid_y, [2, pw], grid_x, [2]))
+    candidates = ctx.op("Transpose", ctx.op("Reshape", weighted, split), perm=[0, 1, 2, 5, 3, 6, 4, 7])
+    flat = ctx.int64s([0, 0, ph, pw, -1])
+    exists = ctx.op(
+        "And",
+        ctx.op("Unsqueeze", present_y, ctx.int64s([1, 2, 5, 6, 7])),  # [R, 1, 1, 1, Gy, 1, 1, 1]
+        ctx.op("Unsqueeze", present_x, ctx.int64s([1, 2, 3, 6, 7])),  # [R, 1, 1, 1, 1, Gx, 1, 1]
+    )
+    exists = ctx.op(
+        "Reshape", ctx.op("Expand", exists, ctx.int64s([1, 1, 1, 1, 1, 1, 2, 2])), ctx.int64s([0, 1, 1, 1, -1])
+    )
+    scores = ctx.where(exists, ctx.op("Reshape", candidates, flat), ctx.const(-np.inf, x))
+    best = ctx.op("ArgMax", scores, axis=-1, keepdims=1)
+    slots = _iop(ctx, "Mul", _iop(ctx, "Mul", grid_y, grid_x), [4])
+    positions = _arange(ctx, slots[0] if isinstance(slots, list) else ctx.op("Squeeze", slots, ctx.int64s([0])), best)
+    chosen = ctx.op("And", ctx.compare("Equal", best, positions), exists)
+    spread = ctx.where(chosen, ctx.op("Unsqueeze", g, ctx.int64s([4])), 0.0)  # type: ignore[arg-type]
+    unsplit = _vec(ctx, _cat(ctx, [0, 0, ph, pw], grid_y, grid_x, [2, 2]))
+    back = ctx.op("Transpose", ctx.op("Reshape", spread, unsplit), perm=[0, 1, 2, 4, 6, 3, 5, 7])
+    back = ctx.op("Reshape", back, _vec(ctx, _cat(ctx, [0, 0], _iop(ctx, "Mul", [ph * 2], grid_y), [-1])))
+    per_roi = ctx.op("MatMul", ctx.op("MatMul", ctx.op("Transpose", rows, perm=[0, 1, 3, 2]), back), cols)
+    return [_batch_sum(ctx, per_roi, batch, x), None, None]
+
+
+@registry.rule("RoiAlign", opsets=(10, 15), inputs=(0,))
+def roi_align_10(ctx: RuleContext, grads: Grads) -> Result:
+    """avg: dx[b] = sum_{r in b} Ay[r]^T g[r] Ax[r] (sampling weights, separable); max: g to the argmax corner * w"""
+    # Opsets 10-15 map RoIs with output_half_pixel: no half-pixel offset, lengths at least 1.
+    return _roi_align(ctx, grads, half_pixel=False)
+
+
+@registry.rule("RoiAlign", opsets=(16, None), inputs=(0,))
+def roi_align(ctx: RuleContext, grads: Grads) -> Result:
+    """avg: dx[b] = sum_{r in b} Ay[r]^T g[r] Ax[r] (sampling weights, separable); max: g to the argmax corner * w"""
+    # Ay[r, p, h] = mean over bin p's samples of their bilinear weights on row h (Ax on
+    # columns). coordinate_transformation_mode: half_pixel (the default) or output_half_pixel.
+    mode = ctx.attr("coordinate_transformation_mode", "half_pixel")
+    if mode not in ("half_pixel", "output_half_pixel"):
+        raise ValueError(f"RoiAlign node {ctx.node.name!r} has coordinate_transformation_mode={mode!r}")
+    return _roi_align(ctx, grads, half_pixel=mode == "half_pixel")
+
+
+def _max_roi_axis(ctx: RuleContext, low: str, high: str, pooled: int, size: Num, x: str) -> tuple[str, str]:
+    """MaxRoiPool's bins along one axis: ``(inside[r, p, l], nonempty[r, p])``, as onnxruntime computes them."""
+
+    def rounded(v: str) -> str:  # half away from zero, as std::round
+        return ctx.mul(ctx.op("Sign", v), ctx.op("Floor", ctx.add(ctx.op("Abs", v), 0.5)))
+
+    start = rounded(low)
+    length = ctx.op("Max", ctx.add(ctx.sub(rounded(high), start), 1.0), ctx.const(1.0, x))
+    step = ctx.op("Unsqueeze", ctx.div(length, float(pooled)), ctx.int64s([1]))  # [R, 1]
+    bins = _arange(ctx, pooled, x, (1, -1))
+    offset = ctx.op("Unsqueeze", start, ctx.int64s([1]))
+    size_f = _value(ctx, _as_float(ctx, size, x), x)
+    first = _clamp(ctx, ctx.add(ctx.op("Floor", ctx.mul(bins, step)), offset), 0.0, size_f)  # [R, P]
+    end = _clamp(ctx, ctx.add(ctx.op("Ceil", ctx.mul(ctx.add(bins, 1.0), step)), offset), 0.0, size_f)
+    pixels = _arange(ctx, size, x, (1, 1, -1))
+    inside = ctx.op(
+        "And",
+        ctx.compare("GreaterOrEqual", pixels, ctx.op("Unsqueeze", first, ctx.int64s([2]))),
+        ctx.compare("Less", pixels, ctx.op("Unsqueeze", end, ctx.int64s([2]))),
+    )  # [R, P, L]
+    return inside, ctx.compare("Greater", end, first)
+
+
+@registry.rule("MaxRoiPool", inputs=(0,))
+def max_roi_pool(ctx: RuleContext, grads: Grads) -> Result:
+    """dx[b, c, argmax of bin (p, q) of RoI r] += g[r, c, p, q] for the RoIs r of image b (empty bins: none)"""
+    # The argmax (the first maximum in row-major order, as onnxruntime) in two stages:
+    # per row and column bin over the columns, then per bin over the rows; memory
+    # R * C * H * W * max(P, Q). Gradients land with ScatterElements(reduction=add)
+    # from opset 16, before that with a one-hot contraction (R * C * P * Q * H * W).
+    (g,) = grads
+    x, rois = ctx.inputs
+    ph, pw = (int(v) for v in ctx.attr("pooled_shape"))
+    scale = float(ctx.attr("spatial_scale", 1.0))
+    column = [ctx.mul(_roi_column(ctx, rois, k, x), scale) if k else _roi_column(ctx, rois, k, x) for k in range(5)]
+    height, width = _size(ctx, x, 2), _size(ctx, x, 3)
+    rows, rows_used = _max_roi_axis(ctx, column[2], column[4], ph, height, x)  # [R, P, H], [R, P]
+    cols, cols_used = _max_roi_axis(ctx, column[1], column[3], pw, width, x)  # [R, Q, W], [R, Q]
+    batch = ctx.cast(column[0], TensorProto.INT64)  # truncated, as onnxruntime
+    images = ctx.op("Gather", x, batch, axis=0)  # [R, C, H, W]
+    lowest = ctx.const(-np.inf, x)
+    per_col = ctx.where(
+        ctx.op("Unsqueeze", cols, ctx.int64s([1, 2])), ctx.op("Unsqueeze", images, ctx.int64s([3])), lowest
+    )  # [R, C, H, Q, W]
+    col_max = _reduce(ctx, "ReduceMax", per_col, [4], keepdims=0)  # [R, C, H, Q]
+    col_arg = ctx.op("ArgMax", per_col, axis=4, keepdims=0)
+    per_bin = ctx.where(
+        ctx.op("Unsqueeze", rows, ctx.int64s([1, 4])), ctx.op("Unsqueeze", col_max, ctx.int64s([2])), lowest
+    )  # [R, C, P, H, Q]
+    row_arg = ctx.op("ArgMax", per_bin, axis=3, keepdims=0)  # [R, C, P, Q]
+    flat = ctx.add(ctx.mul(row_arg, _value(ctx, width, row_arg)), ctx.op("GatherElements", col_arg, row_arg, axis=2))
+    used = ctx.op(
+        "And", ctx.op("Unsqueeze", rows_used, ctx.int64s([2])), ctx.op("Unsqueeze", cols_used, ctx.int64s([1]))
+    )
+    update = ctx.where(ctx.op("Unsqueeze", used, ctx.int64s([1])), g, 0.0)  # type: ignore[arg-type]
+    by_row = ctx.int64s([0, 0, -1])
+    if ctx.opset >= 16:
+        zeros = ctx.zeros_like(ctx.op("Reshape", images, by_row))
+        per_roi = ctx.op(
+            "ScatterElements",
+            zeros,
+            ctx.op("Reshape", flat, by_row),
+            ctx.op("Reshape", update, by_row),
+            axis=2,
+            reduction="add",
+        )
+    else:
+        pixels = _arange(ctx, _num(ctx, "Mul", height, width), flat, (1, 1, 1, 1, -1))
+        hits = ctx.compare("Equal", ctx.op("Unsqueeze", flat, ctx.int64s([4])), pixels)
+        spread = ctx.where(hits, ctx.op("Unsqueeze", update, ctx.int64s([4])), 0.0)
+        per_roi = ctx.op("ReduceSum", spread, ctx.int64s([2, 3]), keepdims=0)
+    per_roi = ctx.op("Reshape", per_roi, ctx.shape_of(images))
+    return [_batch_sum(ctx, per_roi, batch, x), None]
+
+
+# ------------------------------------------------------------------------- Attention
+
+
+def _heads(ctx: RuleContext, t: str, heads: int) -> str:
+    """``[B, S, H * D]`` as ``[B, H, S, D]``."""
+    return ctx.op("Transpose", ctx.op("Reshape", t, ctx.int64s([0, 0, heads, -1])), perm=[0, 2, 1, 3])
+
+
+def _merge_heads(ctx: RuleContext, t: str, like: str) -> str:
+    """``[B, H, S, D]`` back to the shape of ``like``, ``[B, S, H * D]``."""
+    return ctx.op("Reshape", ctx.op("Transpose", t, perm=[0, 2, 1, 3]), ctx.shape_of(like))
+
+
+def _attention_bias(ctx: RuleContext, q: str, keys: str, past: Num, like: str) -> str | None:
+    """The additive bias of Attention, ``[.., Sq, Sk]``: the mask (bool: 0 / -inf, float: as is, padded
+    with -inf to Sk), causal and sliding-window limits (offset by the past length, or per batch by
+    ``nonpad_kv_seqlen - Sq``) and the padding of nonpad_kv_seqlen; ``None`` when there is none."""
+    terms = []
+    sq, sk = _size(ctx, q, 2), _size(ctx, keys, 2)
+    minus_inf = ctx.const(-np.inf, like)
+    if ctx.has_input(3):
+        mask = ctx.inputs[3]
+        if ctx.elem_type(mask) == TensorProto.BOOL:
+            bias = ctx.where(mask, ctx.const(0.0, like), minus_inf)
+        else:
+            bias = ctx.cast_like(mask, like)
+        rank = _rank(ctx, mask)
+        have, want = _dims(ctx, mask, rank - 1), _dims(ctx, keys, 2, 3)
+        if not (_known(have, want) and have == want):  # a shorter mask means -inf beyond it
+            pads = _cat(ctx, [0] * (2 * rank - 1), _iop(ctx, "Sub", want, have))
+            bias = ctx.op("Pad", bias, _vec(ctx, pads), minus_inf)
+        terms.append(bias)
+    causal = bool(ctx.attr("is_causal", 0))
+    left, right = int(ctx.attr("left_window_size", -1)), int(ctx.attr("right_window_size", -1))
+    nonpad = ctx.inputs[6] if ctx.has_input(6) else None
+    allowed = None
+    if causal or left >= 0 or right >= 0:
+        rows = _arange(ctx, sq, ctx.int64s([0]), (-1, 1))
+        cols = _arange(ctx, sk, ctx.int64s([0]), (1, -1))
+        if nonpad is not None:  # per batch: offset = nonpad_kv_seqlen - Sq, as [B, 1, 1, 1]
+            offset = ctx.sub(ctx.op("Reshape", nonpad, ctx.int64s([-1, 1, 1, 1])), _value(ctx, sq, nonpad))
+            position = ctx.add(rows, offset)
+        else:
+            position = rows if past == 0 else ctx.add(rows, _value(ctx, past, rows))
+        diff = ctx.sub(position, cols)  # query position - key position
+        limits = []
+        if causal:
+            limits.append(ctx.compare("GreaterOrEqual", diff, ctx.const(0, diff)))
+        if left >= 0:
+            limits.append(ctx.compare("LessOrEqual", diff, ctx.const(left, diff)))
+        if right >= 0:
+            limits.append(ctx.compare("GreaterOrEqual", diff, ctx.const(-right, diff)))
+        allowed = limits[0]
+        for limit in limits[1:]:
+            allowed = ctx.op("And", allowed, limit)
+    if nonpad is not None:
+        cols = _arange(ctx, sk, nonpad, (1, 1, 1, -1))
+        valid = ctx.compare("Less", cols, ctx.op("Reshape", nonpad, ctx.int64s([-1, 1, 1, 1])))
+        allowed = valid if allowed is None else ctx.op("And", allowed, valid)
+    if allowed is not None:
+        terms.append(ctx.where(allowed, ctx.const(0.0, like), minus_inf))
+    if not terms:
+        return None
+    return terms[0] if len(terms) == 1 else ctx.add(terms[0], terms[1])
+
+
+def _masked_softmax(ctx: RuleContext, z: str) -> str:
+    """Softmax over the last axis where ``-inf`` entries get 0 and a row of only ``-inf`` gives zeros."""
+    last = ctx.int64s([-1])
+    top = _reduce(ctx, "ReduceMax", z, [-1])
+    top = ctx.where(ctx.op("IsInf", top, detect_positive=0), 0.0, top)
+    e = ctx.op("Exp", ctx.sub(z, top))
+    total = ctx.op("ReduceSum", e, last, keepdims=1)
+    return ctx.div(e, ctx.where(ctx.compare("Equal", total, 0.0), ctx.const(1.0, total), total))
+
+
+@registry.rule("Attention", opsets=(23, None), inputs=(0, 1, 2, 3, 4, 5))
+def attention(ctx: RuleContext, grads: Grads) -> Result:
+    """dV = P^T g, dS = P (dP - sum(dP P)), dP = g V^T, dQ = s dS K, dK = s dS^T Q; P = softmax(s Q K^T + bias)"""
+    # Recomputes P: Q, K, V as [B, H, S, D] (3-D inputs split by q_num_heads / kv_num_heads),
+    # K and V after past_key / past_value, each KV head repeated for its group of query heads
+    # (GQA, MQA) and the gradient summed back over the group. softcap c: S = c tanh(S / c),
+    # dS *= 1 - tanh^2. A float attn_mask gets dS; present_key / present_value gradients add to
+    # those of [past; K] and [past; V]. softmax_precision is ignored (P in the inputs' type).
+    q, k, v = ctx.inputs[:3]
+    g_y, g_key, g_value, g_qk = [*grads, None, None, None][:4]
+    if g_qk is not None:
+        raise ValueError(
+            f"Attention node {ctx.node.name!r}: its qk_matmul_output (output 3) is a debugging output "
+            "without a gradient rule; keep it off the path to the loss"
+        )
+    rank = _rank(ctx, q)
+    if rank == 3:
+        hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
+        q4, k4, v4 = _heads(ctx, q, hq), _heads(ctx, k, hkv), _heads(ctx, v, hkv)
+    else:
+        q4, k4, v4 = q, k, v
+    past: Num = 0
+    keys, values = k4, v4
+    if ctx.has_input(4):
+        past = _size(ctx, ctx.inputs[4], 2)
+        keys = ctx.op("Concat", ctx.inputs[4], k4, axis=2)
+        values = ctx.op("Concat", ctx.inputs[5], v4, axis=2)
+    query_heads, kv_heads = _size(ctx, q4, 1), _size(ctx, keys, 1)
+    group: Num = (
+        query_heads // kv_heads
+        if not isinstance(query_heads, str) and not isinstance(kv_heads, str)
+        else ctx.op("Div", _value(ctx, query_heads, ctx.int64s([0])), _value(ctx, kv_heads, ctx.int64s([0])))
+    )
+
+    def repeat(t: str) -> str:  # [B, Hkv, S, D] -> [B, Hkv * G, S, D], head h reading KV head h // G
+        if group == 1:
+            return t
+        copies = [group] if not isinstance(group, str) else ctx.op("Unsqueeze", group, ctx.int64s([0]))
+        tiles = _cat(ctx, [1, 1], copies, [1, 1])
+        expanded = ctx.op("Expand", ctx.op("Unsqueeze", t, ctx.int64s([2])), _vec(ctx, tiles))
+        return ctx.op("Reshape", expanded, _vec(ctx, _cat(ctx, [0, -1], _dims(ctx, t, 2, 4))))
+
+    def unrepeat(t: str, like: str) -> str:  # the gradient summed over each group
+        if group == 1:
+            return t
+        grouped = ctx.op("Reshape", t, _vec(ctx, _cat(ctx, [0], _dims(ctx, like, 1, 2), [-1], _dims(ctx, like, 2, 4))))
+        return ctx.op("ReduceSum", grouped, ctx.int64s([2]), keepdims=0)
+
+    kx, vx = repeat(keys), repeat(values)
+    scale = ctx.attr("scale")
+    if scale is None:
+        depth = _size(ctx, q4, 3)
+        if isinstance(depth, str):
+            scale = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.cast_like(depth, q)))
+        else:
+            scale = 1.0 / math.sqrt(depth)
+    t_last = [0, 1, 3, 2]
+    scores = ctx.mul(ctx.op("MatMul", q4, ctx.op("Transpose", kx, perm=t_last)), scale)  # type: ignore[arg-type]
+    cap = float(ctx.attr("softcap", 0.0))
+    if cap > 0:
+        capped = ctx.op("Tanh", ctx.div(scores, cap))
+        scores = ctx.mul(capped, cap)
+    bias = _attention_bias(ctx, q4, keys, past, q)
+    p = _masked_softmax(ctx, scores if bias is None else ctx.add(scores, bias))
+    n_inputs = len(ctx.inputs)
+    result: Result = [None] * n_inputs
+    d_keys = d_values = None
+    if g_y is not None:
+        g4 = _heads(ctx, g_y, hq) if rank == 3 else g_y
+        if ctx.needs(2) or ctx.needs(5):
+            d_values = unrepeat(ctx.op("MatMul", ctx.op("Transpose", p, perm=t_last), g4), values)
+        dp = ctx.op("MatMul", g4, ctx.op("Transpose", vx, perm=t_last))
+        dz = ctx.mul(p, ctx.sub(dp, ctx.op("ReduceSum", ctx.mul(dp, p), ctx.int64s([-1]), keepdims=1)))
+        if ctx.needs(3):  # a float mask, added to the scores; padded masks get their own columns
+            mask = ctx.inputs[3]
+            width = _dims(ctx, mask, _rank(ctx, mask) - 1)
+            cut = ctx.op("Slice", dz, ctx.int64s([0]), _vec(ctx, width), ctx.int64s([-1]))
+            result[3] = ctx.cast_like(unbroadcast(ctx, cut, mask), mask)
+        ds = ctx.mul(dz, ctx.sub(1.0, ctx.square(capped))) if cap > 0 else dz
+        ds = ctx.mul(ds, scale)  # type: ignore[arg-type]
+        if ctx.needs(0):
+            dq = ctx.op("MatMul", ds, kx)
+            result[0] = _merge_heads(ctx, dq, q) if rank == 3 else dq
+        if ctx.needs(1) or ctx.needs(4):
+            d_keys = unrepeat(ctx.op("MatMul", ctx.op("Transpose", ds, perm=t_last), q4), keys)
+    for index, total, present in ((1, d_keys, g_key), (2, d_values, g_value)):
+        parts = [t for t in (total, present) if t is not None]
+        if not parts:
+            continue
+        total = parts[0] if len(parts) == 1 else ctx.add(parts[0], parts[1])
+        source = ctx.inputs[index]
+        if ctx.has_input(index + 3):  # [past; new] along the sequence axis
+            length = _dims(ctx, ctx.inputs[index + 3], 2, 3)
+            if ctx.needs(index + 3):
+                result[index + 3] = ctx.op("Slice", total, ctx.int64s([0]), _vec(ctx, length), ctx.int64s([2]))
+            total = ctx.op("Slice", total, _vec(ctx, length), ctx.int64s([_INT64_MAX]), ctx.int64s([2]))
+        if ctx.needs(index):
+            result[index] = _merge_heads(ctx, total, source) if rank == 3 else total
+    return result

@@ -22,3 +22,9 @@ registry.non_differentiable("Floor", "Ceil", "Round", "Sign")
 registry.non_differentiable(
     "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"
 )
+# Float inputs to integer results (detection, quantized kernels), or no float input at all.
+registry.non_differentiable("NonMaxSuppression", "QLinearConv", "QLinearMatMul", "TfIdfVectorizer", "ImageDecoder")
+# Integer and string operators (listed so that the coverage table accounts for every standard operator).
+registry.non_differentiable(
+    "ConvInteger", "MatMulInteger", "StringConcat", "StringNormalizer", "StringSplit", "RegexFullMatch"
+)

@@ -21,6 +21,11 @@ rebuilds each ``W_a`` from the coordinate transformation, in float32 and in
 the order of operations onnxruntime uses (so that nearest-neighbour choices
 agree), and returns ``dx = W_a^T g`` along every such axis in one ``Einsum``. Cubic mode, antialiasing and
 ``keep_aspect_ratio_policy`` other than ``stretch`` are refused with an error.
+
+DFT and STFT are linear, ``y = W x``: the gradient is the adjoint ``W^H g``,
+itself a DFT (``L`` times the inverse DFT of ``g``, or the forward DFT over
+``L`` for an inverse transform), with a one-sided ``g`` zero-padded to all
+``L`` bins first and ``x``'s cut or padding to ``dft_length`` undone after.
 """
 
 from __future__ import annotations
@@ -783,6 +788,34 @@ def tensor_scatter(ctx: RuleContext, grads: Grads) -> Result:
     return [dpast, dupdate, None][: len(ctx.inputs)]
 
 
+# ------------------------------------------------------------ running products
+
+
+@registry.rule("CumProd", opsets=(26, None), inputs=_DATA)
+def cum_prod(ctx: RuleContext, grads: Grads) -> Result:
+    """dx_j = sum(g_i y_i for i after j) / x_j; at the first zero z: sum(g_i y~_i for i after z), y~ with x_z = 1
+
+    "After" is in scan order (reverse-aware; i = j included unless exclusive). Past the first zero of a
+    slice every product holds it, so the gradient there is 0; at the first zero itself it is the
+    cumulative product with that zero replaced by 1, so no division by zero happens anywhere.
+    """
+    (g,) = grads
+    x, axis = ctx.inputs
+    exclusive, reverse = int(ctx.attr("exclusive", 0)), int(ctx.attr("reverse", 0))
+
+    def scan(op_type: str, value: str, backwards: int) -> str:
+        return ctx.op(op_type, value, axis, exclusive=exclusive, reverse=backwards)
+
+    zero = ctx.compare("Equal", x, 0.0)
+    count = ctx.op("CumSum", ctx.cast_like(zero, x), axis, reverse=reverse)  # zeros so far, in scan order
+    first = ctx.op("And", zero, ctx.compare("Equal", count, 1.0))
+    after = scan("CumSum", ctx.mul(g, ctx.outputs[0]), 1 - reverse)
+    regular = ctx.where(zero, 0.0, ctx.div(after, ctx.where(zero, 1.0, x)))
+    without_first = scan("CumProd", ctx.where(first, 1.0, x), reverse)
+    at_first = scan("CumSum", ctx.mul(g, without_first), 1 - reverse)
+    return [ctx.where(first, at_first, regular), None]
+
+
 # ------------------------------------------------------------ Fourier transforms
 
 
@@ -795,35 +828,26 @@ def _as_i64(ctx: RuleContext, value: str | int) -> str:
     )
 
 
-def _fit_axis(ctx: RuleContext, h: str, axis: int, length: str | int, target: str | int) -> str:
-    """``h`` (of ``length`` along ``axis``) truncated or zero-padded at the end to ``target`` along ``axis``."""
+def _fit_axis(ctx: RuleContext, h: str, axis: int, rank: int, length: str | int, target: str | int) -> str:
+    """``h`` (of ``length`` along ``axis``) cut or zero-padded at the end to ``target`` along ``axis``."""
     if isinstance(length, int) and isinstance(target, int):
         if length > target:
             return ctx.op("Slice", h, ctx.int64s([0]), ctx.int64s([target]), ctx.int64s([axis]))
-        if length < target:
-            return _pad_axis(ctx, h, axis, 0, target - length)
-        return h
-    target_1d = ctx.op("Reshape", _as_i64(ctx, target), ctx.int64s([1]))
-    cut = ctx.op("Slice", h, ctx.int64s([0]), target_1d, ctx.int64s([axis]))
+        return _pad_axis(ctx, h, axis, rank, target - length) if length < target else h
+    cut = ctx.op(
+        "Slice", h, ctx.int64s([0]), ctx.op("Reshape", _as_i64(ctx, target), ctx.int64s([1])), ctx.int64s([axis])
+    )
     missing = ctx.op("Max", ctx.op("Sub", _as_i64(ctx, target), _as_i64(ctx, length)), _i64(ctx, 0))
-    return _pad_axis(ctx, cut, axis, 0, missing)
+    return _pad_axis(ctx, cut, axis, rank, missing)
 
 
-def _pad_axis(ctx: RuleContext, h: str, axis: int, begin: int, end: str | int) -> str:
-    """``h`` with ``begin`` zeros before and ``end`` zeros after along ``axis`` (``end`` an int or int64 scalar)."""
-    rank = _rank(ctx, h)
+def _pad_axis(ctx: RuleContext, h: str, axis: int, rank: int, end: str | int) -> str:
+    """``h`` (of rank ``rank``) with ``end`` zeros at the end of ``axis`` (``end``: an int or an int64 scalar)."""
     if isinstance(end, int):
-        pads = ctx.int64s(
-            [begin if k == axis else 0 for k in range(rank)] + [end if k == axis else 0 for k in range(rank)]
-        )
+        pads = ctx.int64s([0] * (rank + axis) + [end] + [0] * (rank - axis - 1))
     else:
-        pads = ctx.op(
-            "Concat",
-            ctx.int64s([begin if k == axis else 0 for k in range(rank)] + [0] * axis),
-            ctx.op("Reshape", end, ctx.int64s([1])),
-            ctx.int64s([0] * (rank - axis - 1)),
-            axis=0,
-        )
+        end_1d = ctx.op("Reshape", end, ctx.int64s([1]))
+        pads = ctx.op("Concat", ctx.int64s([0] * (rank + axis)), end_1d, ctx.int64s([0] * (rank - axis - 1)), axis=0)
     return ctx.op("Pad", h, pads, mode="constant")
 
 
@@ -843,72 +867,138 @@ def _scaled(ctx: RuleContext, h: str, length: str | int, power: int) -> str:
     return ctx.mul(h, factor) if power == 1 else ctx.div(h, factor)
 
 
+def _transform(ctx: RuleContext, h: str, axis: int, inverse: int) -> str:
+    """The (full, complex) DFT of ``h`` along ``axis``, or its inverse; in the opset's form."""
+    if ctx.opset >= 20:
+        return ctx.op("DFT", h, "", _i64(ctx, axis), inverse=inverse)
+    return ctx.op("DFT", h, inverse=inverse, axis=axis)
+
+
+def _dft_axis(ctx: RuleContext, rank: int) -> int:
+    """The DFT's axis in ``[0, rank - 2]``: the attribute (opset 17-19, default 1) or the constant input (-2)."""
+    if ctx.opset < 20:
+        return int(ctx.attr("axis", 1)) % rank
+    given = ctx.constant_value(ctx.inputs[2]) if ctx.has_input(2) else np.array(-2)
+    if given is None:
+        raise ValueError(
+            f"the gradient of DFT node {ctx.node.name!r} needs its axis {ctx.inputs[2]!r} as a constant "
+            "(an initializer), not a value computed at run time"
+        )
+    return int(given) % rank
+
+
 @registry.rule("DFT", opsets=(17, None), inputs=(0,))
 def dft(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = W^H g for y = W x (W: the DFT along axis of x cut or zero-padded to dft_length, then one-sided):
-    W^H = L * IDFT, or DFT / L for the inverse; real x: the real part"""
+    """dx = W^H g for y = W x: L * IDFT(g) (inverse: DFT(g) / L), cut or padded to x's length; real x: the real part
+
+    W is the DFT of length L along the axis, after x is cut or zero-padded to L (``dft_length``). One-sided
+    (RFFT): W keeps its first L // 2 + 1 rows, so g is zero-padded to L rows first. Inverse one-sided (IRFFT):
+    dX_j = m_j * DFT(g)_j / L, with m_j = 2 for the bins the conjugate-symmetric spectrum holds twice, else 1.
+    """
     (g,) = grads
     x, y = ctx.inputs[0], ctx.outputs[0]
     rank = _rank(ctx, x)
-    if ctx.opset >= 20:
-        given = ctx.constant_value(ctx.inputs[2]) if ctx.has_input(2) else np.array(-2)
-        if given is None:
-            raise ValueError(
-                f"the gradient of DFT node {ctx.node.name!r} needs its axis {ctx.inputs[2]!r} as a constant "
-                "(an initializer), not a value computed at run time"
-            )
-        axis = int(given) % rank
-    else:
-        axis = int(ctx.attr("axis", 1)) % rank
+    axis = _dft_axis(ctx, rank)
     inverse, onesided = int(ctx.attr("inverse", 0)), int(ctx.attr("onesided", 0))
 
-    def transform(h: str, inverse: int) -> str:
-        if ctx.opset >= 20:
-            return ctx.op("DFT", h, "", _i64(ctx, axis), inverse=inverse)
-        return ctx.op("DFT", h, inverse=inverse, axis=axis)
-
     n = _axis_length(ctx, x, axis)
-    if ctx.has_input(1):
-        known = ctx.constant_value(ctx.inputs[1])
-        given_length: str | int | None = int(known) if known is not None else ctx.inputs[1]
-    else:
-        given_length = None
-    if onesided and inverse:  # IRFFT: y = Re(IDFT_L(X, conjugate-symmetric)), X of n bins
+    known = ctx.constant_value(ctx.inputs[1]) if ctx.has_input(1) else None
+    given = int(known) if known is not None else ctx.inputs[1] if ctx.has_input(1) else None
+    rest = [None] * (len(ctx.inputs) - 1)
+    if onesided and inverse:  # IRFFT: y = Re(IDFT_L(X extended conjugate-symmetrically)), X of n = L // 2 + 1 bins
         length = _axis_length(ctx, y, axis)
-        spectrum = _fit_axis(ctx, transform(g, 0), axis, length, n)
-        dx = ctx.mul(_scaled(ctx, spectrum, length, -1), _irfft_weights(ctx, n, length, axis, rank, x))
-        return [dx] + [None] * (len(ctx.inputs) - 1)
-    if onesided:  # RFFT: the one-sided rows of W, zero rows for the others
-        length = given_length if given_length is not None else n
-        full = length if isinstance(length, int) else _as_i64(ctx, length)
-        g = _fit_axis(ctx, g, axis, _axis_length(ctx, g, axis), full)
+        if isinstance(n, int) and isinstance(length, int) and n != length // 2 + 1:
+            raise ValueError(
+                f"the gradient of DFT node {ctx.node.name!r} (inverse, one-sided) needs dft_length // 2 + 1 input "
+                f"bins, not {n} bins for dft_length {length} (onnxruntime reads other bin counts in its own way, "
+                "which the ONNX specification does not define): give dft_length = 2 * (bins - 1) or 2 * bins - 1"
+            )
+        spectrum = _scaled(
+            ctx,
+            ctx.op(
+                "Slice",
+                _transform(ctx, g, axis, 0),
+                ctx.int64s([0]),
+                ctx.op("Reshape", _as_i64(ctx, n), ctx.int64s([1])),
+                ctx.int64s([axis]),
+            ),
+            length,
+            -1,
+        )
+        return [ctx.mul(spectrum, _irfft_weights(ctx, n, length, axis, rank, x)), *rest]
+    if onesided:  # RFFT: the kept rows of W, zero rows for the others
+        length = given if given is not None else n
+        g = _fit_axis(ctx, g, axis, rank, _axis_length(ctx, g, axis), length)
     else:
         length = _axis_length(ctx, y, axis)
-    back = _scaled(ctx, transform(g, 1), length, 1) if not inverse else _scaled(ctx, transform(g, 0), length, -1)
-    dx = _fit_axis(ctx, back, axis, length, n)
+    back = (
+        _scaled(ctx, _transform(ctx, g, axis, 0), length, -1)
+        if inverse
+        else _scaled(ctx, _transform(ctx, g, axis, 1), length, 1)
+    )
+    dx = _fit_axis(ctx, back, axis, rank, length, n)
     channels = _axis_length(ctx, x, rank - 1)
     if channels != 2:  # real x: the real part (a Slice to the size of x's last axis, 1 or 2)
         end = ctx.int64s([1]) if channels == 1 else ctx.op("Reshape", channels, ctx.int64s([1]))
         dx = ctx.op("Slice", dx, ctx.int64s([0]), end, ctx.int64s([rank - 1]))
-    return [dx] + [None] * (len(ctx.inputs) - 1)
+    return [dx, *rest]
 
 
 def _irfft_weights(ctx: RuleContext, bins: str | int, length: str | int, axis: int, rank: int, like: str) -> str:
-    """``m_j = [j < L] + [0 < j <= L - bins]`` along ``axis``: how often bin j enters the symmetric spectrum."""
+    """``m_j = 1 + [0 < j <= L - bins]`` along ``axis``: 2 for the bins the conjugate-symmetric spectrum mirrors."""
     tail = [1] * (rank - axis - 1)
     if isinstance(bins, int) and isinstance(length, int):
-        weights = [float(j < length) + float(0 < j <= length - bins) for j in range(bins)]
+        weights = [1.0 + float(0 < j <= length - bins) for j in range(bins)]
         return ctx.const(np.array(weights).reshape([bins, *tail]), like)
     j = _range(ctx, _as_i64(ctx, bins))
-    length_i = _as_i64(ctx, length)
-    kept = ctx.cast_like(ctx.op("Less", j, length_i), like)
-    mirrored = ctx.op(
-        "And",
-        ctx.op("Greater", j, _i64(ctx, 0)),
-        ctx.op("LessOrEqual", j, ctx.op("Sub", length_i, _as_i64(ctx, bins))),
-    )
-    weights = ctx.add(kept, ctx.cast_like(mirrored, like))
+    last = ctx.op("Sub", _as_i64(ctx, length), _as_i64(ctx, bins))
+    mirrored = ctx.op("And", ctx.op("Greater", j, _i64(ctx, 0)), ctx.op("LessOrEqual", j, last))
+    weights = ctx.add(ctx.cast_like(mirrored, like), 1.0)
     return ctx.op("Reshape", weights, ctx.int64s([-1, *tail]))
+
+
+@registry.rule("STFT", opsets=(17, None), inputs=(0, 2))
+def stft(ctx: RuleContext, grads: Grads) -> Result:
+    """dsignal = overlap-add of window * H, dwindow = sum(frames * H); H = L * IDFT(g) (g zero-padded to L bins)
+
+    H is the gradient of each windowed frame (the DFT's adjoint, as for DFT); a one-sided g is zero-padded to
+    the frame length L first. Frame f starts at f * frame_step.
+    """
+    (g,) = grads
+    signal, step = ctx.inputs[:2]
+    window = ctx.inputs[2] if ctx.has_input(2) else None
+    if window is not None:
+        length = _axis_length(ctx, window, 0)
+    elif ctx.has_input(3):
+        known = ctx.constant_value(ctx.inputs[3])
+        length = int(known) if known is not None else _as_i64(ctx, ctx.inputs[3])
+    else:
+        length = _axis_length(ctx, signal, 1)
+    if int(ctx.attr("onesided", 1)):  # L // 2 + 1 bins (onnx's shape inference takes onesided=0 by default)
+        bins = (
+            length // 2 + 1
+            if isinstance(length, int)
+            else ctx.op("Add", ctx.op("Div", length, _i64(ctx, 2)), _i64(ctx, 1))
+        )
+        g = _fit_axis(ctx, g, 2, 4, bins, length)
+    back = _transform(ctx, g, 2, inverse=1)
+    channels = _axis_length(ctx, signal, 2)
+    end = ctx.int64s([channels]) if isinstance(channels, int) else ctx.op("Reshape", channels, ctx.int64s([1]))
+    spectrum = ctx.op("Slice", _scaled(ctx, back, length, 1), ctx.int64s([0]), end, ctx.int64s([3]))  # [B, F, L, C]
+    frames = _axis_length(ctx, ctx.outputs[0], 1)
+    starts = ctx.op("Mul", _range(ctx, _as_i64(ctx, frames)), _as_i64(ctx, step))
+    positions = ctx.op("Add", ctx.op("Unsqueeze", starts, ctx.int64s([1])), _range(ctx, _as_i64(ctx, length)))  # [F, L]
+    dsignal = dwindow = None
+    if ctx.needs(0):
+        weighted = spectrum if window is None else ctx.mul(spectrum, ctx.op("Reshape", window, ctx.int64s([-1, 1])))
+        moved = ctx.op("Transpose", weighted, perm=[1, 2, 0, 3])  # [F, L, B, C]
+        zeros = ctx.op("Transpose", ctx.zeros_like(signal), perm=[1, 0, 2])
+        added = ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", positions, ctx.int64s([2])), moved, reduction="add")
+        dsignal = ctx.op("Transpose", added, perm=[1, 0, 2])
+    if window is not None and ctx.needs(2):
+        pieces = ctx.op("Gather", signal, positions, axis=1)  # [B, F, L, C]
+        dwindow = ctx.op("ReduceSum", ctx.mul(pieces, spectrum), ctx.int64s([0, 1, 3]), keepdims=0)
+    return [dsignal, None, dwindow, None][: len(ctx.inputs)]
 
 
 # Window functions take only an integer size.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import onnx
 import pytest
@@ -104,4 +106,59 @@ def test_resize_cubic_is_refused_naming_the_choices() -> None:
         opset=18,
     )
     with pytest.raises(ValueError, match=r"'nearest' and 'linear'.*mode='cubic'"):
+        _train(model, "loss", ["x"])
+
+
+def _cumprod_jacobian(x: np.ndarray, exclusive: int, reverse: int) -> np.ndarray:
+    """d y_i / d x_j of a 1-D cumulative product, by brute force."""
+    n = len(x)
+    jac = np.zeros((n, n))
+    for i, j in itertools.product(range(n), repeat=2):
+        span = [k for k in range(n) if (k >= i if reverse else k <= i) and (k != i or not exclusive)]
+        if j in span:
+            jac[i, j] = np.prod([x[k] for k in span if k != j])
+    return jac
+
+
+@pytest.mark.parametrize(("exclusive", "reverse"), [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_cumprod_gradient_through_zeros(exclusive: int, reverse: int) -> None:
+    """Slices with no zero, one zero, two zeros (only the first in scan order gets a gradient) and all zeros."""
+    x = np.array([[2.0, -1.5, 3.0, 0.5, 4.0], [2.0, 0.0, 3.0, 0.5, 4.0], [0.0, 1.5, 0.0, 2.0, 3.0], [0.0] * 5])
+    g = np.random.default_rng(0).normal(size=x.shape)
+    nodes = [
+        helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=exclusive, reverse=reverse),
+        helper.make_node("Mul", ["y", "g"], ["yg"]),
+        helper.make_node("ReduceSum", ["yg"], ["loss"], keepdims=0),
+    ]
+    inits = [("axis", np.array(1)), ("g", g)]
+    model = make_model({"x": (DOUBLE, [4, 5])}, nodes, {"loss": (DOUBLE, [])}, initializers=inits, opset=26)
+    trained, _ = _train(model, "loss", ["x"])
+    (_, dx) = run_model(trained, {"x": x})
+    expected = np.stack([row_g @ _cumprod_jacobian(row, exclusive, reverse) for row, row_g in zip(x, g, strict=True)])
+    np.testing.assert_allclose(dx, expected, atol=1e-12)
+
+
+def test_compress_with_a_constant_condition_scatters_to_constant_positions() -> None:
+    """A constant condition is folded: no NonZero in the gradient."""
+    nodes = [
+        helper.make_node("Compress", ["x", "c"], ["y"], axis=1),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    inits = [("c", np.array([True, False, True]))]
+    model = make_model({"x": (DOUBLE, ["batch", 3])}, nodes, {"loss": (DOUBLE, [])}, initializers=inits)
+    trained, ops = _train(model, "loss", ["x"])
+    assert "NonZero" not in ops, ops
+    (_, dx) = run_model(trained, {"x": np.zeros((2, 3))})
+    np.testing.assert_array_equal(dx, [[1, 0, 1]] * 2)
+
+
+def test_inverse_one_sided_dft_with_other_bin_counts_is_refused() -> None:
+    """IRFFT of n bins into dft_length L needs n = L // 2 + 1: onnxruntime reads other counts its own way."""
+    nodes = [
+        helper.make_node("DFT", ["x", "length"], ["y"], inverse=1, onesided=1),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    inits = [("length", np.array(12))]
+    model = make_model({"x": (DOUBLE, [1, 3, 2])}, nodes, {"loss": (DOUBLE, [])}, initializers=inits, opset=20)
+    with pytest.raises(ValueError, match=r"dft_length // 2 \+ 1 input bins, not 3 bins for dft_length 12"):
         _train(model, "loss", ["x"])
