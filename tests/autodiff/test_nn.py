@@ -417,7 +417,7 @@ def test_grid_sample_cubic_has_no_rule() -> None:
         {"loss": (FLOAT, [])},
         opset=20,
     )
-    with pytest.raises(ValueError, match="mode='cubic'.*linear.*nearest"):
+    with pytest.raises(ValueError, match=r"mode='cubic'.*linear.*nearest"):
         build_gradients(GraphBuilder(model), "loss", ["x"])
 
 
