@@ -127,6 +127,16 @@ class RuleContext:
         """The rank of ``name``, or ``None`` when unknown."""
         return self.builder.rank(name)
 
+    def known_rank(self, name: str) -> int:
+        """The rank of ``name``; ``ValueError`` naming the node when it is unknown."""
+        rank = self.rank(name)
+        if rank is None:
+            raise ValueError(
+                f"the gradient of {self.node.op_type} node {self.node.name!r} needs the rank of {name!r}, which is "
+                "unknown; give the model's inputs a known rank (dimensions may stay symbolic)"
+            )
+        return rank
+
     def static_shape(self, name: str) -> list[int] | None:
         """The shape of ``name`` when every dimension is a known size, else ``None``."""
         dims = self.shape(name)

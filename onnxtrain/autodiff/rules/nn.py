@@ -100,14 +100,6 @@ def _known(*values: Ints) -> bool:
     return all(isinstance(v, list) for v in values)
 
 
-def _rank(ctx: RuleContext, name: str) -> int:
-    rank = ctx.rank(name)
-    if rank is None:
-        raise ValueError(
-            f"the {ctx.node.op_type} gradient needs the rank of {name!r}, which is unknown; "
-            "declare its shape (graph inputs or value_info)"
-        )
-    return rank
 
 
 # ------------------------------------------------------------------ helpers
@@ -181,7 +173,7 @@ def _nll_grad(ctx: RuleContext, g: str, x: str) -> str:
     ``w_i`` is ``weight[t_i]`` (1 without weights) and 0 where ``t_i == ignore_index``;
     the mean divides by ``sum(w)``.
     """
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     target = ctx.cast(ctx.inputs[1], TensorProto.INT64)
     ignore = ctx.attr("ignore_index")
     ignored = None if ignore is None else ctx.compare("Equal", target, ctx.const(ignore, target))
@@ -289,7 +281,7 @@ class _Geometry:
     """Strides, dilations, kernel and pads of a convolution or pooling node (pads as ``Ints``)."""
 
     def __init__(self, ctx: RuleContext, x: str, kernel: Ints) -> None:
-        self.rank = _rank(ctx, x)
+        self.rank = ctx.known_rank(x)
         n = self.n = self.rank - 2
         self.strides = [int(v) for v in ctx.attr("strides", [1] * n)]
         self.dilations = [int(v) for v in ctx.attr("dilations", [1] * n)]
@@ -572,7 +564,7 @@ def global_max_pool(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g * m / sum(m, S), m = [x == y]  (ties share g evenly)"""
     x = ctx.inputs[0]
     mask = ctx.cast_like(ctx.compare("Equal", x, ctx.outputs[0]), x)
-    count = ctx.op("ReduceSum", mask, ctx.int64s(_spatial_axes(_rank(ctx, x))), keepdims=1)
+    count = ctx.op("ReduceSum", mask, ctx.int64s(_spatial_axes(ctx.known_rank(x))), keepdims=1)
     return [ctx.mul(mask, ctx.div(grads[0], count))]  # type: ignore[arg-type]
 
 
@@ -596,7 +588,7 @@ def batch_norm(ctx: RuleContext, grads: Grads) -> Result:
     if g is None:
         return [None] * len(ctx.inputs)
     x, scale, bias, mean, var = ctx.inputs
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axes = [0, *_spatial_axes(rank)]
     eps = ctx.attr("epsilon", 1e-5)
     scale_x = ctx.cast_like(scale, x)
@@ -638,7 +630,7 @@ def layer_norm(ctx: RuleContext, grads: Grads) -> Result:
     # g_mean / n and -g_inv * inv**2 * xhat / n (n: the normalized size).
     x, scale = ctx.inputs[:2]
     y = ctx.outputs[0]
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axis = ctx.attr("axis", -1)
     axes = list(range(axis % rank, rank))
     g, g_mean, g_inv = [*grads, None, None][:3]
@@ -676,7 +668,7 @@ def instance_norm(ctx: RuleContext, grads: Grads) -> Result:
     """dx = inv * (gh - mean(gh) - xhat * mean(gh xhat)) over S, gh = g bc(scale); dscale = sum(g xhat), dB = sum(g)"""
     (g,) = grads
     x, scale, _ = ctx.inputs
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     spatial = _spatial_axes(rank)
     xhat, inv = _standardize(ctx, x, spatial, ctx.attr("epsilon", 1e-5))
     dx = _standardize_grad(ctx, ctx.mul(g, _bc(ctx, scale, rank)), xhat, inv, spatial) if ctx.needs(0) else None
@@ -693,7 +685,7 @@ def group_norm(ctx: RuleContext, grads: Grads) -> Result:
     # opset 21 one per channel.
     (g,) = grads
     x, scale, _ = ctx.inputs
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     groups = int(ctx.attr("num_groups"))
     grouped_shape = ctx.int64s([0, groups, -1])
     x_shape = ctx.shape_of(x)
@@ -917,7 +909,7 @@ def rms_normalization(ctx: RuleContext, grads: Grads) -> Result:
     # Over the axes from `axis` on, in x's element type whatever stash_type says.
     (g,) = grads
     x, scale = ctx.inputs[:2]
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axes = list(range(int(ctx.attr("axis", -1)) % rank, rank))
     eps = float(ctx.attr("epsilon", 1e-5))
     r = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(x), axes), eps)))
@@ -948,7 +940,7 @@ def col2im(ctx: RuleContext, grads: Grads) -> Result:
     # them back: output channel k of the Conv picks the k-th position of every block.
     (g,) = grads
     x, block = ctx.inputs[0], ctx.inputs[2]
-    n = _rank(ctx, ctx.outputs[0]) - 2
+    n = ctx.known_rank(ctx.outputs[0]) - 2
     shape = ctx.constant_value(block)
     if shape is not None:
         k = int(np.prod(shape))
@@ -992,7 +984,7 @@ def affine_grid(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     theta, size = ctx.inputs[:2]
     rows = _size(ctx, theta, 1)  # theta is [N, 2, 3] (2-D) or [N, 3, 4] (3-D)
-    k = rows if isinstance(rows, int) else _rank(ctx, ctx.outputs[0]) - 2
+    k = rows if isinstance(rows, int) else ctx.known_rank(ctx.outputs[0]) - 2
     batch = ctx.op("Slice", ctx.cast(size, TensorProto.INT64), ctx.int64s([0]), ctx.int64s([1]))
     identity = ctx.op("Expand", ctx.const(np.eye(k, k + 1)[None], theta), _vec(ctx, _cat(ctx, batch, [k, k + 1])))
     base = ctx.op("AffineGrid", identity, size, **_attributes(ctx))
@@ -1110,7 +1102,7 @@ def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
             f"GridSample node {ctx.node.name!r} has padding_mode={padding!r}; onnx allows zeros, border, reflection"
         )
     align = bool(ctx.attr("align_corners", 0))
-    n = _rank(ctx, x) - 2
+    n = ctx.known_rank(x) - 2
     sizes = [_size(ctx, x, 2 + a) for a in range(n)]
     # the grid's last axis holds (x, y, z): component k indexes spatial axis n - 1 - k
     components = ctx.op("Transpose", ctx.op("Reshape", grid, ctx.int64s([0, -1, n])), perm=[0, 2, 1])  # [N, n, Q]
@@ -1422,7 +1414,7 @@ def _attention_bias(ctx: RuleContext, q: str, keys: str, past: Num, like: str) -
             bias = ctx.where(mask, ctx.const(0.0, like), minus_inf)
         else:
             bias = ctx.cast_like(mask, like)
-        rank = _rank(ctx, mask)
+        rank = ctx.known_rank(mask)
         have, want = _dims(ctx, mask, rank - 1), _dims(ctx, keys, 2, 3)
         if not (_known(have, want) and have == want):  # a shorter mask means -inf beyond it
             pads = _cat(ctx, [0] * (2 * rank - 1), _iop(ctx, "Sub", want, have))
@@ -1487,7 +1479,7 @@ def attention(ctx: RuleContext, grads: Grads) -> Result:
             f"Attention node {ctx.node.name!r}: its qk_matmul_output (output 3) is a debugging output "
             "without a gradient rule; keep it off the path to the loss"
         )
-    rank = _rank(ctx, q)
+    rank = ctx.known_rank(q)
     if rank == 3:
         hq, hkv = int(ctx.attr("q_num_heads")), int(ctx.attr("kv_num_heads"))
         q4, k4, v4 = _heads(ctx, q, hq), _heads(ctx, k, hkv), _heads(ctx, v, hkv)
@@ -1547,7 +1539,7 @@ def attention(ctx: RuleContext, grads: Grads) -> Result:
         dz = ctx.mul(p, ctx.sub(dp, ctx.op("ReduceSum", ctx.mul(dp, p), ctx.int64s([-1]), keepdims=1)))
         if ctx.needs(3):  # a float mask, added to the scores; padded masks get their own columns
             mask = ctx.inputs[3]
-            width = _dims(ctx, mask, _rank(ctx, mask) - 1)
+            width = _dims(ctx, mask, ctx.known_rank(mask) - 1)
             cut = ctx.op("Slice", dz, ctx.int64s([0]), _vec(ctx, width), ctx.int64s([-1]))
             result[3] = ctx.cast_like(unbroadcast(ctx, cut, mask), mask)
         ds = ctx.mul(dz, ctx.sub(1.0, ctx.square(capped))) if cap > 0 else dz

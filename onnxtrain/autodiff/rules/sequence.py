@@ -220,21 +220,13 @@ def _layout(ctx: RuleContext, sizes: str, pre: str, length: str, post: str) -> s
     return ctx.op("Add", ctx.op("Add", ctx.op("Mul", p, stride), ctx.op("Reshape", base, ctx.int64s([1, -1, 1]))), q)
 
 
-def _rank(ctx: RuleContext, name: str) -> int:
-    rank = ctx.rank(name)
-    if rank is None:
-        raise ValueError(
-            f"the gradient of {ctx.node.op_type} node {ctx.node.name!r} needs the rank of {name!r}, which is "
-            "unknown; give the model's inputs a known rank (dimensions may stay symbolic)"
-        )
-    return rank
 
 
 def split_to_sequence(ctx: RuleContext, grads: Grads) -> Result:
     """dx[.., k, ..] = g[flat position of element k of piece i]  (pieces of split along axis; default 1)"""
     (g,) = grads
     x = ctx.inputs[0]
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axis = int(ctx.attr("axis", 0)) % rank
     length = _extent(ctx, x, axis, axis + 1)
     split = ctx.inputs[1] if ctx.has_input(1) else None
@@ -257,7 +249,7 @@ def concat_from_sequence(ctx: RuleContext, grads: Grads) -> Result:
     """ds[flat position of element k of s_i] = g[.., k, ..]  (new_axis: each element one step along axis)"""
     (g,) = grads
     seq, y = ctx.inputs[0], ctx.outputs[0]
-    rank = _rank(ctx, y)
+    rank = ctx.known_rank(y)
     axis = int(ctx.attr("axis")) % rank
     pre, post = _extent(ctx, y, 0, axis), _extent(ctx, y, axis + 1, rank)
     length = _extent(ctx, y, axis, axis + 1)

@@ -63,14 +63,6 @@ def _zero_value(ctx: RuleContext, like: str) -> onnx.TensorProto:
     return onnx.helper.make_tensor("value", ctx.elem_type(like), [1], [0])
 
 
-def _rank(ctx: RuleContext, name: str) -> int:
-    rank = ctx.rank(name)
-    if rank is None:
-        raise ValueError(
-            f"the gradient of {ctx.node.op_type} node {ctx.node.name!r} needs the rank of {name!r}, which is "
-            "unknown; give the model's inputs a known rank (dimensions may stay symbolic)"
-        )
-    return rank
 
 
 def _dim(ctx: RuleContext, x: str, axis: int) -> str:
@@ -140,7 +132,7 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str) -> 
 
     ``rows`` (values in ``[0, n_rows)``, rank ``q``) indexes the leading ``q`` axes of ``updates``.
     """
-    q = _rank(ctx, rows)
+    q = ctx.known_rank(rows)
     if ctx.opset >= _SCATTER_ADD_SINCE:
         static = ctx.static_shape(updates)
         n_static = ctx.constant_value(n_rows)
@@ -338,7 +330,7 @@ def tile(ctx: RuleContext, grads: Grads) -> Result:
     """dx = sum over the copies: reshape g to [r_0, d_0, r_1, d_1, ...], ReduceSum over the r axes"""
     (g,) = grads
     x, repeats = ctx.inputs
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     if rank == 0:
         return [g, None]
     reps = ctx.constant_value(repeats)
@@ -365,8 +357,8 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)"""
     (g,) = grads
     x, indices = ctx.inputs
-    rank = _rank(ctx, x)
-    q = _rank(ctx, indices)
+    rank = ctx.known_rank(x)
+    q = ctx.known_rank(indices)
     axis = int(ctx.attr("axis", 0)) % rank
     n = _dim(ctx, x, axis)
     rows = _wrap(ctx, indices, n)
@@ -383,7 +375,7 @@ def gather_elements(ctx: RuleContext, grads: Grads) -> Result:
     """dx = ScatterElements(zeros(x), idx, g, axis, reduction=add)"""
     (g,) = grads
     x, indices = ctx.inputs
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axis = int(ctx.attr("axis", 0)) % rank
     if ctx.opset >= _SCATTER_ADD_SINCE:
         dx = ctx.op("ScatterElements", ctx.zeros_like(x), indices, g, axis=axis, reduction="add")
@@ -662,7 +654,7 @@ def resize(ctx: RuleContext, grads: Grads) -> Result:
             f"{ctx.attr('keep_aspect_ratio_policy', 'stretch')!r}; use one of those, or keep its input out of wrt"
         )
     x, y = ctx.inputs[0], ctx.outputs[0]
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axes = _resize_axes(ctx, rank)
     x_static, y_static = ctx.static_shape(x), ctx.static_shape(y)
     if not axes or (x_static is not None and x_static == y_static):
@@ -700,7 +692,7 @@ def _scatter_selected(ctx: RuleContext, g: str, x: str, indices: str, axis: int 
     if axis is None:
         flat = ctx.op("ScatterElements", _flat_zeros(ctx, x), indices, ctx.op("Reshape", g, ctx.int64s([-1])), axis=0)
         return ctx.op("Reshape", flat, ctx.shape_of(x))
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axis %= rank
     along = ctx.op("Reshape", indices, ctx.int64s([1] * axis + [-1] + [1] * (rank - axis - 1)))
     spread = ctx.op("Expand", along, ctx.shape_of(g))
@@ -772,7 +764,7 @@ def tensor_scatter(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.needs(0):
         dpast = ctx.op("TensorScatter", g, ctx.zeros_like(update), *indices, axis=given_axis, mode=mode)
     if ctx.needs(1):
-        rank = _rank(ctx, update)
+        rank = ctx.known_rank(update)
         axis = given_axis % rank
         steps = _range(ctx, _dim(ctx, update, axis))
         tail = [1] * (rank - axis - 1)
@@ -897,7 +889,7 @@ def dft(ctx: RuleContext, grads: Grads) -> Result:
     """
     (g,) = grads
     x, y = ctx.inputs[0], ctx.outputs[0]
-    rank = _rank(ctx, x)
+    rank = ctx.known_rank(x)
     axis = _dft_axis(ctx, rank)
     inverse, onesided = int(ctx.attr("inverse", 0)), int(ctx.attr("onesided", 0))
 
