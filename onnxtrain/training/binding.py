@@ -1,0 +1,189 @@
+"""One onnxruntime session with one ``IOBinding``, reused for every run.
+
+Parameters, gradient buffers and optimizer state are bound as the OrtValues
+the state keeps on the device; outputs that replace them are bound to
+preallocated spares (double buffering), so a step copies nothing but the user
+inputs in and the user outputs (the loss) out.
+
+onnxruntime's Python wrappers of ``IOBinding`` and ``run_with_iobinding``
+validate every call for WebGPU graph capture; with ``run_options`` that check
+alone costs about 25 microseconds per run, which is more than a whole small
+training step. Where the wrapped native objects are there (``_iobinding``,
+``_sess``, ``_ortvalue``; every onnxruntime since 1.8), the binding talks to
+them directly; otherwise it goes through the public wrappers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxtrain.training import values
+from onnxtrain.training.device import Device, ProviderSpec
+from onnxtrain.training.interface import LoadedModel
+
+
+def default_session_options() -> ort.SessionOptions:
+    """All graph optimizations, default thread counts, intra-op threads that do not spin.
+
+    A train step and an optimizer step run in two sessions, one after the
+    other; spinning threads of one would keep cores busy while the other runs
+    (measured: about 1.3x slower steps on 2 cores, far worse on a busy machine).
+    """
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+class _PublicBinding:
+    """Bindings through onnxruntime's public Python API."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self._session = session
+        self._binding = session.io_binding()
+
+    def bind_ortvalue_input(self, name: str, value: ort.OrtValue) -> None:
+        self._binding.bind_ortvalue_input(name, value)
+
+    def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
+        self._binding.bind_cpu_input(name, array)
+
+    def bind_ortvalue_output(self, name: str, value: ort.OrtValue) -> None:
+        self._binding.bind_ortvalue_output(name, value)
+
+    def bind_output(self, name: str, device: Device) -> None:
+        self._binding.bind_output(name, device.type, device.id)
+
+    def run(self) -> None:
+        self._session.run_with_iobinding(self._binding)
+
+    def outputs(self, count: int) -> list[ort.OrtValue]:
+        return self._binding.get_outputs()[:count]
+
+
+class _NativeBinding:
+    """The same, through the native objects the public wrappers hold (no per-call validation)."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        wrapper = session.io_binding()
+        self._native_session = session._sess
+        self._binding = wrapper._iobinding
+        self._devices: dict[Device, Any] = {}
+        self._arrays: dict[str, np.ndarray] = {}  # bound host arrays must outlive the binding
+
+    @staticmethod
+    def supported(session: ort.InferenceSession) -> bool:
+        try:
+            wrapper = session.io_binding()
+            probe = ort.OrtValue.ortvalue_from_numpy(np.zeros(1, np.float32))
+            return (
+                hasattr(session, "_sess")
+                and hasattr(session._sess, "run_with_iobinding")
+                and hasattr(wrapper, "_iobinding")
+                and hasattr(probe, "_ortvalue")
+                and hasattr(ort.OrtDevice, "make")
+            )
+        except Exception:  # any surprise: use the public API
+            return False
+
+    def bind_ortvalue_input(self, name: str, value: ort.OrtValue) -> None:
+        self._binding.bind_ortvalue_input(name, value._ortvalue)
+
+    def bind_cpu_input(self, name: str, array: np.ndarray) -> None:
+        self._arrays[name] = array
+        self._binding.bind_input(name, array)
+
+    def bind_ortvalue_output(self, name: str, value: ort.OrtValue) -> None:
+        self._binding.bind_ortvalue_output(name, value._ortvalue)
+
+    def bind_output(self, name: str, device: Device) -> None:
+        native = self._devices.get(device)
+        if native is None:
+            native = self._devices[device] = ort.OrtDevice.make(device.type, device.id)._get_c_device()
+        self._binding.bind_output(name, native)
+
+    def run(self) -> None:
+        self._native_session.run_with_iobinding(self._binding, None)
+
+    def outputs(self, count: int) -> list[ort.OrtValue]:
+        if not count:
+            return []
+        vector = self._binding.get_outputs()
+        return [ort.OrtValue(vector[i]) for i in range(count)]
+
+
+class BoundSession:
+    """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        what: str,
+        options: ort.SessionOptions,
+        providers: list[ProviderSpec],
+        device: Device,
+        *,
+        native: bool = True,
+    ) -> None:
+        try:
+            self.session = ort.InferenceSession(model.source, sess_options=options, providers=providers)
+        except Exception as error:  # onnxruntime raises its own exception types
+            raise ValueError(f"onnxruntime cannot load the {what}: {error}") from error
+        self.what = what
+        self.device = device
+        use_native = native and _NativeBinding.supported(self.session)
+        self._io: _NativeBinding | _PublicBinding = (
+            _NativeBinding(self.session) if use_native else _PublicBinding(self.session)
+        )
+        # what is bound now, by name: an OrtValue bound again is skipped (parameters between optimizer steps)
+        self._inputs: dict[str, ort.OrtValue] = {}
+        self._outputs: dict[str, ort.OrtValue] = {}
+        self._held: dict[str, ort.OrtValue] = {}
+
+    @property
+    def native(self) -> bool:
+        """Whether bindings go to onnxruntime's native objects directly."""
+        return isinstance(self._io, _NativeBinding)
+
+    def bind_input(self, name: str, value: np.ndarray | ort.OrtValue) -> None:
+        """Bind a user input: an OrtValue as it is, a NumPy array from host memory."""
+        self._inputs.pop(name, None)
+        if isinstance(value, ort.OrtValue):
+            self._io.bind_ortvalue_input(name, value)
+            return
+        special = values.input_value(value)
+        if special is not None:
+            self._held[name] = special  # it views the array's memory: keep it alive while bound
+            self._io.bind_ortvalue_input(name, special)
+        else:
+            self._io.bind_cpu_input(name, value)
+
+    def bind_value(self, name: str, value: ort.OrtValue) -> None:
+        """Bind an input to an OrtValue the runtime keeps (a parameter, a buffer, a flag)."""
+        if self._inputs.get(name) is not value:
+            self._io.bind_ortvalue_input(name, value)
+            self._inputs[name] = value
+
+    def bind_output_into(self, name: str, value: ort.OrtValue) -> None:
+        """Let the run write output ``name`` into ``value`` (a preallocated spare)."""
+        if self._outputs.get(name) is not value:
+            self._io.bind_ortvalue_output(name, value)
+            self._outputs[name] = value
+
+    def bind_output(self, name: str, device: Device) -> None:
+        """A fresh output on ``device`` (rebound before every run: onnxruntime would reuse the last one)."""
+        self._outputs.pop(name, None)
+        self._io.bind_output(name, device)
+
+    def run(self) -> None:
+        self._io.run()
+
+    def outputs(self, count: int) -> list[ort.OrtValue]:
+        """The first ``count`` bound outputs of the last run (bind those first)."""
+        return self._io.outputs(count)
+
+
+__all__ = ["BoundSession", "default_session_options"]

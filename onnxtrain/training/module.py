@@ -1,0 +1,351 @@
+"""``Module``: train and eval steps over the artifacts, with ONNX Runtime's ``training.api.Module`` names.
+
+A train step runs the training model once with the user inputs, every
+parameter, the gradient buffers and ``lazy_reset_grad``; it returns the loss
+(and the additional outputs) and keeps the accumulated gradients and the
+BatchNormalization running statistics on the device. As in ONNX Runtime:
+
+- ``lazy_reset_grad`` is fed ``True`` on the first train step after the
+  module is made or after :meth:`Module.lazy_reset_grad`, else ``False``, so
+  successive train steps add up their gradients (gradient accumulation);
+- an optimizer step reads the accumulated gradients and does not reset them:
+  call ``lazy_reset_grad()`` after it, as ORT's examples do.
+
+Beyond ONNX Runtime: running statistics are carried from step to step;
+parameters may be of any float dtype; ``check_finite=True`` makes a
+non-finite loss raise ``FloatingPointError`` naming the step, and the step is
+then discarded (gradients and statistics as before it). Bad inputs raise
+before anything runs, and leave the state unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from onnxtrain import checkpoint
+from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.training import values
+from onnxtrain.training.binding import BoundSession, default_session_options
+from onnxtrain.training.device import Device, ProviderSpec, resolve
+from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
+from onnxtrain.training.state import StateTensor, TrainingState
+
+_HOST = Device("cpu")
+_PROTOBUF_LIMIT = 2**31 - 1
+
+Outputs = np.ndarray | ort.OrtValue | tuple[np.ndarray, ...] | tuple[ort.OrtValue, ...]
+#: A contiguous parameter buffer: one array/OrtValue, or ``{dtype name: buffer}`` for mixed dtypes.
+Buffer = np.ndarray | ort.OrtValue | Mapping[str, np.ndarray | ort.OrtValue]
+
+
+class Module:
+    """Train and eval steps for the training and eval models; see the module docstring.
+
+    Args:
+        train_model_uri: the training model (path, bytes or ModelProto).
+        state: the ``CheckpointState`` (``onnxtrain.api.CheckpointState.load_checkpoint(path)``);
+            its tensors move to ``device`` and stay there.
+        eval_model_uri: the eval model, for eval steps and export.
+        device: ``"cpu"`` (default), ``"cuda"`` or ``"cuda:<id>"``.
+        session_options: an ``onnxruntime.SessionOptions`` for all sessions
+            (default: all graph optimizations, default thread counts).
+        providers: onnxruntime execution providers, instead of ``device``.
+        check_finite: raise ``FloatingPointError`` when a train step's loss is
+            NaN or infinite (one host sync per step), discarding that step.
+    """
+
+    training: bool
+
+    def __init__(
+        self,
+        train_model_uri: ModelSource,
+        state: TrainingState,
+        eval_model_uri: ModelSource | None = None,
+        device: str | Device | None = None,
+        session_options: ort.SessionOptions | None = None,
+        *,
+        providers: Sequence[ProviderSpec] | None = None,
+        check_finite: bool = False,
+    ) -> None:
+        if not isinstance(state, TrainingState):
+            hint = (
+                "; wrap a checkpoint's content with onnxtrain.api.CheckpointState(state)"
+                if isinstance(state, checkpoint.CheckpointState)
+                else ""
+            )
+            raise TypeError(
+                "state must be onnxtrain.api.CheckpointState (CheckpointState.load_checkpoint(path)), not "
+                f"{type(state).__module__}.{type(state).__name__}{hint}"
+            )
+        if session_options is not None and not isinstance(session_options, ort.SessionOptions):
+            raise TypeError(
+                f"session_options must be an onnxruntime.SessionOptions, not {type(session_options).__name__}"
+            )
+        self._device, self._providers = resolve(device, providers)
+        self._options = session_options if session_options is not None else default_session_options()
+        infos = state._infos()
+        train = load_model(train_model_uri, "train_model_uri")
+        self._io = training_io(train.proto, infos)
+        self._eval_model: LoadedModel | None = None
+        self._eval_io: EvalModelIO | None = None
+        if eval_model_uri is not None:
+            self._eval_model = load_model(eval_model_uri, "eval_model_uri")
+            self._eval_io = eval_io(self._eval_model.proto, infos)
+        self._train_session = self._session(train, "training model")
+        self._eval_session = None if self._eval_model is None else self._session(self._eval_model, "eval model")
+        # everything checked: only now does the state move
+        state._place(self._device)
+        state._ensure_gradients(self._io.trainable)
+        state._grad_status = "none"
+        self._state = state
+        self.training = True
+        self._check_finite = bool(check_finite)
+        self._accumulate = False
+        self._train_steps = 0
+        self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
+        tensors, grads = state._tensors, state._grads
+        self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
+        self._grad_slots = [(self._io.buffers[p], self._io.gradients[p], grads[p]) for p in self._io.trainable]
+        self._stat_slots = [(out, tensors[p]) for p, out in self._io.statistics.items()]
+        self._eval_slots = [] if self._eval_io is None else [(n, tensors[n]) for n in self._eval_io.parameters]
+
+    def _session(self, model: LoadedModel, what: str) -> BoundSession:
+        return BoundSession(model, what, self._options, self._providers, self._device)
+
+    # --------------------------------------------------------------- steps
+
+    def __call__(self, *user_inputs: Any, **named_inputs: Any) -> Outputs:
+        """A train step in training mode, an eval step in eval mode.
+
+        Inputs are the model's user inputs, by position or by name, as NumPy
+        arrays or OrtValues. Returns the outputs (the loss first) as NumPy
+        arrays, or as OrtValues on the device when every input is an OrtValue;
+        one output comes back alone, several as a tuple.
+        """
+        if self.training:
+            return self._train_step(user_inputs, named_inputs)
+        return self._eval_step(user_inputs, named_inputs)
+
+    def train(self, mode: bool = True) -> Module:
+        """Training mode (``mode=True``) or eval mode; returns ``self``."""
+        self.training = bool(mode)
+        return self
+
+    def eval(self) -> Module:
+        """Eval mode; returns ``self``."""
+        return self.train(False)
+
+    def lazy_reset_grad(self) -> None:
+        """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
+        self._accumulate = False
+        if self._state._grad_status == "ready":
+            self._state._grad_status = "reset"
+
+    def _check_loaded(self) -> None:
+        if self._state._unloaded:
+            raise ValueError(
+                f"the state is a nominal checkpoint: parameters {sorted(self._state._unloaded)} hold no values yet; "
+                "load them with copy_buffer_to_parameters(buffer, trainable_only=False) first"
+            )
+
+    def _train_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
+        io = self._io
+        feeds = io.inputs.collect(args, kwargs)
+        self._check_loaded()
+        session = self._train_session
+        on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
+        out_device = self._device if on_device else _HOST
+        for name in io.outputs:  # first, so that they are the first bound outputs
+            session.bind_output(name, out_device)
+        for name, value in zip(io.inputs.names, feeds, strict=True):
+            session.bind_input(name, value)
+        for name, tensor in self._param_slots:
+            session.bind_value(name, tensor.value)
+        for buffer, out, grad in self._grad_slots:
+            session.bind_value(buffer, grad.value)
+            session.bind_output_into(out, grad.spare())
+        for out, tensor in self._stat_slots:
+            session.bind_output_into(out, tensor.spare())
+        session.bind_value(io.flag, self._flags[not self._accumulate])
+        session.run()
+        results = session.outputs(len(io.outputs))
+        step = self._train_steps + 1
+        if self._check_finite and results:
+            self._raise_if_not_finite(results[0], step)
+        for _, _, grad in self._grad_slots:
+            grad.swap()
+        for _, tensor in self._stat_slots:
+            tensor.swap()
+        self._accumulate = True
+        self._state._grad_status = "ready"
+        self._train_steps = step
+        return _pack(results, on_device)
+
+    def _raise_if_not_finite(self, loss: ort.OrtValue, step: int) -> None:
+        value = values.to_numpy(loss, copy=False)
+        if not np.all(np.isfinite(value)):
+            shown = value.item() if value.size == 1 else value
+            raise FloatingPointError(
+                f"train step {step} (after {self._state.step} optimizer steps): the loss is {shown}; the step "
+                "was discarded (gradients and running statistics are as before it). Lower the learning rate or "
+                "check the inputs"
+            )
+
+    def _eval_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
+        if self._eval_io is None or self._eval_session is None:
+            raise RuntimeError("this Module has no eval model: pass eval_model_uri when creating it")
+        io = self._eval_io
+        feeds = io.inputs.collect(args, kwargs)
+        self._check_loaded()
+        session = self._eval_session
+        on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
+        for name in io.outputs:
+            session.bind_output(name, self._device if on_device else _HOST)
+        for name, value in zip(io.inputs.names, feeds, strict=True):
+            session.bind_input(name, value)
+        for name, tensor in self._eval_slots:
+            session.bind_value(name, tensor.value)
+        session.run()
+        return _pack(session.outputs(len(io.outputs)), on_device)
+
+    # ------------------------------------------------------ parameter buffers
+
+    def _names(self, trainable_only: bool) -> list[str]:
+        return list(self._io.trainable) if trainable_only else list(self._io.parameters)
+
+    def _tensors(self, trainable_only: bool) -> list[tuple[str, StateTensor]]:
+        return [(name, self._state._tensors[name]) for name in self._names(trainable_only)]
+
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        """The number of elements of the (trainable) parameters."""
+        return sum(tensor.size for _, tensor in self._tensors(trainable_only))
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> ort.OrtValue:
+        """The parameters, flattened and concatenated in training-model order, as one OrtValue on the device.
+
+        The buffer has the parameters' dtype; parameters of several dtypes
+        raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
+        """
+        tensors = self._tensors(trainable_only)
+        kinds = list(dict.fromkeys(str(t.dtype) for _, t in tensors))
+        if len(kinds) > 1:
+            raise TypeError(
+                f"the parameters have several dtypes {kinds}, and one buffer holds one dtype; use "
+                "get_contiguous_parameters_per_dtype(), which returns {dtype: buffer}"
+            )
+        return self.get_contiguous_parameters_per_dtype(trainable_only).get(kinds[0] if kinds else "float32") or (
+            values.from_numpy(np.zeros(0, np.float32), self._device)
+        )
+
+    def get_contiguous_parameters_per_dtype(self, trainable_only: bool = False) -> dict[str, ort.OrtValue]:
+        """``{dtype name: buffer}``: per dtype, its parameters flattened and concatenated in model order."""
+        groups: dict[str, list[np.ndarray]] = {}
+        for _, tensor in self._tensors(trainable_only):
+            groups.setdefault(str(tensor.dtype), []).append(tensor.numpy().ravel())
+        return {kind: values.from_numpy(np.concatenate(parts), self._device) for kind, parts in groups.items()}
+
+    def copy_buffer_to_parameters(self, buffer: Buffer, trainable_only: bool = True) -> None:
+        """Write a contiguous buffer (as :meth:`get_contiguous_parameters` gives) into the parameters.
+
+        ``buffer``: one 1-D array or OrtValue of the parameters' dtype, or
+        ``{dtype name: buffer}`` for parameters of several dtypes. Its size must
+        be exactly the parameters' (``ValueError`` otherwise, nothing written).
+        """
+        tensors = self._tensors(trainable_only)
+        groups: dict[str, list[tuple[str, StateTensor]]] = {}
+        for name, tensor in tensors:
+            groups.setdefault(str(tensor.dtype), []).append((name, tensor))
+        if isinstance(buffer, Mapping):
+            given = {str(kind): _host_array(value, f"buffer[{kind!r}]") for kind, value in buffer.items()}
+        else:
+            array = _host_array(buffer, "buffer")
+            if len(groups) > 1:
+                raise TypeError(
+                    f"the parameters have several dtypes {list(groups)}; pass {{dtype name: buffer}} as "
+                    "get_contiguous_parameters_per_dtype() gives"
+                )
+            given = {next(iter(groups), str(array.dtype)): array}
+        if set(given) != set(groups):
+            raise ValueError(f"the buffers are for dtypes {sorted(given)}; the parameters have {sorted(groups)}")
+        which = "trainable parameters" if trainable_only else "parameters"
+        for kind, members in groups.items():
+            array, expected = given[kind], sum(t.size for _, t in members)
+            if str(array.dtype) != kind:
+                raise TypeError(f"the buffer is {array.dtype}, but the {which} are {kind}")
+            if array.size != expected:
+                raise ValueError(
+                    f"the buffer has {array.size} {kind} elements, but the {which} have {expected} "
+                    f"(get_parameters_size(trainable_only={trainable_only}))"
+                )
+        for kind, members in groups.items():  # all checked: now write
+            flat, offset = given[kind].reshape(-1), 0
+            for name, tensor in members:
+                tensor.write(flat[offset : offset + tensor.size].reshape(tensor.shape), f"parameter {name!r}")
+                self._state._unloaded.discard(name)
+                offset += tensor.size
+
+    # --------------------------------------------------------------- export
+
+    def export_model_for_inferencing(
+        self, inference_model_uri: str | os.PathLike[str], graph_output_names: Sequence[str]
+    ) -> None:
+        """Write the eval model with the current parameters baked in, pruned to ``graph_output_names``."""
+        if self._eval_model is None or self._eval_io is None:
+            raise RuntimeError("export needs the eval model: pass eval_model_uri when creating the Module")
+        self._check_loaded()
+        names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
+        parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
+        model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names)
+        path = os.fspath(inference_model_uri)
+        if model.ByteSize() < _PROTOBUF_LIMIT:
+            onnx.save_model(model, path)
+        else:
+            onnx.save_model(model, path, save_as_external_data=True, location=f"{os.path.basename(path)}.data")
+
+    # ------------------------------------------------------------------ names
+
+    def input_names(self) -> list[str]:
+        """The user inputs of the training model (training mode) or of the eval model (eval mode)."""
+        if self.training:
+            return list(self._io.inputs.names)
+        return [] if self._eval_io is None else list(self._eval_io.inputs.names)
+
+    def output_names(self) -> list[str]:
+        """The user outputs (the loss, then the additional outputs) of the training or eval model."""
+        if self.training:
+            return list(self._io.outputs)
+        return [] if self._eval_io is None else list(self._eval_io.outputs)
+
+    @property
+    def device(self) -> Device:
+        """Where the sessions run and the state lives."""
+        return self._device
+
+    @property
+    def train_step_count(self) -> int:
+        """Train steps run by this module (discarded ones not counted)."""
+        return self._train_steps
+
+
+def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
+    if on_device:
+        return results[0] if len(results) == 1 else tuple(results)
+    arrays = tuple(values.to_numpy(value, copy=False) for value in results)
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _host_array(value: Any, what: str) -> np.ndarray:
+    if isinstance(value, ort.OrtValue):
+        return values.to_numpy(value)
+    if isinstance(value, np.ndarray):
+        return value
+    raise TypeError(f"{what} must be an onnxruntime.OrtValue or a numpy.ndarray, not {type(value).__name__}")
+
+
+__all__ = ["Buffer", "Module"]

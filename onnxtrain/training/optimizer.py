@@ -1,0 +1,129 @@
+"""``Optimizer``: one run of the optimizer model per step, with ONNX Runtime's ``training.api.Optimizer`` names.
+
+The optimizer model (docs/artifacts.md) takes ``learning_rate``, ``step``
+(the state's step count + 1, as ONNX Runtime feeds it) and, per trainable
+parameter, the parameter, its accumulated gradient and its moments; it
+outputs the new parameter and moments, which replace the old ones on the
+device. The moments come from the checkpoint when it has optimizer state,
+else they are created (on the device) from the initial values in the model's
+metadata when the optimizer is made, with step 0 and learning rate 1e-3
+(ONNX Runtime's default) until one is set.
+
+As in ONNX Runtime, a step does not reset the gradients (call
+``module.lazy_reset_grad()`` after it). Unlike it, a step without gradients
+(before any train step, or right after ``lazy_reset_grad()``) raises
+``RuntimeError`` instead of applying zero or stale gradients, and
+``set_learning_rate`` without a scheduler also sets the initial learning rate,
+the one a checkpoint stores, so that a resumed run continues at the same rate.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from onnxtrain.optim.base import grad_name, state_name, updated_name
+from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.interface import ModelSource, load_model, optimizer_io
+from onnxtrain.training.module import Module
+from onnxtrain.training.state import OptimizerRecord, StateTensor
+
+if TYPE_CHECKING:
+    from onnxtrain.training.schedulers import LRScheduler
+
+
+def _learning_rate(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"the learning rate must be a float, not {type(value).__name__}")
+    rate = float(value)
+    if not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"the learning rate must be finite and >= 0, not {rate!r}")
+    return float(np.float32(rate))  # what the model's float32 input holds
+
+
+class Optimizer:
+    """Updates the module's trainable parameters from their accumulated gradients.
+
+    Args:
+        optimizer_uri: the optimizer model (path, bytes or ModelProto).
+        module: the :class:`~onnxtrain.training.module.Module` whose state it updates;
+            it runs on the module's device with the module's session options.
+    """
+
+    def __init__(self, optimizer_uri: ModelSource, module: Module) -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"module must be an onnxtrain Module, not {type(module).__name__}")
+        state = module._state
+        model = load_model(optimizer_uri, "optimizer_uri")
+        trainable = module._io.trainable
+        if not trainable:
+            raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
+        self._io = optimizer_io(model.proto, trainable, state._infos())
+        self._session = BoundSession(model, "optimizer model", module._options, module._providers, module._device)
+        self._record: OptimizerRecord = state._ensure_optimizer(trainable, self._io.initial_values)
+        self._module = module
+        self._scheduler: LRScheduler | None = None
+        tensors, grads, moments = state._tensors, state._grads, self._record.moments
+        self._slots: list[tuple[str, StateTensor]] = []  # (input name, tensor) updated in place by a step
+        self._grad_slots = [(grad_name(p), grads[p]) for p in trainable]
+        for p in trainable:
+            self._slots.append((p, tensors[p]))
+            self._slots += [(state_name(p, i), m) for i, m in enumerate(moments[p])]
+
+    def step(self) -> None:
+        """One optimizer step with the accumulated gradients; the state's step count goes up by one."""
+        state = self._module._state
+        if state._grad_status != "ready":
+            when = "after lazy_reset_grad()" if state._grad_status == "reset" else "before any train step"
+            raise RuntimeError(
+                f"Optimizer.step() {when}: there are no gradients to apply; run a train step (module(...)) first"
+            )
+        record = self._record
+        session = self._session
+        session.bind_input(LEARNING_RATE, np.array([record.learning_rate], dtype=np.float32))
+        session.bind_input(STEP, np.array([record.step + 1], dtype=np.int64))
+        for name, grad in self._grad_slots:
+            session.bind_value(name, grad.value)
+        for name, tensor in self._slots:
+            session.bind_value(name, tensor.value)
+            session.bind_output_into(updated_name(name), tensor.spare())
+        session.run()
+        for _, tensor in self._slots:
+            tensor.swap()
+        record.step += 1
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """Use ``learning_rate`` from the next step on (a scheduler's next ``step()`` overrides it)."""
+        rate = _learning_rate(learning_rate)
+        self._record.learning_rate = rate
+        if self._scheduler is None:
+            self._record.initial_learning_rate = rate
+
+    def get_learning_rate(self) -> float:
+        """The learning rate the next step uses."""
+        return self._record.learning_rate
+
+    # ------------------------------------------------------- for schedulers
+
+    @property
+    def step_count(self) -> int:
+        """Optimizer steps taken (the checkpoint's step), which schedulers read."""
+        return self._record.step
+
+    @property
+    def initial_learning_rate(self) -> float:
+        return self._record.initial_learning_rate
+
+    def _attach(self, scheduler: LRScheduler, initial_lr: float) -> None:
+        self._record.initial_learning_rate = _learning_rate(initial_lr)
+        self._record.learning_rate = self._record.initial_learning_rate
+        self._scheduler = scheduler
+
+    def _schedule(self, learning_rate: float) -> None:
+        self._record.learning_rate = _learning_rate(learning_rate)
+
+
+__all__ = ["Optimizer"]

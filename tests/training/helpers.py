@@ -1,0 +1,44 @@
+"""Small helpers for the runtime tests: opening artifacts, data, running models directly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxtrain import api
+
+
+def open_module(paths: Mapping[str, Path], *, optimizer: bool = True, **kwargs: Any) -> tuple[Any, Any, Any]:
+    """``(state, module, optimizer)`` from freshly loaded artifacts."""
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"], **kwargs)
+    opt = api.Optimizer(paths["optimizer_model"], module) if optimizer else None
+    return state, module, opt
+
+
+def regression_batch(rng: np.random.Generator, n: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """``x: float32[n, 4]``, ``target: float32[n, 3]``."""
+    return rng.normal(size=(n, 4)).astype(np.float32), rng.normal(size=(n, 3)).astype(np.float32)
+
+
+def classifier_batch(rng: np.random.Generator, n: int = 16) -> tuple[np.ndarray, np.ndarray]:
+    """``x: float32[n, 6]``, ``labels: int64[n]`` in 0..3, learnable from x."""
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    labels = (np.argmax(x[:, :4], axis=1)).astype(np.int64)
+    return x, labels
+
+
+def parameters(state: Any) -> dict[str, np.ndarray]:
+    """``{name: value}`` of every parameter of an api.CheckpointState."""
+    return {name: parameter.data for name, parameter in state.parameters}
+
+
+def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """All outputs of a model run directly in onnxruntime."""
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, dict(feeds)), strict=True))

@@ -1,0 +1,97 @@
+"""Bad input: errors name the input and what was expected, raised before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxtrain import api, checkpoint
+from tests.training.helpers import open_module, parameters, regression_batch
+
+
+@pytest.fixture
+def trained(regression, rng):
+    """A module after one train step, and that step's gradient of fc0.weight."""
+    state, module, optimizer = open_module(regression)
+    module(*regression_batch(rng))
+    return state, module, optimizer, state.parameters["fc0.weight"].grad
+
+
+CASES = [
+    # (args, kwargs, error, message)
+    ((), {}, TypeError, r"missing input 'x' \(float32\[batch, 4\]\), 'target' \(float32\[batch, 3\]\)"),
+    (("x",), {}, TypeError, r"missing input 'target' \(float32\[batch, 3\]\)"),
+    (
+        ("x", "t", "t"),
+        {},
+        TypeError,
+        r"takes 2 user input\(s\) \(x: float32\[batch, 4\], target: float32\[batch, 3\]\); got 3",
+    ),
+    (("x",), {"targets": "t"}, TypeError, r"no input 'targets'; its user inputs are \['x', 'target'\]"),
+    (("x", "t"), {"x": "x"}, TypeError, r"'x' .* given twice"),
+    (("x64", "t"), {}, TypeError, r"input 'x' of the training model is float32\[batch, 4\]; got float64\[8, 4\]: cast"),
+    (("x1d", "t"), {}, ValueError, r"input 'x' of the training model is float32\[batch, 4\]; got float32\[32\]"),
+    (("x5", "t"), {}, ValueError, r"input 'x' .* float32\[batch, 4\]; got float32\[8, 5\]"),
+    (("x", "t3"), {}, ValueError, r"input 'target' .* has batch = 3, but input 'x' has batch = 8"),
+    (("list", "t"), {}, TypeError, r"input 'x' .* numpy.ndarray or an onnxruntime.OrtValue .*not list"),
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "error", "message"), CASES)
+def test_bad_user_inputs_are_named_and_change_nothing(trained, rng, args, kwargs, error, message):
+    state, module, _optimizer, grad = trained
+    x, t = regression_batch(rng)
+    values = {
+        "x": x,
+        "t": t,
+        "x64": x.astype(np.float64),
+        "x1d": x.ravel(),
+        "x5": np.zeros((8, 5), np.float32),
+        "t3": t[:3],
+        "list": x.tolist(),
+    }
+    before = parameters(state)
+    with pytest.raises(error, match=message):
+        module(*[values[a] for a in args], **{k: values[v] for k, v in kwargs.items()})
+    np.testing.assert_array_equal(state.parameters["fc0.weight"].grad, grad)
+    for name, value in parameters(state).items():
+        np.testing.assert_array_equal(value, before[name])
+    assert module.train_step_count == 1
+    module.eval()
+    with pytest.raises(error, match=message.replace("training model", "eval model")):
+        module(*[values[a] for a in args], **{k: values[v] for k, v in kwargs.items()})
+
+
+def test_after_a_bad_input_the_next_step_still_accumulates(regression, trained, rng):
+    state, module, _, grad = trained
+    x, t = regression_batch(rng)
+    with pytest.raises(TypeError):
+        module(x.astype(np.float64), t)
+    module(x, t)
+    single_state, single, _ = open_module(regression, optimizer=False)
+    single(x, t)
+    expected = grad + single_state.parameters["fc0.weight"].grad
+    np.testing.assert_allclose(state.parameters["fc0.weight"].grad, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_model_arguments(regression, tmp_path):
+    state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
+    with pytest.raises(FileNotFoundError, match="train_model_uri"):
+        api.Module(tmp_path / "missing.onnx", state)
+    with pytest.raises(ValueError, match="not a serialized ONNX model"):
+        api.Module(b"not a model", state)
+    with pytest.raises(TypeError, match="CheckpointState"):
+        api.Module(regression["training_model"], {"fc0.weight": 1})
+    with pytest.raises(TypeError, match=r"api\.CheckpointState\(state\)"):
+        api.Module(regression["training_model"], checkpoint.load(regression["checkpoint"]))
+    with pytest.raises(ValueError, match="lazy_reset_grad"):
+        api.Module(regression["eval_model"], state)  # an eval model is no training model
+    assert state.parameters["fc0.weight"].grad is None
+
+
+def test_eval_without_an_eval_model(regression, rng):
+    state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
+    module = api.Module(regression["training_model"], state).eval()
+    with pytest.raises(RuntimeError, match="no eval model"):
+        module(*regression_batch(rng))
+    assert module.input_names() == [] and module.output_names() == []
