@@ -12,13 +12,21 @@ ORT_TRAINING_VENV ?= .venv-ort-training
 ORT_TRAINING_PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3.8; do command -v $$p && break; done)
 ORT_TRAINING_PACKAGES ?= onnxruntime-training-cpu==1.19.2 onnx==1.16.2 "numpy<2"
 
-.PHONY: demo test venv torch ort-training clean
+.PHONY: demo test bench venv torch ort-training clean
 
 demo: venv
-	$(BIN)/python examples/custom_loss.py
+	$(BIN)/python examples/digits_demo.py
 
 test: venv torch ort-training
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The benchmark (benchmarks/, docs/benchmarks.md): onnxtrain, PyTorch eager and
+# onnxruntime-training 1.19.2; the last in its own environment,
+# benchmarks/.venv-ort-training, created on first use. Not part of `make test`.
+# BENCH_ARGS: e.g. --quick, --workloads mlp, --markdown out.md.
+bench: venv torch
+	$(BIN)/python -m benchmarks.ort_venv
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 venv: $(VENV)/.installed
 
@@ -64,4 +72,4 @@ $(ORT_TRAINING_VENV)/.done:
 	@touch $@
 
 clean:
-	rm -rf $(VENV) $(ORT_TRAINING_VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(ORT_TRAINING_VENV) benchmarks/.venv-ort-training .pytest_cache .hypothesis
