@@ -1,0 +1,190 @@
+"""The results as Markdown tables: per framework, the ratios, and the issue's targets."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ONNXTRAIN = "onnxtrain"
+ORT = "onnxruntime-training"
+TORCH = "pytorch"
+FRAMEWORKS = (ONNXTRAIN, ORT, TORCH)
+#: µs per step; peak RSS; peak RSS above the RSS once the framework is imported.
+Metric = Literal["time", "memory", "training memory"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """``onnxtrain's <metric> <= bound x <peer>'s`` on ``workload`` (``None``: every workload)."""
+
+    workload: str | None
+    metric: Metric
+    peer: str
+    bound: float
+
+    def describe(self, workload: str) -> str:
+        what = {"time": "step time", "memory": "peak memory"}.get(self.metric, "peak memory above its imports")
+        return f"{workload}: onnxtrain {what} <= {self.bound:g}x {self.peer}'s"
+
+
+#: Issue 5, "Speed"; the last one reads its memory target without the imports (onnxruntime-training's
+#: Python package imports torch, which alone is most of its peak).
+TARGETS = (
+    Target("linreg", "time", ORT, 1.0),
+    Target("mlp", "time", ORT, 1.0),
+    Target("mlp", "time", TORCH, 0.6),
+    Target(None, "memory", ORT, 1.2),
+    Target(None, "training memory", ORT, 1.2),
+)
+
+
+def _index(results: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(r["workload"], r["framework"]): r for r in results}
+
+
+def _ok(result: dict[str, Any] | None) -> bool:
+    return result is not None and "error" not in result and "us_per_step" in result
+
+
+def _above_imports(result: dict[str, Any]) -> float:
+    """Peak RSS above the RSS once the framework is imported: the memory training itself takes."""
+    return float(result["peak_rss_mib"]) - float(result.get("rss_after_import_mib", math.nan))
+
+
+def _metric(result: dict[str, Any], metric: Metric) -> float:
+    """``time``: µs per step; ``memory``: peak RSS; ``training memory``: peak RSS above the imports."""
+    if metric == "time":
+        return float(result["us_per_step"])
+    return float(result["peak_rss_mib"]) if metric == "memory" else _above_imports(result)
+
+
+def ratio(results: Sequence[dict[str, Any]], workload: str, metric: Metric, peer: str) -> float | None:
+    """onnxtrain's metric over ``peer``'s, or ``None`` when either did not run."""
+    index = _index(results)
+    ours, theirs = index.get((workload, ONNXTRAIN)), index.get((workload, peer))
+    if not (_ok(ours) and _ok(theirs)):
+        return None
+    assert ours is not None and theirs is not None
+    return _metric(ours, metric) / _metric(theirs, metric)
+
+
+def _time(us: float) -> str:
+    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def _failure(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return "not run"
+    return "failed: " + str(result.get("error", "no result")).replace("|", "\\|")
+
+
+def framework_table(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]]) -> str:
+    """One row per workload and framework: time, rate, memory, the first losses."""
+    lines = [
+        "| workload | framework | time/step | best repeat | steps/s | peak RSS | RSS after imports | peak - imports "
+        "| set-up | losses, steps 1-3 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    index = _index(results)
+    for name, _ in workloads:
+        for framework in FRAMEWORKS:
+            result = index.get((name, framework))
+            if result is None:
+                continue
+            if not _ok(result):
+                lines.append(f"| {name} | {framework} | {_failure(result)} | | | | | | | |")
+                continue
+            losses = ", ".join(f"{v:.6g}" for v in result.get("first_losses", []))
+            lines.append(
+                f"| {name} | {framework} | {_time(result['us_per_step'])} "
+                f"| {_time(result.get('us_per_step_min', math.nan))} | {result['steps_per_s']:,.0f} "
+                f"| {result['peak_rss_mib']:.0f} MiB | {result.get('rss_after_import_mib', math.nan):.0f} MiB "
+                f"| {_above_imports(result):.0f} MiB "
+                f"| {result.get('setup_s', math.nan) - result.get('import_s', 0.0):.2f} s | {losses} |"
+            )
+    return "\n".join(lines)
+
+
+def ratio_table(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]]) -> str:
+    """onnxtrain against each peer: time and peak-memory ratios (below 1: onnxtrain is faster or smaller)."""
+    lines = [
+        "| workload | time vs ORT-training | time vs PyTorch | peak RSS vs ORT-training | peak RSS vs PyTorch "
+        "| peak - imports vs ORT-training | peak - imports vs PyTorch |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    metrics: tuple[Metric, ...] = ("time", "memory", "training memory")
+    for name, _ in workloads:
+        cells = [_ratio(ratio(results, name, metric, peer)) for metric in metrics for peer in (ORT, TORCH)]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def target_lines(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]]) -> list[str]:
+    """Each target of the issue, with the measured ratio and whether it is met."""
+    names = [name for name, _ in workloads]
+    index = _index(results)
+    lines = []
+    for target in TARGETS:
+        for name in [target.workload] if target.workload else names:
+            if name not in names:
+                continue
+            value = ratio(results, name, target.metric, target.peer)
+            if value is None:
+                missing = [fw for fw in (ONNXTRAIN, target.peer) if not _ok(index.get((name, fw)))]
+                states = [f"{fw} {'failed' if (name, fw) in index else 'not run'}" for fw in missing]
+                verdict = f"not measured ({', '.join(states)})"
+            else:
+                verdict = f"{value:.2f}x: " + ("met" if value <= target.bound else "**NOT met**")
+            lines.append(f"- {target.describe(name)}: {verdict}")
+    return lines
+
+
+def loss_check(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]]) -> list[str]:
+    """Same weights and data: the first step's loss must agree across frameworks."""
+    lines = []
+    index = _index(results)
+    for name, _ in workloads:
+        firsts = {
+            fw: index[(name, fw)]["first_losses"][0]
+            for fw in FRAMEWORKS
+            if _ok(index.get((name, fw))) and index[(name, fw)].get("first_losses")
+        }
+        if len(firsts) < 2:
+            continue
+        spread = max(firsts.values()) - min(firsts.values())
+        scale = max(abs(v) for v in firsts.values()) or 1.0
+        verdict = "agree" if spread / scale < 1e-4 else "**DIFFER**"
+        lines.append(f"- {name}: first-step losses {verdict} (relative spread {spread / scale:.1e})")
+    return lines
+
+
+def render(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]], header: Sequence[str]) -> str:
+    """The whole report, in Markdown."""
+    parts = [
+        *header,
+        "",
+        "Workloads:",
+        "",
+        *[f"- `{name}`: {title}" for name, title in workloads],
+        "",
+        framework_table(results, workloads),
+        "",
+        "onnxtrain's figure over the peer's (below 1.00x: onnxtrain is faster or smaller):",
+        "",
+        ratio_table(results, workloads),
+        "",
+        "Targets (issue 5):",
+        "",
+        *target_lines(results, workloads),
+        "",
+        "Same initial weights and batches: the loss of the first step (before any update) must agree:",
+        "",
+        *loss_check(results, workloads),
+    ]
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,36 @@
+"""What every worker reads from a prepared workload (NumPy only)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.measure import rss_mib
+
+
+def load_spec(folder: Path) -> dict[str, Any]:
+    """``spec.json`` of the workload (see :class:`benchmarks.prepare.Spec`)."""
+    return json.loads((folder / "spec.json").read_text())
+
+
+def load_batches(folder: Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The batches as contiguous ``(x, y)`` pairs, cycled through by the steps."""
+    with np.load(folder / "data.npz") as data:
+        x, y = data["x"], data["y"]
+    return [(np.ascontiguousarray(x[i]), np.ascontiguousarray(y[i])) for i in range(len(x))]
+
+
+class Stopwatch:
+    """Wall time and memory at the marks of a worker: imports done, set-up done."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        self.marks[f"{name}_s"] = time.perf_counter() - self.start
+        self.marks[f"rss_after_{name}_mib"] = rss_mib()

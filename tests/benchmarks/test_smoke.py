@@ -1,0 +1,85 @@
+"""Keeps benchmarks/ from rotting: the onnxtrain and PyTorch workers on the linear regression, a few steps.
+
+Timings are never asserted (they are the benchmark's business, docs/benchmarks.md);
+the onnxruntime-training environment is never created here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from benchmarks import report, run
+from benchmarks.prepare import BATCHES, Spec
+from benchmarks.workloads import WORKLOADS
+
+SETTINGS = run.Settings(warmup=3, repeats=1, steps=2, quick=True, threads=1)
+
+
+def _linreg_folder(folder: Path) -> Path:
+    """The linear-regression workload as benchmarks.prepare writes it, built without torch: ``Gemm(x, W, b)``."""
+    workload = WORKLOADS["linreg"]
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((1, 10), dtype=np.float32) * 0.3
+    bias = np.array([0.1], dtype=np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["input", "weight", "bias"], ["output"], transB=1)],
+        "linreg",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [workload.batch, 10])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [workload.batch, 1])],
+        [numpy_helper.from_array(weight, "weight"), numpy_helper.from_array(bias, "bias")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    folder.mkdir(parents=True)
+    onnx.save(model, str(folder / "model.onnx"))
+    np.savez(folder / "weights.npz", weight=weight, bias=bias)
+    x, y = workload.batches(BATCHES, (workload.batch, 1))
+    np.savez(folder / "data.npz", x=x, y=y)
+    spec = Spec("linreg", workload.title, "mse", "sgd", 0.01, "input", "output", ["weight", "bias"])
+    (folder / "spec.json").write_text(json.dumps(asdict(spec)))
+    return folder
+
+
+def _train(framework: str, folder: Path) -> dict:
+    artifacts = folder / f"artifacts-{framework}"
+    if framework in run.GENERATES:
+        generated = run.run_worker(Path(sys.executable), framework, "generate", folder, artifacts, SETTINGS, 2)
+        assert "error" not in generated, generated
+        assert (artifacts / "training_model.onnx").exists()
+    result = run.run_worker(Path(sys.executable), framework, "train", folder, artifacts, SETTINGS, 2)
+    assert "error" not in result, result
+    assert result["us_per_step"] > 0 and result["peak_rss_mib"] >= result["rss_after_import_mib"] > 0
+    assert len(result["first_losses"]) == 3 and all(math.isfinite(v) for v in result["first_losses"])
+    return result
+
+
+def test_the_onnxtrain_worker_generates_and_trains(tmp_path):
+    result = _train(report.ONNXTRAIN, _linreg_folder(tmp_path / "linreg"))
+    assert result["first_losses"][2] < result["first_losses"][0] * 10  # trains, does not blow up
+
+
+def test_pytorch_starts_from_the_same_weights_and_data(tmp_path):
+    pytest.importorskip("torch")
+    folder = _linreg_folder(tmp_path / "linreg")
+    ours, torch_result = _train(report.ONNXTRAIN, folder), _train(report.TORCH, folder)
+    np.testing.assert_allclose(ours["first_losses"], torch_result["first_losses"], rtol=1e-5)
+
+
+def test_quick_mode_prints_the_table(tmp_path, capsys):
+    pytest.importorskip("torch")
+    argv = ["--quick", "--workloads", "linreg", "--frameworks", "onnxtrain,pytorch", "--steps", "2", "--repeats", "1"]
+    assert run.main([*argv, "--workdir", str(tmp_path), "--markdown", str(tmp_path / "report.md")]) == 0
+    text = capsys.readouterr().out
+    assert text == (tmp_path / "report.md").read_text()
+    assert "| linreg | onnxtrain |" in text and "| linreg | pytorch |" in text
+    assert "linreg: first-step losses agree" in text
+    assert "onnxtrain step time <= 1x onnxruntime-training's: not measured" in text  # ORT not asked for
