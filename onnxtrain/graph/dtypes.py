@@ -49,7 +49,7 @@ def to_elem_type(dtype: np.dtype | type | int | str) -> int:
         if code not in onnx.TensorProto.DataType.values() or code == 0:
             raise TypeError(f"{code} is not an ONNX element type (see onnx.TensorProto.DataType)")
         return code
-    if isinstance(dtype, str) and dtype.upper() in onnx.TensorProto.DataType.keys():
+    if isinstance(dtype, str) and dtype.upper() in onnx.TensorProto.DataType.keys():  # noqa: SIM118 - an EnumTypeWrapper has no __contains__
         return int(onnx.TensorProto.DataType.Value(dtype.upper()))
     try:
         if dtype is None:  # np.dtype(None) would be float64

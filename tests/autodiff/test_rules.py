@@ -11,8 +11,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from onnxtrain.autodiff import builtin_registry
-from tests.autodiff.gradcheck import DIM_MODES, build_cached, check
 from tests.autodiff import specs_matrix_shape, specs_nn
+from tests.autodiff.gradcheck import DIM_MODES, build_cached, check
 from tests.autodiff.specs import SPECS as CORE_SPECS
 from tests.autodiff.specs import Spec
 

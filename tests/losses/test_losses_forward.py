@@ -330,7 +330,11 @@ def oracle(case: Case, reduction: str, y: np.ndarray, target: np.ndarray) -> np.
         return oracles.smooth_l1_loss(y, target, reduction, **_kwargs(case, "beta"))
     if case.loss == "CrossEntropyLoss":
         return oracles.cross_entropy(
-            y, target, reduction=reduction, ignore_index=ignore_index_of(case), **_kwargs(case, "weight", "label_smoothing")
+            y,
+            target,
+            reduction=reduction,
+            ignore_index=ignore_index_of(case),
+            **_kwargs(case, "weight", "label_smoothing"),
         )
     if case.loss == "NLLLoss":
         return oracles.nll_loss(y, target, reduction=reduction, **_kwargs(case, "weight", "ignore_index"))
