@@ -73,21 +73,25 @@ class _AdamBase(Optimizer):
             states.append(v_hat)
         root = m.sqrt(v_hat, hint="sqrt_v")
         if self._bias_correction:
-            step_size, root_bc2 = m.shared(("adam_bias",), self._bias)
-            root = m.div(root, root_bc2, hint="sqrt_v")
+            # m / (sqrt(v) / c + eps) * s == m / (sqrt(v) + eps * c) * (s * c), c = sqrt(1 - beta2**t):
+            # both factors are scalars computed once per model, which saves a full-size Div per parameter
+            step_size, eps = m.shared(("adam_bias",), self._bias)
         else:
-            step_size = m.lr()
-        denom = m.add(root, m.const(self._eps, "eps"), hint="denom")
+            step_size, eps = m.lr(), m.const(self._eps, "eps")
+        denom = m.add(root, eps, hint="denom")
         delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
         return Update(m.sub(param, delta, out=slot.out_param, hint="p"), tuple(states))
 
     def _bias(self, m: Math) -> tuple[str, str]:
-        """``(lr / (1 - beta1**t), sqrt(1 - beta2**t))``, shared by the parameters of one type."""
+        """``(lr / (1 - beta1**t) * c, eps * c)`` with ``c = sqrt(1 - beta2**t)``, shared by the parameters
+        of one type."""
         beta1, beta2 = self._betas
         one, t = m.const(1.0), m.step()
         bc1 = m.sub(one, m.pow(m.const(beta1, "beta1"), t, hint="beta1_t"), hint="bias_correction1")
         bc2 = m.sub(one, m.pow(m.const(beta2, "beta2"), t, hint="beta2_t"), hint="bias_correction2")
-        return m.div(m.lr(), bc1, hint="step_size"), m.sqrt(bc2, hint="bias_correction2_sqrt")
+        root_bc2 = m.sqrt(bc2, hint="bias_correction2_sqrt")
+        step_size = m.mul(m.div(m.lr(), bc1, hint="step_size"), root_bc2, hint="step_size")
+        return step_size, m.mul(m.const(self._eps, "eps"), root_bc2, hint="eps")
 
 
 class Adam(_AdamBase):

@@ -15,6 +15,7 @@ them directly; otherwise it goes through the public wrappers.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
@@ -115,6 +116,21 @@ class _NativeBinding:
         return [ort.OrtValue(vector[i]) for i in range(count)]
 
 
+_MAX_LAYOUTS = 8
+
+
+class _Layout:
+    """One IOBinding and what is bound to it."""
+
+    __slots__ = ("held", "inputs", "io", "outputs")
+
+    def __init__(self, io: _NativeBinding | _PublicBinding) -> None:
+        self.io = io
+        self.inputs: dict[str, ort.OrtValue] = {}
+        self.outputs: dict[str, ort.OrtValue] = {}
+        self.held: dict[str, ort.OrtValue] = {}
+
+
 class BoundSession:
     """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers."""
 
@@ -134,19 +150,36 @@ class BoundSession:
             raise ValueError(f"onnxruntime cannot load the {what}: {error}") from error
         self.what = what
         self.device = device
-        use_native = native and _NativeBinding.supported(self.session)
-        self._io: _NativeBinding | _PublicBinding = (
-            _NativeBinding(self.session) if use_native else _PublicBinding(self.session)
-        )
-        # what is bound now, by name: an OrtValue bound again is skipped (parameters between optimizer steps)
-        self._inputs: dict[str, ort.OrtValue] = {}
-        self._outputs: dict[str, ort.OrtValue] = {}
-        self._held: dict[str, ort.OrtValue] = {}
+        self._native = native and _NativeBinding.supported(self.session)
+        # one binding per layout key (see select()), each with what is bound to it now, by name: an OrtValue
+        # bound again is skipped (parameters between optimizer steps; with one layout per parity of the
+        # double buffers, nothing at all in a steady loop)
+        self._layouts: dict[Hashable, _Layout] = {}
+        self.select(None)
+
+    def select(self, key: Hashable) -> None:
+        """Use the binding kept for ``key`` (made on first use) for the next binds and run.
+
+        The runtime passes the parities of its double buffers, so that each
+        binding always sees the same OrtValues and re-binds nothing. Any key is
+        correct (what is bound is tracked per binding); a good one only saves
+        re-binding.
+        """
+        layout = self._layouts.get(key)
+        if layout is None:
+            if len(self._layouts) >= _MAX_LAYOUTS:  # a key that keeps changing: forget the others
+                self._layouts.clear()
+            io = _NativeBinding(self.session) if self._native else _PublicBinding(self.session)
+            layout = self._layouts[key] = _Layout(io)
+        self._io = layout.io
+        self._inputs = layout.inputs
+        self._outputs = layout.outputs
+        self._held = layout.held
 
     @property
     def native(self) -> bool:
         """Whether bindings go to onnxruntime's native objects directly."""
-        return isinstance(self._io, _NativeBinding)
+        return self._native
 
     def bind_input(self, name: str, value: np.ndarray | ort.OrtValue) -> None:
         """Bind a user input: an OrtValue as it is, a NumPy array from host memory."""

@@ -114,6 +114,13 @@ class Module:
         self._grad_slots = [(self._io.buffers[p], self._io.gradients[p], grads[p]) for p in self._io.trainable]
         self._stat_slots = [(out, tensors[p]) for p, out in self._io.statistics.items()]
         self._eval_slots = [] if self._eval_io is None else [(n, tensors[n]) for n in self._eval_io.parameters]
+        # one tensor of each group that swaps together (parameters, gradients, statistics): their parities
+        # pick the training session's binding, so that a steady loop re-binds none of them
+        self._parity_tensors = tuple(
+            group[0][-1]
+            for group in ([(p, tensors[p]) for p in self._io.trainable], self._grad_slots, self._stat_slots)
+            if group
+        )
 
     def _session(self, model: LoadedModel, what: str) -> BoundSession:
         return BoundSession(model, what, self._options, self._providers, self._device)
@@ -161,6 +168,7 @@ class Module:
         session = self._train_session
         on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
         out_device = self._device if on_device else _HOST
+        session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
         for name in io.outputs:  # first, so that they are the first bound outputs
             session.bind_output(name, out_device)
         for name, value in zip(io.inputs.names, feeds, strict=True):

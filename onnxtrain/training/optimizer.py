@@ -23,6 +23,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnxruntime as ort
 
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
@@ -72,6 +73,14 @@ class Optimizer:
         for p in trainable:
             self._slots.append((p, tensors[p]))
             self._slots += [(state_name(p, i), m) for i, m in enumerate(moments[p])]
+        # learning rate and step: host OrtValues viewing these arrays, bound once, written in place per step
+        # (as before, onnxruntime copies host inputs to the device where a node needs them there)
+        self._lr_host = np.zeros(1, np.float32)
+        self._step_host = np.zeros(1, np.int64)
+        self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr_host)
+        self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
+        # the parities of the gradients and of the parameters (the moments swap with them) pick the binding
+        self._parity_tensors = (grads[trainable[0]], tensors[trainable[0]])
 
     def step(self) -> None:
         """One optimizer step with the accumulated gradients; the state's step count goes up by one."""
@@ -83,8 +92,11 @@ class Optimizer:
             )
         record = self._record
         session = self._session
-        session.bind_input(LEARNING_RATE, np.array([record.learning_rate], dtype=np.float32))
-        session.bind_input(STEP, np.array([record.step + 1], dtype=np.int64))
+        session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
+        self._lr_host[0] = record.learning_rate
+        self._step_host[0] = record.step + 1
+        session.bind_value(LEARNING_RATE, self._lr_value)
+        session.bind_value(STEP, self._step_value)
         for name, grad in self._grad_slots:
             session.bind_value(name, grad.value)
         for name, tensor in self._slots:

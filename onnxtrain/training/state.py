@@ -34,7 +34,7 @@ GradientStatus = Literal["none", "ready", "reset"]
 class StateTensor:
     """One tensor of the state: a NumPy array until placed, then an OrtValue on the device, plus a spare."""
 
-    __slots__ = ("_array", "_spare", "device", "dtype", "shape", "value")
+    __slots__ = ("_array", "_spare", "device", "dtype", "flips", "shape", "value")
 
     def __init__(self, array: np.ndarray) -> None:
         self._array: np.ndarray | None = array
@@ -43,6 +43,7 @@ class StateTensor:
         self.value: ort.OrtValue | None = None
         self._spare: ort.OrtValue | None = None
         self.device: Device | None = None
+        self.flips = 0  # swaps so far: its parity says which of the two buffers is the value
 
     @property
     def size(self) -> int:
@@ -95,6 +96,7 @@ class StateTensor:
     def swap(self) -> None:
         """Make the spare (just written by a step) the current value."""
         self.value, self._spare = self._spare, self.value
+        self.flips += 1
 
 
 @dataclass
