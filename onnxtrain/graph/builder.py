@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from onnxtrain.graph import dtypes, versions
-from onnxtrain.graph.io import SMALL_TENSOR_ELEMENTS, checkable, skeleton
+from onnxtrain.graph.io import checkable, is_small, skeleton
 from onnxtrain.graph.naming import NameGenerator, names_in
 
 #: A dimension is a size, a symbolic name (``"batch"``) or unknown (``None``).
@@ -112,8 +112,7 @@ class GraphBuilder:
 
     def _record_tensor(self, tensor: onnx.TensorProto) -> None:
         self._values[tensor.name] = _tensor_type_of(tensor)
-        elements = int(np.prod(tensor.dims, dtype=np.int64))
-        if tensor.data_location != onnx.TensorProto.EXTERNAL and elements <= SMALL_TENSOR_ELEMENTS:
+        if is_small(tensor):
             self._constants[tensor.name] = tensor
 
     def sync(self) -> None:
@@ -282,28 +281,6 @@ class GraphBuilder:
             raise ValueError(f"the name {name!r} is already used in the model; choose another")
         self.names.reserve(name)
         return name
-
-    def ensure_output(self, node: onnx.NodeProto, index: int, hint: str) -> str:
-        """The name of optional output ``index`` of ``node`` (a node of the model), adding it if absent.
-
-        Operators such as Dropout (mask), MaxPool (indices) and
-        BatchNormalization (running statistics) compute outputs their node may
-        not declare; a later stage that needs one asks for it here.
-        """
-        self.sync()
-        if index < len(node.output) and node.output[index]:
-            return node.output[index]
-        while len(node.output) <= index:
-            node.output.append("")
-        added = []
-        for position in range(index + 1):  # operators such as BatchNormalization want all or none
-            if not node.output[position]:
-                node.output[position] = self._claim(self.names.fresh(hint))
-                added.append(node.output[position])
-        types = self._infer_outputs(node)
-        for name in added:
-            self._values[name] = types.get(name)
-        return node.output[index]
 
     def add_initializer(
         self, value: np.ndarray | onnx.TensorProto, hint: str = "const", *, name: str | None = None

@@ -36,7 +36,8 @@ def load_base_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[on
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
 
 
-def _is_small(tensor: onnx.TensorProto) -> bool:
+def is_small(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` holds its values inline and has at most :data:`SMALL_TENSOR_ELEMENTS`."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         return False
     count = 1
@@ -75,7 +76,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     target.input.extend(graph.input)
     target.output.extend(graph.output)
     target.value_info.extend(graph.value_info)
-    target.initializer.extend(t if _is_small(t) else type_only_tensor(t) for t in graph.initializer)
+    target.initializer.extend(t if is_small(t) else type_only_tensor(t) for t in graph.initializer)
     return light
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -74,8 +73,7 @@ def target_input(
     dims: list[Dim] | None = b.shape(like)
     if dims is not None and drop_axis is not None:
         dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
-    type_proto = copy.deepcopy(tensor_type(wanted, dims)) if dims is not None else tensor_type(wanted, None)
-    return b.add_input(name, type_proto)
+    return b.add_input(name, tensor_type(wanted, dims))
 
 
 def dim_size(b: GraphBuilder, x: str, axis: int) -> str:
