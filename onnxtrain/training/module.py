@@ -33,6 +33,7 @@ from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession, default_session_options
 from onnxtrain.training.device import Device, ProviderSpec, resolve
+from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
 from onnxtrain.training.state import StateTensor, TrainingState
 
@@ -89,6 +90,8 @@ class Module:
             )
         self._device, self._providers = resolve(device, providers)
         self._options = session_options if session_options is not None else default_session_options()
+        # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
+        self._fused_options = session_options if session_options is not None else default_session_options(spinning=True)
         infos = state._infos()
         train = load_model(train_model_uri, "train_model_uri")
         self._io = training_io(train.proto, infos)
@@ -97,6 +100,7 @@ class Module:
         if eval_model_uri is not None:
             self._eval_model = load_model(eval_model_uri, "eval_model_uri")
             self._eval_io = eval_io(self._eval_model.proto, infos)
+        self._train_model = train
         self._train_session = self._session(train, "training model")
         self._eval_session = None if self._eval_model is None else self._session(self._eval_model, "eval model")
         # everything checked: only now does the state move
@@ -108,6 +112,7 @@ class Module:
         self._check_finite = bool(check_finite)
         self._accumulate = False
         self._train_steps = 0
+        self._fused: FusedStep | None = None  # set by the Optimizer over this module
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
         tensors, grads = state._tensors, state._grads
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
@@ -151,6 +156,7 @@ class Module:
     def lazy_reset_grad(self) -> None:
         """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
         self._accumulate = False
+        self._state._revision += 1
         if self._state._grad_status == "ready":
             self._state._grad_status = "reset"
 
@@ -165,7 +171,12 @@ class Module:
         io = self._io
         feeds = io.inputs.collect(args, kwargs)
         self._check_loaded()
-        session = self._train_session
+        from_reset = not self._accumulate
+        fused = self._fused
+        if fused is not None:
+            fused.forget()
+        fusing = fused is not None and from_reset and fused.wanted()
+        session = fused.session if fusing and fused is not None else self._train_session
         on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
         out_device = self._device if on_device else _HOST
         session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
@@ -175,12 +186,17 @@ class Module:
             session.bind_input(name, value)
         for name, tensor in self._param_slots:
             session.bind_value(name, tensor.value)
-        for buffer, out, grad in self._grad_slots:
-            session.bind_value(buffer, grad.value)
-            session.bind_output_into(out, grad.spare())
+        if fusing and fused is not None:
+            fused.bind()
+            for out, grad in fused.gradients:
+                session.bind_output_into(out, grad.spare())
+        else:
+            for buffer, out, grad in self._grad_slots:
+                session.bind_value(buffer, grad.value)
+                session.bind_output_into(out, grad.spare())
+            session.bind_value(io.flag, self._flags[from_reset])
         for out, tensor in self._stat_slots:
             session.bind_output_into(out, tensor.spare())
-        session.bind_value(io.flag, self._flags[not self._accumulate])
         session.run()
         results = session.outputs(len(io.outputs))
         step = self._train_steps + 1
@@ -192,7 +208,10 @@ class Module:
             tensor.swap()
         self._accumulate = True
         self._state._grad_status = "ready"
+        self._state._revision += 1
         self._train_steps = step
+        if fused is not None:
+            fused.after_train_step(from_reset=from_reset, computed=fusing)
         return _pack(results, on_device)
 
     def _raise_if_not_finite(self, loss: ort.OrtValue, step: int) -> None:
@@ -297,6 +316,7 @@ class Module:
                 tensor.write(flat[offset : offset + tensor.size].reshape(tensor.shape), f"parameter {name!r}")
                 self._state._unloaded.discard(name)
                 offset += tensor.size
+        self._state._revision += 1
 
     # --------------------------------------------------------------- export
 

@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import ModelSource, load_model, optimizer_io
 from onnxtrain.training.module import Module
 from onnxtrain.training.state import OptimizerRecord, StateTensor
@@ -52,9 +53,13 @@ class Optimizer:
         optimizer_uri: the optimizer model (path, bytes or ModelProto).
         module: the :class:`~onnxtrain.training.module.Module` whose state it updates;
             it runs on the module's device with the module's session options.
+        fuse: let the module's train steps that start from reset gradients
+            also compute this optimizer's update, in one onnxruntime run
+            (:mod:`onnxtrain.training.fused`); ``False`` always runs the two
+            models apart. Results are the same either way.
     """
 
-    def __init__(self, optimizer_uri: ModelSource, module: Module) -> None:
+    def __init__(self, optimizer_uri: ModelSource, module: Module, *, fuse: bool = True) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"module must be an onnxtrain Module, not {type(module).__name__}")
         state = module._state
@@ -81,6 +86,8 @@ class Optimizer:
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
         # the parities of the gradients and of the parameters (the moments swap with them) pick the binding
         self._parity_tensors = (grads[trainable[0]], tensors[trainable[0]])
+        self._fused = FusedStep.create(module, model, self) if fuse else None
+        module._fused = self._fused
 
     def step(self) -> None:
         """One optimizer step with the accumulated gradients; the state's step count goes up by one."""
@@ -91,6 +98,10 @@ class Optimizer:
                 f"Optimizer.step() {when}: there are no gradients to apply; run a train step (module(...)) first"
             )
         record = self._record
+        if self._fused is not None and self._fused.take():  # the train step computed this update already
+            record.step += 1
+            state._revision += 1
+            return
         session = self._session
         session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
         self._lr_host[0] = record.learning_rate
@@ -106,6 +117,7 @@ class Optimizer:
         for _, tensor in self._slots:
             tensor.swap()
         record.step += 1
+        state._revision += 1
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Use ``learning_rate`` from the next step on (a scheduler's next ``step()`` overrides it)."""

@@ -235,6 +235,9 @@ class TrainingState:
         self._unloaded: set[str] = set(self._tensors) if state.is_nominal else set()
         self._grads: dict[str, StateTensor] = {}
         self._grad_status: GradientStatus = "none"
+        # bumped by every change to the parameters, gradients or optimizer state (a fused step's update
+        # holds only while it is unchanged)
+        self._revision = 0
         self._properties: dict[str, ckpt.PropertyValue] = dict(state.properties)
         self._device: Device | None = None
         self._optimizer: OptimizerRecord | None = None
@@ -338,6 +341,7 @@ class TrainingState:
             value = values.to_numpy(value)
         tensor.write(value, f"parameter {name!r}")
         self._unloaded.discard(name)
+        self._revision += 1
 
     def _gradient(self, name: str) -> np.ndarray | None:
         self._tensor(name)

@@ -12,11 +12,13 @@ import onnxruntime as ort
 from onnxtrain import api
 
 
-def open_module(paths: Mapping[str, Path], *, optimizer: bool = True, **kwargs: Any) -> tuple[Any, Any, Any]:
-    """``(state, module, optimizer)`` from freshly loaded artifacts."""
+def open_module(
+    paths: Mapping[str, Path], *, optimizer: bool = True, fuse: bool = True, **kwargs: Any
+) -> tuple[Any, Any, Any]:
+    """``(state, module, optimizer)`` from freshly loaded artifacts; ``fuse`` goes to the Optimizer."""
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     module = api.Module(paths["training_model"], state, paths["eval_model"], **kwargs)
-    opt = api.Optimizer(paths["optimizer_model"], module) if optimizer else None
+    opt = api.Optimizer(paths["optimizer_model"], module, fuse=fuse) if optimizer else None
     return state, module, opt
 
 

@@ -22,25 +22,29 @@ def _count_state_binds(session, counts):
             setattr(io, method, counted)
 
 
-def test_a_steady_loop_rebinds_no_state(regression, rng):
-    _state, module, optimizer = open_module(regression)
+@pytest.mark.parametrize("fuse", [False, True])
+def test_a_steady_loop_rebinds_no_state(regression, rng, fuse):
+    _state, module, optimizer = open_module(regression, fuse=fuse)
     batches = [regression_batch(rng) for _ in range(4)]
     for x, t in batches:  # warm up both parities
         module(x, t)
         optimizer.step()
+        optimizer.set_learning_rate(0.05)  # as a scheduler does: after the step, before the next train step
         module.lazy_reset_grad()
-    kept = (len(module._train_session._layouts), len(optimizer._session._layouts))
-    assert kept == (3, 3)  # the one made with the session, and one per parity
+    sessions = [module._train_session, optimizer._session] + ([optimizer._fused.session] if fuse else [])
+    kept = [len(session._layouts) for session in sessions]
+    # the layout made with each session, and one per parity of the sessions that run
+    assert kept == ([1, 1, 3] if fuse else [3, 3])
     counts: list[str] = []
-    _count_state_binds(module._train_session, counts)
-    _count_state_binds(optimizer._session, counts)
+    for session in sessions:
+        _count_state_binds(session, counts)
     for x, t in batches:
         module(x, t)
-        optimizer.set_learning_rate(0.05)  # written in place, not rebound
         optimizer.step()
+        optimizer.set_learning_rate(0.05)  # written in place, not rebound
         module.lazy_reset_grad()
     assert counts == []
-    assert (len(module._train_session._layouts), len(optimizer._session._layouts)) == kept
+    assert [len(session._layouts) for session in sessions] == kept
     assert optimizer.step_count == 8
 
 

@@ -1,0 +1,198 @@
+"""One model for a whole training step: the training model without accumulation, feeding the optimizer model.
+
+The runtime's fast path (docs/runtime.md, "The fused step"): when a train
+step starts from reset gradients and an optimizer step follows, one
+onnxruntime run can do both. :func:`fuse_training_step` builds that model from
+the two artifacts:
+
+- the training model with ``lazy_reset_grad`` taken as true: each
+  ``<p>_grad.accumulation.out = Where(reset, g, buffer + g)`` is dropped and
+  the raw gradient ``g`` becomes the output, so neither the accumulation
+  buffers nor the flag are inputs any more (every other input stays, used or
+  not, so that the runtime binds the same names);
+- the optimizer model, its ``<p>_grad`` inputs fed by those gradients, its
+  other inputs (``learning_rate``, ``step``, the moments) and its outputs
+  (``<p>.updated``, ``<p>.momentumK.updated``) added to the graph.
+
+Outputs: the training model's (loss, additional outputs, gradients, running
+statistics), then the optimizer model's. Names of the optimizer model that the
+training model already uses for something else are renamed;
+:class:`FusedModel` says what each became. Both models must import the same
+opset version for every domain they share (``generate_artifacts`` writes them
+so); otherwise :class:`FusionError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
+from onnxtrain.autodiff.training import prune_unused_nodes
+from onnxtrain.graph.naming import names_in
+from onnxtrain.optim.base import grad_name
+
+
+class FusionError(ValueError):
+    """The training and optimizer models cannot be merged into one (the runtime then runs them apart)."""
+
+
+@dataclass(frozen=True)
+class FusedModel:
+    """The merged model, and where each name of the two artifacts went.
+
+    ``gradients[p]``: the output holding ``p``'s gradient. ``renamed``: the
+    optimizer model's inputs and outputs whose names changed (absent: kept).
+    """
+
+    model: onnx.ModelProto
+    gradients: Mapping[str, str]
+    renamed: Mapping[str, str]
+
+    def name_of(self, optimizer_name: str) -> str:
+        """The fused model's name for an input or output of the optimizer model."""
+        return self.renamed.get(optimizer_name, optimizer_name)
+
+
+def fuse_training_step(
+    training: onnx.ModelProto, optimizer: onnx.ModelProto, trainable: Sequence[str]
+) -> FusedModel:
+    """The training model (accumulation removed) followed by the optimizer model, as one model.
+
+    ``trainable``: the parameters both models share, which the optimizer updates.
+    Neither model is changed.
+    """
+    opsets = _merged_opsets(training, optimizer)
+    graph = onnx.GraphProto()
+    graph.CopyFrom(training.graph)
+    graph.name = f"{training.graph.name or 'training'}_fused_step"
+    producers = {name: node for node in graph.node for name in node.output}
+    outputs = [value.name for value in graph.output]
+    taken = names_in(graph)
+    renamed: dict[str, str] = {}
+
+    def unique(name: str) -> str:
+        """``name``, or ``name.fusedN`` where the merged graph already uses ``name``."""
+        if name in taken:
+            index = 0
+            while f"{name}.fused{index}" in taken:
+                index += 1
+            name = f"{name}.fused{index}"
+        taken.add(name)
+        return name
+
+    gradients = {param: _raw_gradient(graph, producers, param, unique) for param in trainable}
+    raw = {accumulated_name(p): g for p, g in gradients.items()}
+    kept_outputs = list(graph.output)
+    del graph.output[:]
+    for value in kept_outputs:
+        if value.name in raw:
+            value.name = raw[value.name]
+        graph.output.append(value)
+    if len(set(o.name for o in graph.output)) != len(outputs):
+        raise FusionError("a gradient of the training model is also another of its outputs")
+
+    shared = set(trainable)
+    feeds = {grad_name(p): gradients[p] for p in trainable}
+    missing = [name for name in feeds if name not in {value.name for value in optimizer.graph.input}]
+    if missing:
+        raise FusionError(f"the optimizer model lacks the gradient input(s) {missing}")
+    mapping: dict[str, str] = {}
+    for value in optimizer.graph.input:
+        if value.name in feeds or value.name in shared:
+            continue
+        mapping[value.name] = unique(value.name)
+        if mapping[value.name] != value.name:
+            renamed[value.name] = mapping[value.name]
+        copy = graph.input.add()
+        copy.CopyFrom(value)
+        copy.name = mapping[value.name]
+    mapping.update(feeds)
+    mapping.update({p: p for p in shared})
+    for tensor in optimizer.graph.initializer:
+        copy_tensor = graph.initializer.add()
+        copy_tensor.CopyFrom(tensor)
+        copy_tensor.name = mapping[tensor.name] = unique(tensor.name)
+    for node in optimizer.graph.node:
+        for name in node.output:
+            if name and name not in mapping:
+                mapping[name] = unique(name)
+    for node in optimizer.graph.node:
+        copy_node = graph.node.add()
+        copy_node.CopyFrom(node)
+        copy_node.input[:] = [mapping.get(name, name) if name else name for name in node.input]
+        copy_node.output[:] = [mapping[name] if name else name for name in node.output]
+        if node.name:
+            copy_node.name = unique(node.name)
+    for value in optimizer.graph.output:
+        copy = graph.output.add()
+        copy.CopyFrom(value)
+        copy.name = mapping[value.name]
+        if value.name != copy.name:
+            renamed[value.name] = copy.name
+
+    model = onnx.helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = max(training.ir_version, optimizer.ir_version)
+    model.functions.extend(training.functions)
+    model.functions.extend(optimizer.functions)
+    prune_unused_nodes(model)
+    _drop_unused_inputs(model.graph, {LAZY_RESET_GRAD, *(buffer_name(p) for p in trainable)})
+    kept_names = {name for node in model.graph.node for name in node.output}
+    kept_values = [v for v in model.graph.value_info if v.name in kept_names]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept_values)
+    return FusedModel(model, gradients, renamed)
+
+
+def _raw_gradient(
+    graph: onnx.GraphProto, producers: Mapping[str, onnx.NodeProto], param: str, unique: Callable[[str], str]
+) -> str:
+    """The tensor ``Where(reset, g, buffer + g)`` selects on reset, for ``param``'s accumulation output."""
+    out = accumulated_name(param)
+    node = producers.get(out)
+    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+        raise FusionError(
+            f"the training model's {out!r} is not the Where(reset, gradient, buffer + gradient) that "
+            "generate_artifacts writes"
+        )
+    condition, gradient = node.input[0], node.input[1]
+    squeeze = producers.get(condition)
+    if squeeze is None or not squeeze.input or squeeze.input[0] != LAZY_RESET_GRAD:
+        raise FusionError(f"the condition of {out!r} is not {LAZY_RESET_GRAD!r}")
+    if gradient not in producers:  # a gradient that is an input or a constant: give it a node of its own
+        gradient_output = unique(f"{param}_grad")
+        graph.node.add().CopyFrom(onnx.helper.make_node("Identity", [gradient], [gradient_output]))
+        return gradient_output
+    return gradient
+
+
+def _merged_opsets(*models: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:
+    versions: dict[str, int] = {}
+    for model in models:
+        for entry in model.opset_import:
+            domain = "" if entry.domain == "ai.onnx" else entry.domain
+            if versions.setdefault(domain, entry.version) != entry.version:
+                raise FusionError(
+                    f"the training and optimizer models import opset {versions[domain]} and {entry.version} of "
+                    f"domain {domain or 'ai.onnx'!r}; one model needs one version"
+                )
+    return [onnx.helper.make_opsetid(domain, version) for domain, version in versions.items()]
+
+
+def _drop_unused_inputs(graph: onnx.GraphProto, names: set[str]) -> None:
+    """Remove the inputs among ``names`` that nothing reads any more (the accumulation's)."""
+    needed = {value.name for value in graph.output}
+    for node in graph.node:
+        needed.update(node.input)
+        for attribute in node.attribute:
+            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+                needed.update(name for sub in subgraph.node for name in sub.input)
+    unused = [value.name for value in graph.input if value.name in names and value.name not in needed]
+    kept = [value for value in graph.input if value.name not in unused]
+    del graph.input[:]
+    graph.input.extend(kept)
+
+
+__all__ = ["FusedModel", "FusionError", "fuse_training_step"]
