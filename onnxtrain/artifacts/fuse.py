@@ -56,9 +56,7 @@ class FusedModel:
         return self.renamed.get(optimizer_name, optimizer_name)
 
 
-def fuse_training_step(
-    training: onnx.ModelProto, optimizer: onnx.ModelProto, trainable: Sequence[str]
-) -> FusedModel:
+def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, trainable: Sequence[str]) -> FusedModel:
     """The training model (accumulation removed) followed by the optimizer model, as one model.
 
     ``trainable``: the parameters both models share, which the optimizer updates.

@@ -45,8 +45,7 @@ def _class_axis_rank(b: GraphBuilder, loss: str, name: str, weight: np.ndarray |
         )
     if weight is not None and isinstance(dims[1], int) and weight.size != dims[1]:
         raise ValueError(
-            f"{loss} got {weight.size} weights, but {name!r} has {dims[1]} classes (axis 1); "
-            "pass one weight per class"
+            f"{loss} got {weight.size} weights, but {name!r} has {dims[1]} classes (axis 1); pass one weight per class"
         )
     return len(dims)
 

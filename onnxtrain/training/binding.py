@@ -124,13 +124,14 @@ _MAX_LAYOUTS = 8
 class _Layout:
     """One IOBinding and what is bound to it."""
 
-    __slots__ = ("held", "inputs", "io", "outputs")
+    __slots__ = ("held", "inputs", "io", "outputs", "settled")
 
     def __init__(self, io: _NativeBinding | _PublicBinding) -> None:
         self.io = io
         self.inputs: dict[str, ort.OrtValue] = {}
         self.outputs: dict[str, ort.OrtValue] = {}
         self.held: dict[str, ort.OrtValue] = {}
+        self.settled = False
 
 
 class BoundSession:
@@ -173,10 +174,25 @@ class BoundSession:
                 self._layouts.clear()
             io = _NativeBinding(self.session) if self._native else _PublicBinding(self.session)
             layout = self._layouts[key] = _Layout(io)
+        self._layout = layout
         self._io = layout.io
         self._inputs = layout.inputs
         self._outputs = layout.outputs
         self._held = layout.held
+
+    @property
+    def settled(self) -> bool:
+        """Whether :meth:`settle` was called on the selected binding: its state bindings are all in place."""
+        return self._layout.settled
+
+    def settle(self) -> None:
+        """Mark the selected binding's state bindings complete, so that the caller may skip them from now on.
+
+        Correct only where the key passed to :meth:`select` determines every
+        state OrtValue bound (the runtime's parity keys do: a double buffer's
+        two OrtValues never change, only which one is current).
+        """
+        self._layout.settled = True
 
     @property
     def native(self) -> bool:
@@ -186,6 +202,9 @@ class BoundSession:
     def bind_input(self, name: str, value: np.ndarray | ort.OrtValue) -> None:
         """Bind a user input: an OrtValue as it is, a NumPy array from host memory."""
         self._inputs.pop(name, None)
+        if value.__class__ is np.ndarray and not values.needs_ortvalue(value.dtype):
+            self._io.bind_cpu_input(name, value)
+            return
         if isinstance(value, ort.OrtValue):
             self._io.bind_ortvalue_input(name, value)
             return

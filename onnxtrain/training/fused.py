@@ -22,7 +22,6 @@ that would waste the update does not compute it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_training_step
@@ -39,14 +38,10 @@ if TYPE_CHECKING:
 _PROTOBUF_LIMIT = 2**31 - 1
 
 
-@dataclass(frozen=True)
-class _Basis:
-    """What an update computed at a train step depends on, besides that step's gradients."""
-
-    revision: int  # the state's revision right after the train step
-    step: int
-    learning_rate: float
-    computed: bool  # whether the fused model ran (the update is in the spares)
+#: What an update computed at a train step depends on, besides that step's gradients: the state's
+#: revision right after the train step, the step count, the learning rate, and whether the fused model
+#: ran (the update is in the spares).
+_Basis = tuple[int, int, float, bool]
 
 
 class FusedStep:
@@ -83,23 +78,30 @@ class FusedStep:
         except FusionError:
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
-        session = BoundSession(
-            model, "fused training step", module._fused_options, module._providers, module._device
-        )
+        session = BoundSession(model, "fused training step", module._fused_options, module._providers, module._device)
         return cls(fused, session, optimizer)
 
     # ------------------------------------------------- used by the module
 
-    def wanted(self) -> bool:
-        """Whether a train step from reset gradients should run the fused model."""
-        return self.speculate
+    def begin(self, from_reset: bool) -> bool:
+        """A train step begins: forget any earlier update; whether this step runs the fused model.
+
+        It does when the step starts from reset gradients and the last
+        optimizer step says speculating pays; then this writes the learning
+        rate and step number where the bound inputs read them.
+        """
+        self._basis = None
+        if not (from_reset and self.speculate):
+            return False
+        optimizer = self._optimizer
+        record = optimizer._record
+        optimizer._lr_host[0] = record.learning_rate
+        optimizer._step_host[0] = record.step + 1
+        return True
 
     def bind(self) -> None:
         """Bind the optimizer's inputs and the update's outputs (the module binds the rest)."""
         optimizer, session = self._optimizer, self.session
-        record = optimizer._record
-        optimizer._lr_host[0] = record.learning_rate
-        optimizer._step_host[0] = record.step + 1
         session.bind_value(self.learning_rate, optimizer._lr_value)
         session.bind_value(self.step, optimizer._step_value)
         for name, tensor, out in self.updates:
@@ -107,17 +109,12 @@ class FusedStep:
                 session.bind_value(name, tensor.value)
             session.bind_output_into(out, tensor.spare())
 
-    def forget(self) -> None:
-        """A train step begins: no earlier update stays valid."""
-        self._basis = None
-
     def after_train_step(self, *, from_reset: bool, computed: bool) -> None:
         """Record what the update of this train step (computed or not) depends on."""
         if not from_reset:
             return  # accumulated gradients: the basis was forgotten when this step began
         record = self._optimizer._record
-        state = self._optimizer._module._state
-        self._basis = _Basis(state._revision, record.step, record.learning_rate, computed)
+        self._basis = (self._optimizer._module._state._revision, record.step, record.learning_rate, computed)
 
     # ---------------------------------------------- used by the optimizer
 
@@ -129,14 +126,13 @@ class FusedStep:
         """
         basis, self._basis = self._basis, None
         record = self._optimizer._record
-        holds = (
-            basis is not None
-            and basis.revision == self._optimizer._module._state._revision
-            and basis.step == record.step
-            and basis.learning_rate == record.learning_rate
+        holds = basis is not None and basis[:3] == (
+            self._optimizer._module._state._revision,
+            record.step,
+            record.learning_rate,
         )
         self.speculate = holds
-        if not (holds and basis is not None and basis.computed):
+        if not (holds and basis is not None and basis[3]):
             return False
         for _, tensor, _ in self.updates:
             tensor.swap()

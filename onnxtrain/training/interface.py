@@ -104,6 +104,18 @@ class TensorSpec:
             dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
         return cls(value.name, dtypes.to_numpy_dtype(tensor.elem_type), dims)
 
+    @property
+    def static(self) -> bool:
+        """Whether every dimension is a fixed size (the tensor's shape is known before running)."""
+        return self.dims is not None and all(d.__class__ is int for d in self.dims)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The fixed shape of a :attr:`static` spec."""
+        if not self.static or self.dims is None:
+            raise ValueError(f"{self.name!r} ({self.describe()}) has no fixed shape")
+        return tuple(int(d) for d in self.dims if d is not None)
+
     def describe(self) -> str:
         """``float32[batch, 784]``."""
         if self.dims is None:
@@ -294,6 +306,7 @@ class TrainingModelIO:
     outputs: tuple[str, ...]  # the loss, then the additional outputs
     gradients: Mapping[str, str]  # param -> <p>_grad.accumulation.out
     statistics: Mapping[str, str]  # param -> <p>.updated (BatchNorm running statistics)
+    output_specs: tuple[TensorSpec, ...]  # of the user outputs, in order
 
 
 def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> TrainingModelIO:
@@ -345,15 +358,17 @@ def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> T
         if name.endswith(".updated") and name[: -len(".updated")] in state
     }
     hidden = set(gradients.values()) | set(statistics.values())
+    user_outputs = [value for value in model.graph.output if value.name not in hidden]
     return TrainingModelIO(
         inputs=UserInputs(users, what),
         parameters=tuple(spec.name for spec in params),
         trainable=trainable,
         buffers={p: buffers[p] for p in trainable},
         flag=LAZY_RESET_GRAD,
-        outputs=tuple(name for name in outputs if name not in hidden),
+        outputs=tuple(value.name for value in user_outputs),
         gradients=gradients,
         statistics=statistics,
+        output_specs=tuple(TensorSpec.of(value, what) for value in user_outputs),
     )
 
 

@@ -118,6 +118,14 @@ class Module:
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
         self._grad_slots = [(self._io.buffers[p], self._io.gradients[p], grads[p]) for p in self._io.trainable]
         self._stat_slots = [(out, tensors[p]) for p, out in self._io.statistics.items()]
+        # the user outputs (loss first), preallocated on the host where all their shapes are fixed
+        specs = {spec.name: spec for spec in self._io.output_specs}
+        self._host_outputs: list[ort.OrtValue] | None = None
+        self._host_views: list[np.ndarray] | None = None  # NumPy views of them (no view for bfloat16)
+        if all(specs[name].static for name in self._io.outputs):
+            self._host_outputs = [values.empty(specs[n].shape, specs[n].dtype, _HOST) for n in self._io.outputs]
+            if not any(values.needs_ortvalue(specs[n].dtype) for n in self._io.outputs):
+                self._host_views = [value.numpy() for value in self._host_outputs]
         self._eval_slots = [] if self._eval_io is None else [(n, tensors[n]) for n in self._eval_io.parameters]
         # one tensor of each group that swaps together (parameters, gradients, statistics): their parities
         # pick the training session's binding, so that a steady loop re-binds none of them
@@ -170,35 +178,44 @@ class Module:
     def _train_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
         io = self._io
         feeds = io.inputs.collect(args, kwargs)
-        self._check_loaded()
+        if self._state._unloaded:
+            self._check_loaded()
         from_reset = not self._accumulate
         fused = self._fused
-        if fused is not None:
-            fused.forget()
-        fusing = fused is not None and from_reset and fused.wanted()
+        fusing = fused is not None and fused.begin(from_reset)
         session = fused.session if fusing and fused is not None else self._train_session
-        on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
+        on_device = (
+            bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])
+        )
         out_device = self._device if on_device else _HOST
-        session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
-        for name in io.outputs:  # first, so that they are the first bound outputs
-            session.bind_output(name, out_device)
+        session.select(tuple([tensor.flips & 1 for tensor in self._parity_tensors]))
+        host_outputs = None if on_device else self._host_outputs
+        if host_outputs is None:
+            for name in io.outputs:  # first, so that they are the first bound outputs
+                session.bind_output(name, out_device)
+        else:
+            for name, value in zip(io.outputs, host_outputs, strict=True):
+                session.bind_output_into(name, value)
         for name, value in zip(io.inputs.names, feeds, strict=True):
             session.bind_input(name, value)
-        for name, tensor in self._param_slots:
-            session.bind_value(name, tensor.value)
-        if fusing and fused is not None:
-            fused.bind()
-            for out, grad in fused.gradients:
-                session.bind_output_into(out, grad.spare())
-        else:
-            for buffer, out, grad in self._grad_slots:
-                session.bind_value(buffer, grad.value)
-                session.bind_output_into(out, grad.spare())
+        if not fusing:
             session.bind_value(io.flag, self._flags[from_reset])
-        for out, tensor in self._stat_slots:
-            session.bind_output_into(out, tensor.spare())
+        if not session.settled:  # the state's OrtValues, the same for every step with this parity key
+            for name, tensor in self._param_slots:
+                session.bind_value(name, tensor.value)
+            if fusing and fused is not None:
+                fused.bind()
+                for out, grad in fused.gradients:
+                    session.bind_output_into(out, grad.spare())
+            else:
+                for buffer, out, grad in self._grad_slots:
+                    session.bind_value(buffer, grad.value)
+                    session.bind_output_into(out, grad.spare())
+            for out, tensor in self._stat_slots:
+                session.bind_output_into(out, tensor.spare())
+            session.settle()
         session.run()
-        results = session.outputs(len(io.outputs))
+        results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
         if self._check_finite and results:
             self._raise_if_not_finite(results[0], step)
@@ -212,6 +229,13 @@ class Module:
         self._train_steps = step
         if fused is not None:
             fused.after_train_step(from_reset=from_reset, computed=fusing)
+        if host_outputs is not None:  # preallocated, and the next step overwrites them: copies
+            views = self._host_views
+            if views is not None:
+                arrays = tuple([view.copy() for view in views])
+            else:
+                arrays = tuple([values.to_numpy(value) for value in host_outputs])
+            return arrays[0] if len(arrays) == 1 else arrays
         return _pack(results, on_device)
 
     def _raise_if_not_finite(self, loss: ort.OrtValue, step: int) -> None:

@@ -80,6 +80,14 @@ def filled(shape: tuple[int, ...], dtype: np.dtype, fill: float, device: Device)
     return from_numpy(np.full(shape, fill, dtype=dtype), device)
 
 
+def needs_ortvalue(dtype: np.dtype) -> bool:
+    """Whether arrays of ``dtype`` must be bound as OrtValues (:func:`input_value`): bfloat16.
+
+    A cheap test first: NumPy's own numeric dtypes are never of kind ``"V"``.
+    """
+    return dtype.kind == "V" and dtype == _BFLOAT16
+
+
 def input_value(array: np.ndarray) -> ort.OrtValue | None:
     """A CPU OrtValue viewing ``array`` for dtypes ``IOBinding.bind_cpu_input`` rejects (bfloat16), else None."""
     if array.dtype != _BFLOAT16:
@@ -127,6 +135,7 @@ __all__ = [
     "filled",
     "from_numpy",
     "input_value",
+    "needs_ortvalue",
     "on_device",
     "to_numpy",
     "write",

@@ -100,8 +100,6 @@ def _known(*values: Ints) -> bool:
     return all(isinstance(v, list) for v in values)
 
 
-
-
 # ------------------------------------------------------------------ helpers
 
 

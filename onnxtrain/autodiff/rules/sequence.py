@@ -220,8 +220,6 @@ def _layout(ctx: RuleContext, sizes: str, pre: str, length: str, post: str) -> s
     return ctx.op("Add", ctx.op("Add", ctx.op("Mul", p, stride), ctx.op("Reshape", base, ctx.int64s([1, -1, 1]))), q)
 
 
-
-
 def split_to_sequence(ctx: RuleContext, grads: Grads) -> Result:
     """dx[.., k, ..] = g[flat position of element k of piece i]  (pieces of split along axis; default 1)"""
     (g,) = grads

@@ -63,8 +63,6 @@ def _zero_value(ctx: RuleContext, like: str) -> onnx.TensorProto:
     return onnx.helper.make_tensor("value", ctx.elem_type(like), [1], [0])
 
 
-
-
 def _dim(ctx: RuleContext, x: str, axis: int) -> str:
     """Dimension ``axis`` of ``x`` as an int64 scalar (a constant when known)."""
     dims = ctx.shape(x)
