@@ -3,6 +3,9 @@
 Every worker runs in its own process, so its peak RSS (:func:`peak_rss_mib`)
 is that framework's on that workload alone. A worker prints exactly one result line,
 ``RESULT_PREFIX + json``; anything else it prints (warnings, logs) is ignored.
+With ``--interleaved`` a ``train`` worker also speaks the line protocol of
+:class:`Control`, through which :mod:`benchmarks.run` interleaves the timed
+repeats of all frameworks of a workload.
 """
 
 from __future__ import annotations
@@ -17,11 +20,16 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 RESULT_PREFIX = "BENCHMARK-RESULT "
 #: Losses of the first steps that the report compares across frameworks.
 CHECKED_STEPS = 3
+#: The interleaved protocol (:class:`Control`): what the worker prints, then what it reads.
+READY = "BENCHMARK-READY"
+REPEAT_PREFIX = "BENCHMARK-REPEAT "
+GO = "GO"
+FINISH = "FINISH"
 
 
 def _status_mib(field: str) -> float | None:
@@ -65,13 +73,50 @@ def physical_cores() -> int:
     return max(1, len(cores))
 
 
-def time_steps(step: Callable[[int], Any], warmup: int, steps: int, repeats: int) -> dict[str, Any]:
+class Control:
+    """The worker's side of the interleaved protocol (``--interleaved``): lines on its stdin and stdout.
+
+    After its set-up and warm-up the worker prints ``BENCHMARK-READY``; before
+    each timed repeat it waits for a line ``GO``, after it prints
+    ``BENCHMARK-REPEAT <microseconds per step>``; before its last (untimed)
+    step and its result line it waits for ``FINISH``. So the parent runs one
+    worker at a time while the others block on their stdin. The parent reacts
+    only to these prefixed lines: whatever else lands on stdout is ignored. A
+    closed stdin or an unexpected line raises :class:`RuntimeError` (the
+    worker then reports it as its error).
+    """
+
+    def __init__(self, commands: TextIO | None = None, replies: TextIO | None = None) -> None:
+        self.commands = commands if commands is not None else sys.stdin
+        self.replies = replies if replies is not None else sys.stdout
+
+    def ready(self) -> None:
+        self._say(READY)
+
+    def repeat_done(self, us_per_step: float) -> None:
+        self._say(f"{REPEAT_PREFIX}{us_per_step!r}")
+
+    def wait_for(self, command: str) -> None:
+        line = self.commands.readline()
+        if line.strip() != command:
+            got = f"got {line.strip()!r}" if line else "stdin closed"
+            raise RuntimeError(f"interleaved protocol: expected {command!r}, {got}")
+
+    def _say(self, line: str) -> None:
+        self.replies.write(line + "\n")
+        self.replies.flush()
+
+
+def time_steps(
+    step: Callable[[int], Any], warmup: int, steps: int, repeats: int, control: Control | None = None
+) -> dict[str, Any]:
     """Run ``warmup`` steps, then ``repeats`` times ``steps`` timed steps; per-step times in microseconds.
 
     ``step(i)`` runs training step ``i`` (counted from 0 over warm-up and all
     repeats, so each step sees the next batch) and returns the loss. The
     result has the median (the figure reported) and the minimum over the
-    repeats, and the losses of the first :data:`CHECKED_STEPS` steps.
+    repeats, and the losses of the first :data:`CHECKED_STEPS` steps. With a
+    ``control``, each repeat waits for the parent's word (:class:`Control`).
     """
     if warmup < CHECKED_STEPS or steps < 1 or repeats < 1:
         raise ValueError(f"need warmup >= {CHECKED_STEPS}, steps >= 1, repeats >= 1; got {warmup}, {steps}, {repeats}")
@@ -83,12 +128,20 @@ def time_steps(step: Callable[[int], Any], warmup: int, steps: int, repeats: int
     per_step = []
     i = warmup
     clock = time.perf_counter
+    if control is not None:
+        control.ready()
     for _ in range(repeats):
+        if control is not None:
+            control.wait_for(GO)
         start = clock()
         for j in range(i, i + steps):
             step(j)
         per_step.append((clock() - start) / steps * 1e6)
+        if control is not None:
+            control.repeat_done(per_step[-1])
         i += steps
+    if control is not None:
+        control.wait_for(FINISH)
     median = statistics.median(per_step)
     return {
         "us_per_step": median,
@@ -120,7 +173,15 @@ def worker_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--threads", type=int, default=0, help="intra-op threads; 0: onnxruntime's default, physical cores for torch"
     )
+    parser.add_argument(
+        "--interleaved", action="store_true", help="train: pace the repeats by lines on stdin (see measure.Control)"
+    )
     return parser
+
+
+def control(args: argparse.Namespace) -> Control | None:
+    """The :class:`Control` that ``time_steps`` gets: one with ``--interleaved``, else ``None``."""
+    return Control() if getattr(args, "interleaved", False) else None
 
 
 def emit(result: dict[str, Any]) -> None:

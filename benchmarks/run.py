@@ -2,8 +2,11 @@
 
 For each workload: export it once (:mod:`benchmarks.prepare`), let each ONNX
 framework write its artifacts in a process of its own, then train each
-framework in a fresh process (so that each peak RSS is that framework's on that
-workload alone), one after the other, never in parallel. Prints the report
+framework in a fresh process of its own (so that each peak RSS is that
+framework's on that workload alone). The training processes set up and warm up
+one after the other, then take turns for their timed repeats (never two at
+once; the order rotates from one repeat to the next), so that a drift of the
+machine's speed hits all frameworks alike. Prints the report
 (:mod:`benchmarks.report`) in Markdown; ``--markdown`` also writes it to a file.
 
 Timings are only as good as the machine is quiet: the report records the load
@@ -13,22 +16,26 @@ average before and after the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib.util
 import json
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks import ort_venv, report
-from benchmarks.measure import parse_result, physical_cores
+from benchmarks.measure import FINISH, GO, READY, REPEAT_PREFIX, RESULT_PREFIX, parse_result, physical_cores
 from benchmarks.workloads import WORKLOADS, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,8 +45,11 @@ WORKERS = {
     report.TORCH: "benchmarks.workers.torch_worker",
 }
 GENERATES = (report.ONNXTRAIN, report.ORT)
-#: Seconds any one worker may take.
+#: Seconds any one worker may take (an interleaved ``train`` worker: not counting its waits for the others).
 TIMEOUT = 1800
+#: Seconds of quiet before each interleaved repeat, so the threads of the worker that ran last have gone to
+#: sleep (onnxruntime's and OpenMP's pools spin a while after their work) and each repeat starts alike.
+SETTLE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -116,11 +126,10 @@ def load_average() -> str:
         return "unknown"
 
 
-def run_worker(
+def _argv(
     python: Path, framework: str, command: str, folder: Path, artifacts: Path, settings: Settings, steps: int
-) -> dict[str, Any]:
-    """Run one worker process and return its result, or ``{"error": reason}``."""
-    argv = [
+) -> list[str]:
+    return [
         str(python),
         "-m",
         WORKERS[framework],
@@ -138,19 +147,210 @@ def run_worker(
         "--threads",
         str(settings.threads),
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    try:
-        done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
-    except subprocess.TimeoutExpired:
-        return {"framework": framework, "workload": folder.name, "error": f"{command} ran over {TIMEOUT} s"}
-    result = parse_result(done.stdout)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+def _outcome(stdout: str, stderr: str, returncode: int | None, command: str) -> dict[str, Any]:
+    """The result a worker printed, or ``{"error": ...}`` from the last line of its stderr."""
+    result = parse_result(stdout)
     if result is None:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        result = {"error": f"{command} exited with {done.returncode}: {lines[-1] if lines else 'no output'}"}
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        result = {"error": f"{command} exited with {returncode}: {lines[-1] if lines else 'no output'}"}
     elif "error" in result and command == "generate":
         result["error"] = f"generate_artifacts: {result['error']}"
+    return result
+
+
+def run_worker(
+    python: Path, framework: str, command: str, folder: Path, artifacts: Path, settings: Settings, steps: int
+) -> dict[str, Any]:
+    """Run one worker process to its end and return its result, or ``{"error": reason}``."""
+    argv = _argv(python, framework, command, folder, artifacts, settings, steps)
+    try:
+        done = subprocess.run(argv, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"framework": framework, "workload": folder.name, "error": f"{command} ran over {TIMEOUT} s"}
+    result = _outcome(done.stdout, done.stderr, done.returncode, command)
     result.update(framework=framework, workload=folder.name)
     return result
+
+
+class Trainer:
+    """A ``train`` worker run with ``--interleaved``: the parent's side of :class:`benchmarks.measure.Control`.
+
+    Its stdout is read by a thread of its own (so that every wait has a
+    timeout), its stderr goes to a temporary file. :data:`TIMEOUT` bounds the
+    time spent waiting on this worker (set-up and warm-up, its repeats, its
+    result), not the time it waits for the others. A worker that prints its
+    result early (an error), ends or runs over drops out: ``alive`` turns false.
+    """
+
+    def __init__(
+        self, python: Path, framework: str, folder: Path, artifacts: Path, settings: Settings, steps: int
+    ) -> None:
+        self.framework = framework
+        self.workload = folder.name
+        self.left = float(TIMEOUT)
+        self.alive = True
+        self.timed_out = False
+        self.stdout: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        # closed by finish() (or, after an interruption, with the object)
+        self._stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")  # noqa: SIM115
+        argv = [*_argv(python, framework, "train", folder, artifacts, settings, steps), "--interleaved"]
+        self.process = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+        )
+        self._reader = threading.Thread(target=self._read, name=f"{framework} stdout", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def expect(self, prefix: str) -> str | None:
+        """The rest of the worker's next line that starts with ``prefix``; ``None`` when it dropped out instead."""
+        if not self.alive:
+            return None
+        start = time.monotonic()
+        try:
+            while True:
+                try:
+                    line = self._lines.get(timeout=max(0.0, self.left - (time.monotonic() - start)))
+                except queue.Empty:
+                    self.timed_out = True
+                    self.kill()
+                    return None
+                if line is None:  # it ended
+                    self.alive = False
+                    return None
+                self.stdout.append(line)
+                if line.startswith(prefix):
+                    return line[len(prefix) :].strip()
+                if line.startswith(RESULT_PREFIX):  # its error, printed before its turn came
+                    self.alive = False
+                    return None
+        finally:
+            self.left -= time.monotonic() - start
+
+    def send(self, command: str) -> bool:
+        """Write ``command`` to the worker's stdin; false (and dropped out) when it cannot be written."""
+        if not self.alive:
+            return False
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(command + "\n")
+            self.process.stdin.flush()
+        except (OSError, ValueError):  # BrokenPipeError: it ended
+            self.alive = False
+            return False
+        return True
+
+    def repeat(self) -> float | None:
+        """Let the worker run one timed repeat; its microseconds per step, or ``None`` when it dropped out."""
+        if not self.send(GO):
+            return None
+        reply = self.expect(REPEAT_PREFIX)
+        if reply is None:
+            return None
+        try:
+            return float(reply)
+        except ValueError:
+            self.alive = False
+            return None
+
+    def finish(self) -> dict[str, Any]:
+        """Let the worker take its last step and print its result; wait for it to end; its result."""
+        if self.send(FINISH):
+            self.expect(RESULT_PREFIX)
+        self.alive = False
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=max(1.0, self.left))
+        except subprocess.TimeoutExpired:
+            self.timed_out = True
+            self.kill()
+        self._reader.join(timeout=10)
+        while True:  # what it printed after the last line waited for
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is not None:
+                self.stdout.append(line)
+        self._stderr.seek(0)
+        stderr = self._stderr.read()
+        self._stderr.close()
+        stdout = "".join(self.stdout)
+        if self.timed_out and parse_result(stdout) is None:
+            result: dict[str, Any] = {"error": f"train ran over {TIMEOUT} s"}
+        else:
+            result = _outcome(stdout, stderr, self.process.returncode, "train")
+        result.update(framework=self.framework, workload=self.workload)
+        return result
+
+    def kill(self) -> None:
+        self.alive = False
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def train_interleaved(
+    trainers: dict[str, tuple[Path, Path]], folder: Path, settings: Settings, steps: int
+) -> dict[str, dict[str, Any]]:
+    """Train each framework (``trainers[framework]``: its Python and its artifacts) with the repeats interleaved.
+
+    The workers start one after the other, each once the one before has
+    warmed up; then, for each repeat, each takes its turn (the order rotating
+    by one from repeat to repeat), after :data:`SETTLE_S` seconds of quiet;
+    then each takes its last step and prints its result, one after the other.
+    A worker that fails or runs over is ended at once and keeps out of the
+    turns. One result per framework.
+    """
+    results: dict[str, dict[str, Any]] = {}
+    started: list[Trainer] = []
+    try:
+        for framework, (python, artifacts) in trainers.items():
+            trainer = Trainer(python, framework, folder, artifacts, settings, steps)
+            started.append(trainer)
+            if trainer.expect(READY) is None:  # failed in its set-up: out before the next one starts
+                results[framework] = trainer.finish()
+        for r in range(settings.repeats):
+            turn = started[r % len(started) :] + started[: r % len(started)] if started else []
+            times = []
+            for trainer in turn:
+                if not trainer.alive:
+                    continue
+                time.sleep(SETTLE_S)
+                us = trainer.repeat()
+                times.append(f"{trainer.framework} " + (f"{us:.1f} µs" if us is not None else "dropped out"))
+                if us is None:  # its end is not left to overlap the others' turns
+                    results[trainer.framework] = trainer.finish()
+            if times:
+                _log(f"{folder.name} repeat {r + 1}/{settings.repeats}: {', '.join(times)}")
+        for trainer in started:
+            if trainer.framework not in results:
+                results[trainer.framework] = trainer.finish()
+    finally:
+        for trainer in started:
+            trainer.kill()
+    return results
 
 
 def run_workload(
@@ -163,27 +363,31 @@ def run_workload(
     from benchmarks.prepare import prepare
 
     folder = prepare(workload, workdir)
-    results = []
+    steps = settings.steps_for(workload)
+    results: dict[str, dict[str, Any]] = {}
+    generate_s: dict[str, float] = {}
+    trainers: dict[str, tuple[Path, Path]] = {}
     for framework in frameworks:
         python = pythons[framework]
         if isinstance(python, str):  # why the framework cannot run
-            results.append({"framework": framework, "workload": workload.name, "error": str(python)})
+            results[framework] = {"framework": framework, "workload": workload.name, "error": str(python)}
             continue
         artifacts = folder / f"artifacts-{framework}"
-        steps = settings.steps_for(workload)
-        result: dict[str, Any] = {}
         if framework in GENERATES:
             generated = run_worker(python, framework, "generate", folder, artifacts, settings, steps)
             if "error" in generated:
-                results.append(generated)
+                results[framework] = generated
                 _log(f"{workload.name} / {framework}: {generated['error']}")
                 continue
-            result["generate_s"] = generated.get("generate_s", 0.0) - generated.get("import_s", 0.0)
-        trained = run_worker(python, framework, "train", folder, artifacts, settings, steps)
-        results.append({**trained, **result})
+            generate_s[framework] = generated.get("generate_s", 0.0) - generated.get("import_s", 0.0)
+        trainers[framework] = (python, artifacts)
+    for framework, trained in train_interleaved(trainers, folder, settings, steps).items():
+        if framework in generate_s:
+            trained["generate_s"] = generate_s[framework]
+        results[framework] = trained
         shown = trained.get("error") or f"{trained['us_per_step']:.1f} µs/step, peak {trained['peak_rss_mib']:.0f} MiB"
         _log(f"{workload.name} / {framework}: {shown}")
-    return results
+    return [results[framework] for framework in frameworks]
 
 
 def _log(message: str) -> None:
@@ -243,7 +447,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"torch.set_num_threads({settings.threads or physical_cores()}). Each runtime keeps its own session "
         "options otherwise (onnxtrain's turn thread spinning off).",
         f"Each figure: the median over {settings.repeats} repeats of N timed steps after {settings.warmup} warm-up "
-        "steps; peak RSS of the training process (imports included).",
+        "steps, the frameworks' repeats taken in turns (order rotated each repeat); peak RSS of the training "
+        "process (imports included).",
     ]
     if args.quick:
         header.insert(0, "**Quick mode (smoke test): the figures are not measurements.**\n")

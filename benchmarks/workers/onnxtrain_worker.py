@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from benchmarks.measure import run_worker, time_steps, worker_arguments
+from benchmarks.measure import control, run_worker, time_steps, worker_arguments
 from benchmarks.workers.common import Stopwatch, load_batches, load_spec
 
 LOSSES = {"mse": "MSELoss", "ce": "CrossEntropyLoss"}
@@ -66,7 +66,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         module.lazy_reset_grad()
         return loss
 
-    timing = time_steps(step, args.warmup, args.steps, args.repeats)
+    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
     return {
         "framework": "onnxtrain",
         "workload": spec["name"],

@@ -12,7 +12,7 @@ import re
 import sys
 from typing import Any
 
-from benchmarks.measure import run_worker, time_steps, worker_arguments
+from benchmarks.measure import control, run_worker, time_steps, worker_arguments
 from benchmarks.workers.common import Stopwatch, load_batches, load_spec
 
 
@@ -85,7 +85,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         module.lazy_reset_grad()
         return loss
 
-    timing = time_steps(step, args.warmup, args.steps, args.repeats)
+    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
     return {
         "framework": "onnxruntime-training",
         "workload": spec["name"],

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import physical_cores, run_worker, time_steps, worker_arguments
+from benchmarks.measure import control, physical_cores, run_worker, time_steps, worker_arguments
 from benchmarks.workers.common import Stopwatch, load_batches, load_spec
 
 
@@ -51,7 +51,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer.zero_grad()
         return loss
 
-    timing = time_steps(step, args.warmup, args.steps, args.repeats)
+    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
     return {
         "framework": "pytorch",
         "workload": spec["name"],

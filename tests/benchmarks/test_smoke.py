@@ -1,5 +1,7 @@
 """Keeps benchmarks/ from rotting: the onnxtrain and PyTorch workers on the linear regression, a few steps.
 
+Alone (as ``run.run_worker`` runs them) and interleaved (as ``run.run_workload`` does).
+
 Timings are never asserted (they are the benchmark's business, docs/benchmarks.md);
 the onnxruntime-training environment is never created here.
 """
@@ -71,6 +73,25 @@ def test_pytorch_starts_from_the_same_weights_and_data(tmp_path):
     pytest.importorskip("torch")
     folder = _linreg_folder(tmp_path / "linreg")
     ours, torch_result = _train(report.ONNXTRAIN, folder), _train(report.TORCH, folder)
+    np.testing.assert_allclose(ours["first_losses"], torch_result["first_losses"], rtol=1e-5)
+
+
+def test_run_workload_interleaves_onnxtrain_and_pytorch(tmp_path):
+    pytest.importorskip("torch")
+    settings = run.Settings(warmup=3, repeats=3, steps=2, quick=True, threads=1)
+    frameworks = [report.ONNXTRAIN, report.ORT, report.TORCH]
+    pythons: dict[str, Path | str] = dict.fromkeys(frameworks, Path(sys.executable))
+    pythons[report.ORT] = "onnxruntime-training unavailable: not in this test"
+    results = run.run_workload(WORKLOADS["linreg"], tmp_path, frameworks, pythons, settings)
+    assert [(r["framework"], r["workload"]) for r in results] == [(f, "linreg") for f in frameworks]
+    ours, ort, torch_result = results
+    assert ort["error"] == "onnxruntime-training unavailable: not in this test"
+    for result in (ours, torch_result):
+        assert "error" not in result, result
+        assert len(result["us_per_step_repeats"]) == 3 and result["us_per_step"] in result["us_per_step_repeats"]
+        assert len(result["first_losses"]) == 3 and math.isfinite(result["final_loss"])
+        assert result["peak_rss_mib"] >= result["rss_after_import_mib"] > 0
+    assert "generate_s" in ours
     np.testing.assert_allclose(ours["first_losses"], torch_result["first_losses"], rtol=1e-5)
 
 
