@@ -2,16 +2,16 @@
 
 For the ORT-style step ``module(x, y); optimizer.step(); module.lazy_reset_grad()``:
 
-1. the split between onnxruntime's own run calls (the training and the
-   optimizer sessions) and everything else in the step (Python: input
-   checks, bindings, bookkeeping, output conversion), by timing each
-   ``run`` of the runtime's sessions;
+1. the split between onnxruntime's own run calls (the fused step's session,
+   or the training and the optimizer sessions) and everything else in the
+   step (Python: input checks, bindings, bookkeeping, output conversion), by
+   timing each ``run`` of the runtime's sessions;
 2. floors: the same two models run back to back by plain onnxruntime with a
    prepared ``IOBinding`` and nothing else per step (what a runtime with zero
    Python overhead would take with two sessions), and each model alone;
-   then the two merged into one model (:mod:`benchmarks.fused`), with and
-   without the gradient accumulation, with onnxruntime's intra-op threads
-   spinning or not (the runtime turns spinning off);
+   then (``--fused``) the two merged into one model as the runtime's fused
+   step merges them (:func:`onnxtrain.artifacts.fuse.fuse_training_step`), with
+   onnxruntime's intra-op threads spinning or not;
 3. optionally (``--cprofile``) the functions with the most own time;
 4. optionally (``--ort-profile``) onnxruntime's per-operator profile of both
    sessions: the kernels that dominate.
@@ -129,27 +129,23 @@ def _fused_floors(
     """Two sessions against one fused session, spinning threads or not: plain onnxruntime, all inputs pre-bound."""
     import onnx
 
-    from benchmarks.fused import fuse
+    from onnxtrain.artifacts.fuse import fuse_training_step
 
     training = onnx.load(str(directory / "training_model.onnx"))
     optimizer = onnx.load(str(directory / "optimizer_model.onnx"))
-    feed = {**optimizer_feed, **train_feed}
+    suffix = "_grad.accumulation.buffer"
+    trainable = [i.name[: -len(suffix)] for i in training.graph.input if i.name.endswith(suffix)]
+    model = fuse_training_step(training, optimizer, trainable).model
+    names = {i.name for i in model.graph.input}
+    feed = {k: v for k, v in {**optimizer_feed, **train_feed}.items() if k in names}
     print("\nfloors by layout (plain onnxruntime, all inputs pre-bound), µs per step:")
     print(f"  {'layout':52s} {'no spinning':>12s} {'spinning':>10s}")
     layouts: list[tuple[str, list[Any], list[dict[str, Any]]]] = [
-        ("two sessions (the runtime's layout)", list(paths), [train_feed, optimizer_feed])
+        ("two sessions", list(paths), [train_feed, optimizer_feed]),
+        ("one fused session (the runtime's usual step)", [model.SerializeToString()], [feed]),
     ]
-    for accumulate in (True, False):
-        model = fuse(training, optimizer, accumulate=accumulate)
-        names = {i.name for i in model.graph.input}
-        what = "with the accumulation (Add, Where)" if accumulate else "without accumulation (lazy reset)"
-        layouts.append(
-            (f"one fused session, {what}", [model.SerializeToString()], [{k: v for k, v in feed.items() if k in names}])
-        )
     for what, sources, feeds in layouts:
-        cells = []
-        for spinning in (False, True):
-            cells.append(_session_floor(sources, feeds, _options(spinning), steps))
+        cells = [_session_floor(sources, feeds, _options(spinning), steps) for spinning in (False, True)]
         print(f"  {what:52s} {cells[0]:12.1f} {cells[1]:10.1f}")
 
 
@@ -188,9 +184,15 @@ def _setup(workload_name: str, workdir: Path) -> tuple[Path, Path, Any, Any, lis
     return folder, directory, module, optimizer, load_batches(folder)
 
 
-def _split(module: Any, optimizer: Any, step: Callable[[int], Any], steps: int) -> tuple[float, float] | None:
-    """µs per step inside the training and the optimizer session's ``run`` (None: the runtime's layout changed)."""
-    sessions = {"train": getattr(module, "_train_session", None), "optimizer": getattr(optimizer, "_session", None)}
+def _split(module: Any, optimizer: Any, step: Callable[[int], Any], steps: int) -> dict[str, float] | None:
+    """µs per step inside each session's ``run`` (None: the runtime's layout changed)."""
+    fused = getattr(optimizer, "_fused", None)
+    sessions = {
+        "fused step": getattr(fused, "session", None),
+        "training": getattr(module, "_train_session", None),
+        "optimizer": getattr(optimizer, "_session", None),
+    }
+    sessions = {key: session for key, session in sessions.items() if session is not None}
     if not all(hasattr(session, "run") for session in sessions.values()):
         return None
     spent = dict.fromkeys(sessions, 0.0)
@@ -208,7 +210,7 @@ def _split(module: Any, optimizer: Any, step: Callable[[int], Any], steps: int) 
     for session in sessions.values():
         del session.run
     count = warmup + steps * repeats
-    return spent["train"] / count * 1e6, spent["optimizer"] / count * 1e6
+    return {key: value / count * 1e6 for key, value in spent.items()}
 
 
 def _cprofile(step: Callable[[int], Any], steps: int) -> None:
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="steps per timing (default: the workload's)")
     parser.add_argument("--cprofile", action="store_true", help="print the functions with the most own time")
     parser.add_argument("--ort-profile", action="store_true", help="print onnxruntime's per-operator times")
-    parser.add_argument("--fused", action="store_true", help="time the fused train+optimizer model (benchmarks.fused)")
+    parser.add_argument("--fused", action="store_true", help="floors of the fused model against the two models")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args(argv)
 
@@ -278,9 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"workload {workload.name}: {workload.title}; onnxruntime {ort.__version__}")
     print(f"  step (module + optimizer.step + lazy_reset_grad): {total:9.1f} µs")
     if split is not None:
-        outside = max(total - sum(split), 0.0)
-        print(f"    in the training session's run:                  {split[0]:9.1f} µs")
-        print(f"    in the optimizer session's run:                 {split[1]:9.1f} µs")
+        outside = max(total - sum(split.values()), 0.0)
+        for key, value in split.items():
+            print(f"    in the {key + ' session' + chr(39) + 's run:':41s} {value:9.1f} µs")
         print(f"    outside onnxruntime (Python, bindings, copies): {outside:9.1f} µs ({outside / total:.0%})")
     print(f"  floor, plain onnxruntime, both models pre-bound:  {floor_both:9.1f} µs")
     print(f"    training model alone:                           {floor_train:9.1f} µs")
