@@ -445,7 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Python {platform.python_version()}; {_versions(results)}; onnxtrain at commit {revision()}.",
         f"Threads: intra-op {threads} for onnxruntime and onnxruntime-training; "
         f"torch.set_num_threads({settings.threads or physical_cores()}). Each runtime keeps its own session "
-        "options otherwise (onnxtrain's turn thread spinning off).",
+        "options otherwise (onnxtrain's fused step spins its threads, its other sessions do not).",
         f"Each figure: the median over {settings.repeats} repeats of N timed steps after {settings.warmup} warm-up "
         "steps, the frameworks' repeats taken in turns (order rotated each repeat); peak RSS of the training "
         "process (imports included).",
