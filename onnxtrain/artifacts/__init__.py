@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, add_gradient_accumulation, buffer_name
 from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_training_step
 from onnxtrain.artifacts.generate import TARGETS, generate_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 
 __all__ = [
     "LAZY_RESET_GRAD",
     "TARGETS",
+    "FusedModel",
+    "FusionError",
     "LossType",
     "OptimType",
     "accumulated_name",
     "add_gradient_accumulation",
     "buffer_name",
     "export_model_for_inferencing",
+    "fuse_training_step",
     "generate_artifacts",
 ]

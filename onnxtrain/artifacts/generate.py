@@ -28,6 +28,7 @@ from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts.accumulation import add_gradient_accumulation
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
 from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.autodiff.training import check_parameters
 from onnxtrain.autodiff.training_block import TrainingBlock
 from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.graph import base, empty_base, versions
@@ -70,21 +71,6 @@ def _names(argument: str, values: Sequence[str] | None) -> list[str]:
     if isinstance(values, str) or not all(isinstance(v, str) for v in values):
         raise TypeError(f"{argument} must be a list of names, not {values!r}")
     return list(dict.fromkeys(values))
-
-
-def _check_parameters(model: onnx.ModelProto, requires_grad: list[str], frozen: list[str]) -> None:
-    overlap = sorted(set(requires_grad) & set(frozen))
-    if overlap:
-        raise ValueError(f"{overlap} are in both requires_grad and frozen_params; a parameter is one or the other")
-    initializers = [t.name for t in model.graph.initializer]
-    known = set(initializers)
-    for argument, names in (("requires_grad", requires_grad), ("frozen_params", frozen)):
-        unknown = [name for name in names if name not in known]
-        if unknown:
-            raise ValueError(
-                f"{argument} names {unknown}, which are not initializers of the model; its initializers are "
-                f"{initializers}"
-            )
 
 
 def _check_outputs(model: onnx.ModelProto, argument: str, names: list[str], *, values: bool = False) -> None:
@@ -157,7 +143,7 @@ def generate_artifacts(
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
     proto, base_dir = load_base_model(model)
-    _check_parameters(proto, requires, frozen)
+    check_parameters(proto, requires, frozen)  # before anything is written
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
     _check_outputs(proto, "loss_input_names", inputs_to_loss)
     _check_outputs(proto, "additional_output_names", additional, values=True)

@@ -48,12 +48,14 @@ class TrainingModels:
     running_stats: dict[str, str]
 
 
-def _check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], frozen: Sequence[str]) -> None:
+def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], frozen: Sequence[str]) -> None:
+    """``ValueError`` unless ``requires_grad`` names floating-point initializers of ``model`` and
+    ``frozen`` names initializers, none in both (the messages use ``generate_artifacts``' argument names)."""
     initializers = {t.name: t for t in model.graph.initializer}
     floats = [name for name, t in initializers.items() if dtypes.is_float(t.data_type)]
     overlap = sorted(set(requires_grad) & set(frozen))
     if overlap:
-        raise ValueError(f"{overlap} are both trainable and frozen; list each parameter in only one of the two")
+        raise ValueError(f"{overlap} are in both requires_grad and frozen_params; a parameter is one or the other")
     for name in requires_grad:
         tensor = initializers.get(name)
         if tensor is None or not dtypes.is_float(tensor.data_type):
@@ -178,7 +180,7 @@ def build_training_models(
     """
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
-    _check_parameters(forward, requires_grad, frozen_params)
+    check_parameters(forward, requires_grad, frozen_params)
     order = {t.name: k for k, t in enumerate(forward.graph.initializer)}
     trainable_names = sorted(dict.fromkeys(requires_grad), key=order.__getitem__)
     parameter_names = set(trainable_names) | set(frozen_params)
@@ -213,6 +215,7 @@ __all__ = [
     "UPDATED_SUFFIX",
     "TrainingModels",
     "build_training_models",
+    "check_parameters",
     "move_initializers_to_inputs",
     "prune_unused_nodes",
     "set_inference_mode",
