@@ -11,6 +11,11 @@ BatchNormalization running statistics on the device. As in ONNX Runtime:
 - an optimizer step reads the accumulated gradients and does not reset them:
   call ``lazy_reset_grad()`` after it, as ORT's examples do.
 
+With an ``Optimizer`` over the module, a train step that starts from reset
+gradients runs the fused step instead (:mod:`onnxtrain.training.fused`): the
+same outputs and gradients, and the optimizer's update computed ahead for
+``optimizer.step()`` to take.
+
 Beyond ONNX Runtime: running statistics are carried from step to step;
 parameters may be of any float dtype; ``check_finite=True`` makes a
 non-finite loss raise ``FloatingPointError`` naming the step, and the step is
@@ -187,33 +192,8 @@ class Module:
         on_device = (
             bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])
         )
-        out_device = self._device if on_device else _HOST
-        session.select(tuple([tensor.flips & 1 for tensor in self._parity_tensors]))
         host_outputs = None if on_device else self._host_outputs
-        if host_outputs is None:
-            for name in io.outputs:  # first, so that they are the first bound outputs
-                session.bind_output(name, out_device)
-        else:
-            for name, value in zip(io.outputs, host_outputs, strict=True):
-                session.bind_output_into(name, value)
-        for name, value in zip(io.inputs.names, feeds, strict=True):
-            session.bind_input(name, value)
-        if not fusing:
-            session.bind_value(io.flag, self._flags[from_reset])
-        if not session.settled:  # the state's OrtValues, the same for every step with this parity key
-            for name, tensor in self._param_slots:
-                session.bind_value(name, tensor.value)
-            if fusing and fused is not None:
-                fused.bind()
-                for out, grad in fused.gradients:
-                    session.bind_output_into(out, grad.spare())
-            else:
-                for buffer, out, grad in self._grad_slots:
-                    session.bind_value(buffer, grad.value)
-                    session.bind_output_into(out, grad.spare())
-            for out, tensor in self._stat_slots:
-                session.bind_output_into(out, tensor.spare())
-            session.settle()
+        self._bind_train_step(session, feeds, on_device, host_outputs, fused if fusing else None)
         session.run()
         results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
@@ -229,14 +209,56 @@ class Module:
         self._train_steps = step
         if fused is not None:
             fused.after_train_step(from_reset=from_reset, computed=fusing)
-        if host_outputs is not None:  # preallocated, and the next step overwrites them: copies
-            views = self._host_views
-            if views is not None:
-                arrays = tuple([view.copy() for view in views])
-            else:
-                arrays = tuple([values.to_numpy(value) for value in host_outputs])
-            return arrays[0] if len(arrays) == 1 else arrays
-        return _pack(results, on_device)
+        if host_outputs is None:
+            return _pack(results, on_device)
+        # preallocated, and the next step overwrites them: copies
+        views = self._host_views
+        arrays = tuple([view.copy() for view in views] if views is not None else map(values.to_numpy, host_outputs))
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    def _bind_train_step(
+        self,
+        session: BoundSession,
+        feeds: Sequence[np.ndarray | ort.OrtValue],
+        on_device: bool,
+        host_outputs: list[ort.OrtValue] | None,
+        fused: FusedStep | None,
+    ) -> None:
+        """Bind one train step: the training model's run, or the fused step's when ``fused`` is given.
+
+        The user outputs first (so that they are the first bound outputs), then
+        the inputs; the state (parameters, gradient buffers, moments, spares) only
+        on the first use of this binding, since its OrtValues are the same for
+        every step with the same buffer parities (``BoundSession.settle``).
+        """
+        io = self._io
+        session.select(tuple([tensor.flips & 1 for tensor in self._parity_tensors]))
+        if host_outputs is None:
+            device = self._device if on_device else _HOST
+            for name in io.outputs:
+                session.bind_output(name, device)
+        else:
+            for name, value in zip(io.outputs, host_outputs, strict=True):
+                session.bind_output_into(name, value)
+        for name, value in zip(io.inputs.names, feeds, strict=True):
+            session.bind_input(name, value)
+        if fused is None:
+            session.bind_value(io.flag, self._flags[not self._accumulate])
+        if session.settled:
+            return
+        for name, tensor in self._param_slots:
+            session.bind_value(name, tensor.value)
+        if fused is not None:
+            fused.bind()
+            for out, grad in fused.gradients:
+                session.bind_output_into(out, grad.spare())
+        else:
+            for buffer, out, grad in self._grad_slots:
+                session.bind_value(buffer, grad.value)
+                session.bind_output_into(out, grad.spare())
+        for out, tensor in self._stat_slots:
+            session.bind_output_into(out, tensor.spare())
+        session.settle()
 
     def _raise_if_not_finite(self, loss: ort.OrtValue, step: int) -> None:
         value = values.to_numpy(loss, copy=False)
