@@ -199,8 +199,9 @@ class Module:
         step = self._train_steps + 1
         if self._check_finite and results:
             self._raise_if_not_finite(results[0], step)
-        for _, _, grad in self._grad_slots:
-            grad.swap()
+        if not fusing:  # the fused step wrote the gradients in place (see _bind_train_step)
+            for _, _, grad in self._grad_slots:
+                grad.swap()
         for _, tensor in self._stat_slots:
             tensor.swap()
         self._accumulate = True
@@ -250,8 +251,10 @@ class Module:
             session.bind_value(name, tensor.value)
         if fused is not None:
             fused.bind()
+            # in place: the fused step starts from reset gradients, whose old values nothing can observe (a
+            # failed step leaves them reset), so they need no spare
             for out, grad in fused.gradients:
-                session.bind_output_into(out, grad.spare())
+                session.bind_output_into(out, grad.value)
         else:
             for buffer, out, grad in self._grad_slots:
                 session.bind_value(buffer, grad.value)
