@@ -187,7 +187,9 @@ class Module:
             self._check_loaded()
         from_reset = not self._accumulate
         fused = self._fused
-        fusing = fused is not None and fused.begin(from_reset)
+        # the fused step writes the gradients in place: not over gradients still to be used (another module
+        # over the same state may have left some)
+        fusing = fused is not None and fused.begin(from_reset and self._state._grad_status != "ready")
         session = fused.session if fusing and fused is not None else self._train_session
         on_device = (
             bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])

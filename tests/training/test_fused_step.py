@@ -265,3 +265,20 @@ def test_models_that_cannot_be_fused_run_apart(regression, rng, tmp_path):
     module(*regression_batch(rng))
     optimizer.step()
     assert any(not np.array_equal(p.data, before[name]) for name, p in state.parameters)
+
+
+def test_gradients_another_module_left_are_not_overwritten_by_a_failed_fused_step(regression, rng):
+    state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
+    first = api.Module(regression["training_model"], state)
+    second = api.Module(regression["training_model"], state, check_finite=True)
+    optimizer = api.Optimizer(regression["optimizer_model"], second)
+    x, t = regression_batch(rng)
+    first(x, t)  # gradients ready, from the first module
+    grads = {name: p.grad for name, p in state.parameters}
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(FloatingPointError):
+        second(bad, t)  # the second module starts from reset gradients of its own
+    for name, parameter in state.parameters:
+        np.testing.assert_array_equal(parameter.grad, grads[name])
+    assert optimizer._fused is not None
