@@ -1,9 +1,10 @@
-"""What every worker reads from a prepared workload (NumPy only)."""
+"""What every worker reads from a prepared workload, and the ORT-style step they time (NumPy only)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +35,18 @@ class Stopwatch:
     def mark(self, name: str) -> None:
         self.marks[f"{name}_s"] = time.perf_counter() - self.start
         self.marks[f"rss_after_{name}_mib"] = rss_mib()
+
+
+def ort_style_step(module: Any, optimizer: Any, batches: list[tuple[np.ndarray, np.ndarray]]) -> Callable[[int], Any]:
+    """Step ``i`` as a user of ONNX Runtime's training API writes it (onnxtrain.api has the same names):
+    ``module(x, y); optimizer.step(); module.lazy_reset_grad()`` on batch ``i`` (cycled); returns the loss."""
+    count = len(batches)
+
+    def step(i: int) -> Any:
+        x, y = batches[i % count]
+        loss = module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+        return loss
+
+    return step

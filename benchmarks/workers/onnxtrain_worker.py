@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from benchmarks.measure import control, run_worker, time_steps, worker_arguments
-from benchmarks.workers.common import Stopwatch, load_batches, load_spec
+from benchmarks.workers.common import Stopwatch, load_batches, load_spec, ort_style_step
 
 LOSSES = {"mse": "MSELoss", "ce": "CrossEntropyLoss"}
 OPTIMIZERS = {"sgd": "SGD", "adamw": "AdamW"}
@@ -57,15 +57,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     optimizer.set_learning_rate(spec["learning_rate"])
     module.train()
     watch.mark("setup")
-    count = len(batches)
-
-    def step(i: int) -> Any:
-        x, y = batches[i % count]
-        loss = module(x, y)
-        optimizer.step()
-        module.lazy_reset_grad()
-        return loss
-
+    step = ort_style_step(module, optimizer, batches)
     timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
     return {
         "framework": "onnxtrain",
