@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_training_step
+from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.optim.base import state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
@@ -34,8 +35,6 @@ if TYPE_CHECKING:
     from onnxtrain.training.module import Module
     from onnxtrain.training.optimizer import Optimizer
     from onnxtrain.training.state import StateTensor
-
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 #: What an update computed at a train step depends on, besides that step's gradients: the state's
@@ -71,7 +70,7 @@ class FusedStep:
         """The fused step, or ``None`` where the two models cannot be merged (they then run apart)."""
         training = module._train_model.with_data()
         optimizing = optimizer_model.with_data()
-        if training.ByteSize() + optimizing.ByteSize() > _PROTOBUF_LIMIT:
+        if training.ByteSize() + optimizing.ByteSize() > PROTOBUF_LIMIT:
             return None  # one serialized model would pass protobuf's limit
         try:
             fused = fuse_training_step(training, optimizing, module._io.trainable)

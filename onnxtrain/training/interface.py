@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
-from onnxtrain.artifacts.generate import INITIAL_STATE_KEY
+from onnxtrain.artifacts.generate import INITIAL_STATE_KEY, PROTOBUF_LIMIT
 from onnxtrain.graph import dtypes
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
@@ -34,8 +34,6 @@ ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
 
 #: A dimension: a fixed size, a symbolic name, or ``None`` (unknown).
 Dim = int | str | None
-
-_PROTOBUF_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -56,7 +54,7 @@ class LoadedModel:
 def load_model(source: ModelSource, what: str) -> LoadedModel:
     """``source`` as a :class:`LoadedModel`; ``what`` names the argument in errors."""
     if isinstance(source, onnx.ModelProto):
-        if source.ByteSize() > _PROTOBUF_LIMIT:
+        if source.ByteSize() > PROTOBUF_LIMIT:
             raise ValueError(
                 f"{what} is a ModelProto over protobuf's 2 GiB limit; save it with external data and pass the path"
             )

@@ -35,6 +35,7 @@ import onnxruntime as ort
 
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession, default_session_options
 from onnxtrain.training.device import Device, ProviderSpec, resolve
@@ -43,7 +44,6 @@ from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, 
 from onnxtrain.training.state import StateTensor, TrainingState
 
 _HOST = Device("cpu")
-_PROTOBUF_LIMIT = 2**31 - 1
 
 Outputs = np.ndarray | ort.OrtValue | tuple[np.ndarray, ...] | tuple[ort.OrtValue, ...]
 #: A contiguous parameter buffer: one array/OrtValue, or ``{dtype name: buffer}`` for mixed dtypes.
@@ -382,7 +382,7 @@ class Module:
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
         model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names)
         path = os.fspath(inference_model_uri)
-        if model.ByteSize() < _PROTOBUF_LIMIT:
+        if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.save_model(model, path)
         else:
             onnx.save_model(model, path, save_as_external_data=True, location=f"{os.path.basename(path)}.data")
