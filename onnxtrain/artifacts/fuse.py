@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
-from onnxtrain.autodiff.training import prune_unused_nodes
+from onnxtrain.autodiff.training import names_read, prune_unused_nodes
 from onnxtrain.graph.naming import names_in
 from onnxtrain.optim.base import grad_name
 
@@ -113,11 +113,10 @@ def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, tr
         copy_tensor = graph.initializer.add()
         copy_tensor.CopyFrom(tensor)
         copy_tensor.name = mapping[tensor.name] = unique(tensor.name)
-    for node in optimizer.graph.node:
+    for node in optimizer.graph.node:  # in topological order: what a node reads is mapped already
         for name in node.output:
             if name and name not in mapping:
                 mapping[name] = unique(name)
-    for node in optimizer.graph.node:
         copy_node = graph.node.add()
         copy_node.CopyFrom(node)
         copy_node.input[:] = [mapping.get(name, name) if name else name for name in node.input]
@@ -183,10 +182,7 @@ def _drop_unused_inputs(graph: onnx.GraphProto, names: set[str]) -> None:
     """Remove the inputs among ``names`` that nothing reads any more (the accumulation's)."""
     needed = {value.name for value in graph.output}
     for node in graph.node:
-        needed.update(node.input)
-        for attribute in node.attribute:
-            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                needed.update(name for sub in subgraph.node for name in sub.input)
+        needed.update(names_read(node))
     unused = [value.name for value in graph.input if value.name in names and value.name not in needed]
     kept = [value for value in graph.input if value.name not in unused]
     del graph.input[:]

@@ -107,6 +107,15 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
             del node.output[1:]
 
 
+def names_read(node: onnx.NodeProto) -> set[str]:
+    """The values ``node`` reads: its inputs, and those its subgraphs' nodes read (outer values among them)."""
+    read = {name for name in node.input if name}
+    for attribute in node.attribute:
+        for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+            read.update(name for sub in subgraph.node for name in sub.input if name)
+    return read
+
+
 def prune_unused_nodes(model: onnx.ModelProto) -> None:
     """Remove the nodes no graph output depends on, and the initializers they alone used."""
     graph = model.graph
@@ -115,10 +124,7 @@ def prune_unused_nodes(model: onnx.ModelProto) -> None:
     for node in reversed(graph.node):
         if any(name in needed for name in node.output if name):
             kept.append(node)
-            needed.update(name for name in node.input if name)
-            for attribute in node.attribute:  # subgraphs may read outer values
-                for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                    needed.update(name for sub in subgraph.node for name in sub.input if name)
+            needed.update(names_read(node))
     kept.reverse()
     del graph.node[:]
     graph.node.extend(kept)
@@ -217,6 +223,7 @@ __all__ = [
     "build_training_models",
     "check_parameters",
     "move_initializers_to_inputs",
+    "names_read",
     "prune_unused_nodes",
     "set_inference_mode",
 ]

@@ -92,10 +92,7 @@ class FusedStep:
         self._basis = None
         if not (from_reset and self.speculate):
             return False
-        optimizer = self._optimizer
-        record = optimizer._record
-        optimizer._lr_host[0] = record.learning_rate
-        optimizer._step_host[0] = record.step + 1
+        self._optimizer._write_step_inputs()
         return True
 
     def bind(self) -> None:

@@ -104,8 +104,7 @@ class Optimizer:
             return
         session = self._session
         session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
-        self._lr_host[0] = record.learning_rate
-        self._step_host[0] = record.step + 1
+        self._write_step_inputs()
         session.bind_value(LEARNING_RATE, self._lr_value)
         session.bind_value(STEP, self._step_value)
         for name, grad in self._grad_slots:
@@ -118,6 +117,11 @@ class Optimizer:
             tensor.swap()
         record.step += 1
         state._revision += 1
+
+    def _write_step_inputs(self) -> None:
+        """Write the next step's learning rate and number (the state's step + 1) where the bound inputs read them."""
+        self._lr_host[0] = self._record.learning_rate
+        self._step_host[0] = self._record.step + 1
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Use ``learning_rate`` from the next step on (a scheduler's next ``step()`` overrides it)."""
