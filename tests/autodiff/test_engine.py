@@ -251,6 +251,56 @@ def test_static_unbroadcast_needs_no_shape_ops(batch: int) -> None:
     np.testing.assert_allclose(dscale, want_dscale, rtol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("x_shape", "b_shape"),
+    [((5, 3), (3,)), ((5,), ()), ((2, 4, 3), (3,)), ((2, 1, 3), (1, 3)), ((2, 4, 3), (4, 3)), ((6, 2, 3), ())],
+    ids=str,
+)
+@pytest.mark.parametrize("elem_type", [FLOAT, DOUBLE], ids=["float", "double"])
+def test_static_sums_over_leading_axes_are_products_with_ones(
+    x_shape: tuple[int, ...], b_shape: tuple[int, ...], elem_type: int
+) -> None:
+    """loss = sum((x + b) ** 3) with fixed shapes: db sums over x's leading axes as ones @ g, no ReduceSum."""
+    dtype = helper.tensor_dtype_to_np_dtype(elem_type)
+    rng = np.random.default_rng(len(x_shape) + len(b_shape))
+    b = rng.normal(size=b_shape).astype(dtype)
+    nodes = [
+        helper.make_node("Add", ["x", "b"], ["z"]),
+        helper.make_node("Mul", ["z", "z"], ["z2"]),
+        helper.make_node("Mul", ["z2", "z"], ["z3"]),
+        helper.make_node("ReduceSum", ["z3"], ["loss"], keepdims=0),
+    ]
+    model = make_model({"x": (elem_type, list(x_shape))}, nodes, {"loss": (elem_type, [])}, initializers=[_init("b", b)])
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    trained = _train(builder, "loss", ["b"])
+    backward = [node.op_type for node in _new_nodes(builder, before)]
+    assert "MatMul" in backward and "ReduceSum" not in backward
+    x = rng.normal(size=x_shape).astype(dtype)
+    _, db = run_model(trained, {"x": x})
+    lead = len(x_shape) - len(b_shape)
+    want = (3 * (x + b).astype(np.float64) ** 2).sum(axis=tuple(range(lead))).reshape(b_shape)
+    assert db.shape == b_shape and db.dtype == dtype
+    np.testing.assert_allclose(db, want, rtol=1e-12 if elem_type == DOUBLE else 1e-5)
+
+
+def test_float16_sums_over_leading_axes_stay_reductions() -> None:
+    """The product form is for float and double; other types keep ReduceSum."""
+    nodes = [helper.make_node("Add", ["x", "b"], ["z"]), helper.make_node("ReduceSum", ["z"], ["loss"], keepdims=0)]
+    model = make_model(
+        {"x": (onnx.TensorProto.FLOAT16, [4, 3])},
+        nodes,
+        {"loss": (onnx.TensorProto.FLOAT16, [])},
+        initializers=[_init("b", np.zeros(3, np.float16))],
+    )
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    trained = _train(builder, "loss", ["b"])
+    assert "ReduceSum" in {node.op_type for node in _new_nodes(builder, before)}
+    _, db = run_model(trained, {"x": np.ones((4, 3), np.float16)})
+    np.testing.assert_array_equal(db, np.full(3, 4, np.float16))
+
+
 # ------------------------------------------------------------ naming, domain
 
 
