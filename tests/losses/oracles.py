@@ -157,6 +157,16 @@ def binary_cross_entropy(
     return reduce(loss, reduction)
 
 
+def _bce_with_logits_terms(
+    x: ArrayLike, t: ArrayLike, weight: ArrayLike | None, pos_weight: ArrayLike | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | float]:
+    """``((1 - t) x, (1 + (pw - 1) t) softplus(-x), w)``: the two terms of the loss and its weight."""
+    x, t = _f64(x), _f64(t)
+    softplus = np.maximum(-x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+    log_weight = 1.0 if pos_weight is None else 1.0 + (_f64(pos_weight) - 1.0) * t
+    return (1.0 - t) * x, log_weight * softplus, 1.0 if weight is None else _f64(weight)
+
+
 def binary_cross_entropy_with_logits(
     x: ArrayLike,
     t: ArrayLike,
@@ -165,13 +175,8 @@ def binary_cross_entropy_with_logits(
     pos_weight: ArrayLike | None = None,
 ) -> np.ndarray:
     """``w ((1 - t) x + (1 + (pw - 1) t) softplus(-x))``, ``softplus(z) = max(z, 0) + log1p(exp(-|z|))``."""
-    x, t = _f64(x), _f64(t)
-    softplus = np.maximum(-x, 0.0) + np.log1p(np.exp(-np.abs(x)))
-    log_weight = 1.0 if pos_weight is None else 1.0 + (_f64(pos_weight) - 1.0) * t
-    loss = (1.0 - t) * x + log_weight * softplus
-    if weight is not None:
-        loss = _f64(weight) * loss
-    return reduce(loss, reduction)
+    linear, soft, w = _bce_with_logits_terms(x, t, weight, pos_weight)
+    return reduce(w * (linear + soft), reduction)
 
 
 def binary_cross_entropy_with_logits_magnitude(
@@ -185,13 +190,8 @@ def binary_cross_entropy_with_logits_magnitude(
 
     A bound for the rounding error of the mixed-sign sum (``rtol *`` this).
     """
-    x, t = _f64(x), _f64(t)
-    softplus = np.maximum(-x, 0.0) + np.log1p(np.exp(-np.abs(x)))
-    log_weight = 1.0 if pos_weight is None else 1.0 + (_f64(pos_weight) - 1.0) * t
-    loss = np.abs((1.0 - t) * x) + np.abs(log_weight * softplus)
-    if weight is not None:
-        loss = np.abs(_f64(weight)) * loss
-    return reduce(loss, reduction)
+    linear, soft, w = _bce_with_logits_terms(x, t, weight, pos_weight)
+    return reduce(np.abs(w) * (np.abs(linear) + np.abs(soft)), reduction)
 
 
 # ------------------------------------------------------------------ divergence
