@@ -195,6 +195,40 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
             raise ValueError(f"the {name} does not load in onnxruntime with {custom_op_library!s}: {error}") from error
 
 
+def _move_into(directory: Path, staging: Path, written: dict[str, str]) -> dict[str, Path]:
+    """Move the staged files into ``directory``, replacing an earlier set; ``{name: path}``.
+
+    Each file an earlier set has is first moved aside into ``staging``, so that
+    when a move fails (or is interrupted) the files already moved are taken
+    back out and the earlier ones put back: the directory then holds the
+    earlier set, not a mix of two.
+    """
+    for file_name in written.values():
+        if (directory / file_name).is_dir():
+            raise IsADirectoryError(
+                f"{directory / file_name} is a directory, where the artifact {file_name!r} goes: "
+                "move it away or choose another artifact_directory"
+            )
+    aside = staging / ".earlier"
+    aside.mkdir()
+    moved: list[str] = []
+    try:
+        for file_name in written.values():
+            moved.append(file_name)
+            if os.path.lexists(directory / file_name):
+                os.replace(directory / file_name, aside / file_name)
+            os.replace(staging / file_name, directory / file_name)
+    except BaseException:
+        for file_name in reversed(moved):  # best effort: the first error is the one raised
+            with contextlib.suppress(OSError):
+                if not os.path.lexists(staging / file_name):  # the new file got into place
+                    os.unlink(directory / file_name)
+                if os.path.lexists(aside / file_name):
+                    os.replace(aside / file_name, directory / file_name)
+        raise
+    return {name: directory / file_name for name, file_name in written.items()}
+
+
 def _write_all(
     directory: Path,
     prefix: str,
@@ -228,9 +262,7 @@ def _write_all(
             written["nominal_checkpoint"] = f"{prefix}nominal_checkpoint"
         if ort_format:
             written.update(_to_ort_format(staging, {name: written[name] for name in models}))
-        for name, file_name in written.items():
-            os.replace(staging / file_name, directory / file_name)
-            paths[name] = directory / file_name
+        paths = _move_into(directory, staging, written)
         return paths
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -181,6 +181,49 @@ def test_a_failing_ort_conversion_leaves_the_earlier_set(earlier_set, monkeypatc
     assert _snapshot(folder) == snapshot
 
 
+def _fail_before_call(original, call: int, exception: BaseException):
+    """``original``, except that call number ``call`` (1-based) raises ``exception`` instead of running."""
+    count = 0
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal count
+        count += 1
+        if count == call:
+            raise exception
+        return original(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize("when", [_fail_before_call, _fail_on_call], ids=["before", "after"])
+@pytest.mark.parametrize("call", [1, 2, 5, 8, 10])
+def test_a_move_into_place_failing_leaves_the_earlier_set(earlier_set, monkeypatch, call: int, when):
+    """The new set's files are moved in one by one (10 renames: each earlier file aside, each new one in);
+    a rename failing, or interrupted right after it ran, puts the earlier set back."""
+    folder, snapshot = earlier_set
+    exception = Boom("rename failed") if when is _fail_before_call else KeyboardInterrupt()
+    monkeypatch.setattr(generate_module.os, "replace", when(os.replace, call, exception))
+    with pytest.raises(type(exception)):
+        artifacts.generate_artifacts(dense(), loss="L1Loss", artifact_directory=folder, **KWARGS)
+    monkeypatch.undo()
+    assert _snapshot(folder) == snapshot  # the same files, byte for byte; no staging directory
+
+
+def _snapshot_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_directory_where_an_artifact_goes_is_an_error_before_anything_moves(earlier_set):
+    folder, snapshot = earlier_set
+    (folder / "checkpoint").unlink()
+    (folder / "checkpoint").mkdir()
+    del snapshot["checkpoint"]
+    with pytest.raises(IsADirectoryError, match=r"checkpoint is a directory.*move it away"):
+        artifacts.generate_artifacts(dense(), loss="L1Loss", artifact_directory=folder, **KWARGS)
+    assert (folder / "checkpoint").is_dir()
+    assert _snapshot_files(folder) == snapshot
+
+
 def test_a_failed_write_into_a_new_directory_leaves_no_directory(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(generate_module.checkpoint, "save", _fail_on_call(checkpoint.save, 1, Boom("disk full")))
     with pytest.raises(Boom):
