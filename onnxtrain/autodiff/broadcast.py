@@ -113,12 +113,7 @@ def sum_leading_by_product(ctx: RuleContext, grad: str, like: str, lead: int, g_
     symbolic batch the ones would cost two more nodes per graph, so the caller keeps ``ReduceSum``.
     """
     x_static, leading = ctx.static_shape(like), g_dims[:lead]
-    if (
-        ctx.elem_type(grad) not in _PRODUCT_TYPES
-        or x_static is None
-        or len(g_dims) != lead + len(x_static)
-        or not all(isinstance(d, int) for d in leading)
-    ):
+    if ctx.elem_type(grad) not in _PRODUCT_TYPES or x_static is None or not all(isinstance(d, int) for d in leading):
         return None
     ones = ctx.const(np.ones(int(np.prod(leading))), grad)  # type: ignore[arg-type]
     if lead == 1 and len(x_static) <= 1:

@@ -135,13 +135,16 @@ class Boom(RuntimeError):
     pass
 
 
-def _fail_on_call(original, call: int, exception: BaseException):
-    """``original``, except that call number ``call`` (1-based) raises ``exception`` after writing."""
+def _fail_on_call(original, call: int, exception: BaseException, *, before: bool = False):
+    """``original``, except that call number ``call`` (1-based) raises ``exception`` after writing
+    (``before``: instead of running)."""
     count = 0
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         nonlocal count
         count += 1
+        if count == call and before:
+            raise exception
         result = original(*args, **kwargs)
         if count == call:
             raise exception
@@ -181,28 +184,14 @@ def test_a_failing_ort_conversion_leaves_the_earlier_set(earlier_set, monkeypatc
     assert _snapshot(folder) == snapshot
 
 
-def _fail_before_call(original, call: int, exception: BaseException):
-    """``original``, except that call number ``call`` (1-based) raises ``exception`` instead of running."""
-    count = 0
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        nonlocal count
-        count += 1
-        if count == call:
-            raise exception
-        return original(*args, **kwargs)
-
-    return wrapper
-
-
-@pytest.mark.parametrize("when", [_fail_before_call, _fail_on_call], ids=["before", "after"])
+@pytest.mark.parametrize("before", [True, False], ids=["before", "after"])
 @pytest.mark.parametrize("call", [1, 2, 5, 8, 10])
-def test_a_move_into_place_failing_leaves_the_earlier_set(earlier_set, monkeypatch, call: int, when):
+def test_a_move_into_place_failing_leaves_the_earlier_set(earlier_set, monkeypatch, call: int, before: bool):
     """The new set's files are moved in one by one (10 renames: each earlier file aside, each new one in);
     a rename failing, or interrupted right after it ran, puts the earlier set back."""
     folder, snapshot = earlier_set
-    exception = Boom("rename failed") if when is _fail_before_call else KeyboardInterrupt()
-    monkeypatch.setattr(generate_module.os, "replace", when(os.replace, call, exception))
+    exception = Boom("rename failed") if before else KeyboardInterrupt()
+    monkeypatch.setattr(generate_module.os, "replace", _fail_on_call(os.replace, call, exception, before=before))
     with pytest.raises(type(exception)):
         artifacts.generate_artifacts(dense(), loss="L1Loss", artifact_directory=folder, **KWARGS)
     monkeypatch.undo()

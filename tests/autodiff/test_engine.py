@@ -270,7 +270,9 @@ def test_static_sums_over_leading_axes_are_products_with_ones(
         helper.make_node("Mul", ["z2", "z"], ["z3"]),
         helper.make_node("ReduceSum", ["z3"], ["loss"], keepdims=0),
     ]
-    model = make_model({"x": (elem_type, list(x_shape))}, nodes, {"loss": (elem_type, [])}, initializers=[_init("b", b)])
+    model = make_model(
+        {"x": (elem_type, list(x_shape))}, nodes, {"loss": (elem_type, [])}, initializers=[_init("b", b)]
+    )
     builder = GraphBuilder(model)
     before = len(builder.model.graph.node)
     trained = _train(builder, "loss", ["b"])
