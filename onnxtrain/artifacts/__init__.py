@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, add_gradient_accumulation, buffer_name
 from onnxtrain.artifacts.export import export_model_for_inferencing
-from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_training_step
+from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import TARGETS, generate_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 
@@ -19,6 +19,6 @@ __all__ = [
     "add_gradient_accumulation",
     "buffer_name",
     "export_model_for_inferencing",
-    "fuse_training_step",
+    "fuse_update_and_train",
     "generate_artifacts",
 ]

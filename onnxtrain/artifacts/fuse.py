@@ -1,25 +1,30 @@
-"""One model for a whole training step: the training model without accumulation, feeding the optimizer model.
+"""One model for a whole step: the optimizer's update, then a train step on the updated parameters.
 
-The runtime's fast path (docs/runtime.md, "The fused step"): when a train
-step starts from reset gradients and an optimizer step follows, one
-onnxruntime run can do both. :func:`fuse_training_step` builds that model from
-the two artifacts:
+The runtime's fast path (docs/runtime.md, "The fused step"). ``optimizer.step()``
+only records the update; the next train step that starts from reset
+gradients applies it and trains in one onnxruntime run, updating the
+parameters, moments and gradients in place. :func:`fuse_update_and_train`
+builds that model from the two artifacts:
 
-- the training model with ``lazy_reset_grad`` taken as true: each
+- the optimizer model first, as it is: it reads the parameters, the
+  gradients of the last train step (``<p>_grad``), the moments,
+  ``learning_rate`` and ``step``, and writes ``<p>.updated`` and
+  ``<p>.momentumK.updated``;
+- then the training model with ``lazy_reset_grad`` taken as true, reading
+  ``<p>.updated`` wherever it read a trainable ``<p>``: each
   ``<p>_grad.accumulation.out = Where(reset, g, buffer + g)`` is dropped and
   the raw gradient ``g`` becomes the output, so neither the accumulation
   buffers nor the flag are inputs any more (every other input stays, used or
-  not, so that the runtime binds the same names);
-- the optimizer model, its ``<p>_grad`` inputs fed by those gradients, its
-  other inputs (``learning_rate``, ``step``, the moments) and its outputs
-  (``<p>.updated``, ``<p>.momentumK.updated``) added to the graph.
+  not, so that the runtime binds the same names).
 
 Outputs: the training model's (loss, additional outputs, gradients, running
-statistics), then the optimizer model's. Names of the optimizer model that the
-training model already uses for something else are renamed;
-:class:`FusedModel` says what each became. Both models must import the same
-opset version for every domain they share (``generate_artifacts`` writes them
-so); otherwise :class:`FusionError`.
+statistics), then the optimizer model's. The optimizer model's nodes come
+first, so that onnxruntime's priority-based order runs the whole update before
+any node of the train step. Names of the optimizer model that the training
+model already uses for something else are renamed; :class:`FusedModel` says
+what each became. Both models must import the same opset version for every
+domain they share (``generate_artifacts`` writes them so); otherwise
+:class:`FusionError`.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import onnx
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.autodiff.training import names_read, prune_unused_nodes
 from onnxtrain.graph.naming import names_in
-from onnxtrain.optim.base import grad_name
+from onnxtrain.optim.base import grad_name, updated_name
 
 
 class FusionError(ValueError):
@@ -56,20 +61,20 @@ class FusedModel:
         return self.renamed.get(optimizer_name, optimizer_name)
 
 
-def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, trainable: Sequence[str]) -> FusedModel:
-    """The training model (accumulation removed) followed by the optimizer model, as one model.
+def fuse_update_and_train(
+    training: onnx.ModelProto, optimizer: onnx.ModelProto, trainable: Sequence[str]
+) -> FusedModel:
+    """The optimizer model, then the training model (accumulation removed) on the updated parameters.
 
     ``trainable``: the parameters both models share, which the optimizer updates.
     Neither model is changed.
     """
     opsets = _merged_opsets(training, optimizer)
-    graph = onnx.GraphProto()
-    graph.CopyFrom(training.graph)
-    graph.name = f"{training.graph.name or 'training'}_fused_step"
-    producers = {name: node for node in graph.node for name in node.output}
-    outputs = [value.name for value in graph.output]
-    taken = names_in(graph)
-    renamed: dict[str, str] = {}
+    steps = onnx.GraphProto()
+    steps.CopyFrom(training.graph)
+    producers = {name: node for node in steps.node for name in node.output}
+    outputs = [value.name for value in steps.output]
+    taken = names_in(steps)
 
     def unique(name: str) -> str:
         """``name``, or ``name.fusedN`` where the merged graph already uses ``name``."""
@@ -81,34 +86,30 @@ def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, tr
         taken.add(name)
         return name
 
-    gradients = {param: _raw_gradient(graph, producers, param, unique) for param in trainable}
+    gradients = {param: _raw_gradient(steps, producers, param, unique) for param in trainable}
     raw = {accumulated_name(p): g for p, g in gradients.items()}
-    kept_outputs = list(graph.output)
-    del graph.output[:]
-    for value in kept_outputs:
-        if value.name in raw:
-            value.name = raw[value.name]
-        graph.output.append(value)
-    if len(set(o.name for o in graph.output)) != len(outputs):
+    for value in steps.output:
+        value.name = raw.get(value.name, value.name)
+    if len({o.name for o in steps.output}) != len(outputs):
         raise FusionError("a gradient of the training model is also another of its outputs")
 
     shared = set(trainable)
-    feeds = {grad_name(p): gradients[p] for p in trainable}
-    missing = [name for name in feeds if name not in {value.name for value in optimizer.graph.input}]
+    graph = onnx.GraphProto()
+    graph.name = f"{training.graph.name or 'training'}_fused_step"
+    graph.input.extend(steps.input)
+    mapping: dict[str, str] = {p: p for p in shared}
+    optimizer_inputs = {value.name for value in optimizer.graph.input}
+    missing = [grad_name(p) for p in trainable if grad_name(p) not in optimizer_inputs]
+    missing += [p for p in trainable if p not in optimizer_inputs]
     if missing:
-        raise FusionError(f"the optimizer model lacks the gradient input(s) {missing}")
-    mapping: dict[str, str] = {}
+        raise FusionError(f"the optimizer model lacks the input(s) {missing}")
     for value in optimizer.graph.input:
-        if value.name in feeds or value.name in shared:
+        if value.name in shared:
             continue
         mapping[value.name] = unique(value.name)
-        if mapping[value.name] != value.name:
-            renamed[value.name] = mapping[value.name]
         copy = graph.input.add()
         copy.CopyFrom(value)
         copy.name = mapping[value.name]
-    mapping.update(feeds)
-    mapping.update({p: p for p in shared})
     for tensor in optimizer.graph.initializer:
         copy_tensor = graph.initializer.add()
         copy_tensor.CopyFrom(tensor)
@@ -123,12 +124,22 @@ def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, tr
         copy_node.output[:] = [mapping[name] if name else name for name in node.output]
         if node.name:
             copy_node.name = unique(node.name)
+    ends = [value.name for value in (*optimizer.graph.input, *optimizer.graph.output)]
+
+    updated = {p: mapping[updated_name(p)] for p in trainable}
+    for node in steps.node:
+        if any(name in shared for name in names_read(node) - set(node.input)):
+            raise FusionError(f"a subgraph of node {node.name or node.op_type!r} reads a trainable parameter")
+        copy_node = graph.node.add()
+        copy_node.CopyFrom(node)
+        copy_node.input[:] = [updated.get(name, name) for name in node.input]
+    graph.initializer.extend(steps.initializer)
+    graph.value_info.extend(steps.value_info)
+    graph.output.extend(steps.output)
     for value in optimizer.graph.output:
         copy = graph.output.add()
         copy.CopyFrom(value)
         copy.name = mapping[value.name]
-        if value.name != copy.name:
-            renamed[value.name] = copy.name
 
     model = onnx.helper.make_model(graph, opset_imports=opsets)
     model.ir_version = max(training.ir_version, optimizer.ir_version)
@@ -140,7 +151,7 @@ def fuse_training_step(training: onnx.ModelProto, optimizer: onnx.ModelProto, tr
     kept_values = [v for v in model.graph.value_info if v.name in kept_names]
     del model.graph.value_info[:]
     model.graph.value_info.extend(kept_values)
-    return FusedModel(model, gradients, renamed)
+    return FusedModel(model, gradients, {name: mapping[name] for name in ends if mapping[name] != name})
 
 
 def _raw_gradient(
@@ -189,4 +200,4 @@ def _drop_unused_inputs(graph: onnx.GraphProto, names: set[str]) -> None:
     graph.input.extend(kept)
 
 
-__all__ = ["FusedModel", "FusionError", "fuse_training_step"]
+__all__ = ["FusedModel", "FusionError", "fuse_update_and_train"]

@@ -1,34 +1,38 @@
-"""The fused step: a train step and the optimizer step after it, in one onnxruntime run.
+"""The fused step: an optimizer step deferred to the next train step, both in one onnxruntime run, in place.
 
-In the usual loop ``module(x, y); optimizer.step(); module.lazy_reset_grad()``
-every train step starts from reset gradients and is followed by an optimizer
-step. For such a step the module runs the fused model
-(:func:`onnxtrain.artifacts.fuse.fuse_training_step`) instead of the training
-model: it returns the loss and writes the gradients, as the training model
-would, and also computes the optimizer's update, which it writes into the
-spare buffers of the parameters and moments without making it current. The
-update is a speculation: ``optimizer.step()`` makes it current (a swap, no
-run) only if nothing it was computed from has changed since: no other train
-step, no parameter written, the same learning rate and step count. Otherwise
-``step()`` runs the optimizer model on the gradients as usual, so results never
-depend on which path ran.
+In the usual loop ``module(x, y); optimizer.step(); module.lazy_reset_grad()``,
+``optimizer.step()`` records its update (the learning rate and step number)
+and runs nothing. The next train step that starts from reset gradients runs
+the fused model (:func:`onnxtrain.artifacts.fuse.fuse_update_and_train`): it
+applies the recorded update, then runs the train step on the updated
+parameters. The parameters, the moments and the gradients are written in
+place: each buffer is bound as both the input and the output of the run, which
+:func:`onnxtrain.training.inplace.unsafe_in_place` proves safe (no node can
+read an input after its new value is written), so no second set of buffers is
+needed.
 
-Whether the next train step speculates is decided by the last optimizer step:
-if the update computed at its train step would have been used, speculate
-again; if not (gradient accumulation, or a learning rate set between the train
-step and the optimizer step), run the training model alone, so that a loop
-that would waste the update does not compute it.
+A recorded update is applied (by the optimizer model alone, in place) before
+anything else sees the state: reading or writing a parameter, saving, exporting,
+an eval step, a train step that accumulates or runs in another module, a second
+optimizer step (:meth:`TrainingState._settle`). The results are those of
+running each step when it is called.
+
+If onnxruntime fails during a fused run (a label out of range, say), the update
+has been applied: the fused session runs in onnxruntime's priority-based order,
+which runs the optimizer model's nodes, listed first, before any node of the
+train step. The gradients are then reset, as after any failed train step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_training_step
+from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.optim.base import state_name, updated_name
+from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import LoadedModel
 
 if TYPE_CHECKING:
@@ -37,102 +41,58 @@ if TYPE_CHECKING:
     from onnxtrain.training.state import StateTensor
 
 
-#: What an update computed at a train step depends on, besides that step's gradients: the state's
-#: revision right after the train step, the step count, the learning rate, and whether the fused model
-#: ran (the update is in the spares).
-_Basis = tuple[int, int, float, bool]
-
-
 class FusedStep:
-    """The fused session of one optimizer over its module, and its speculation; see the module docstring."""
+    """The fused session of one optimizer over its module; see the module docstring."""
 
     def __init__(self, fused: FusedModel, session: BoundSession, optimizer: Optimizer) -> None:
         self.session = session
-        self._optimizer = optimizer
+        self.optimizer = optimizer
         module = optimizer._module
-        record = optimizer._record
-        tensors = module._state._tensors
-        self.gradients = [(fused.gradients[p], module._state._grads[p]) for p in module._io.trainable]
+        tensors, grads, moments = module._state._tensors, module._state._grads, optimizer._record.moments
         self.learning_rate = fused.name_of(LEARNING_RATE)
         self.step = fused.name_of(STEP)
-        # (input, tensor, output): the moments are bound here; the parameters' inputs are the module's
-        self.updates: list[tuple[str | None, StateTensor, str]] = []
+        # (input, tensor, output) written in place; the parameters' inputs are the module's to bind
+        self.in_place: list[tuple[str | None, StateTensor, str]] = []
         for p in module._io.trainable:
-            self.updates.append((None, tensors[p], fused.name_of(updated_name(p))))
-            for i, moment in enumerate(record.moments[p]):
+            self.in_place.append((None, tensors[p], fused.name_of(updated_name(p))))
+            for i, moment in enumerate(moments[p]):
                 name = state_name(p, i)
-                self.updates.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
-        self.speculate = True
-        self._basis: _Basis | None = None
+                self.in_place.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
+            self.in_place.append((fused.name_of(grad_name(p)), grads[p], fused.gradients[p]))
 
     @classmethod
     def create(cls, module: Module, optimizer_model: LoadedModel, optimizer: Optimizer) -> FusedStep | None:
-        """The fused step, or ``None`` where the two models cannot be merged (they then run apart)."""
+        """The fused step, or ``None`` where the two models cannot be merged or updated in place."""
         training = module._train_model.with_data()
         optimizing = optimizer_model.with_data()
         if training.ByteSize() + optimizing.ByteSize() > PROTOBUF_LIMIT:
             return None  # one serialized model would pass protobuf's limit
         try:
-            fused = fuse_training_step(training, optimizing, module._io.trainable)
+            fused = fuse_update_and_train(training, optimizing, module._io.trainable)
         except FusionError:
+            return None
+        pairs = {}
+        for p in module._io.trainable:
+            pairs[p] = fused.name_of(updated_name(p))
+            pairs[fused.name_of(grad_name(p))] = fused.gradients[p]
+            for i in range(len(optimizer._record.moments[p])):
+                name = state_name(p, i)
+                pairs[fused.name_of(name)] = fused.name_of(updated_name(name))
+        if unsafe_in_place(fused.model.graph, pairs):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
         session = BoundSession(model, "fused training step", module._fused_options, module._providers, module._device)
         return cls(fused, session, optimizer)
 
-    # ------------------------------------------------- used by the module
-
-    def begin(self, from_reset: bool) -> bool:
-        """A train step begins: forget any earlier update; whether this step runs the fused model.
-
-        It does when the step starts from reset gradients and the last
-        optimizer step says speculating pays; then this writes the learning
-        rate and step number where the bound inputs read them.
-        """
-        self._basis = None
-        if not (from_reset and self.speculate):
-            return False
-        self._optimizer._write_step_inputs()
-        return True
-
     def bind(self) -> None:
-        """Bind the optimizer's inputs and the update's outputs (the module binds the rest)."""
-        optimizer, session = self._optimizer, self.session
+        """Bind the optimizer's inputs, and every updated tensor as both input and output (the module binds the rest)."""
+        optimizer, session = self.optimizer, self.session
         session.bind_value(self.learning_rate, optimizer._lr_value)
         session.bind_value(self.step, optimizer._step_value)
-        for name, tensor, out in self.updates:
+        for name, tensor, out in self.in_place:
             if name is not None:
                 session.bind_value(name, tensor.value)
-            session.bind_output_into(out, tensor.spare())
-
-    def after_train_step(self, *, from_reset: bool, computed: bool) -> None:
-        """Record what the update of this train step (computed or not) depends on."""
-        if not from_reset:
-            return  # accumulated gradients: the basis was forgotten when this step began
-        record = self._optimizer._record
-        self._basis = (self._optimizer._module._state._revision, record.step, record.learning_rate, computed)
-
-    # ---------------------------------------------- used by the optimizer
-
-    def take(self) -> bool:
-        """At an optimizer step: make the computed update current if it still holds; whether it did.
-
-        Also decides whether the next train step speculates: if and only if
-        this step's update, computed or not, would have held.
-        """
-        basis, self._basis = self._basis, None
-        record = self._optimizer._record
-        holds = basis is not None and basis[:3] == (
-            self._optimizer._module._state._revision,
-            record.step,
-            record.learning_rate,
-        )
-        self.speculate = holds
-        if not (holds and basis is not None and basis[3]):
-            return False
-        for _, tensor, _ in self.updates:
-            tensor.swap()
-        return True
+            session.bind_output_into(out, tensor.value)
 
 
 __all__ = ["FusedStep"]

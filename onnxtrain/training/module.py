@@ -11,10 +11,10 @@ BatchNormalization running statistics on the device. As in ONNX Runtime:
 - an optimizer step reads the accumulated gradients and does not reset them:
   call ``lazy_reset_grad()`` after it, as ORT's examples do.
 
-With an ``Optimizer`` over the module, a train step that starts from reset
-gradients runs the fused step instead (:mod:`onnxtrain.training.fused`): the
-same outputs and gradients, and the optimizer's update computed ahead for
-``optimizer.step()`` to take.
+With an ``Optimizer`` over the module, ``optimizer.step()`` records its
+update, and the next train step that starts from reset gradients runs the
+fused step instead (:mod:`onnxtrain.training.fused`): the update, then the
+train step, in one run and in place; the same outputs and gradients.
 
 Beyond ONNX Runtime: running statistics are carried from step to step;
 parameters may be of any float dtype; ``check_finite=True`` makes a
@@ -96,7 +96,9 @@ class Module:
         self._device, self._providers = resolve(device, providers)
         self._options = session_options if session_options is not None else default_session_options()
         # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
-        self._fused_options = session_options if session_options is not None else default_session_options(spinning=True)
+        self._fused_options = (
+            session_options if session_options is not None else default_session_options(spinning=True, update_first=True)
+        )
         infos = state._infos()
         train = load_model(train_model_uri, "train_model_uri")
         self._io = training_io(train.proto, infos)
@@ -169,7 +171,6 @@ class Module:
     def lazy_reset_grad(self) -> None:
         """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
         self._accumulate = False
-        self._state._revision += 1
         if self._state._grad_status == "ready":
             self._state._grad_status = "reset"
 
@@ -187,16 +188,23 @@ class Module:
             self._check_loaded()
         from_reset = not self._accumulate
         fused = self._fused
-        # the fused step writes the gradients in place: not over gradients still to be used (another module
-        # over the same state may have left some)
-        fusing = fused is not None and fused.begin(from_reset and self._state._grad_status != "ready")
+        state = self._state
+        # the fused step applies the update its optimizer recorded, reading the gradients before it writes
+        # the new ones in place; any other train step first has the recorded update applied
+        fusing = from_reset and state._grad_status != "ready" and fused is not None and state._pending is fused.optimizer
+        if not fusing:
+            state._settle()
         session = fused.session if fusing and fused is not None else self._train_session
         on_device = (
             bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])
         )
         host_outputs = None if on_device else self._host_outputs
         self._bind_train_step(session, feeds, on_device, host_outputs, fused if fusing else None)
-        session.run()
+        try:
+            session.run()
+        finally:
+            if fusing:  # the update ran first (see onnxtrain.training.fused), even where the step failed
+                state._pending = None
         results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
         if self._check_finite and results:
@@ -207,11 +215,8 @@ class Module:
         for _, tensor in self._stat_slots:
             tensor.swap()
         self._accumulate = True
-        self._state._grad_status = "ready"
-        self._state._revision += 1
+        state._grad_status = "ready"
         self._train_steps = step
-        if fused is not None:
-            fused.after_train_step(from_reset=from_reset, computed=fusing)
         if host_outputs is None:
             return _pack(results, on_device)
         # preallocated, and the next step overwrites them: copies
@@ -252,11 +257,10 @@ class Module:
         for name, tensor in self._param_slots:
             session.bind_value(name, tensor.value)
         if fused is not None:
+            # in place, gradients included: the fused step starts from reset gradients, whose old values only
+            # the update reads, before they are written; nothing else can observe them (a failed step leaves
+            # them reset), so they need no spare
             fused.bind()
-            # in place: the fused step starts from reset gradients, whose old values nothing can observe (a
-            # failed step leaves them reset), so they need no spare
-            for out, grad in fused.gradients:
-                session.bind_output_into(out, grad.value)
         else:
             for buffer, out, grad in self._grad_slots:
                 session.bind_value(buffer, grad.value)
@@ -281,6 +285,7 @@ class Module:
         io = self._eval_io
         feeds = io.inputs.collect(args, kwargs)
         self._check_loaded()
+        self._state._settle()
         session = self._eval_session
         on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
         for name in io.outputs:
@@ -323,6 +328,7 @@ class Module:
 
     def get_contiguous_parameters_per_dtype(self, trainable_only: bool = False) -> dict[str, ort.OrtValue]:
         """``{dtype name: buffer}``: per dtype, its parameters flattened and concatenated in model order."""
+        self._state._settle()
         groups: dict[str, list[np.ndarray]] = {}
         for _, tensor in self._tensors(trainable_only):
             groups.setdefault(str(tensor.dtype), []).append(tensor.numpy().ravel())
@@ -361,13 +367,13 @@ class Module:
                     f"the buffer has {array.size} {kind} elements, but the {which} have {expected} "
                     f"(get_parameters_size(trainable_only={trainable_only}))"
                 )
+        self._state._settle()
         for kind, members in groups.items():  # all checked: now write
             flat, offset = given[kind].reshape(-1), 0
             for name, tensor in members:
                 tensor.write(flat[offset : offset + tensor.size].reshape(tensor.shape), f"parameter {name!r}")
                 self._state._unloaded.discard(name)
                 offset += tensor.size
-        self._state._revision += 1
 
     # --------------------------------------------------------------- export
 
@@ -378,6 +384,7 @@ class Module:
         if self._eval_model is None or self._eval_io is None:
             raise RuntimeError("export needs the eval model: pass eval_model_uri when creating the Module")
         self._check_loaded()
+        self._state._settle()
         names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
         model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names)

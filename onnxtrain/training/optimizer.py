@@ -3,8 +3,11 @@
 The optimizer model (docs/artifacts.md) takes ``learning_rate``, ``step``
 (the state's step count + 1, as ONNX Runtime feeds it) and, per trainable
 parameter, the parameter, its accumulated gradient and its moments; it
-outputs the new parameter and moments, which replace the old ones on the
-device. The moments come from the checkpoint when it has optimizer state,
+outputs the new parameter and moments, which it writes in place, over the old
+ones on the device (:mod:`onnxtrain.training.inplace` checks that the model
+allows it; otherwise into spares, which are then swapped in). With the fused
+step (the default), ``step()`` only records the update, and the next train
+step applies it (:mod:`onnxtrain.training.fused`). The moments come from the checkpoint when it has optimizer state,
 else they are created (on the device) from the initial values in the model's
 metadata when the optimizer is made, with step 0 and learning rate 1e-3
 (ONNX Runtime's default) until one is set.
@@ -29,6 +32,7 @@ from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import ModelSource, load_model, optimizer_io
 from onnxtrain.training.module import Module
 from onnxtrain.training.state import OptimizerRecord, StateTensor
@@ -53,10 +57,10 @@ class Optimizer:
         optimizer_uri: the optimizer model (path, bytes or ModelProto).
         module: the :class:`~onnxtrain.training.module.Module` whose state it updates;
             it runs on the module's device with the module's session options.
-        fuse: let the module's train steps that start from reset gradients
-            also compute this optimizer's update, in one onnxruntime run
-            (:mod:`onnxtrain.training.fused`); ``False`` always runs the two
-            models apart. Results are the same either way.
+        fuse: let a step's update be applied by the module's next train step
+            that starts from reset gradients, in one onnxruntime run
+            (:mod:`onnxtrain.training.fused`); ``False`` runs the optimizer
+            model at every ``step()``. Results are the same either way.
     """
 
     def __init__(self, optimizer_uri: ModelSource, module: Module, *, fuse: bool = True) -> None:
@@ -73,11 +77,12 @@ class Optimizer:
         self._module = module
         self._scheduler: LRScheduler | None = None
         tensors, grads, moments = state._tensors, state._grads, self._record.moments
-        self._slots: list[tuple[str, StateTensor]] = []  # (input name, tensor) updated in place by a step
+        self._slots: list[tuple[str, StateTensor]] = []  # (input name, tensor) a step updates
         self._grad_slots = [(grad_name(p), grads[p]) for p in trainable]
         for p in trainable:
             self._slots.append((p, tensors[p]))
             self._slots += [(state_name(p, i), m) for i, m in enumerate(moments[p])]
+        self._in_place = not unsafe_in_place(model.proto.graph, {name: updated_name(name) for name, _ in self._slots})
         # learning rate and step: host OrtValues viewing these arrays, bound once, written in place per step
         # (as before, onnxruntime copies host inputs to the device where a node needs them there)
         self._lr_host = np.zeros(1, np.float32)
@@ -90,36 +95,43 @@ class Optimizer:
         module._fused = self._fused
 
     def step(self) -> None:
-        """One optimizer step with the accumulated gradients; the state's step count goes up by one."""
+        """One optimizer step with the accumulated gradients; the state's step count goes up by one.
+
+        With the fused step, the update is recorded here and applied by the
+        next train step (or before anything reads the state).
+        """
         state = self._module._state
         if state._grad_status != "ready":
             when = "after lazy_reset_grad()" if state._grad_status == "reset" else "before any train step"
             raise RuntimeError(
                 f"Optimizer.step() {when}: there are no gradients to apply; run a train step (module(...)) first"
             )
-        record = self._record
-        if self._fused is not None and self._fused.take():  # the train step computed this update already
-            record.step += 1
-            state._revision += 1
-            return
+        state._settle()  # an earlier step still recorded is applied first
+        self._write_step_inputs()
+        if self._fused is not None:
+            state._pending = self
+        else:
+            self._apply()
+        self._record.step += 1
+
+    def _apply(self) -> None:
+        """Run the optimizer model on the gradients, with the learning rate and step number written by ``step()``."""
         session = self._session
         session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
-        self._write_step_inputs()
         session.bind_value(LEARNING_RATE, self._lr_value)
         session.bind_value(STEP, self._step_value)
         for name, grad in self._grad_slots:
             session.bind_value(name, grad.value)
         for name, tensor in self._slots:
             session.bind_value(name, tensor.value)
-            session.bind_output_into(updated_name(name), tensor.spare())
+            session.bind_output_into(updated_name(name), tensor.value if self._in_place else tensor.spare())
         session.run()
-        for _, tensor in self._slots:
-            tensor.swap()
-        record.step += 1
-        state._revision += 1
+        if not self._in_place:
+            for _, tensor in self._slots:
+                tensor.swap()
 
     def _write_step_inputs(self) -> None:
-        """Write the next step's learning rate and number (the state's step + 1) where the bound inputs read them."""
+        """Write this step's learning rate and number (the state's step + 1) where the bound inputs read them."""
         self._lr_host[0] = self._record.learning_rate
         self._step_host[0] = self._record.step + 1
 

@@ -6,9 +6,10 @@
 :class:`onnxtrain.checkpoint.CheckpointState` (what a checkpoint file holds)
 and turned back into one to be saved. Its tensors stay NumPy arrays until a
 ``Module`` places them on its device; from then on each is an
-``onnxruntime.OrtValue`` in the device's memory, with a spare of the same type
-and shape where a step writes a new value (double buffering: a step writes into
-the spare, then the two are swapped, so a failed step leaves the state as it was).
+``onnxruntime.OrtValue`` in the device's memory. Optimizer steps update the
+parameters and moments in place. Where a failed train step must leave a value
+as it was (accumulated gradients, running statistics), the step writes into a
+spare of the same type and shape, and the two are swapped once it succeeds.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -27,6 +28,9 @@ from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
 from onnxtrain.training.interface import ParameterInfo
+
+if TYPE_CHECKING:
+    from onnxtrain.training.optimizer import Optimizer
 
 GradientStatus = Literal["none", "ready", "reset"]
 
@@ -123,7 +127,9 @@ class Parameter:
     @property
     def data(self) -> np.ndarray:
         """A copy of the current value."""
-        return self._state._tensor(self._name).numpy()
+        tensor = self._state._tensor(self._name)
+        self._state._settle()
+        return tensor.numpy()
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
@@ -235,9 +241,8 @@ class TrainingState:
         self._unloaded: set[str] = set(self._tensors) if state.is_nominal else set()
         self._grads: dict[str, StateTensor] = {}
         self._grad_status: GradientStatus = "none"
-        # bumped by every change to the parameters, gradients or optimizer state (a fused step's update
-        # holds only while it is unchanged)
-        self._revision = 0
+        # the optimizer whose last step is recorded and not applied yet (onnxtrain.training.fused)
+        self._pending: Optimizer | None = None
         self._properties: dict[str, ckpt.PropertyValue] = dict(state.properties)
         self._device: Device | None = None
         self._optimizer: OptimizerRecord | None = None
@@ -308,6 +313,7 @@ class TrainingState:
                 "(copy_buffer_to_parameters, or state.parameters[name] = array) before saving"
             )
         nominal = bool(self._unloaded)
+        self._settle()
         trainable = {n: t.numpy() for n, t in self._tensors.items() if self._requires_grad[n]}
         frozen = {n: t.numpy() for n, t in self._tensors.items() if not self._requires_grad[n]}
         optimizer = None
@@ -335,13 +341,19 @@ class TrainingState:
         except KeyError:
             raise KeyError(f"no parameter {name!r}; the state has {list(self._tensors)}") from None
 
+    def _settle(self) -> None:
+        """Apply the optimizer step that was recorded and not applied yet, if any (onnxtrain.training.fused)."""
+        if self._pending is not None:
+            self._pending._apply()
+            self._pending = None
+
     def _set_parameter(self, name: str, value: Any) -> None:
         tensor = self._tensor(name)
         if isinstance(value, ort.OrtValue):
             value = values.to_numpy(value)
+        self._settle()
         tensor.write(value, f"parameter {name!r}")
         self._unloaded.discard(name)
-        self._revision += 1
 
     def _gradient(self, name: str) -> np.ndarray | None:
         self._tensor(name)

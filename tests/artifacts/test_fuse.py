@@ -1,4 +1,4 @@
-"""fuse_training_step: one model equal to the training model on reset gradients followed by the optimizer model."""
+"""fuse_update_and_train: one model equal to the optimizer model followed by the training model on reset gradients."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from onnx import helper
 from onnxtrain import checkpoint, losses, optim
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, add_gradient_accumulation, buffer_name
-from onnxtrain.artifacts.fuse import FusionError, fuse_training_step
+from onnxtrain.artifacts.fuse import FusionError, fuse_update_and_train
 from onnxtrain.optim.base import grad_name, state_name
 from tests.helpers import FLOAT, make_model
 from tests.training import models
@@ -79,32 +79,36 @@ def _user_feeds(model: onnx.ModelProto, params: dict[str, np.ndarray], rng: np.r
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_fused_model_computes_the_training_step_then_the_optimizer_step(tmp_path, case):
+def test_the_fused_model_computes_the_optimizer_step_then_the_training_step(tmp_path, case):
     paths = _generate(tmp_path, case)
     training, optimizer = onnx.load(paths["training_model"]), onnx.load(paths["optimizer_model"])
     trainable = _trainable(training)
-    fused = fuse_training_step(training, optimizer, trainable)
+    fused = fuse_update_and_train(training, optimizer, trainable)
     onnx.checker.check_model(fused.model, full_check=True)
     assert not any(n.op_type == "Where" and n.output[0].endswith(".accumulation.out") for n in fused.model.graph.node)
     inputs = {i.name for i in fused.model.graph.input}
     assert LAZY_RESET_GRAD not in inputs and not any(name.endswith(buffer_name("")) for name in inputs)
+    optimizer_nodes = len(optimizer.graph.node)
+    assert [n.op_type for n in fused.model.graph.node[:optimizer_nodes]] == [n.op_type for n in optimizer.graph.node]
 
     rng = np.random.default_rng(0)
     params = {name: np.asarray(value) for name, value in checkpoint.load(paths["checkpoint"]).parameters.items()}
-    feeds = {**params, **_user_feeds(training, params, rng), LAZY_RESET_GRAD: np.array([True])}
-    # nonzero buffers: on a reset step they must be ignored, and the fused model has none
-    feeds.update({buffer_name(p): np.full_like(params[p], 7) for p in trainable})
-    trained = _run(training, feeds)
+    user = _user_feeds(training, params, rng)
     step = {"learning_rate": np.array([0.01], np.float32), "step": np.array([3], np.int64)}
-    moments = {}
-    for value in optimizer.graph.input:
-        for p in trainable:
-            for i in range(3):
-                if value.name == state_name(p, i):
-                    moments[value.name] = rng.uniform(0.1, 1.0, size=params[p].shape).astype(params[p].dtype)
-    grads = {grad_name(p): trained[f"{p}_grad.accumulation.out"] for p in trainable}
+    moments, grads = {}, {}
+    for p in trainable:
+        grads[grad_name(p)] = rng.normal(size=params[p].shape).astype(params[p].dtype)
+        for i in range(3):
+            if state_name(p, i) in {value.name for value in optimizer.graph.input}:
+                moments[state_name(p, i)] = rng.uniform(0.1, 1.0, size=params[p].shape).astype(params[p].dtype)
     optimized = _run(optimizer, {**params, **grads, **moments, **step})
-    result = _run(fused.model, {**feeds, **moments, **step})
+    updated = {**params, **{p: optimized[f"{p}.updated"] for p in trainable}}
+    # nonzero buffers: on a reset step they must be ignored, and the fused model has none
+    buffers = {buffer_name(p): np.full_like(params[p], 7) for p in trainable}
+    trained = _run(training, {**updated, **user, **buffers, LAZY_RESET_GRAD: np.array([True])})
+    fused_feeds = {**params, **user, **moments, **step}
+    fused_feeds.update({fused.name_of(name): value for name, value in grads.items()})
+    result = _run(fused.model, fused_feeds)
 
     for name, value in trained.items():
         if name.endswith("_grad.accumulation.out"):
@@ -125,7 +129,7 @@ def test_optimizer_names_the_training_model_already_uses_are_renamed(tmp_path):
         node.input[:] = [renamed.get(n, n) for n in node.input]
     paths = models.generate(tmp_path, base, loss=LossType.MSELoss, optimizer=OptimType.AdamW)
     training, optimizer = onnx.load(paths["training_model"]), onnx.load(paths["optimizer_model"])
-    fused = fuse_training_step(training, optimizer, _trainable(training))
+    fused = fuse_update_and_train(training, optimizer, _trainable(training))
     onnx.checker.check_model(fused.model, full_check=True)
     assert fused.name_of("learning_rate") == "learning_rate.fused0"
     assert fused.name_of("step") == "step"
@@ -158,14 +162,15 @@ def _constant_gradient_models() -> tuple[onnx.ModelProto, onnx.ModelProto]:
 
 def test_a_gradient_no_node_computes_gets_an_identity():
     training, optimizer = _constant_gradient_models()
-    fused = fuse_training_step(training, optimizer, ["w"])
+    fused = fuse_update_and_train(training, optimizer, ["w"])
     onnx.checker.check_model(fused.model, full_check=True)
-    out = _run(
-        fused.model,
-        {"w": np.array([1.0, 2.0], np.float32), "learning_rate": np.array([0.5], np.float32), "step": np.array([1])},
-    )
+    previous = fused.name_of("w_grad")
+    assert previous != "w_grad"  # the training model's constant has the name
+    feeds = {"w": np.array([1.0, 2.0], np.float32), "learning_rate": np.array([0.5], np.float32)}
+    feeds.update({"step": np.array([1]), previous: np.array([2.0, 4.0], np.float32)})
+    out = _run(fused.model, feeds)
     np.testing.assert_array_equal(out[fused.gradients["w"]], [1.0, 1.0])
-    np.testing.assert_array_equal(out["w.updated"], [0.5, 1.5])
+    np.testing.assert_array_equal(out["w.updated"], [0.0, 0.0])
 
 
 def test_models_of_different_opsets_cannot_be_fused(tmp_path):
@@ -173,7 +178,7 @@ def test_models_of_different_opsets_cannot_be_fused(tmp_path):
     training, optimizer = onnx.load(paths["training_model"]), onnx.load(paths["optimizer_model"])
     optimizer.opset_import[0].version += 1
     with pytest.raises(FusionError, match="import opset"):
-        fuse_training_step(training, optimizer, _trainable(training))
+        fuse_update_and_train(training, optimizer, _trainable(training))
 
 
 def test_a_training_model_without_the_accumulation_pattern_cannot_be_fused(tmp_path):
@@ -185,12 +190,12 @@ def test_a_training_model_without_the_accumulation_pattern_cannot_be_fused(tmp_p
             node.op_type = "Max"
             del node.input[0]
     with pytest.raises(FusionError, match="is not the Where"):
-        fuse_training_step(training, optimizer, trainable)
+        fuse_update_and_train(training, optimizer, trainable)
 
 
 def test_the_inputs_are_not_changed(tmp_path):
     paths = _generate(tmp_path, "adamw, cross-entropy")
     training, optimizer = onnx.load(paths["training_model"]), onnx.load(paths["optimizer_model"])
     before = (training.SerializeToString(), optimizer.SerializeToString())
-    fuse_training_step(training, optimizer, _trainable(training))
+    fuse_update_and_train(training, optimizer, _trainable(training))
     assert (training.SerializeToString(), optimizer.SerializeToString()) == before

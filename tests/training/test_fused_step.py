@@ -1,4 +1,4 @@
-"""The fused step: the same results as the two models run apart, whatever happens between the steps."""
+"""The fused step: the same results as running each step when it is called, whatever happens between steps."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import numpy as np
 import onnx
 import pytest
 
+from onnx import helper
+
 from onnxtrain import api
+from onnxtrain.artifacts import LossType, OptimType
+from tests.helpers import FLOAT, INT64, make_model
+from tests.training import models
 from tests.training.helpers import classifier_batch, open_module, regression_batch
 
 FIXTURES = ["regression", "classifier", "momentum", "batchnorm", "mixed"]
@@ -52,8 +57,17 @@ def _count_runs(session: Any) -> list[int]:
 Script = Callable[[Any, Any, Any, int, tuple[np.ndarray, ...]], Any]
 
 
-def _trajectory(request: pytest.FixtureRequest, fixture: str, script: Script, *, fuse: bool, steps: int = 6):
-    """Run ``script(state, module, optimizer, i, batch)`` per step; the losses and a snapshot after each."""
+def _gradients(state: Any) -> dict[str, np.ndarray]:
+    """The gradients alone: reading them does not apply a recorded update."""
+    return {f"grad {n}": p.grad for n, p in state.parameters if p.grad is not None}
+
+
+def _trajectory(
+    request: pytest.FixtureRequest, fixture: str, script: Script, *, fuse: bool, snapshots: bool, steps: int = 6
+):
+    """Run ``script(state, module, optimizer, i, batch)`` per step; the loss and the gradients after each, and
+    everything (parameters, moments: which applies a recorded update) after each with ``snapshots``, else at
+    the end only."""
     paths = request.getfixturevalue(fixture)
     state, module, optimizer = open_module(paths, fuse=fuse)
     optimizer.set_learning_rate(0.05)
@@ -61,7 +75,8 @@ def _trajectory(request: pytest.FixtureRequest, fixture: str, script: Script, *,
     record = []
     for i in range(steps):
         loss = script(state, module, optimizer, i, _batch(fixture, rng))
-        record.append((np.asarray(loss[0] if isinstance(loss, tuple) else loss), _snapshot(state)))
+        seen = _snapshot(state) if snapshots or i == steps - 1 else _gradients(state)
+        record.append((np.asarray(loss[0] if isinstance(loss, tuple) else loss), seen))
     return record, (state, module, optimizer)
 
 
@@ -82,8 +97,8 @@ def _ort_loop(state, module, optimizer, i, batch):
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)
-def test_the_usual_loop_runs_one_session_per_step_and_matches_the_two_models(request, fixture):
-    apart, (_, module_b, optimizer_b) = _trajectory(request, fixture, _ort_loop, fuse=False)
+def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_called(request, fixture):
+    apart, (_, module_b, optimizer_b) = _trajectory(request, fixture, _ort_loop, fuse=False, snapshots=False)
     assert optimizer_b._fused is None and module_b._fused is None
     paths = request.getfixturevalue(fixture)
     state, module, optimizer = open_module(paths)
@@ -98,27 +113,47 @@ def test_the_usual_loop_runs_one_session_per_step_and_matches_the_two_models(req
     fused = []
     for i in range(6):
         loss = _ort_loop(state, module, optimizer, i, _batch(fixture, rng))
-        fused.append((np.asarray(loss), _snapshot(state)))
+        assert {k: v[0] for k, v in runs.items()} == {"fused": i, "training": 1, "optimizer": 0}
+        fused.append((np.asarray(loss), _snapshot(state) if i == 5 else _gradients(state)))
     _assert_same(fused, apart)
-    assert {k: v[0] for k, v in runs.items()} == {"fused": 6, "training": 0, "optimizer": 0}
+    # the first step trains alone; each later one applies the last update and trains; the snapshot at the end
+    # applies the last update
+    assert {k: v[0] for k, v in runs.items()} == {"fused": 5, "training": 1, "optimizer": 1}
+
+
+def test_the_fused_step_updates_in_place_and_allocates_no_spares(classifier, rng):
+    state, module, optimizer = open_module(classifier)
+    _ort_loop(state, module, optimizer, 0, classifier_batch(rng))  # the first step trains alone
+    tensors = {f"param {n}": t for n, t in state._tensors.items()}
+    tensors.update({f"grad {n}": g for n, g in state._grads.items()})
+    tensors.update({f"m{i} {n}": m for n, ms in optimizer._record.moments.items() for i, m in enumerate(ms)})
+    values = {name: tensor.value for name, tensor in tensors.items()}
+    for _ in range(4):
+        _ort_loop(state, module, optimizer, 0, classifier_batch(rng))
+    state.to_checkpoint()
+    assert all(tensors[name].value is value for name, value in values.items())
+    # the gradients' spares are those of the first step, which accumulates as the training model does
+    assert all(tensor._spare is None for name, tensor in tensors.items() if not name.startswith("grad"))
 
 
 def _set_rate_between(state, module, optimizer, i, batch):
     loss = module(*batch)
-    optimizer.set_learning_rate(0.05 / (i + 1))  # after the train step: the update computed with it is stale
+    optimizer.set_learning_rate(0.05 / (i + 1))  # after the train step, before the optimizer step
     optimizer.step()
+    optimizer.set_learning_rate(7.0)  # after the optimizer step: not for the update it recorded
     module.lazy_reset_grad()
+    optimizer.set_learning_rate(0.05 / (i + 1))
     return loss
 
 
 def _write_parameters_between(state, module, optimizer, i, batch):
     loss = module(*batch)
+    optimizer.step()
     if i % 2:
         name = next(iter(state.parameters.names()))
         state.parameters[name] = state.parameters[name].data * 0.5
     else:
         module.copy_buffer_to_parameters(module.get_contiguous_parameters_per_dtype(True)["float32"].numpy() * 0.9)
-    optimizer.step()
     module.lazy_reset_grad()
     return loss
 
@@ -134,11 +169,19 @@ def _accumulate_two(state, module, optimizer, i, batch):
 
 def _read_between(state, module, optimizer, i, batch):
     loss = module(*batch)
+    optimizer.step()
+    module.lazy_reset_grad()
     module.eval()
     module(batch[0]) if module.input_names() == ["x"] else None  # an eval step reads the current parameters
     module.train()
-    state.to_checkpoint(include_optimizer_state=True)  # as save_checkpoint does
+    return loss
+
+
+def _save_between(state, module, optimizer, i, batch):
+    loss = module(*batch)
     optimizer.step()
+    if i % 2:
+        state.to_checkpoint(include_optimizer_state=True)  # as save_checkpoint does
     module.lazy_reset_grad()
     return loss
 
@@ -151,48 +194,67 @@ def _sometimes_skip_the_step(state, module, optimizer, i, batch):
     return loss
 
 
+def _two_steps_on_one_gradient(state, module, optimizer, i, batch):
+    loss = module(*batch)
+    optimizer.step()
+    if i % 2:
+        optimizer.step()  # the same gradients again: the first update is applied before the second is recorded
+    module.lazy_reset_grad()
+    return loss
+
+
+def _no_reset_after_the_step(state, module, optimizer, i, batch):
+    loss = module(*batch)
+    optimizer.step()
+    if i % 2:
+        module.lazy_reset_grad()  # otherwise the next train step adds to these gradients
+    return loss
+
+
 SCRIPTS = {
-    "learning rate set between": _set_rate_between,
+    "learning rate set around the step": _set_rate_between,
     "parameters written between": _write_parameters_between,
     "accumulation": _accumulate_two,
-    "eval and snapshot between": _read_between,
+    "eval step between": _read_between,
+    "snapshot between": _save_between,
     "no optimizer step after some": _sometimes_skip_the_step,
+    "two optimizer steps on one gradient": _two_steps_on_one_gradient,
+    "no lazy_reset_grad after some steps": _no_reset_after_the_step,
 }
 
 
+@pytest.mark.parametrize("snapshots", [False, True], ids=["snapshot at the end", "snapshot every step"])
 @pytest.mark.parametrize("script", list(SCRIPTS))
 @pytest.mark.parametrize("fixture", ["regression", "classifier"])
-def test_whatever_happens_between_the_steps_the_results_are_those_of_the_two_models(request, fixture, script):
-    fused, _ = _trajectory(request, fixture, SCRIPTS[script], fuse=True)
-    apart, _ = _trajectory(request, fixture, SCRIPTS[script], fuse=False)
+def test_whatever_happens_between_the_steps_the_results_are_those_of_steps_run_when_called(
+    request, fixture, script, snapshots
+):
+    fused, _ = _trajectory(request, fixture, SCRIPTS[script], fuse=True, snapshots=snapshots)
+    apart, _ = _trajectory(request, fixture, SCRIPTS[script], fuse=False, snapshots=snapshots)
     _assert_same(fused, apart)
 
 
-def test_speculation_stops_where_the_update_would_be_wasted_and_resumes(regression, rng):
-    _, module, optimizer = open_module(regression)
+def test_a_recorded_update_runs_only_when_something_needs_the_state(regression, rng):
+    state, module, optimizer = open_module(regression)
     fused_runs = _count_runs(optimizer._fused.session)
     optimizer_runs = _count_runs(optimizer._session)
     batch = regression_batch(rng)
-    for _ in range(3):  # accumulating over two train steps: only the first cycle speculates
-        module(*batch)
-        module(*batch)
-        optimizer.step()
-        module.lazy_reset_grad()
-    assert (fused_runs[0], optimizer_runs[0]) == (1, 3)
-    for i in range(3):  # the learning rate set between the train step and the optimizer step: no speculation
-        module(*batch)
-        optimizer.set_learning_rate(0.01 * (i + 1))
-        optimizer.step()
-        module.lazy_reset_grad()
-    assert (fused_runs[0], optimizer_runs[0]) == (1, 6)
-    module(*batch)  # the usual loop: one step apart tells the next one to speculate again
+    module(*batch)
+    grads = {name: p.grad for name, p in state.parameters}
+    before = {name: np.asarray(v) for name, v in state.to_checkpoint().parameters.items()}
     optimizer.step()
+    assert (fused_runs[0], optimizer_runs[0], optimizer.step_count) == (0, 0, 1)
     module.lazy_reset_grad()
-    for _ in range(4):
-        module(*batch)
-        optimizer.step()
-        module.lazy_reset_grad()
-    assert (fused_runs[0], optimizer_runs[0]) == (5, 7)
+    for name, p in state.parameters:
+        assert p.grad is not None and not p.grad.any()  # reset: reading them applies nothing
+    assert (fused_runs[0], optimizer_runs[0]) == (0, 0)
+    lr = np.float32(optimizer.get_learning_rate())
+    for name, parameter in state.parameters:  # reading a parameter applies the update first
+        np.testing.assert_allclose(parameter.data, before[name] - lr * grads[name], rtol=1e-6)
+    assert (fused_runs[0], optimizer_runs[0]) == (0, 1)
+    state.to_checkpoint()  # nothing recorded any more: nothing runs
+    module(*batch)
+    assert (fused_runs[0], optimizer_runs[0]) == (0, 1)
 
 
 def test_schedulers_step_between_optimizer_steps_and_keep_the_fast_path(regression, rng):
@@ -208,29 +270,74 @@ def test_schedulers_step_between_optimizer_steps_and_keep_the_fast_path(regressi
             optimizer.step()
             scheduler.step()
             module.lazy_reset_grad()
-        results.append((losses, _snapshot(state), runs[0]))
+        counted = runs[0]
+        results.append((losses, _snapshot(state), counted))
     (losses_a, values_a, runs_fused), (losses_b, values_b, runs_apart) = results
     _assert_same([(np.array(losses_a), values_a)], [(np.array(losses_b), values_b)])
     assert (runs_fused, runs_apart) == (0, 6)
 
 
-def test_a_non_finite_fused_step_is_discarded_and_the_next_step_is_right(regression, rng):
+def _run_with_a_discarded_step(regression, fuse: bool) -> dict[str, np.ndarray]:
+    state, module, optimizer = open_module(regression, fuse=fuse, check_finite=True)
+    rng = np.random.default_rng(5)
+    x, t = regression_batch(rng)
+    module(x, t)
+    optimizer.step()
+    module.lazy_reset_grad()
+    bad = x.copy()
+    bad[0, 0] = np.nan
+    with pytest.raises(FloatingPointError, match="train step 2"):
+        module(bad, t)  # with the fused step, this run applied the update recorded above
+    assert state._pending is None
+    with pytest.raises(RuntimeError, match="no gradients"):
+        optimizer.step()  # the discarded step left the gradients reset
+    module(*regression_batch(rng))
+    optimizer.step()
+    return _snapshot(state)
+
+
+def test_a_non_finite_fused_step_is_discarded_and_the_next_step_is_right(regression):
+    fused, apart = (_run_with_a_discarded_step(regression, fuse) for fuse in (True, False))
+    _assert_same([(np.zeros(()), fused)], [(np.zeros(()), apart)])
+
+
+def _embedding_model() -> onnx.ModelProto:
+    """``y = Gather(E, ids) + x @ W``: the Gather depends on ``E`` alone, so that onnxruntime may run it before
+    ``W``'s update unless the update runs first."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["e"]),
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["e", "xw"], ["y"]),
+    ]
+    initializers = [("E", rng.normal(size=(5, 2)).astype(np.float32)), ("W", rng.normal(size=(3, 2)).astype(np.float32))]
+    inputs = {"ids": (INT64, ["batch"]), "x": (FLOAT, ["batch", 3])}
+    return make_model(inputs, nodes, {"y": (FLOAT, ["batch", 2])}, initializers)
+
+
+@pytest.mark.parametrize("where", ["in the loss", "in an embedding"])
+def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier, tmp_path, where):
+    if where == "in the loss":
+        paths = classifier
+        x, labels = classifier_batch(np.random.default_rng(11))
+        good, bad = (x, labels), (x, np.where(np.arange(len(labels)) == 0, 1000, labels))
+    else:
+        paths = models.generate(tmp_path, _embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
+        rng = np.random.default_rng(11)
+        ids, x, target = rng.integers(0, 5, 8), rng.normal(size=(8, 3)).astype(np.float32), np.zeros((8, 2), np.float32)
+        good, bad = (ids, x, target), (np.where(np.arange(8) == 0, 99, ids), x, target)
     results = []
     for fuse in (True, False):
-        state, module, optimizer = open_module(regression, fuse=fuse, check_finite=True)
-        x, t = regression_batch(rng := np.random.default_rng(5))
-        module(x, t)
+        state, module, optimizer = open_module(paths, fuse=fuse)
+        module(*good)
         optimizer.step()
         module.lazy_reset_grad()
-        before = _snapshot(state)
-        bad = x.copy()
-        bad[0, 0] = np.nan
-        with pytest.raises(FloatingPointError, match="train step 2"):
-            module(bad, t)
-        _assert_same([(np.zeros(()), _snapshot(state))], [(np.zeros(()), before)])
+        with pytest.raises(Exception, match="(?i)out of|invalid|range|bound"):
+            module(*bad)  # onnxruntime fails (an index out of range) after the fused run applied the update
+        assert state._pending is None
         with pytest.raises(RuntimeError, match="no gradients"):
-            optimizer.step()  # the discarded step left the gradients reset
-        module(*regression_batch(rng))
+            optimizer.step()
+        module(*good)
         optimizer.step()
         results.append(_snapshot(state))
     _assert_same([(np.zeros(()), results[0])], [(np.zeros(()), results[1])])
@@ -245,10 +352,13 @@ def test_a_second_optimizer_over_the_module_takes_over_the_fast_path(regression,
     expected = {name: p.data for name, p in state.parameters}
     module(*batch)
     grads = {name: p.grad for name, p in state.parameters}
-    first.step()  # its own update never ran: it runs the optimizer model
+    first.step()  # recorded; the module's fused step is the second optimizer's, so it runs the optimizer model
+    module.lazy_reset_grad()
+    module(*batch)
     assert first_runs[0] == 1
+    assert state._pending is None
     lr = np.float32(first.get_learning_rate())
-    for name, parameter in state.parameters:
+    for name, parameter in state.parameters:  # the update, then a train step: parameters as after the update
         np.testing.assert_allclose(parameter.data, expected[name] - lr * grads[name], rtol=1e-6)
 
 
@@ -267,13 +377,14 @@ def test_models_that_cannot_be_fused_run_apart(regression, rng, tmp_path):
     assert any(not np.array_equal(p.data, before[name]) for name, p in state.parameters)
 
 
-def test_gradients_another_module_left_are_not_overwritten_by_a_failed_fused_step(regression, rng):
+def test_gradients_another_module_left_are_not_overwritten_by_a_failed_step(regression, rng):
     state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
     first = api.Module(regression["training_model"], state)
     second = api.Module(regression["training_model"], state, check_finite=True)
     optimizer = api.Optimizer(regression["optimizer_model"], second)
     x, t = regression_batch(rng)
     first(x, t)  # gradients ready, from the first module
+    optimizer.step()  # recorded: the next train step of the second module may not write them in place
     grads = {name: p.grad for name, p in state.parameters}
     bad = x.copy()
     bad[0, 0] = np.nan
@@ -281,4 +392,4 @@ def test_gradients_another_module_left_are_not_overwritten_by_a_failed_fused_ste
         second(bad, t)  # the second module starts from reset gradients of its own
     for name, parameter in state.parameters:
         np.testing.assert_array_equal(parameter.grad, grads[name])
-    assert optimizer._fused is not None
+    assert optimizer._fused is not None and state._pending is None
