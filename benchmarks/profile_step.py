@@ -10,8 +10,9 @@ For the ORT-style step ``module(x, y); optimizer.step(); module.lazy_reset_grad(
    prepared ``IOBinding`` and nothing else per step (what a runtime with zero
    Python overhead would take with two sessions), and each model alone;
    then (``--fused``) the two merged into one model as the runtime's fused
-   step merges them (:func:`onnxtrain.artifacts.fuse.fuse_training_step`), with
-   onnxruntime's intra-op threads spinning or not;
+   step merges them (:func:`onnxtrain.artifacts.fuse.fuse_update_and_train`),
+   updating in place as the runtime does, with onnxruntime's intra-op threads
+   spinning or not;
 3. optionally (``--cprofile``) the functions with the most own time;
 4. optionally (``--ort-profile``) onnxruntime's per-operator profile of both
    sessions: the kernels that dominate.
@@ -52,8 +53,15 @@ def _median_us(fn: Callable[[int], Any], steps: int, repeats: int = 5, warmup: i
     return statistics.median(times)
 
 
-def _session_floor(paths: list[Any], feeds: list[dict[str, Any]], options: Any, steps: int) -> float:
-    """µs per step of plain onnxruntime running ``paths`` (or serialized models) one after the other, pre-bound."""
+def _session_floor(
+    paths: list[Any],
+    feeds: list[dict[str, Any]],
+    options: Any,
+    steps: int,
+    in_place: dict[str, str] | None = None,
+) -> float:
+    """µs per step of plain onnxruntime running ``paths`` (or serialized models) one after the other, pre-bound;
+    ``in_place``: ``{output: input}`` written into the input's buffer, as the runtime's fused step does."""
     import onnxruntime as ort
 
     sources = [p if isinstance(p, bytes) else str(p) for p in paths]
@@ -61,14 +69,17 @@ def _session_floor(paths: list[Any], feeds: list[dict[str, Any]], options: Any, 
     bindings = []
     for session, feed in zip(sessions, feeds, strict=True):
         binding = session.io_binding()
+        bound = {}
         for meta in session.get_inputs():
-            binding.bind_ortvalue_input(meta.name, ort.OrtValue.ortvalue_from_numpy(feed[meta.name]))
-        for meta in session.get_outputs():  # preallocated, as the runtime's spares
+            bound[meta.name] = ort.OrtValue.ortvalue_from_numpy(feed[meta.name].copy())
+            binding.bind_ortvalue_input(meta.name, bound[meta.name])
+        for meta in session.get_outputs():  # preallocated, as the runtime's state
             binding.bind_output(meta.name, "cpu")
         session._sess.run_with_iobinding(binding._iobinding, None)
         outputs = binding.get_outputs()
         for meta, value in zip(session.get_outputs(), outputs, strict=True):
-            binding.bind_ortvalue_output(meta.name, value)
+            source = (in_place or {}).get(meta.name)
+            binding.bind_ortvalue_output(meta.name, bound[source] if source else value)
         bindings.append((session._sess, binding._iobinding))
 
     def step(_: int) -> None:
@@ -129,34 +140,36 @@ def _fused_floors(
     """Two sessions against one fused session, spinning threads or not: plain onnxruntime, all inputs pre-bound."""
     import onnx
 
-    from onnxtrain.artifacts.fuse import fuse_training_step
+    from onnxtrain.artifacts.fuse import fuse_update_and_train
+    from onnxtrain.optim.base import grad_name, updated_name
 
     training = onnx.load(str(directory / "training_model.onnx"))
     optimizer = onnx.load(str(directory / "optimizer_model.onnx"))
     suffix = "_grad.accumulation.buffer"
     trainable = [i.name[: -len(suffix)] for i in training.graph.input if i.name.endswith(suffix)]
-    model = fuse_training_step(training, optimizer, trainable).model
-    names = {i.name for i in model.graph.input}
-    feed = {k: v for k, v in {**optimizer_feed, **train_feed}.items() if k in names}
+    fused = fuse_update_and_train(training, optimizer, trainable)
+    names = {i.name for i in fused.model.graph.input}
+    feed = {k: v for k, v in train_feed.items() if k in names}
+    feed.update({fused.name_of(k): v for k, v in optimizer_feed.items() if fused.name_of(k) in names})
+    in_place = {fused.gradients[p]: fused.name_of(grad_name(p)) for p in trainable}
+    in_place.update({fused.name_of(updated_name(n)): fused.name_of(n) for n in optimizer_feed if n in names})
+    in_place = {out: source for out, source in in_place.items() if source in names}
     print("\nfloors by layout (plain onnxruntime, all inputs pre-bound), µs per step:")
     print(f"  {'layout':52s} {'no spinning':>12s} {'spinning':>10s}")
-    layouts: list[tuple[str, list[Any], list[dict[str, Any]]]] = [
-        ("two sessions", list(paths), [train_feed, optimizer_feed]),
-        ("one fused session (the runtime's usual step)", [model.SerializeToString()], [feed]),
+    layouts: list[tuple[str, list[Any], list[dict[str, Any]], dict[str, str] | None]] = [
+        ("two sessions", list(paths), [train_feed, optimizer_feed], None),
+        ("one fused session, in place (the runtime's usual step)", [fused.model.SerializeToString()], [feed], in_place),
     ]
-    for what, sources, feeds in layouts:
-        cells = [_session_floor(sources, feeds, _options(spinning), steps) for spinning in (False, True)]
+    for what, sources, feeds, aliases in layouts:
+        cells = [_session_floor(sources, feeds, _options(spinning), steps, aliases) for spinning in (False, True)]
         print(f"  {what:52s} {cells[0]:12.1f} {cells[1]:10.1f}")
 
 
 def _options(spinning: bool) -> Any:
     """Session options as the runtime's defaults (all graph optimizations), with spinning chosen."""
-    import onnxruntime as ort
+    from onnxtrain.training.binding import default_session_options
 
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    return options
+    return default_session_options(spinning=spinning, update_first=spinning)
 
 
 def _setup(workload_name: str, workdir: Path) -> tuple[Path, Path, Any, Any, list[tuple[Any, Any]]]:

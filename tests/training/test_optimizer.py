@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
 from onnxtrain import api, optim
+from onnxtrain.training import optimizer as optimizer_module
 from tests.training.helpers import classifier_batch, open_module, parameters, regression_batch
 
 
@@ -102,3 +105,31 @@ def test_optimizer_of_other_artifacts_is_refused(regression, classifier):
     _, module, _ = open_module(regression, optimizer=False)
     with pytest.raises(ValueError, match="not belong"):
         api.Optimizer(classifier["optimizer_model"], module)
+
+
+def _run_steps(paths, fuse: bool, steps: int = 4) -> tuple[Any, Any]:
+    state, module, optimizer = open_module(paths, fuse=fuse)
+    optimizer.set_learning_rate(0.05)
+    rng = np.random.default_rng(2)
+    for _ in range(steps):
+        module(*classifier_batch(rng))
+        optimizer.step()
+        module.lazy_reset_grad()
+    return state, optimizer
+
+
+def test_an_optimizer_step_writes_the_parameters_and_moments_in_place(classifier):
+    state, optimizer = _run_steps(classifier, fuse=False)
+    assert optimizer._in_place
+    moments = [m for ms in optimizer._record.moments.values() for m in ms]
+    assert all(t._spare is None and t.flips == 0 for t in [*state._tensors.values(), *moments])
+
+
+def test_an_optimizer_model_that_cannot_update_in_place_writes_spares_with_the_same_results(classifier, monkeypatch):
+    expected = parameters(_run_steps(classifier, fuse=False)[0])
+    monkeypatch.setattr(optimizer_module, "unsafe_in_place", lambda graph, pairs: {next(iter(pairs)): "forced"})
+    state, optimizer = _run_steps(classifier, fuse=False)
+    assert not optimizer._in_place
+    assert all(t.flips == 4 for t in state._tensors.values())
+    for name, value in parameters(state).items():
+        np.testing.assert_array_equal(value, expected[name])
