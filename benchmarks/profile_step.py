@@ -158,7 +158,7 @@ def _fused_floors(
     print(f"  {'layout':52s} {'no spinning':>12s} {'spinning':>10s}")
     layouts: list[tuple[str, list[Any], list[dict[str, Any]], dict[str, str] | None]] = [
         ("two sessions", list(paths), [train_feed, optimizer_feed], None),
-        ("one fused session, in place (the runtime's usual step)", [fused.model.SerializeToString()], [feed], in_place),
+        ("one fused session, in place (the runtime's step)", [fused.model.SerializeToString()], [feed], in_place),
     ]
     for what, sources, feeds, aliases in layouts:
         cells = [_session_floor(sources, feeds, _options(spinning), steps, aliases) for spinning in (False, True)]

@@ -85,7 +85,7 @@ class FusedStep:
         return cls(fused, session, optimizer)
 
     def bind(self) -> None:
-        """Bind the optimizer's inputs, and every updated tensor as both input and output (the module binds the rest)."""
+        """Bind the optimizer's inputs and each updated tensor as both input and output (the module binds the rest)."""
         optimizer, session = self.optimizer, self.session
         session.bind_value(self.learning_rate, optimizer._lr_value)
         session.bind_value(self.step, optimizer._step_value)

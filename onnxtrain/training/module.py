@@ -96,9 +96,8 @@ class Module:
         self._device, self._providers = resolve(device, providers)
         self._options = session_options if session_options is not None else default_session_options()
         # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
-        self._fused_options = (
-            session_options if session_options is not None else default_session_options(spinning=True, update_first=True)
-        )
+        fused_defaults = default_session_options(spinning=True, update_first=True)
+        self._fused_options = session_options if session_options is not None else fused_defaults
         infos = state._infos()
         train = load_model(train_model_uri, "train_model_uri")
         self._io = training_io(train.proto, infos)
@@ -191,7 +190,8 @@ class Module:
         state = self._state
         # the fused step applies the update its optimizer recorded, reading the gradients before it writes
         # the new ones in place; any other train step first has the recorded update applied
-        fusing = from_reset and state._grad_status != "ready" and fused is not None and state._pending is fused.optimizer
+        fusing = fused is not None and state._pending is fused.optimizer
+        fusing = fusing and from_reset and state._grad_status != "ready"
         if not fusing:
             state._settle()
         session = fused.session if fusing and fused is not None else self._train_session

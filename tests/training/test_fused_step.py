@@ -8,7 +8,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-
 from onnx import helper
 
 from onnxtrain import api
@@ -245,7 +244,7 @@ def test_a_recorded_update_runs_only_when_something_needs_the_state(regression, 
     optimizer.step()
     assert (fused_runs[0], optimizer_runs[0], optimizer.step_count) == (0, 0, 1)
     module.lazy_reset_grad()
-    for name, p in state.parameters:
+    for _, p in state.parameters:
         assert p.grad is not None and not p.grad.any()  # reset: reading them applies nothing
     assert (fused_runs[0], optimizer_runs[0]) == (0, 0)
     lr = np.float32(optimizer.get_learning_rate())
@@ -310,7 +309,10 @@ def _embedding_model() -> onnx.ModelProto:
         helper.make_node("MatMul", ["x", "W"], ["xw"]),
         helper.make_node("Add", ["e", "xw"], ["y"]),
     ]
-    initializers = [("E", rng.normal(size=(5, 2)).astype(np.float32)), ("W", rng.normal(size=(3, 2)).astype(np.float32))]
+    initializers = [
+        ("E", rng.normal(size=(5, 2)).astype(np.float32)),
+        ("W", rng.normal(size=(3, 2)).astype(np.float32)),
+    ]
     inputs = {"ids": (INT64, ["batch"]), "x": (FLOAT, ["batch", 3])}
     return make_model(inputs, nodes, {"y": (FLOAT, ["batch", 2])}, initializers)
 
@@ -332,7 +334,7 @@ def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier,
         module(*good)
         optimizer.step()
         module.lazy_reset_grad()
-        with pytest.raises(Exception, match="(?i)out of|invalid|range|bound"):
+        with pytest.raises(Exception, match=r"(?i)out of|invalid|range|bound"):
             module(*bad)  # onnxruntime fails (an index out of range) after the fused run applied the update
         assert state._pending is None
         with pytest.raises(RuntimeError, match="no gradients"):
