@@ -41,24 +41,19 @@ if TYPE_CHECKING:
     from onnxtrain.training.state import StateTensor
 
 
+#: ``(input, tensor, output)``: a tensor the fused step reads from ``input`` and writes in place as ``output``.
+Updated = tuple[str, "StateTensor", str]
+
+
 class FusedStep:
     """The fused session of one optimizer over its module; see the module docstring."""
 
-    def __init__(self, fused: FusedModel, session: BoundSession, optimizer: Optimizer) -> None:
+    def __init__(self, fused: FusedModel, session: BoundSession, optimizer: Optimizer, in_place: list[Updated]) -> None:
         self.session = session
         self.optimizer = optimizer
-        module = optimizer._module
-        tensors, grads, moments = module._state._tensors, module._state._grads, optimizer._record.moments
+        self.in_place = in_place
         self.learning_rate = fused.name_of(LEARNING_RATE)
         self.step = fused.name_of(STEP)
-        # (input, tensor, output) written in place; the parameters' inputs are the module's to bind
-        self.in_place: list[tuple[str | None, StateTensor, str]] = []
-        for p in module._io.trainable:
-            self.in_place.append((None, tensors[p], fused.name_of(updated_name(p))))
-            for i, moment in enumerate(moments[p]):
-                name = state_name(p, i)
-                self.in_place.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
-            self.in_place.append((fused.name_of(grad_name(p)), grads[p], fused.gradients[p]))
 
     @classmethod
     def create(cls, module: Module, optimizer_model: LoadedModel, optimizer: Optimizer) -> FusedStep | None:
@@ -71,18 +66,12 @@ class FusedStep:
             fused = fuse_update_and_train(training, optimizing, module._io.trainable)
         except FusionError:
             return None
-        pairs = {}
-        for p in module._io.trainable:
-            pairs[p] = fused.name_of(updated_name(p))
-            pairs[fused.name_of(grad_name(p))] = fused.gradients[p]
-            for i in range(len(optimizer._record.moments[p])):
-                name = state_name(p, i)
-                pairs[fused.name_of(name)] = fused.name_of(updated_name(name))
-        if unsafe_in_place(fused.model.graph, pairs):
+        in_place = _updated_tensors(fused, module, optimizer)
+        if unsafe_in_place(fused.model.graph, {name: out for name, _, out in in_place}):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
         session = BoundSession(model, "fused training step", module._fused_options, module._providers, module._device)
-        return cls(fused, session, optimizer)
+        return cls(fused, session, optimizer, in_place)
 
     def bind(self) -> None:
         """Bind the optimizer's inputs and each updated tensor as both input and output (the module binds the rest)."""
@@ -90,9 +79,21 @@ class FusedStep:
         session.bind_value(self.learning_rate, optimizer._lr_value)
         session.bind_value(self.step, optimizer._step_value)
         for name, tensor, out in self.in_place:
-            if name is not None:
-                session.bind_value(name, tensor.value)
+            session.bind_value(name, tensor.value)
             session.bind_output_into(out, tensor.value)
+
+
+def _updated_tensors(fused: FusedModel, module: Module, optimizer: Optimizer) -> list[Updated]:
+    """The parameters, moments and gradients the fused model updates, with its names for each."""
+    tensors, grads, moments = module._state._tensors, module._state._grads, optimizer._record.moments
+    updated: list[Updated] = []
+    for p in module._io.trainable:
+        updated.append((p, tensors[p], fused.name_of(updated_name(p))))
+        for i, moment in enumerate(moments[p]):
+            name = state_name(p, i)
+            updated.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
+        updated.append((fused.name_of(grad_name(p)), grads[p], fused.gradients[p]))
+    return updated
 
 
 __all__ = ["FusedStep"]

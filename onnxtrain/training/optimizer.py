@@ -7,8 +7,8 @@ outputs the new parameter and moments, which it writes in place, over the old
 ones on the device (:mod:`onnxtrain.training.inplace` checks that the model
 allows it; otherwise into spares, which are then swapped in). With the fused
 step (the default), ``step()`` only records the update, and the next train
-step applies it (:mod:`onnxtrain.training.fused`). The moments come from the checkpoint when it has optimizer state,
-else they are created (on the device) from the initial values in the model's
+step applies it (:mod:`onnxtrain.training.fused`). The moments come from the
+checkpoint when it has optimizer state, else they are created (on the device) from the initial values in the model's
 metadata when the optimizer is made, with step 0 and learning rate 1e-3
 (ONNX Runtime's default) until one is set.
 
