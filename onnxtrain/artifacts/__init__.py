@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, add_gradient_accumulation, buffer_name
+from onnxtrain.artifacts.accumulation import (
+    LAZY_RESET_GRAD,
+    AccumulationFormError,
+    ResetTrainingModel,
+    accumulated_name,
+    add_gradient_accumulation,
+    buffer_name,
+    remove_gradient_accumulation,
+)
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import TARGETS, generate_artifacts
@@ -11,14 +19,17 @@ from onnxtrain.artifacts.kinds import LossType, OptimType
 __all__ = [
     "LAZY_RESET_GRAD",
     "TARGETS",
+    "AccumulationFormError",
     "FusedModel",
     "FusionError",
     "LossType",
     "OptimType",
+    "ResetTrainingModel",
     "accumulated_name",
     "add_gradient_accumulation",
     "buffer_name",
     "export_model_for_inferencing",
     "fuse_update_and_train",
     "generate_artifacts",
+    "remove_gradient_accumulation",
 ]

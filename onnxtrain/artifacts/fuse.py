@@ -10,12 +10,11 @@ builds that model from the two artifacts:
   gradients of the last train step (``<p>_grad``), the moments,
   ``learning_rate`` and ``step``, and writes ``<p>.updated`` and
   ``<p>.momentumK.updated``;
-- then the training model with ``lazy_reset_grad`` taken as true, reading
-  ``<p>.updated`` wherever it read a trainable ``<p>``: each
-  ``<p>_grad.accumulation.out = Where(reset, g, buffer + g)`` is dropped and
-  the raw gradient ``g`` becomes the output, so neither the accumulation
-  buffers nor the flag are inputs any more (every other input stays, used or
-  not, so that the runtime binds the same names).
+- then the training model with ``lazy_reset_grad`` taken as true
+  (:func:`~onnxtrain.artifacts.accumulation.remove_gradient_accumulation`:
+  each gradient ``g`` is an output of its own, and neither the accumulation
+  buffers nor the flag are inputs any more), reading ``<p>.updated`` wherever
+  it read a trainable ``<p>``.
 
 Outputs: the training model's (loss, additional outputs, gradients, running
 statistics), then the optimizer model's. The optimizer model's nodes come
@@ -29,13 +28,13 @@ domain they share (``generate_artifacts`` writes them so); otherwise
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
-from onnxtrain.autodiff.training import names_read, prune_unused_nodes
+from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
+from onnxtrain.autodiff.training import names_read
 from onnxtrain.graph.naming import names_in
 from onnxtrain.optim.base import grad_name, updated_name
 
@@ -70,10 +69,11 @@ def fuse_update_and_train(
     Neither model is changed.
     """
     opsets = _merged_opsets(training, optimizer)
-    steps = onnx.GraphProto()
-    steps.CopyFrom(training.graph)
-    producers = {name: node for node in steps.node for name in node.output}
-    outputs = [value.name for value in steps.output]
+    try:
+        reset = remove_gradient_accumulation(training, trainable)
+    except AccumulationFormError as error:
+        raise FusionError(str(error)) from error
+    steps, gradients = reset.model.graph, reset.gradients
     taken = names_in(steps)
 
     def unique(name: str) -> str:
@@ -85,13 +85,6 @@ def fuse_update_and_train(
             name = f"{name}.fused{index}"
         taken.add(name)
         return name
-
-    gradients = {param: _raw_gradient(steps, producers, param, unique) for param in trainable}
-    raw = {accumulated_name(p): g for p, g in gradients.items()}
-    for value in steps.output:
-        value.name = raw.get(value.name, value.name)
-    if len({o.name for o in steps.output}) != len(outputs):
-        raise FusionError("a gradient of the training model is also another of its outputs")
 
     shared = set(trainable)
     graph = onnx.GraphProto()
@@ -145,35 +138,7 @@ def fuse_update_and_train(
     model.ir_version = max(training.ir_version, optimizer.ir_version)
     model.functions.extend(training.functions)
     model.functions.extend(optimizer.functions)
-    prune_unused_nodes(model)
-    _drop_unused_inputs(model.graph, {LAZY_RESET_GRAD, *(buffer_name(p) for p in trainable)})
-    kept_names = {name for node in model.graph.node for name in node.output}
-    kept_values = [v for v in model.graph.value_info if v.name in kept_names]
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept_values)
     return FusedModel(model, gradients, {name: mapping[name] for name in ends if mapping[name] != name})
-
-
-def _raw_gradient(
-    graph: onnx.GraphProto, producers: Mapping[str, onnx.NodeProto], param: str, unique: Callable[[str], str]
-) -> str:
-    """The tensor ``Where(reset, g, buffer + g)`` selects on reset, for ``param``'s accumulation output."""
-    out = accumulated_name(param)
-    node = producers.get(out)
-    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
-        raise FusionError(
-            f"the training model's {out!r} is not the Where(reset, gradient, buffer + gradient) that "
-            "generate_artifacts writes"
-        )
-    condition, gradient = node.input[0], node.input[1]
-    squeeze = producers.get(condition)
-    if squeeze is None or not squeeze.input or squeeze.input[0] != LAZY_RESET_GRAD:
-        raise FusionError(f"the condition of {out!r} is not {LAZY_RESET_GRAD!r}")
-    if gradient not in producers:  # a gradient that is an input or a constant: give it a node of its own
-        gradient_output = unique(f"{param}_grad")
-        graph.node.add().CopyFrom(onnx.helper.make_node("Identity", [gradient], [gradient_output]))
-        return gradient_output
-    return gradient
 
 
 def _merged_opsets(*models: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:
@@ -187,17 +152,6 @@ def _merged_opsets(*models: onnx.ModelProto) -> list[onnx.OperatorSetIdProto]:
                     f"domain {domain or 'ai.onnx'!r}; one model needs one version"
                 )
     return [onnx.helper.make_opsetid(domain, version) for domain, version in versions.items()]
-
-
-def _drop_unused_inputs(graph: onnx.GraphProto, names: set[str]) -> None:
-    """Remove the inputs among ``names`` that nothing reads any more (the accumulation's)."""
-    needed = {value.name for value in graph.output}
-    for node in graph.node:
-        needed.update(names_read(node))
-    unused = [value.name for value in graph.input if value.name in names and value.name not in needed]
-    kept = [value for value in graph.input if value.name not in unused]
-    del graph.input[:]
-    graph.input.extend(kept)
 
 
 __all__ = ["FusedModel", "FusionError", "fuse_update_and_train"]

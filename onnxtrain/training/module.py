@@ -41,6 +41,7 @@ from onnxtrain.training.binding import BoundSession, default_session_options
 from onnxtrain.training.device import Device, ProviderSpec, resolve
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
+from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import StateTensor, TrainingState
 
 _HOST = Device("cpu")
@@ -108,6 +109,8 @@ class Module:
             self._eval_io = eval_io(self._eval_model.proto, infos)
         self._train_model = train
         self._train_session = self._session(train, "training model")
+        # the steps from reset gradients, which write them in place (None: the training session runs those too)
+        self._reset = ResetStep.create(train, self._io.trainable, self._session)
         self._eval_session = None if self._eval_model is None else self._session(self._eval_model, "eval model")
         # everything checked: only now does the state move
         state._place(self._device)
@@ -185,31 +188,33 @@ class Module:
         feeds = io.inputs.collect(args, kwargs)
         if self._state._unloaded:
             self._check_loaded()
-        from_reset = not self._accumulate
-        fused = self._fused
         state = self._state
-        # the fused step applies the update its optimizer recorded, reading the gradients before it writes
-        # the new ones in place; any other train step first has the recorded update applied
-        fusing = fused is not None and state._pending is fused.optimizer
-        fusing = fusing and from_reset and state._grad_status != "ready"
-        if not fusing:
+        # a step from reset gradients that nothing can observe any more writes the new ones in place: the fused
+        # step when its optimizer recorded an update (it reads the old gradients before it writes them), else
+        # the reset step; any other train step accumulates into spares, after the recorded update is applied
+        in_place = not self._accumulate and state._grad_status != "ready"
+        fused = self._fused if in_place else None
+        if fused is not None and state._pending is not fused.optimizer:
+            fused = None
+        if fused is None:
             state._settle()
-        session = fused.session if fusing and fused is not None else self._train_session
+        reset = self._reset if in_place and fused is None else None
+        session = fused.session if fused is not None else reset.session if reset is not None else self._train_session
         on_device = (
             bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])
         )
         host_outputs = None if on_device else self._host_outputs
-        self._bind_train_step(session, feeds, on_device, host_outputs, fused if fusing else None)
+        self._bind_train_step(session, feeds, on_device, host_outputs, fused, reset)
         try:
             session.run()
         finally:
-            if fusing:  # the update ran first (see onnxtrain.training.fused), even where the step failed
+            if fused is not None:  # the update ran first (see onnxtrain.training.fused), even where the step failed
                 state._pending = None
         results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
         if self._check_finite and results:
             self._raise_if_not_finite(results[0], step)
-        if not fusing:  # the fused step wrote the gradients in place (see _bind_train_step)
+        if session is self._train_session:  # the others wrote the gradients in place (see _bind_train_step)
             for _, _, grad in self._grad_slots:
                 grad.swap()
         for _, tensor in self._stat_slots:
@@ -231,8 +236,9 @@ class Module:
         on_device: bool,
         host_outputs: list[ort.OrtValue] | None,
         fused: FusedStep | None,
+        reset: ResetStep | None,
     ) -> None:
-        """Bind one train step: the training model's run, or the fused step's when ``fused`` is given.
+        """Bind one train step: the training model's run, or the fused step's or the reset step's when given.
 
         The user outputs first (so that they are the first bound outputs), then
         the inputs; the state (parameters, gradient buffers, moments, spares) only
@@ -250,7 +256,7 @@ class Module:
                 session.bind_output_into(name, value)
         for name, value in zip(io.inputs.names, feeds, strict=True):
             session.bind_input(name, value)
-        if fused is None:
+        if fused is None and reset is None:
             session.bind_value(io.flag, self._flags[not self._accumulate])
         if session.settled:
             return
@@ -261,6 +267,8 @@ class Module:
             # the update reads, before they are written; nothing else can observe them (a failed step leaves
             # them reset), so they need no spare
             fused.bind()
+        elif reset is not None:  # the same: a failed step leaves them reset, or absent
+            reset.bind(self._state._grads)
         else:
             for buffer, out, grad in self._grad_slots:
                 session.bind_value(buffer, grad.value)

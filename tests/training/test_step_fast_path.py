@@ -31,12 +31,14 @@ def test_a_steady_loop_rebinds_no_state(regression, rng, fuse):
         optimizer.step()
         optimizer.set_learning_rate(0.05)  # as a scheduler does: after the step, before the next train step
         module.lazy_reset_grad()
-    sessions = [module._train_session, optimizer._session] + ([optimizer._fused.session] if fuse else [])
+    sessions = [module._train_session, module._reset.session, optimizer._session]
+    sessions += [optimizer._fused.session] if fuse else []
     kept = [len(session._layouts) for session in sessions]
-    # the layout made with each session, and one per parity of the sessions that run: apart, the gradients
-    # alternate between their two buffers; fused, the first step trains alone and the later ones run the
-    # fused step, which updates everything in place (one parity)
-    assert kept == ([2, 1, 2] if fuse else [3, 3])
+    # the layout made with each session, and one per parity of the sessions that run; every step starts from
+    # reset gradients and writes everything in place, so one parity: apart, the reset step and the optimizer
+    # step run every time and the training model (which accumulates) never; fused, the reset step runs the
+    # first step and the fused step the others
+    assert kept == ([1, 2, 1, 2] if fuse else [1, 2, 2])
     counts: list[str] = []
     for session in sessions:
         _count_state_binds(session, counts)
