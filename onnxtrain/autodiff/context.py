@@ -22,6 +22,8 @@ from onnxtrain.graph.builder import Dim, GraphBuilder
 
 #: An operand of the algebra helpers: a value name or a Python number.
 Operand = str | float | int
+#: Zero tensors of more elements than this are made at run time (:meth:`RuleContext.zeros_shaped`).
+FOLDED_ZEROS_LIMIT = 4096
 
 
 @dataclass
@@ -278,9 +280,34 @@ class RuleContext:
         return self.op("Shape", name)
 
     def zeros_like(self, name: str) -> str:
-        """Zeros with the shape and element type of ``name`` (``ConstantOfShape``)."""
-        zero = onnx.helper.make_tensor("value", self.elem_type(name), [1], [0])
-        return self.op("ConstantOfShape", self.shape_of(name), value=zero)
+        """Zeros with the shape and element type of ``name`` (:meth:`zeros_shaped`)."""
+        return self.zeros_shaped(self.shape_of(name), name, name)
+
+    def flat_zeros_like(self, name: str) -> str:
+        """Zeros of shape ``[size(name)]`` with the element type of ``name`` (:meth:`zeros_shaped`)."""
+        static = self.static_shape(name)
+        if static is not None:
+            count = self.int64s([int(np.prod(static, dtype=np.int64))])
+        else:
+            count = self.op("Reshape", self.op("Size", name), self.int64s([1]))
+        return self.zeros_shaped(count, name, name)
+
+    def zeros_shaped(self, shape: str, like: str, count_of: str) -> str:
+        """Zeros of ``shape`` (1-D int64) with the element type of ``like``; ``count_of`` has as many elements.
+
+        ``ConstantOfShape(shape)``, but where ``count_of``'s shape is static and
+        holds over :data:`FOLDED_ZEROS_LIMIT` elements, ``ConstantOfShape`` of
+        ``Size(count_of)`` at run time, reshaped: onnxruntime folds a
+        ``ConstantOfShape`` of a constant shape into an initializer, a copy of
+        the whole tensor that each session running the model keeps (the
+        runtime has up to three over one training model).
+        """
+        zero = onnx.helper.make_tensor("value", self.elem_type(like), [1], [0])
+        static = self.static_shape(count_of)
+        if static is None or int(np.prod(static, dtype=np.int64)) <= FOLDED_ZEROS_LIMIT:
+            return self.op("ConstantOfShape", shape, value=zero)
+        count = self.op("Reshape", self.op("Size", count_of), self.int64s([1]))
+        return self.op("Reshape", self.op("ConstantOfShape", count, value=zero), shape)
 
     def expand_to(self, a: str, like: str) -> str:
         """``a`` broadcast to the shape of ``like`` (``Expand``)."""

@@ -457,15 +457,6 @@ def conv_transpose(ctx: RuleContext, grads: Grads) -> Result:
 # ------------------------------------------------------------------------ pooling
 
 
-def _flat_zeros(ctx: RuleContext, x: str) -> str:
-    size = ctx.static_shape(x)
-    count = (
-        ctx.int64s([int(np.prod(size))]) if size is not None else ctx.op("Reshape", ctx.op("Size", x), ctx.int64s([1]))
-    )
-    zero = helper.make_tensor("value", ctx.elem_type(x), [1], [0])
-    return ctx.op("ConstantOfShape", count, value=zero)
-
-
 @registry.rule("MaxPool", inputs=(0,))
 def max_pool(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g added into zeros at the forward pass's argmax (its Indices output), ScatterElements"""
@@ -478,7 +469,7 @@ def max_pool(ctx: RuleContext, grads: Grads) -> Result:
     else:  # column-major indices: compute row-major ones
         node = ctx.builder.add_node("MaxPool", [x], 2, hint="maxpool_grad", **_attributes(ctx, ("storage_order",)))
         indices = node[1]
-    zeros = _flat_zeros(ctx, x)
+    zeros = ctx.flat_zeros_like(x)
     flat = ctx.int64s([-1])
     if ctx.opset >= 16:
         dx = ctx.op(

@@ -59,10 +59,6 @@ def _i64(ctx: RuleContext, value: Any) -> str:
     return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
 
 
-def _zero_value(ctx: RuleContext, like: str) -> onnx.TensorProto:
-    return onnx.helper.make_tensor("value", ctx.elem_type(like), [1], [0])
-
-
 def _dim(ctx: RuleContext, x: str, axis: int) -> str:
     """Dimension ``axis`` of ``x`` as an int64 scalar (a constant when known)."""
     dims = ctx.shape(x)
@@ -89,11 +85,6 @@ def _positions(ctx: RuleContext, x: str) -> str:
     return ctx.op("Reshape", _range(ctx, _numel(ctx, x)), ctx.shape_of(x))
 
 
-def _zeros(ctx: RuleContext, shape: str, like: str) -> str:
-    """Zeros of shape ``shape`` (a 1-D int64 value) and the element type of ``like``."""
-    return ctx.op("ConstantOfShape", shape, value=_zero_value(ctx, like))
-
-
 def _one_hot(ctx: RuleContext, indices: str, n: str, like: str) -> str:
     """``indices.shape + [n]``: 1 where the last index equals ``indices`` (in ``[0, n)``), else 0."""
     hit = ctx.op("Equal", ctx.op("Unsqueeze", indices, ctx.int64s([-1])), _range(ctx, n))
@@ -118,17 +109,17 @@ def scatter_add_flat(ctx: RuleContext, positions: str, updates: str, like: str) 
     flat_upd = ctx.op("Reshape", updates, ctx.int64s([-1]))
     n = _numel(ctx, like)
     if ctx.opset >= _SCATTER_ADD_SINCE:
-        zeros = _zeros(ctx, ctx.op("Reshape", n, ctx.int64s([1])), like)
-        flat = ctx.op("ScatterElements", zeros, flat_pos, flat_upd, axis=0, reduction="add")
+        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), flat_pos, flat_upd, axis=0, reduction="add")
     else:
         flat = ctx.op("MatMul", ctx.op("Unsqueeze", flat_upd, ctx.int64s([0])), _one_hot(ctx, flat_pos, n, like))
     return ctx.op("Reshape", flat, ctx.shape_of(like))
 
 
-def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str) -> str:
+def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str, like: str) -> str:
     """``D[r, ...] = sum(updates[s, ...] for rows[s] == r)``, of shape ``[n_rows] + updates.shape[q:]``.
 
-    ``rows`` (values in ``[0, n_rows)``, rank ``q``) indexes the leading ``q`` axes of ``updates``.
+    ``rows`` (values in ``[0, n_rows)``, rank ``q``) indexes the leading ``q`` axes of ``updates``;
+    ``like`` has as many elements as ``D``.
     """
     q = ctx.known_rank(rows)
     if ctx.opset >= _SCATTER_ADD_SINCE:
@@ -141,7 +132,7 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str) -> 
             shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest, axis=0)
         return ctx.op(
             "ScatterND",
-            _zeros(ctx, shape, updates),
+            ctx.zeros_shaped(shape, updates, like),
             ctx.op("Unsqueeze", rows, ctx.int64s([-1])),
             updates,
             reduction="add",
@@ -279,7 +270,7 @@ def slice_(ctx: RuleContext, grads: Grads) -> Result:
     if dx is None:
         x = ctx.inputs[0]
         read = ctx.op("Slice", _positions(ctx, x), *ctx.inputs[1:])
-        zeros = _zeros(ctx, ctx.op("Reshape", _numel(ctx, x), ctx.int64s([1])), x)
+        zeros = ctx.flat_zeros_like(x)
         flat = ctx.op(
             "ScatterElements",
             zeros,
@@ -363,7 +354,7 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     # g is x[:axis] + idx.shape + x[axis+1:]: bring the index axes to the front
     front = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, rank + q - 1))
     moved = ctx.op("Transpose", g, perm=front) if axis and q else g
-    summed = scatter_add_rows(ctx, rows, moved, n)  # [n] + x[:axis] + x[axis+1:]
+    summed = scatter_add_rows(ctx, rows, moved, n, x)  # [n] + x[:axis] + x[axis+1:]
     back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
     return [ctx.op("Transpose", summed, perm=back) if axis else summed, None]
 
@@ -436,7 +427,7 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     for term in terms[1:]:
         flat = ctx.op("Add", flat, term)
     n_rows = ctx.op("Mul", _dim(ctx, x, 0), strides[0])
-    summed = scatter_add_rows(ctx, flat, g, n_rows)
+    summed = scatter_add_rows(ctx, flat, g, n_rows, x)
     return [ctx.op("Reshape", summed, ctx.shape_of(x)), None]
 
 
@@ -677,18 +668,11 @@ def resize(ctx: RuleContext, grads: Grads) -> Result:
 # ------------------------------------------------------------ selecting
 
 
-def _flat_zeros(ctx: RuleContext, x: str) -> str:
-    """Zeros of shape ``[size(x)]`` with the element type of ``x``."""
-    static = ctx.static_shape(x)
-    if static is not None:
-        return _zeros(ctx, ctx.int64s([int(np.prod(static, dtype=np.int64))]), x)
-    return _zeros(ctx, ctx.op("Reshape", ctx.op("Size", x), ctx.int64s([1])), x)
-
-
 def _scatter_selected(ctx: RuleContext, g: str, x: str, indices: str, axis: int | None) -> str:
     """dx for ``y = Gather(x, indices, axis)`` with distinct 1-D ``indices`` (``x`` flattened when ``axis`` is None)."""
     if axis is None:
-        flat = ctx.op("ScatterElements", _flat_zeros(ctx, x), indices, ctx.op("Reshape", g, ctx.int64s([-1])), axis=0)
+        flat_g = ctx.op("Reshape", g, ctx.int64s([-1]))
+        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(x), indices, flat_g, axis=0)
         return ctx.op("Reshape", flat, ctx.shape_of(x))
     rank = ctx.known_rank(x)
     axis %= rank

@@ -1,0 +1,138 @@
+"""Large zero tensors of gradient graphs are made at run time, so that onnxruntime keeps no folded copy per session.
+
+The scatter-based rules (MaxPool, Gather, GatherND, GatherElements, strided
+Slice) and the engine's zeros for values the loss ignores start from a zero
+tensor as large as the input. Over ``FOLDED_ZEROS_LIMIT`` elements its size
+comes from ``Size`` at run time; the gradients are those of the constant form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from onnxtrain.autodiff import build_gradients, context
+from onnxtrain.graph import GraphBuilder
+from tests.helpers import FLOAT, INT64, make_model, run_model
+
+Case = tuple[onnx.ModelProto, list[str], dict[str, np.ndarray]]
+
+
+def _sum(y: str) -> onnx.NodeProto:
+    return helper.make_node("ReduceSum", [y], ["loss"], keepdims=0)
+
+
+def _max_pool(rng: np.random.Generator) -> Case:
+    x = rng.normal(size=(2, 4, 32, 32)).astype(np.float32)
+    nodes = [
+        helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+        _sum("y"),
+    ]
+    return make_model({"x": (FLOAT, list(x.shape))}, nodes, {"loss": (FLOAT, [])}), ["x"], {"x": x}
+
+
+def _gather(rng: np.random.Generator) -> Case:
+    table = rng.normal(size=(128, 48)).astype(np.float32)
+    ids = rng.integers(0, 128, size=(4, 5))
+    nodes = [helper.make_node("Gather", ["E", "ids"], ["e"]), _sum("e")]
+    inputs = {"E": (FLOAT, list(table.shape)), "ids": (INT64, [4, 5])}
+    return make_model(inputs, nodes, {"loss": (FLOAT, [])}), ["E"], {"E": table, "ids": ids}
+
+
+def _gather_nd(rng: np.random.Generator) -> Case:
+    x = rng.normal(size=(64, 8, 16)).astype(np.float32)
+    idx = rng.integers(0, 8, size=(6, 2))
+    idx[:, 0] = rng.integers(0, 64, size=6)
+    nodes = [helper.make_node("GatherND", ["x", "i"], ["y"]), _sum("y")]
+    inputs = {"x": (FLOAT, list(x.shape)), "i": (INT64, [6, 2])}
+    return make_model(inputs, nodes, {"loss": (FLOAT, [])}), ["x"], {"x": x, "i": idx}
+
+
+def _gather_elements(rng: np.random.Generator) -> Case:
+    x = rng.normal(size=(64, 96)).astype(np.float32)
+    idx = rng.integers(0, 64, size=(10, 96))
+    nodes = [
+        helper.make_node("GatherElements", ["x", "i"], ["y"], axis=0),
+        _sum("y"),
+    ]
+    inputs = {"x": (FLOAT, list(x.shape)), "i": (INT64, [10, 96])}
+    return make_model(inputs, nodes, {"loss": (FLOAT, [])}), ["x"], {"x": x, "i": idx}
+
+
+def _strided_slice(rng: np.random.Generator) -> Case:
+    x = rng.normal(size=(80, 80)).astype(np.float32)
+    ints = [("starts", [1, 0]), ("ends", [80, 80]), ("axes", [0, 1]), ("steps", [3, 2])]
+    initializers = [numpy_helper.from_array(np.array(v, np.int64), name) for name, v in ints]
+    nodes = [
+        helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"]),
+        _sum("y"),
+    ]
+    return make_model({"x": (FLOAT, [80, 80])}, nodes, {"loss": (FLOAT, [])}, initializers), ["x"], {"x": x}
+
+
+def _ignored_input(rng: np.random.Generator) -> Case:
+    x, w = rng.normal(size=(100, 50)).astype(np.float32), rng.normal(size=(3,)).astype(np.float32)
+    nodes = [_sum("w")]
+    inputs = {"x": (FLOAT, [100, 50]), "w": (FLOAT, [3])}
+    return make_model(inputs, nodes, {"loss": (FLOAT, [])}), ["x", "w"], {"x": x, "w": w}
+
+
+CASES: dict[str, Callable[[np.random.Generator], Case]] = {
+    "MaxPool": _max_pool,
+    "Gather": _gather,
+    "GatherND": _gather_nd,
+    "GatherElements": _gather_elements,
+    "strided Slice": _strided_slice,
+    "a value the loss ignores": _ignored_input,
+}
+
+
+def _gradient_model(model: onnx.ModelProto, wrt: list[str]) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    builder = GraphBuilder(copy)
+    grads = build_gradients(builder, "loss", wrt)
+    builder.set_outputs([grads[name] for name in wrt])
+    return builder.finalize()
+
+
+def _constant_shapes(model: onnx.ModelProto) -> list[int]:
+    """The element counts of the ConstantOfShape nodes whose shape is a constant (onnxruntime folds those)."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    constants.update(
+        {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in model.graph.node if n.op_type == "Constant"}
+    )
+    return [
+        int(np.prod(constants[n.input[0]]))
+        for n in model.graph.node
+        if n.op_type == "ConstantOfShape" and n.input[0] in constants
+    ]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_large_zeros_are_made_at_run_time_with_the_same_gradients(case, monkeypatch, tmp_path: Path):
+    model, wrt, feeds = CASES[case](np.random.default_rng(0))
+    at_run_time = _gradient_model(model, wrt)
+    assert all(count <= context.FOLDED_ZEROS_LIMIT for count in _constant_shapes(at_run_time))
+    assert any(n.op_type == "Size" for n in at_run_time.graph.node)
+
+    monkeypatch.setattr(context, "FOLDED_ZEROS_LIMIT", 1 << 40)
+    constant = _gradient_model(model, wrt)
+    assert any(count > 4096 for count in _constant_shapes(constant))  # the case reaches the limit
+    for got, want, name in zip(run_model(at_run_time, feeds), run_model(constant, feeds), wrt, strict=True):
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+    # what onnxruntime keeps: no initializer as large as the zeros
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    ort.InferenceSession(at_run_time.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    largest = max((int(np.prod(t.dims)) for t in optimized.graph.initializer), default=0)
+    assert largest <= context.FOLDED_ZEROS_LIMIT
