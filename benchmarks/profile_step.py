@@ -199,9 +199,10 @@ def _setup(workload_name: str, workdir: Path) -> tuple[Path, Path, Any, Any, lis
 
 def _split(module: Any, optimizer: Any, step: Callable[[int], Any], steps: int) -> dict[str, float] | None:
     """µs per step inside each session's ``run`` (None: the runtime's layout changed)."""
-    fused = getattr(optimizer, "_fused", None)
+    fused, reset = getattr(optimizer, "_fused", None), getattr(module, "_reset", None)
     sessions = {
         "fused step": getattr(fused, "session", None),
+        "reset step": getattr(reset, "session", None),
         "training": getattr(module, "_train_session", None),
         "optimizer": getattr(optimizer, "_session", None),
     }
