@@ -167,7 +167,7 @@ def _fused_floors(
 
 def _options(spinning: bool) -> Any:
     """Session options as the runtime's defaults (all graph optimizations), with spinning chosen."""
-    from onnxtrain.training.binding import default_session_options
+    from onnxtrain.training.options import default_session_options
 
     return default_session_options(spinning=spinning, update_first=spinning)
 

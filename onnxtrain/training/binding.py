@@ -1,9 +1,10 @@
 """One onnxruntime session with one ``IOBinding``, reused for every run.
 
 Parameters, gradient buffers and optimizer state are bound as the OrtValues
-the state keeps on the device; outputs that replace them are bound to
-preallocated spares (double buffering), so a step copies nothing but the user
-inputs in and the user outputs (the loss) out.
+the state keeps on the device; outputs that replace them are bound to the
+same buffers (in place) or to spares (docs/runtime.md, "How a step runs"), so
+a step copies nothing but the user inputs in and the user outputs (the loss)
+out.
 
 onnxruntime's Python wrappers of ``IOBinding`` and ``run_with_iobinding``
 validate every call for WebGPU graph capture; with ``run_options`` that check
@@ -24,26 +25,6 @@ import onnxruntime as ort
 from onnxtrain.training import values
 from onnxtrain.training.device import Device, ProviderSpec
 from onnxtrain.training.interface import LoadedModel
-
-
-def default_session_options(*, spinning: bool = False, update_first: bool = False) -> ort.SessionOptions:
-    """All graph optimizations, default thread counts; intra-op threads spin only with ``spinning``.
-
-    Where a train step and an optimizer step run in two sessions, one after
-    the other, spinning threads of one keep cores busy while the other runs
-    (measured: about 1.3x slower steps on 2 cores, far worse on a busy
-    machine), so they do not spin. The fused step's session, which runs alone
-    once per step, spins: its runs start faster. ``update_first`` selects
-    onnxruntime's priority-based execution order, which runs the nodes listed
-    first before the others wherever both are ready: the fused model's update
-    (onnxtrain.training.fused).
-    """
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if update_first:
-        options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    return options
 
 
 class _PublicBinding:
@@ -245,4 +226,4 @@ class BoundSession:
         return self._io.outputs(count)
 
 
-__all__ = ["BoundSession", "default_session_options"]
+__all__ = ["BoundSession"]

@@ -37,10 +37,11 @@ from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.training import values
-from onnxtrain.training.binding import BoundSession, default_session_options
+from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device, ProviderSpec, resolve
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
+from onnxtrain.training.options import default_session_options
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import StateTensor, TrainingState
 
@@ -95,9 +96,12 @@ class Module:
                 f"session_options must be an onnxruntime.SessionOptions, not {type(session_options).__name__}"
             )
         self._device, self._providers = resolve(device, providers)
-        self._options = session_options if session_options is not None else default_session_options()
+        shared = self._device.type == "cpu"  # one arena for all the sessions (onnxtrain.training.options)
+        self._options = (
+            session_options if session_options is not None else default_session_options(shared_cpu_arena=shared)
+        )
         # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
-        fused_defaults = default_session_options(spinning=True, update_first=True)
+        fused_defaults = default_session_options(spinning=True, update_first=True, shared_cpu_arena=shared)
         self._fused_options = session_options if session_options is not None else fused_defaults
         infos = state._infos()
         train = load_model(train_model_uri, "train_model_uri")

@@ -1,0 +1,66 @@
+"""Default session options: the sessions of a CPU module share one arena; options of the user's own are theirs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxtrain.training.options import default_session_options
+from tests.training.helpers import classifier_batch, open_module, parameters
+
+SHARED = "session.use_env_allocators"
+
+
+def _config(options: ort.SessionOptions, key: str) -> str | None:
+    try:
+        return options.get_session_config_entry(key)
+    except RuntimeError:  # onnxruntime's way of saying the key is not set
+        return None
+
+
+def _sessions(module: Any, optimizer: Any) -> dict[str, Any]:
+    sessions = {"training": module._train_session, "reset": module._reset.session, "eval": module._eval_session}
+    sessions.update({"optimizer": optimizer._session, "fused": optimizer._fused.session})
+    return sessions
+
+
+def test_default_options_use_the_shared_arena_only_when_asked():
+    assert _config(default_session_options(shared_cpu_arena=True), SHARED) == "1"
+    assert _config(default_session_options(), SHARED) is None
+    fused = default_session_options(spinning=True, update_first=True, shared_cpu_arena=True)
+    assert _config(fused, "session.intra_op.allow_spinning") == "1"
+    assert fused.execution_order == ort.ExecutionOrder.PRIORITY_BASED
+
+
+def test_every_session_of_a_cpu_module_shares_the_arena_unless_the_user_gives_options(classifier):
+    _, module, optimizer = open_module(classifier)
+    for what, session in _sessions(module, optimizer).items():
+        assert _config(session.session.get_session_options(), SHARED) == "1", what
+    mine = ort.SessionOptions()
+    mine.intra_op_num_threads = 1
+    _, module, optimizer = open_module(classifier, session_options=mine)
+    for what, session in _sessions(module, optimizer).items():
+        options = session.session.get_session_options()
+        assert _config(options, SHARED) is None and options.intra_op_num_threads == 1, what
+
+
+def test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_their_own(classifier):
+    results = []
+    for options in (None, ort.SessionOptions()):
+        state, module, optimizer = open_module(classifier, session_options=options)
+        rng = np.random.default_rng(4)
+        losses = []
+        for _ in range(5):
+            losses.append(module(*classifier_batch(rng)))
+            optimizer.step()
+            module.lazy_reset_grad()
+        module.eval()
+        losses.append(module(*classifier_batch(rng)))
+        results.append((losses, parameters(state)))
+    (losses_a, params_a), (losses_b, params_b) = results
+    for a, b in zip(losses_a, losses_b, strict=True):
+        np.testing.assert_array_equal(a, b)
+    for name, value in params_a.items():
+        np.testing.assert_array_equal(value, params_b[name], err_msg=name)
