@@ -72,7 +72,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {list(WORKLOADS)}")
     parser.add_argument("--frameworks", default=",".join(report.FRAMEWORKS), help=f"of {list(report.FRAMEWORKS)}")
     parser.add_argument("--warmup", type=int, help="warm-up steps (default 20, quick 3)")
-    parser.add_argument("--repeats", type=int, help="timed repeats; the median is reported (default 7, quick 2)")
+    parser.add_argument("--repeats", type=int, help="timed repeats; the median is reported (default 11, quick 2)")
     parser.add_argument("--steps", type=int, help="timed steps per repeat (default: per workload)")
     parser.add_argument(
         "--threads", type=int, default=0, help="intra-op threads for all (default 0: onnxruntime's own default)"
@@ -421,7 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     frameworks = _choose(args.frameworks, report.FRAMEWORKS, "frameworks")
     settings = Settings(
         warmup=args.warmup if args.warmup is not None else (3 if args.quick else 20),
-        repeats=args.repeats if args.repeats is not None else (2 if args.quick else 7),
+        repeats=args.repeats if args.repeats is not None else (2 if args.quick else 11),
         steps=args.steps,
         quick=args.quick,
         threads=args.threads,
