@@ -22,7 +22,7 @@ import onnx
 from onnxtrain.autodiff.training import names_read, prune_unused_nodes
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import GraphBuilder, tensor_type
-from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.naming import keep_or_tag, names_in
 
 #: The flag input: true for the first train step after a gradient reset.
 LAZY_RESET_GRAD = "lazy_reset_grad"
@@ -87,18 +87,7 @@ def remove_gradient_accumulation(model: onnx.ModelProto, trainable: Sequence[str
     copy.CopyFrom(model)
     graph = copy.graph
     producers = {name: node for node in graph.node for name in node.output}
-    taken = names_in(graph)
-
-    def unique(name: str) -> str:
-        """``name``, or ``name.resetN`` where the graph already uses ``name``."""
-        if name in taken:
-            index = 0
-            while f"{name}.reset{index}" in taken:
-                index += 1
-            name = f"{name}.reset{index}"
-        taken.add(name)
-        return name
-
+    unique = keep_or_tag(names_in(graph), "reset")
     gradients = {param: _raw_gradient(graph, producers, param, unique) for param in trainable}
     raw = {accumulated_name(p): g for p, g in gradients.items()}
     count = len(graph.output)

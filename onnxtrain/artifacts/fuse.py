@@ -35,7 +35,7 @@ import onnx
 
 from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.autodiff.training import names_read
-from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.optim.base import grad_name, updated_name
 
 
@@ -74,18 +74,7 @@ def fuse_update_and_train(
     except AccumulationFormError as error:
         raise FusionError(str(error)) from error
     steps, gradients = reset.model.graph, reset.gradients
-    taken = names_in(steps)
-
-    def unique(name: str) -> str:
-        """``name``, or ``name.fusedN`` where the merged graph already uses ``name``."""
-        if name in taken:
-            index = 0
-            while f"{name}.fused{index}" in taken:
-                index += 1
-            name = f"{name}.fused{index}"
-        taken.add(name)
-        return name
-
+    unique = keep_or_tag(names_in(steps), "fused")  # the optimizer model's names the training model uses
     shared = set(trainable)
     graph = onnx.GraphProto()
     graph.name = f"{training.graph.name or 'training'}_fused_step"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import onnx
 
@@ -32,6 +32,25 @@ def names_in(graph: onnx.GraphProto) -> set[str]:
                 names.update(names_in(subgraph))
     names.discard("")
     return names
+
+
+def keep_or_tag(taken: set[str], tag: str) -> Callable[[str], str]:
+    """A function giving ``name`` where ``taken`` lacks it, else ``name.<tag>N`` with the first free ``N``.
+
+    What it gives is added to ``taken``: merging one graph into another keeps
+    every name the two do not share, and marks each renamed one.
+    """
+
+    def give(name: str) -> str:
+        if name in taken:
+            index = 0
+            while f"{name}.{tag}{index}" in taken:
+                index += 1
+            name = f"{name}.{tag}{index}"
+        taken.add(name)
+        return name
+
+    return give
 
 
 class NameGenerator:
