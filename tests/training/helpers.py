@@ -44,3 +44,43 @@ def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds)), strict=True))
+
+
+#: The session-scoped artifact fixtures of tests/training/conftest.py that the step tests run over.
+STEP_FIXTURES = ["regression", "classifier", "momentum", "batchnorm", "mixed"]
+
+
+def fixture_batch(fixture: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """A batch for the models of the artifact fixture named ``fixture``."""
+    if fixture == "classifier":
+        return classifier_batch(rng)
+    if fixture == "mixed":
+        return (rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)))
+    return regression_batch(rng)
+
+
+def snapshot(state: Any) -> dict[str, np.ndarray]:
+    """Parameters (running statistics included), gradients, moments and the step count: all a step may change."""
+    saved = state.to_checkpoint(include_optimizer_state=True)
+    values = {f"param {n}": np.asarray(v) for n, v in saved.parameters.items()}
+    for name, parameter in state.parameters:
+        if parameter.grad is not None:
+            values[f"grad {name}"] = parameter.grad
+    if saved.optimizer is not None:
+        values["step"] = np.array(saved.optimizer.step)
+        for name, moments in saved.optimizer.moments.items():
+            values.update({f"moment{i} {name}": np.asarray(m) for i, m in enumerate(moments)})
+    return values
+
+
+def count_runs(session: Any) -> list[int]:
+    """Wrap ``session.run`` (of this one object) to count its calls; the count is the list's one item."""
+    runs = [0]
+    run = session.run
+
+    def counted() -> None:
+        runs[0] += 1
+        run()
+
+    session.run = counted
+    return runs

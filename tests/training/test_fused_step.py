@@ -14,44 +14,15 @@ from onnxtrain import api
 from onnxtrain.artifacts import LossType, OptimType
 from tests.helpers import FLOAT, INT64, make_model
 from tests.training import models
-from tests.training.helpers import classifier_batch, open_module, regression_batch
-
-FIXTURES = ["regression", "classifier", "momentum", "batchnorm", "mixed"]
-
-
-def _batch(fixture: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    if fixture == "classifier":
-        return classifier_batch(rng)
-    if fixture == "mixed":
-        return (rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)))
-    return regression_batch(rng)
-
-
-def _snapshot(state: Any) -> dict[str, np.ndarray]:
-    """Parameters, gradients, moments and step: everything a step may change."""
-    saved = state.to_checkpoint(include_optimizer_state=True)
-    values = {f"param {n}": np.asarray(v) for n, v in saved.parameters.items()}
-    for name, parameter in state.parameters:
-        if parameter.grad is not None:
-            values[f"grad {name}"] = parameter.grad
-    if saved.optimizer is not None:
-        values["step"] = np.array(saved.optimizer.step)
-        for name, moments in saved.optimizer.moments.items():
-            values.update({f"moment{i} {name}": np.asarray(m) for i, m in enumerate(moments)})
-    return values
-
-
-def _count_runs(session: Any) -> list[int]:
-    runs = [0]
-    run = session.run
-
-    def counted() -> None:
-        runs[0] += 1
-        run()
-
-    session.run = counted
-    return runs
-
+from tests.training.helpers import (
+    STEP_FIXTURES,
+    classifier_batch,
+    count_runs,
+    fixture_batch,
+    open_module,
+    regression_batch,
+    snapshot,
+)
 
 Script = Callable[[Any, Any, Any, int, tuple[np.ndarray, ...]], Any]
 
@@ -73,8 +44,8 @@ def _trajectory(
     rng = np.random.default_rng(7)
     record = []
     for i in range(steps):
-        loss = script(state, module, optimizer, i, _batch(fixture, rng))
-        seen = _snapshot(state) if snapshots or i == steps - 1 else _gradients(state)
+        loss = script(state, module, optimizer, i, fixture_batch(fixture, rng))
+        seen = snapshot(state) if snapshots or i == steps - 1 else _gradients(state)
         record.append((np.asarray(loss[0] if isinstance(loss, tuple) else loss), seen))
     return record, (state, module, optimizer)
 
@@ -95,7 +66,7 @@ def _ort_loop(state, module, optimizer, i, batch):
     return loss[0] if isinstance(loss, tuple) else loss  # the regression model also outputs y
 
 
-@pytest.mark.parametrize("fixture", FIXTURES)
+@pytest.mark.parametrize("fixture", STEP_FIXTURES)
 def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_called(request, fixture):
     apart, (_, module_b, optimizer_b) = _trajectory(request, fixture, _ort_loop, fuse=False, snapshots=False)
     assert optimizer_b._fused is None and module_b._fused is None
@@ -103,18 +74,18 @@ def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_cal
     state, module, optimizer = open_module(paths)
     assert optimizer._fused is not None and module._fused is optimizer._fused
     runs = {
-        "fused": _count_runs(optimizer._fused.session),
-        "training": _count_runs(module._train_session),
-        "reset": _count_runs(module._reset.session),
-        "optimizer": _count_runs(optimizer._session),
+        "fused": count_runs(optimizer._fused.session),
+        "training": count_runs(module._train_session),
+        "reset": count_runs(module._reset.session),
+        "optimizer": count_runs(optimizer._session),
     }
     optimizer.set_learning_rate(0.05)
     rng = np.random.default_rng(7)
     fused = []
     for i in range(6):
-        loss = _ort_loop(state, module, optimizer, i, _batch(fixture, rng))
+        loss = _ort_loop(state, module, optimizer, i, fixture_batch(fixture, rng))
         assert {k: v[0] for k, v in runs.items()} == {"fused": i, "training": 0, "reset": 1, "optimizer": 0}
-        fused.append((np.asarray(loss), _snapshot(state) if i == 5 else _gradients(state)))
+        fused.append((np.asarray(loss), snapshot(state) if i == 5 else _gradients(state)))
     _assert_same(fused, apart)
     # the first step trains alone, from reset gradients; each later one applies the last update and trains; the
     # snapshot at the end applies the last update
@@ -236,8 +207,8 @@ def test_whatever_happens_between_the_steps_the_results_are_those_of_steps_run_w
 
 def test_a_recorded_update_runs_only_when_something_needs_the_state(regression, rng):
     state, module, optimizer = open_module(regression)
-    fused_runs = _count_runs(optimizer._fused.session)
-    optimizer_runs = _count_runs(optimizer._session)
+    fused_runs = count_runs(optimizer._fused.session)
+    optimizer_runs = count_runs(optimizer._session)
     batch = regression_batch(rng)
     module(*batch)
     grads = {name: p.grad for name, p in state.parameters}
@@ -262,7 +233,7 @@ def test_schedulers_step_between_optimizer_steps_and_keep_the_fast_path(regressi
     for fuse in (True, False):
         state, module, optimizer = open_module(regression, fuse=fuse)
         scheduler = api.LinearLRScheduler(optimizer, warmup_step_count=2, total_step_count=8, initial_lr=0.1)
-        runs = _count_runs(optimizer._session)
+        runs = count_runs(optimizer._session)
         batches = np.random.default_rng(3)
         losses = []
         for _ in range(6):
@@ -271,7 +242,7 @@ def test_schedulers_step_between_optimizer_steps_and_keep_the_fast_path(regressi
             scheduler.step()
             module.lazy_reset_grad()
         counted = runs[0]
-        results.append((losses, _snapshot(state), counted))
+        results.append((losses, snapshot(state), counted))
     (losses_a, values_a, runs_fused), (losses_b, values_b, runs_apart) = results
     _assert_same([(np.array(losses_a), values_a)], [(np.array(losses_b), values_b)])
     assert (runs_fused, runs_apart) == (0, 6)
@@ -293,7 +264,7 @@ def _run_with_a_discarded_step(regression, fuse: bool) -> dict[str, np.ndarray]:
         optimizer.step()  # the discarded step left the gradients reset
     module(*regression_batch(rng))
     optimizer.step()
-    return _snapshot(state)
+    return snapshot(state)
 
 
 def test_a_non_finite_fused_step_is_discarded_and_the_next_step_is_right(regression):
@@ -342,7 +313,7 @@ def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier,
             optimizer.step()
         module(*good)
         optimizer.step()
-        results.append(_snapshot(state))
+        results.append(snapshot(state))
     _assert_same([(np.zeros(()), results[0])], [(np.zeros(()), results[1])])
 
 
@@ -350,7 +321,7 @@ def test_a_second_optimizer_over_the_module_takes_over_the_fast_path(regression,
     state, module, first = open_module(regression)
     second = api.Optimizer(regression["optimizer_model"], module)
     assert module._fused is second._fused is not None
-    first_runs = _count_runs(first._session)
+    first_runs = count_runs(first._session)
     batch = regression_batch(rng)
     expected = {name: p.data for name, p in state.parameters}
     module(*batch)

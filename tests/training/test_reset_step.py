@@ -8,42 +8,15 @@ import numpy as np
 import pytest
 
 from onnxtrain import api
-from tests.training.helpers import classifier_batch, open_module, regression_batch
-
-FIXTURES = ["regression", "classifier", "momentum", "batchnorm", "mixed"]
-
-
-def _batch(fixture: str, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
-    if fixture == "classifier":
-        return classifier_batch(rng)
-    if fixture == "mixed":
-        return (rng.normal(size=(8, 3)).astype(np.float32), rng.normal(size=(8, 2)))
-    return regression_batch(rng)
-
-
-def _count_runs(session: Any) -> list[int]:
-    runs = [0]
-    run = session.run
-
-    def counted() -> None:
-        runs[0] += 1
-        run()
-
-    session.run = counted
-    return runs
-
-
-def _everything(state: Any) -> dict[str, np.ndarray]:
-    """Parameters (running statistics included), gradients, moments and the step count."""
-    saved = state.to_checkpoint(include_optimizer_state=True)
-    values = {f"param {n}": np.asarray(v) for n, v in saved.parameters.items()}
-    values.update({f"grad {n}": p.grad for n, p in state.parameters if p.grad is not None})
-    if saved.optimizer is not None:
-        values["step"] = np.array(saved.optimizer.step)
-        for name, moments in saved.optimizer.moments.items():
-            values.update({f"moment{i} {name}": np.asarray(m) for i, m in enumerate(moments)})
-    return values
-
+from tests.training.helpers import (
+    STEP_FIXTURES,
+    classifier_batch,
+    count_runs,
+    fixture_batch,
+    open_module,
+    regression_batch,
+    snapshot,
+)
 
 #: Per step: accumulate into the next step (no optimizer step and no reset after it)?
 ACCUMULATE = [False, True, True, False, False, True, False]
@@ -57,8 +30,8 @@ def _trajectory(paths: Any, fixture: str, *, reset_step: bool, fuse: bool) -> li
     rng = np.random.default_rng(3)
     record = []
     for accumulate in ACCUMULATE:
-        loss = module(*_batch(fixture, rng))
-        record.append((np.asarray(loss[0] if isinstance(loss, tuple) else loss), _everything(state)))
+        loss = module(*fixture_batch(fixture, rng))
+        record.append((np.asarray(loss[0] if isinstance(loss, tuple) else loss), snapshot(state)))
         if not accumulate:
             optimizer.step()
             module.lazy_reset_grad()
@@ -66,7 +39,7 @@ def _trajectory(paths: Any, fixture: str, *, reset_step: bool, fuse: bool) -> li
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["optimizer apart", "fused"])
-@pytest.mark.parametrize("fixture", FIXTURES)
+@pytest.mark.parametrize("fixture", STEP_FIXTURES)
 def test_steps_from_reset_give_what_the_training_model_gives(request, fixture, fuse):
     paths = request.getfixturevalue(fixture)
     with_reset = _trajectory(paths, fixture, reset_step=True, fuse=fuse)
@@ -80,7 +53,7 @@ def test_steps_from_reset_give_what_the_training_model_gives(request, fixture, f
 
 def test_a_loop_that_never_accumulates_never_runs_the_training_model_nor_makes_gradient_spares(regression, rng):
     state, module, optimizer = open_module(regression, fuse=False)
-    runs = {"training": _count_runs(module._train_session), "reset": _count_runs(module._reset.session)}
+    runs = {"training": count_runs(module._train_session), "reset": count_runs(module._reset.session)}
     values = {name: grad.value for name, grad in state._grads.items()}
     for _ in range(4):
         module(*regression_batch(rng))
@@ -149,7 +122,7 @@ def test_gradients_another_module_left_stay_visible_when_a_step_from_reset_fails
     state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
     first = api.Module(regression["training_model"], state)
     second = api.Module(regression["training_model"], state, check_finite=True)
-    reset_runs = _count_runs(second._reset.session)
+    reset_runs = count_runs(second._reset.session)
     x, t = regression_batch(rng)
     first(x, t)  # ready: the second module's step from reset may not write over them
     grads = {name: p.grad for name, p in state.parameters}
