@@ -1,9 +1,11 @@
-"""Large zero tensors of gradient graphs are made at run time, so that onnxruntime keeps no folded copy per session.
+"""The memory of scatter-based gradients: large zeros made at run time, and no one-hot over a whole table.
 
 The scatter-based rules (MaxPool, Gather, GatherND, GatherElements, strided
 Slice) and the engine's zeros for values the loss ignores start from a zero
 tensor as large as the input. Over ``FOLDED_ZEROS_LIMIT`` elements its size
-comes from ``Size`` at run time; the gradients are those of the constant form.
+comes from ``Size`` at run time, so that onnxruntime keeps no folded copy per
+session; the gradients are those of the constant form. Below opset 16, where
+scatters cannot add, repeated indices are summed over their distinct values.
 """
 
 from __future__ import annotations
@@ -136,3 +138,30 @@ def test_large_zeros_are_made_at_run_time_with_the_same_gradients(case, monkeypa
     optimized = onnx.load(str(tmp_path / "optimized.onnx"))
     largest = max((int(np.prod(t.dims)) for t in optimized.graph.initializer), default=0)
     assert largest <= context.FOLDED_ZEROS_LIMIT
+
+
+@pytest.mark.parametrize("op", ["Gather", "GatherND"])
+def test_below_opset_16_repeated_indices_add_up_without_a_one_hot_over_the_table(op):
+    """Without ScatterND's reduction (opset 16), the updates of each distinct index are summed first (Unique):
+    no intermediate as large as (indices) x (rows of the table), which for an embedding is the vocabulary."""
+    rng = np.random.default_rng(3)
+    table = rng.normal(size=(20000, 16)).astype(np.float32)
+    ids = rng.integers(0, 6, size=(8, 5))  # few distinct rows, each many times
+    ids[0, 0] = 19999
+    indices = ids if op == "Gather" else ids[..., None]
+    nodes = [helper.make_node(op, ["E", "ids"], ["e"]), _sum("e")]
+    inputs = {"E": (FLOAT, [20000, 16]), "ids": (INT64, list(indices.shape))}
+    model = make_model(inputs, nodes, {"loss": (FLOAT, [])}, opset=13)
+    gradient = _gradient_model(model, ["E"])
+    assert any(n.op_type == "Unique" for n in gradient.graph.node)
+    inferred = onnx.shape_inference.infer_shapes(gradient)
+    sizes = [
+        int(np.prod([d.dim_value for d in v.type.tensor_type.shape.dim]))
+        for v in inferred.graph.value_info
+        if v.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in v.type.tensor_type.shape.dim)
+    ]
+    assert max(sizes) <= table.size  # the zeros and the gradient, nothing larger
+    (got,) = run_model(gradient, {"E": table, "ids": indices})
+    expected = np.zeros_like(table)
+    np.add.at(expected, ids.reshape(-1), 1.0)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)

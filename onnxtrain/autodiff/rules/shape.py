@@ -6,9 +6,13 @@ Index, shape, axes and size inputs are integer tensors and carry no gradient.
 Most rules are the transpose of a data movement: a reshape goes back with
 ``Reshape``, a permutation with the inverse permutation, a gather with a
 scatter that *adds* (indices may repeat). ``ScatterND``/``ScatterElements``
-add only from opset 16 (``reduction="add"``); below that, the adding scatter
-is a one-hot product (``Equal`` against ``Range``, then ``Einsum``/``MatMul``),
-which costs memory proportional to (number of indices) x (axis length).
+add only from opset 16 (``reduction="add"``); below that, the updates of
+each distinct index are added up first, by a one-hot product over the
+distinct indices (``Unique``, then ``Equal`` against ``Range`` and
+``Einsum``: memory (number of indices) x (distinct indices), whatever the
+size of ``x``), and the sums scattered without a reduction. GatherElements
+below opset 16 still takes a one-hot product along its axis: (number of
+indices) x (axis length).
 
 Where a movement is easiest to describe by where each output element comes
 from (``Slice`` with any steps, ``Pad`` in edge/reflect/wrap mode), the rule
@@ -103,15 +107,24 @@ def _letters(n: int, skip: str = "") -> list[str]:
     return [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in skip][:n]
 
 
+def _sums_by_key(ctx: RuleContext, keys: str, values: str) -> tuple[str, str]:
+    """``(distinct, sums)``: the distinct values of the 1-D int64 ``keys`` (``Unique``, sorted), and for each the
+    sum of the rows of ``values`` (``[len(keys), ...]``) whose key it is: a one-hot product over the distinct keys,
+    of ``len(keys) x len(distinct)``, however large the keys' range."""
+    distinct, _, inverse, _ = ctx.op_n("Unique", 4, keys, sorted=1)
+    hot = _one_hot(ctx, inverse, ctx.op("Size", distinct), values)
+    return distinct, ctx.op("Einsum", hot, values, equation="tu,t...->u...")
+
+
 def scatter_add_flat(ctx: RuleContext, positions: str, updates: str, like: str) -> str:
     """``dx`` shaped like ``like`` with ``dx.flat[k] = sum(updates.flat[j] for positions.flat[j] == k)``."""
     flat_pos = ctx.op("Reshape", positions, ctx.int64s([-1]))
     flat_upd = ctx.op("Reshape", updates, ctx.int64s([-1]))
-    n = _numel(ctx, like)
     if ctx.opset >= _SCATTER_ADD_SINCE:
         flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), flat_pos, flat_upd, axis=0, reduction="add")
-    else:
-        flat = ctx.op("MatMul", ctx.op("Unsqueeze", flat_upd, ctx.int64s([0])), _one_hot(ctx, flat_pos, n, like))
+    else:  # no adding scatter: add up per position first, then scatter the sums, each to a position of its own
+        distinct, sums = _sums_by_key(ctx, flat_pos, flat_upd)
+        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), distinct, sums, axis=0)
     return ctx.op("Reshape", flat, ctx.shape_of(like))
 
 
@@ -122,24 +135,27 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str, lik
     ``like`` has as many elements as ``D``.
     """
     q = ctx.known_rank(rows)
+    static = ctx.static_shape(updates)
+
+    def rest() -> str:
+        """``updates.shape[q:]``, 1-D."""
+        if static is not None:
+            return ctx.int64s(list(static[q:]))
+        return ctx.op("Slice", ctx.op("Shape", updates), ctx.int64s([q]), ctx.int64s([1 << 62]))
+
+    n_static = ctx.constant_value(n_rows)
+    if static is not None and n_static is not None:
+        shape = ctx.int64s([int(n_static), *static[q:]])
+    else:
+        shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest(), axis=0)
+    zeros = ctx.zeros_shaped(shape, updates, like)
     if ctx.opset >= _SCATTER_ADD_SINCE:
-        static = ctx.static_shape(updates)
-        n_static = ctx.constant_value(n_rows)
-        if static is not None and n_static is not None:
-            shape = ctx.int64s([int(n_static), *static[q:]])
-        else:
-            rest = ctx.op("Slice", ctx.op("Shape", updates), ctx.int64s([q]), ctx.int64s([1 << 62]))
-            shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest, axis=0)
-        return ctx.op(
-            "ScatterND",
-            ctx.zeros_shaped(shape, updates, like),
-            ctx.op("Unsqueeze", rows, ctx.int64s([-1])),
-            updates,
-            reduction="add",
-        )
-    s = "".join(_letters(q, skip="z"))
-    hot = _one_hot(ctx, rows, n_rows, updates)
-    return ctx.op("Einsum", hot, updates, equation=f"{s}z,{s}...->z...")
+        return ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", rows, ctx.int64s([-1])), updates, reduction="add")
+    # no adding scatter: add up the updates of each distinct row first, then scatter the sums, one per row
+    flat_rows = ctx.op("Reshape", rows, ctx.int64s([-1]))
+    flat_updates = ctx.op("Reshape", updates, ctx.op("Concat", ctx.int64s([-1]), rest(), axis=0))
+    distinct, sums = _sums_by_key(ctx, flat_rows, flat_updates)
+    return ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", distinct, ctx.int64s([-1])), sums)
 
 
 def _inverse(perm: Sequence[int]) -> list[int]:
