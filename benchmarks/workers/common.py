@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import rss_mib
+from benchmarks.measure import control, rss_mib, time_steps
 
 
 def load_spec(folder: Path) -> dict[str, Any]:
@@ -50,3 +51,29 @@ def ort_style_step(module: Any, optimizer: Any, batches: list[tuple[np.ndarray, 
         return loss
 
     return step
+
+
+def time_ort_style_training(
+    args: argparse.Namespace,
+    spec: dict[str, Any],
+    batches: list[tuple[np.ndarray, np.ndarray]],
+    watch: Stopwatch,
+    module: Any,
+    optimizer: Any,
+    versions: dict[str, str],
+) -> dict[str, Any]:
+    """Set the workload's learning rate, time :func:`ort_style_step` (``measure.time_steps``), and return the
+    worker's result; the same for onnxtrain and onnxruntime-training, whose APIs share these names."""
+    optimizer.set_learning_rate(spec["learning_rate"])
+    module.train()
+    watch.mark("setup")
+    timing = time_steps(
+        ort_style_step(module, optimizer, batches), args.warmup, args.steps, args.repeats, control(args)
+    )
+    return {
+        "workload": spec["name"],
+        "versions": versions,
+        "threads": args.threads or "onnxruntime default",
+        **watch.marks,
+        **timing,
+    }

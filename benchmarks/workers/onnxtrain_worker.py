@@ -9,8 +9,8 @@ import argparse
 import sys
 from typing import Any
 
-from benchmarks.measure import control, run_worker, time_steps, worker_arguments
-from benchmarks.workers.common import Stopwatch, load_batches, load_spec, ort_style_step
+from benchmarks.measure import run_worker, worker_arguments
+from benchmarks.workers.common import Stopwatch, load_batches, load_spec, time_ort_style_training
 
 LOSSES = {"mse": "MSELoss", "ce": "CrossEntropyLoss"}
 OPTIMIZERS = {"sgd": "SGD", "adamw": "AdamW"}
@@ -54,18 +54,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"), session_options=options
     )
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(spec["learning_rate"])
-    module.train()
-    watch.mark("setup")
-    step = ort_style_step(module, optimizer, batches)
-    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
+    versions = {"onnxtrain": onnxtrain.__version__, "onnxruntime": onnxruntime.__version__}
     return {
         "framework": "onnxtrain",
-        "workload": spec["name"],
-        "versions": {"onnxtrain": onnxtrain.__version__, "onnxruntime": onnxruntime.__version__},
-        "threads": args.threads or "onnxruntime default",
-        **watch.marks,
-        **timing,
+        **time_ort_style_training(args, spec, batches, watch, module, optimizer, versions),
     }
 
 

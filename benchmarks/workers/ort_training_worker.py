@@ -12,8 +12,8 @@ import re
 import sys
 from typing import Any
 
-from benchmarks.measure import control, run_worker, time_steps, worker_arguments
-from benchmarks.workers.common import Stopwatch, load_batches, load_spec, ort_style_step
+from benchmarks.measure import run_worker, worker_arguments
+from benchmarks.workers.common import Stopwatch, load_batches, load_spec, time_ort_style_training
 
 
 def generate(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,19 +73,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     module = Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"), "cpu", options)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(spec["learning_rate"])
-    module.train()
-    watch.mark("setup")
-    step = ort_style_step(module, optimizer, batches)
-    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
-    return {
-        "framework": "onnxruntime-training",
-        "workload": spec["name"],
-        "versions": {"onnxruntime-training": onnxruntime.__version__},
-        "threads": args.threads or "onnxruntime default",
-        **watch.marks,
-        **timing,
-    }
+    versions = {"onnxruntime-training": onnxruntime.__version__}
+    result = time_ort_style_training(args, spec, batches, watch, module, optimizer, versions)
+    return {"framework": "onnxruntime-training", **result}
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
