@@ -1,4 +1,4 @@
-"""Artifacts: ``generate_artifacts``, ``LossType``, ``OptimType`` (ONNX Runtime's ``training.artifacts`` names)."""
+"""Artifacts: ``generate_artifacts`` (``build_artifacts`` in memory), ``LossType``, ``OptimType`` (ONNX Runtime's ``training.artifacts`` names)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from onnxtrain.artifacts.accumulation import (
 )
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
-from onnxtrain.artifacts.generate import TARGETS, generate_artifacts
+from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 
 __all__ = [
     "LAZY_RESET_GRAD",
     "TARGETS",
     "AccumulationFormError",
+    "ArtifactSet",
     "FusedModel",
     "FusionError",
     "LossType",
@@ -27,6 +28,7 @@ __all__ = [
     "ResetTrainingModel",
     "accumulated_name",
     "add_gradient_accumulation",
+    "build_artifacts",
     "buffer_name",
     "export_model_for_inferencing",
     "fuse_update_and_train",

@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.artifacts.metadata import drop_training_metadata
 from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import dtypes
@@ -24,7 +25,8 @@ def export_model_for_inferencing(
     Every graph input that names a parameter becomes an initializer holding its
     value from ``parameters`` (a checkpoint state, or ``{name: array}``); nodes
     the requested outputs do not need are removed, and so are the inputs they
-    do not read (the labels and targets of the loss). ``eval_model`` is not changed.
+    do not read (the labels and targets of the loss), and the metadata that
+    describes training (:mod:`onnxtrain.artifacts.metadata`). ``eval_model`` is not changed.
     Raises ``ValueError`` for unknown outputs, a nominal checkpoint or a value
     of another shape than its input's, ``TypeError`` for another element type.
     """
@@ -39,6 +41,7 @@ def export_model_for_inferencing(
         raise ValueError("a nominal checkpoint holds no parameter values; load the full checkpoint to export")
     model = onnx.ModelProto()
     model.CopyFrom(eval_model)
+    drop_training_metadata(model)
     graph = model.graph
     computed = {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
     missing = [name for name in output_names if name not in computed]

@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -27,6 +28,7 @@ from onnx import external_data_helper
 from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts.accumulation import add_gradient_accumulation
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
+from onnxtrain.artifacts.metadata import NO_LOSS, set_metadata, training_metadata
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.autodiff.training import check_parameters
 from onnxtrain.autodiff.training_block import TrainingBlock
@@ -100,6 +102,82 @@ def _optimizer_model(
     return model
 
 
+@dataclass(frozen=True)
+class ArtifactSet:
+    """What ``generate_artifacts`` writes, in memory: the models and the initial checkpoint state."""
+
+    training_model: onnx.ModelProto
+    eval_model: onnx.ModelProto
+    optimizer_model: onnx.ModelProto | None
+    checkpoint: checkpoint.CheckpointState
+
+    def models(self) -> dict[str, onnx.ModelProto]:
+        """``{artifact name: model}`` for the models present (file names without ``.onnx``)."""
+        models = {"training_model": self.training_model, "eval_model": self.eval_model}
+        if self.optimizer_model is not None:
+            models["optimizer_model"] = self.optimizer_model
+        return models
+
+
+def build_artifacts(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    requires_grad: Sequence[str] | None = None,
+    frozen_params: Sequence[str] | None = None,
+    loss: LossType | str | Block | None = None,
+    optimizer: OptimType | str | optim.Optimizer | None = None,
+    additional_output_names: Sequence[str] | None = None,
+    loss_input_names: Sequence[str] | None = None,
+    *,
+    registry: GradientRegistry | None = None,
+) -> ArtifactSet:
+    """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
+
+    The arguments are those of :func:`generate_artifacts`; the runtime
+    (``onnxtrain.api.Module``, ``Optimizer``) takes the models as they are, and
+    ``onnxtrain.api.CheckpointState(artifacts.checkpoint)`` the state.
+    Constants the models keep from a base model with external data are loaded
+    into them. Raises ``ValueError``/``TypeError`` for bad arguments.
+    """
+    requires = _names("requires_grad", requires_grad)
+    frozen = _names("frozen_params", frozen_params)
+    additional = _names("additional_output_names", additional_output_names)
+    proto, base_dir = load_base_model(model)
+    check_parameters(proto, requires, frozen)
+    inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
+    _check_outputs(proto, "loss_input_names", inputs_to_loss)
+    _check_outputs(proto, "additional_output_names", additional, values=True)
+    if not inputs_to_loss:
+        raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
+    loss_of = PassThrough() if loss is None else loss_block(loss)
+    optimizer_of = None if optimizer is None else optimizer_block(optimizer)
+    if optimizer_of is not None and not requires:
+        raise ValueError("an optimizer needs trainable parameters: list them in requires_grad")
+
+    training_block = _Training(loss_of, additional, registry)
+    for name in requires:
+        training_block.requires_grad(name)
+    for name in frozen:
+        training_block.requires_grad(name, False)
+    with base(proto):
+        training_block(*inputs_to_loss)
+    training, eval_model = training_block.to_model_proto()
+    training = add_gradient_accumulation(training, [t.name for t in training_block.parameters()[0]])
+    trainable, frozen_tensors = training_block.parameters()
+    described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
+    for built_model in (training, eval_model):
+        set_metadata(built_model, described)
+    optimizer_model = None
+    if optimizer_of is not None:
+        opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
+        optimizer_model = _optimizer_model(optimizer_of, training_block.parameters(), opset)
+    state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
+    built = ArtifactSet(training, eval_model, optimizer_model, state)
+    if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
+        for proto in built.models().values():
+            external_data_helper.load_external_data_for_model(proto, os.fspath(base_dir))
+    return built
+
+
 def generate_artifacts(
     model: onnx.ModelProto | str | os.PathLike[str],
     requires_grad: Sequence[str] | None = None,
@@ -127,6 +205,7 @@ def generate_artifacts(
     output. ``target="onnxruntime"`` (the default) writes standard operators
     for any stock onnxruntime; ``registry`` replaces the built-in gradient
     rules (for custom operators). Returns ``{artifact: path}``.
+    :func:`build_artifacts` builds the same set in memory.
 
     Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
     """
@@ -139,44 +218,24 @@ def generate_artifacts(
         )
     if not isinstance(prefix, str) or os.sep in prefix or (os.altsep and os.altsep in prefix):
         raise ValueError(f"prefix must be a file-name prefix without path separators, not {prefix!r}")
-    requires = _names("requires_grad", requires_grad)
-    frozen = _names("frozen_params", frozen_params)
-    additional = _names("additional_output_names", additional_output_names)
-    proto, base_dir = load_base_model(model)
-    check_parameters(proto, requires, frozen)  # before anything is written
-    inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
-    _check_outputs(proto, "loss_input_names", inputs_to_loss)
-    _check_outputs(proto, "additional_output_names", additional, values=True)
-    if not inputs_to_loss:
-        raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
-    loss_of = PassThrough() if loss is None else loss_block(loss)
-    optimizer_of = None if optimizer is None else optimizer_block(optimizer)
-    if optimizer_of is not None and not requires:
-        raise ValueError("an optimizer needs trainable parameters: list them in requires_grad")
-
-    training_block = _Training(loss_of, additional, registry)
-    for name in requires:
-        training_block.requires_grad(name)
-    for name in frozen:
-        training_block.requires_grad(name, False)
-    with base(proto):
-        training_block(*inputs_to_loss)
-    training, eval_model = training_block.to_model_proto()
-    training = add_gradient_accumulation(training, [t.name for t in training_block.parameters()[0]])
-    trainable, frozen_tensors = training_block.parameters()
-    models = {"training_model": training, "eval_model": eval_model}
-    if optimizer_of is not None:
-        opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
-        models["optimizer_model"] = _optimizer_model(optimizer_of, training_block.parameters(), opset)
-    state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
-    if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
-        for proto in models.values():
-            external_data_helper.load_external_data_for_model(proto, os.fspath(base_dir))
+    built = build_artifacts(
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
+        registry=registry,
+    )  # fmt: skip
+    models = built.models()
     if custom_op_library is not None:
         _check_loadable(models, custom_op_library)
-
     directory = Path.cwd() if artifact_directory is None else Path(artifact_directory)
-    return _write_all(directory, prefix, models, state, nominal_checkpoint, ort_format)
+    return _write_all(directory, prefix, models, built.checkpoint, nominal_checkpoint, ort_format)
+
+
+def _loss_name(loss: LossType | str | Block | None) -> str:
+    """The loss as the models' metadata names it: its ``LossType`` name, its block's class, or ``none``."""
+    if loss is None:
+        return NO_LOSS
+    if isinstance(loss, LossType):
+        return loss.name
+    return loss if isinstance(loss, str) else type(loss).__name__
 
 
 def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str | os.PathLike[str]) -> None:
@@ -292,4 +351,13 @@ def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
     return result
 
 
-__all__ = ["INITIAL_STATE_KEY", "OPTIMIZER_KEY", "PROTOBUF_LIMIT", "TARGETS", "Target", "generate_artifacts"]
+__all__ = [
+    "INITIAL_STATE_KEY",
+    "OPTIMIZER_KEY",
+    "PROTOBUF_LIMIT",
+    "TARGETS",
+    "ArtifactSet",
+    "Target",
+    "build_artifacts",
+    "generate_artifacts",
+]

@@ -1,0 +1,367 @@
+"""``OrtGradientOptimizer``: the fit loop's arithmetic against NumPy, validation, sample weights, warm start,
+state, divergence, early stopping, scikit-learn's protocol and the errors."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxtrain import optim
+from onnxtrain.optim import reference
+from onnxtrain.sklearn import (
+    ConvergenceError,
+    LearningRateSGD,
+    LearningRateSGDNesterov,
+    OrtGradientOptimizer,
+    add_loss_output,
+)
+from tests.helpers import DOUBLE, FLOAT, make_model, run_model
+
+N, D = 64, 3
+TRUE_W = np.array([[1.5], [-2.0], [0.5]])
+TRUE_B = 0.75
+
+
+def linear(dtype: int = DOUBLE) -> onnx.ModelProto:
+    """``y = x @ coef + intercept`` with zero weights (the names skl2onnx gives a linear regression)."""
+    np_dtype = helper.tensor_dtype_to_np_dtype(dtype)
+    return make_model(
+        {"X": (dtype, ["batch", D])},
+        [helper.make_node("MatMul", ["X", "coef"], ["xw"]), helper.make_node("Add", ["xw", "intercept"], ["variable"])],
+        {"variable": (dtype, ["batch", 1])},
+        [("coef", np.zeros((D, 1), np_dtype)), ("intercept", np.zeros(1, np_dtype))],
+    )
+
+
+def data(n: int = N, noise: float = 0.1, seed: int = 0, dtype: Any = np.float64) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, D))
+    y = (x @ TRUE_W).ravel() + TRUE_B + noise * rng.normal(size=n)
+    return x.astype(dtype), y.astype(dtype)
+
+
+def least_squares(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> np.ndarray:
+    """``[coef..., intercept]`` minimising ``sum w (x coef + b - y)^2``."""
+    design = np.hstack([x, np.ones((len(x), 1))]).astype(np.float64)
+    root = np.sqrt(np.ones(len(x)) if w is None else w)
+    return np.linalg.lstsq(design * root[:, None], y * root, rcond=None)[0]
+
+
+def numpy_fit(
+    x: np.ndarray, y: np.ndarray, iterations: int, rates: list[float], update: Any
+) -> dict[str, np.ndarray]:
+    """Full-batch training of :func:`linear` on the summed squared error, with ``update(p, g, states, lr, step)``."""
+    params = {"coef": np.zeros((D, 1)), "intercept": np.zeros(1)}
+    states: dict[str, list[np.ndarray]] = {name: [] for name in params}
+    for step in range(1, iterations + 1):
+        residual = x @ params["coef"] + params["intercept"] - y[:, None]
+        grads = {"coef": 2 * x.T @ residual, "intercept": 2 * residual.sum(axis=0)}
+        lr = float(np.float32(rates[step - 1]))  # the optimizer model's learning rate is a float32 input
+        for name in params:
+            params[name], states[name] = update(params[name], grads[name], states[name], lr, step)
+    return params
+
+
+def sgd(momentum: float = 0.0, nesterov: bool = False) -> Any:
+    def update(p: np.ndarray, g: np.ndarray, s: list[np.ndarray], lr: float, step: int) -> Any:
+        return reference.sgd_step(p, g, s or ([np.zeros_like(p)] if momentum else []), lr=lr, step=step,
+                                  momentum=momentum, nesterov=nesterov)  # fmt: skip
+
+    return update
+
+
+def adam(p: np.ndarray, g: np.ndarray, s: list[np.ndarray], lr: float, step: int) -> Any:
+    return reference.adam_step(p, g, s or [np.zeros_like(p), np.zeros_like(p)], lr=lr, step=step)
+
+
+@pytest.mark.parametrize(
+    ("optimizer_name", "learning_rate", "update", "per_sample"),
+    [
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="constant"), sgd(), True),
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="invscaling", power_t=0.5), sgd(), True),
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="optimal", alpha=0.01), sgd(), True),
+        ("SGDOptimizer", LearningRateSGDNesterov(0.02, learning_rate="constant"), sgd(0.9, True), True),
+        ("SGDOptimizer", LearningRateSGDNesterov(0.02, nesterov=False, momentum=0.5), sgd(0.5), True),
+        ("Adam", LearningRateSGD(0.05, learning_rate="invscaling"), adam, False),
+    ],
+    ids=["sgd-constant", "sgd-invscaling", "sgd-optimal", "nesterov", "momentum", "adam"],
+)
+def test_full_batch_trajectory_equals_numpy(optimizer_name: str, learning_rate: Any, update: Any, per_sample: bool) -> None:
+    """With one batch per iteration, fit is full-batch descent on the summed loss; SGD steps with eta / n."""
+    x, y = data()
+    iterations = 12
+    fit = OrtGradientOptimizer(
+        add_loss_output(linear()), ["coef", "intercept"], max_iter=iterations, batch_size=N,
+        training_optimizer_name=optimizer_name, learning_rate=learning_rate, warm_start=True,
+    ).fit(x, y)  # fmt: skip
+    rates = [learning_rate.rate_at(t) / (N if per_sample else 1) for t in range(iterations)]
+    expected = numpy_fit(x, y, iterations, rates, update)
+    state = fit.get_state()
+    for name, value in expected.items():
+        np.testing.assert_allclose(state[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    assert fit.n_iter_ == iterations and len(fit.train_losses_) == iterations
+    assert fit.learning_rate_ is learning_rate
+
+
+def test_train_losses_are_per_sample_means_and_decrease() -> None:
+    x, y = data()
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=20, batch_size=8,
+                               learning_rate=0.05, random_state=0).fit(x, y)  # fmt: skip
+    assert fit.train_losses_[-1] < 0.05 < fit.train_losses_[0]
+    model = fit.get_trained_onnx()
+    loss, prediction = run_model(model, {"X": x, "label": y[:, None]})
+    np.testing.assert_allclose(loss / N, ((prediction.ravel() - y) ** 2).mean(), rtol=1e-12)
+
+
+def test_seed_snippet_of_the_onnxcustom_docs_runs_with_only_the_import_changed() -> None:
+    """seeds/000: add_loss_output(elastic, weights, L2 penalty) then OrtGradientOptimizer(..., learning_rate=1e-3)."""
+    x, y = data(200, dtype=np.float32)
+    w_train = (np.random.default_rng(1).random(200) + 1).astype(np.float32)
+    onx = linear(FLOAT)
+    onx_loss = add_loss_output(
+        onx, weight_name="weight", score_name="elastic", l1_weight=0.1, l2_weight=0.9, penalty={"coef": {"l2": 0.01}}
+    )
+    train_session = OrtGradientOptimizer(onx_loss, ["intercept", "coef"], learning_rate=1e-3)
+    train_session.fit(x, y, w_train)
+    state_tensors = train_session.get_state()
+    losses = train_session.train_losses_
+    assert set(state_tensors) == {"intercept", "coef"} and state_tensors["coef"].dtype == np.float32
+    assert len(losses) == 100 and losses[-1] < losses[0] / 10
+    x_test, y_test = data(100, seed=9, dtype=np.float32)
+    (prediction,) = run_model(train_session.get_trained_onnx(onx), {"X": x_test})
+    r2 = 1 - ((prediction.ravel() - y_test) ** 2).sum() / ((y_test - y_test.mean()) ** 2).sum()
+    assert r2 > 0.98
+
+
+def test_validation_losses_every_period() -> None:
+    x, y = data()
+    x_val, y_val = data(16, seed=5)
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=20, batch_size=16,
+                               learning_rate=0.05, validation_every=0.25, random_state=0)  # fmt: skip
+    fit.fit(x, y, X_val=x_val, y_val=y_val)
+    assert len(fit.validation_losses_) == 4  # after iterations 5, 10, 15, 20
+    loss, _ = run_model(fit.get_trained_onnx(), {"X": x_val, "label": y_val[:, None]})
+    np.testing.assert_allclose(fit.validation_losses_[-1], loss / 16, rtol=1e-12)
+    fit.set_params(validation_every=3).fit(x, y, X_val=x_val, y_val=y_val)
+    assert len(fit.validation_losses_) == 6
+    assert OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=2).fit(x, y).validation_losses_ is None
+
+
+def test_sample_weights_land_on_weighted_least_squares() -> None:
+    x, y = data(noise=1.0)
+    w = np.where(np.arange(N) % 2 == 0, 3.0, 0.2)
+    fit = OrtGradientOptimizer(add_loss_output(linear(), weight_name="weight"), ["coef", "intercept"], max_iter=300,
+                               batch_size=N, learning_rate=LearningRateSGD(0.1, learning_rate="constant"))  # fmt: skip
+    state = fit.fit(x, y, sample_weight=w).get_state()
+    fitted = np.concatenate([state["coef"].ravel(), state["intercept"]])
+    np.testing.assert_allclose(fitted, least_squares(x, y, w), rtol=1e-8)
+    assert np.abs(fitted - least_squares(x, y)).max() > 1e-3  # the weights made a difference
+    unweighted = fit.fit(x, y).get_state()  # no sample_weight: ones
+    np.testing.assert_allclose(unweighted["coef"].ravel(), least_squares(x, y)[:D], rtol=1e-8)
+
+
+def test_warm_start_continues_and_cold_start_redraws() -> None:
+    x, y = data()
+    model = add_loss_output(linear())
+    ten = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=10, batch_size=N, learning_rate=0.05,
+                               warm_start=True).fit(x, y)  # fmt: skip
+    five = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=5, batch_size=N, learning_rate=0.05,
+                                warm_start=True).fit(x, y)  # fmt: skip
+    five.set_params(learning_rate=LearningRateSGD(0.05 / 6**0.25, power_t=0.25)).fit(x, y)
+    assert five.train_losses_[0] < ten.train_losses_[0]  # started where the first five iterations ended
+    cold = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=1, random_state=3).fit(x, y)
+    again = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=1, random_state=3).fit(x, y)
+    other = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=1, random_state=4).fit(x, y)
+    np.testing.assert_array_equal(cold.get_state()["coef"], again.get_state()["coef"])
+    assert not np.array_equal(cold.get_state()["coef"], other.get_state()["coef"])
+
+
+def test_warm_start_without_a_fit_starts_from_the_model_weights() -> None:
+    x, y = data()
+    solution = least_squares(x, y)
+    model = linear()
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(solution[:D, None], "coef"))
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(solution[D:], "intercept"))
+    fit = OrtGradientOptimizer(add_loss_output(model), ["coef", "intercept"], max_iter=1, batch_size=N,
+                               warm_start=True, learning_rate=1e-6).fit(x, y)  # fmt: skip
+    residual = x @ solution[:D] + solution[D] - y
+    np.testing.assert_allclose(fit.train_losses_[0], (residual**2).mean(), rtol=1e-9)
+
+
+def test_get_state_set_state_and_get_trained_onnx() -> None:
+    x, y = data()
+    base = linear()
+    fit = OrtGradientOptimizer(add_loss_output(base), ["coef", "intercept"], max_iter=3, warm_start=True)
+    with pytest.raises(AttributeError, match=r"call fit\(\) or set_state\(\) first"):
+        fit.get_state()
+    fit.set_state({"coef": TRUE_W, "intercept": [TRUE_B]})
+    state = fit.get_state()
+    np.testing.assert_array_equal(state["coef"], TRUE_W)
+    state["coef"][0] = 99.0  # a copy
+    assert fit.get_state()["coef"][0, 0] == TRUE_W[0, 0]
+    predictor = fit.get_trained_onnx(base)
+    (prediction,) = run_model(predictor, {"X": x})
+    np.testing.assert_allclose(prediction.ravel(), (x @ TRUE_W).ravel() + TRUE_B)
+    fit.set_params(learning_rate=1e-9).fit(x, y)  # warm start from set_state
+    np.testing.assert_allclose(fit.get_state()["coef"], TRUE_W, atol=1e-6)
+    with pytest.raises(ValueError, match="'slope' is not a trained weight"):
+        fit.set_state({"slope": TRUE_W})
+    with pytest.raises(ValueError, match=r"'coef' has shape \[3\], but the weight is \[3, 1\]"):
+        fit.set_state({"coef": TRUE_W.ravel()})
+    with pytest.raises(TypeError, match="takes an onnx.ModelProto"):
+        fit.get_trained_onnx("model.onnx")  # type: ignore[arg-type]
+
+
+def test_nan_loss_raises_convergence_error_and_keeps_the_last_good_iteration() -> None:
+    x, y = data()
+    x[0] *= 1e3  # one far sample: a large learning rate diverges in a few iterations
+
+    def fit(max_iter: int) -> OrtGradientOptimizer:
+        return OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=max_iter,
+                                    batch_size=8, learning_rate=LearningRateSGD(0.5, learning_rate="constant"),
+                                    warm_start=True, random_state=0)  # fmt: skip
+
+    diverging = fit(100)
+    with pytest.raises(ConvergenceError, match=r"NaN or infinite at iteration (\d+) of 100") as raised:
+        diverging.fit(x, y)
+    failed_at = int(raised.value.args[0].split("iteration ")[1].split(" ")[0])
+    assert f"the weights are those after iteration {failed_at - 1}" in str(raised.value)
+    kept = diverging.get_state()
+    assert all(np.isfinite(value).all() for value in kept.values())
+    if failed_at > 1:
+        reference_fit = fit(failed_at - 1).fit(x, y)
+        for name, value in reference_fit.get_state().items():
+            np.testing.assert_array_equal(kept[name], value)
+    else:
+        np.testing.assert_array_equal(kept["coef"], np.zeros((D, 1)))
+
+
+def test_early_stopping_stops_and_keeps_the_best_weights() -> None:
+    x, y = data(noise=2.0)
+    x_val, y_val = data(32, noise=2.0, seed=7)
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=500, batch_size=4,
+                               learning_rate=LearningRateSGD(0.05, learning_rate="constant"), early_stopping=True,
+                               n_iter_no_change=3, tol=1e-3, random_state=0)  # fmt: skip
+    fit.fit(x, y, X_val=x_val, y_val=y_val)
+    assert fit.n_iter_ < 500
+    assert len(fit.validation_losses_) == fit.n_iter_  # validated after every iteration
+    assert fit.best_validation_loss_ == min(fit.validation_losses_)
+    loss, _ = run_model(fit.get_trained_onnx(), {"X": x_val, "label": y_val[:, None]})
+    np.testing.assert_allclose(loss / 32, fit.best_validation_loss_, rtol=1e-12)
+    held_out = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=500, batch_size=4,
+                                    learning_rate=0.05, early_stopping=True, n_iter_no_change=2,
+                                    validation_fraction=0.25, random_state=0).fit(x, y)  # fmt: skip
+    assert held_out.n_iter_ < 500 and len(held_out.validation_losses_) == held_out.n_iter_
+
+
+def test_other_optimizers_by_name_and_instance() -> None:
+    x, y = data()
+    solution = least_squares(x, y)
+    for optimizer in ("AdamOptimizer", "AdamWOptimizer", "SGD", optim.RMSprop(), optim.SGD(momentum=0.9)):
+        learning_rate = LearningRateSGD(0.01 if not isinstance(optimizer, str) or "SGD" not in optimizer else 0.05,
+                                        learning_rate="constant")  # fmt: skip
+        fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=300, batch_size=16,
+                                   training_optimizer_name=optimizer, learning_rate=learning_rate, random_state=0)  # fmt: skip
+        np.testing.assert_allclose(fit.fit(x, y).get_state()["coef"].ravel(), solution[:D], atol=0.05,
+                                   err_msg=repr(optimizer))  # fmt: skip
+
+
+def test_scikit_learn_protocol_clone_repr_and_pickle() -> None:
+    sklearn_base = pytest.importorskip("sklearn.base")
+    model = add_loss_output(linear())
+    fit = OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=3, batch_size=5, early_stopping=False)
+    params = fit.get_params()
+    assert params["max_iter"] == 3 and params["batch_size"] == 5 and params["model_onnx"] is model
+    assert set(params) >= {"learning_rate", "training_optimizer_name", "sample_weight_name", "random_state"}
+    clone = sklearn_base.clone(fit)
+    assert clone.get_params()["max_iter"] == 3 and clone is not fit
+    assert fit.set_params(max_iter=4, tol=0.1) is fit and fit.max_iter == 4
+    with pytest.raises(ValueError, match="has no parameter 'epochs'"):
+        fit.set_params(epochs=3)
+    text = repr(fit)
+    assert text.startswith("OrtGradientOptimizer(model_onnx=<ModelProto") and "max_iter=4" in text
+    assert "verbose" not in text  # defaults are not shown
+    x, y = data()
+    fit.fit(x, y)
+    restored = pickle.loads(pickle.dumps(fit))
+    np.testing.assert_array_equal(restored.get_state()["coef"], fit.get_state()["coef"])
+    assert restored.train_losses_ == fit.train_losses_
+
+
+def test_verbose_draws_a_progress_bar_and_prints_iterations(capsys: pytest.CaptureFixture[str]) -> None:
+    x, y = data()
+    OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=3, verbose=1).fit(x, y)
+    captured = capsys.readouterr()
+    assert "fit" in captured.out and "3/3" in captured.out and "iteration 1/3" not in captured.out
+    OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=3, verbose=2).fit(x, y)
+    assert "iteration 3/3: loss" in capsys.readouterr().out
+    OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=3).fit(x, y)
+    assert capsys.readouterr().out == ""
+
+
+def test_saved_gradient_writes_the_training_model(tmp_path: Any) -> None:
+    x, y = data()
+    path = tmp_path / "gradient.onnx"
+    OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=1, saved_gradient=path).fit(x, y)
+    saved = onnx.load(path)
+    assert "coef_grad.accumulation.out" in [o.name for o in saved.graph.output]
+
+
+def test_inputs_are_cast_and_reshaped_to_the_model() -> None:
+    """float64 data for a float32 model, y as [N] for a [N, 1] label, lists, int labels for the log score."""
+    x, y = data()
+    fit = OrtGradientOptimizer(add_loss_output(linear(FLOAT)), ["coef", "intercept"], max_iter=2).fit(x.tolist(), y)
+    assert fit.get_state()["coef"].dtype == np.float32
+    fit.fit(x, y[:, None])
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    ("params", "error", "match"),
+    [
+        ({"max_iter": 0}, ValueError, "max_iter must be an int >= 1"),
+        ({"batch_size": 2.5}, ValueError, "batch_size must be an int >= 1"),
+        ({"validation_every": 0}, ValueError, "validation_every must be > 0"),
+        ({"validation_fraction": 1.0}, ValueError, r"validation_fraction must be in \(0, 1\)"),
+        ({"verbose": -1}, ValueError, "verbose must be an int >= 0"),
+        ({"loss_output_name": "score"}, ValueError, r"loss_output_name='score' is not an output.*\['loss', 'variable'\]"),
+        ({"training_optimizer_name": "LBFGS"}, ValueError, r"training_optimizer_name='LBFGS' is not an optimizer"),
+        ({"learning_rate": "cyclic"}, ValueError, "learning_rate='cyclic' is not a learning rate"),
+        ({"learning_rate": LearningRateSGDNesterov(), "training_optimizer_name": "Adam"}, ValueError,
+         "sets SGD's momentum, but the optimizer is Adam"),
+        ({"weights_to_train": "coef"}, TypeError, "weights_to_train must be a non-empty list"),
+        ({"weights_to_train": ["slope"]}, ValueError, "requires_grad names 'slope'"),
+    ],
+)  # fmt: skip
+def test_bad_parameters_raise_at_fit(params: dict[str, Any], error: type, match: str) -> None:
+    x, y = data()
+    arguments = {"model_onnx": add_loss_output(linear()), "weights_to_train": ["coef"]} | params
+    fit = OrtGradientOptimizer(**arguments)  # no validation in __init__: scikit-learn's convention
+    with pytest.raises(error, match=match):
+        fit.fit(x, y)
+
+
+def test_bad_data_is_refused_naming_the_array() -> None:
+    x, y = data()
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=1)
+    with pytest.raises(ValueError, match="different numbers of samples"):
+        fit.fit(x, y[:-1])
+    with pytest.raises(ValueError, match=r"fit got sample_weight, but the model has no input 'weight'"):
+        fit.fit(x, y, sample_weight=np.ones(N))
+    with pytest.raises(ValueError, match="pass both X_val and y_val"):
+        fit.fit(x, y, X_val=x)
+    with pytest.raises(ValueError, match=r"X has shape \[64\], but input 'X' is \['\?', 3\]"):
+        fit.fit(x[:, 0], y)
+    with pytest.raises(TypeError, match="must hold numbers"):
+        fit.fit(x.astype(str), y)
+    two_inputs = add_loss_output(linear())
+    two_inputs.graph.input.append(helper.make_tensor_value_info("extra", DOUBLE, [1]))
+    with pytest.raises(ValueError, match=r"two inputs.*\['X', 'label', 'extra'\]"):
+        OrtGradientOptimizer(two_inputs, ["coef"]).fit(x, y)
