@@ -252,8 +252,8 @@ class OrtGradientOptimizer:
             data, validation = _split(data, self.validation_fraction, rng)
         learning_rate = BaseLearningRate.select(self.learning_rate)
         block = self._optimizer_block(learning_rate)
-        weights = self._weights_to_train()
         try:
+            weights = self._weights_to_train()
             built = build_artifacts(
                 model, weights, loss=None, optimizer=block, loss_input_names=[self.loss_output_name]
             )
