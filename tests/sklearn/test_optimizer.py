@@ -138,6 +138,20 @@ def test_seed_snippet_of_the_onnxcustom_docs_runs_with_only_the_import_changed()
     assert r2 > 0.98
 
 
+def test_add_loss_output_example_of_seed_003_trains() -> None:
+    """seeds/003's example: the elastic loss with weights and L1 + L2 penalties on both coef and intercept."""
+    x, y = data(200, dtype=np.float32)
+    w = (np.random.default_rng(2).random(200) + 1).astype(np.float32)
+    onx_loss = add_loss_output(
+        linear(FLOAT), weight_name="weight", score_name="elastic",
+        penalty={"coef": {"l1": 0.5, "l2": 0.5}, "intercept": {"l1": 0.5, "l2": 0.5}},
+    )  # fmt: skip
+    loss, _ = run_model(onx_loss, {"X": x, "label": y[:, None], "weight": w})
+    np.testing.assert_allclose(loss, (w * 0.5 * (np.abs(y) + y**2)).sum(), rtol=1e-5)  # zero weights: no penalty
+    fit = OrtGradientOptimizer(onx_loss, ["intercept", "coef"], max_iter=30, learning_rate=0.01).fit(x, y, w)
+    assert fit.train_losses_[-1] < fit.train_losses_[0] / 5
+
+
 def test_validation_losses_every_period() -> None:
     x, y = data()
     x_val, y_val = data(16, seed=5)
