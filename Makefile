@@ -15,7 +15,7 @@ ORT_TRAINING_PACKAGES ?= onnxruntime-training-cpu==1.19.2 onnx==1.16.2 "numpy<2"
 .PHONY: demo test bench venv torch ort-training clean
 
 demo: venv
-	$(BIN)/python examples/digits_demo.py
+	$(BIN)/onnxtrain demo
 
 test: venv torch ort-training
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -77,7 +77,9 @@ class Progress:
             self._bar = None
 
 
-def iterate(items: Iterable[T], total: int | None = None, description: str = "", *, enabled: bool | None = None) -> Iterator[T]:
+def iterate(
+    items: Iterable[T], total: int | None = None, description: str = "", *, enabled: bool | None = None
+) -> Iterator[T]:
     """``items`` with a progress bar while they are consumed (see :class:`Progress`)."""
     with Progress(total, description, enabled=enabled) as bar:
         for item in items:

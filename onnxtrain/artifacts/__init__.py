@@ -1,4 +1,7 @@
-"""Artifacts: ``generate_artifacts`` (``build_artifacts`` in memory), ``LossType``, ``OptimType`` (ONNX Runtime's ``training.artifacts`` names)."""
+"""Artifacts: ``generate_artifacts`` (``build_artifacts`` in memory), ``LossType``, ``OptimType``.
+
+The names are ONNX Runtime's (``onnxruntime.training.artifacts``).
+"""
 
 from __future__ import annotations
 
@@ -28,8 +31,8 @@ __all__ = [
     "ResetTrainingModel",
     "accumulated_name",
     "add_gradient_accumulation",
-    "build_artifacts",
     "buffer_name",
+    "build_artifacts",
     "export_model_for_inferencing",
     "fuse_update_and_train",
     "generate_artifacts",

@@ -99,9 +99,14 @@ def inference_outputs(eval_model: onnx.ModelProto) -> list[str]:
     return names
 
 
-def loss_description(eval_or_training_model: onnx.ModelProto) -> str | None:
-    """The loss recorded by ``generate_artifacts`` (``CrossEntropyLoss``, ``none``, ...), or ``None``."""
-    return read_metadata(eval_or_training_model).get(LOSS_KEY)
+def loss_description(model: onnx.ModelProto) -> str | None:
+    """The loss a training or eval model records (``CrossEntropyLoss``, ``none``, ...), or ``None``."""
+    return read_metadata(model).get(LOSS_KEY)
+
+
+def loss_inputs(model: onnx.ModelProto) -> list[str]:
+    """The forward model's outputs the loss reads, as a training or eval model records them (or ``[]``)."""
+    return _names(read_metadata(model), LOSS_INPUTS_KEY)
 
 
 __all__ = [
@@ -113,6 +118,7 @@ __all__ = [
     "drop_training_metadata",
     "inference_outputs",
     "loss_description",
+    "loss_inputs",
     "read_metadata",
     "set_metadata",
     "training_metadata",

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from pathlib import Path
 from typing import BinaryIO
 
 from onnxtrain.checkpoint.errors import CheckpointError
 from onnxtrain.checkpoint.format import MAX_FLATBUFFER_BYTES, decode, encode, tensor_bytes
 from onnxtrain.checkpoint.state import CheckpointState
+from onnxtrain.fileio import temporary_beside
 
 #: ORT 1.19.2 switches to external data at 1800 MiB, below flatbuffers' 2 GiB limit.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1800 * 2**20
@@ -141,16 +141,9 @@ class _ExternalData:
 
 def _temporary(target: Path, temporaries: list[Path]) -> Path:
     """A new empty file next to ``target`` (default permissions), recorded for cleanup."""
-    for _ in range(100):
-        name = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-        try:
-            handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except FileExistsError:
-            continue
-        os.close(handle)
-        temporaries.append(name)
-        return name
-    raise FileExistsError(f"cannot create a temporary file next to {target}")
+    name = temporary_beside(target)
+    temporaries.append(name)
+    return name
 
 
 def _sync(file: BinaryIO) -> None:

@@ -212,7 +212,9 @@ def add_loss_output(
     output = _output_name(onx, output_index)
     _check_scored_output(onx, output)
     penalties = {name: Penalty(**spec) for name, spec in _penalty_specs(penalty).items()}
-    new_names = {"label_name": label_name, "loss_name": loss_name} | ({"weight_name": weight_name} if weight_name else {})
+    new_names = {"label_name": label_name, "loss_name": loss_name} | (
+        {"weight_name": weight_name} if weight_name else {}
+    )
     model = _free_names(onx, output, new_names)
     block = _LossOutput(_Score(score, label_name, weight_name, options), penalties, loss_name)
     with base(model):
@@ -314,9 +316,9 @@ def _free_names(onx: onnx.ModelProto, output: str, new_names: Mapping[str, str])
         if not isinstance(name, str) or not name:
             raise TypeError(f"add_loss_output: {argument} must be a non-empty str, not {name!r}")
         if name == output or (name in fixed and argument == "loss_name"):
+            what = "the scored output" if name == output else "an input or initializer"
             raise ValueError(
-                f"add_loss_output: {argument}={name!r} is already {'the scored output' if name == output else 'an input or initializer'}"
-                f" of the model; pass another {argument}"
+                f"add_loss_output: {argument}={name!r} is already {what} of the model; pass another {argument}"
             )
     if len(set(new_names.values())) != len(new_names):
         raise ValueError(f"add_loss_output: the new names must differ, got {dict(new_names)}")

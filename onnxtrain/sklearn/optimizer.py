@@ -195,9 +195,8 @@ class OrtGradientOptimizer:
                 raise ValueError(f"set_state: {name!r} is not a trained weight; the weights are {list(reference)}")
             array = np.asarray(value)
             if array.shape != reference[name].shape:
-                raise ValueError(
-                    f"set_state: {name!r} has shape {list(array.shape)}, but the weight is {list(reference[name].shape)}"
-                )
+                expected = list(reference[name].shape)
+                raise ValueError(f"set_state: {name!r} has shape {list(array.shape)}, but the weight is {expected}")
             updated[name] = array.astype(reference[name].dtype, copy=True)
         self.trained_coef_ = updated
 
@@ -364,7 +363,9 @@ class OrtGradientOptimizer:
         if not isinstance(self.verbose, int) or self.verbose < 0:
             raise ValueError(f"verbose must be an int >= 0, not {self.verbose!r}")
         if not isinstance(self.validation_every, (int, float)) or not self.validation_every > 0:
-            raise ValueError(f"validation_every must be > 0 (a fraction of max_iter below 1), not {self.validation_every!r}")
+            raise ValueError(
+                f"validation_every must be > 0 (a fraction of max_iter below 1), not {self.validation_every!r}"
+            )
         if not 0 < self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in (0, 1), not {self.validation_fraction!r}")
         if not self.tol >= 0:
@@ -491,7 +492,11 @@ def _as_input(value: Any, spec: onnx.ValueInfoProto, what: str) -> np.ndarray:
         raise TypeError(f"{what} must hold numbers to feed input {spec.name!r}, not {array.dtype}")
     if dtype.kind in "iu" and array.dtype.kind == "f" and not np.array_equal(array, np.round(array)):
         raise ValueError(f"{what} feeds the integer input {spec.name!r} but holds fractions")
-    dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim] if tensor.HasField("shape") else None
+    dims = (
+        [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        if tensor.HasField("shape")
+        else None
+    )
     if dims is not None:
         if array.ndim == len(dims) - 1 and dims[-1] == 1:  # y of shape [N] for a label [N, 1]
             array = array.reshape(*array.shape, 1)
@@ -508,7 +513,7 @@ def _split(
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """A random ``fraction`` of the samples held out for validation."""
     n = len(data[0])
-    held = max(1, int(round(n * fraction)))
+    held = max(1, round(n * fraction))
     if held >= n:
         raise ValueError(f"early stopping holds out {held} of {n} samples, which leaves none to train on")
     order = rng.permutation(n)

@@ -9,7 +9,6 @@ from onnx import helper
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import blocks
-from onnxtrain.graph import versions
 from tests.helpers import FLOAT, INT64, make_model, run_model
 
 #: ai.onnx opset -> the lowest IR version that can hold it (onnx's own table).

@@ -57,7 +57,9 @@ def test_linear_models_reach_the_closed_form(estimator: str) -> None:
     state = trainer.get_state()
     np.testing.assert_allclose(state["coef"].ravel(), closed_form.coef_, rtol=1e-3)
     np.testing.assert_allclose(state["intercept"], closed_form.intercept_, atol=1e-3 * np.abs(closed_form.coef_).max())
-    np.testing.assert_allclose(predict(trainer.get_trained_onnx(onx), x).ravel(), closed_form.predict(x), rtol=1e-3, atol=0.05)
+    np.testing.assert_allclose(
+        predict(trainer.get_trained_onnx(onx), x).ravel(), closed_form.predict(x), rtol=1e-3, atol=0.05
+    )
 
 
 def test_mlp_regressor_scores_as_scikit_learn() -> None:
@@ -114,7 +116,9 @@ def test_logistic_regression_with_the_log_loss() -> None:
     ).fit(x_train, y_train)  # fmt: skip
     labels, probabilities = (predict(trainer.get_trained_onnx(onx), x_test, i) for i in (0, 1))
     assert abs(metrics.accuracy_score(y_test, labels) - reference.score(x_test, y_test)) <= 0.02
-    assert abs(metrics.log_loss(y_test, probabilities) - metrics.log_loss(y_test, reference.predict_proba(x_test))) <= 0.02
+    assert (
+        abs(metrics.log_loss(y_test, probabilities) - metrics.log_loss(y_test, reference.predict_proba(x_test))) <= 0.02
+    )
 
 
 # ------------------------------------------------------------------ untrainable conversions
@@ -124,7 +128,9 @@ def test_default_linear_regression_conversion_names_black_op() -> None:
     x, y = regression(50)
     onx = skl2onnx.to_onnx(linear_model.LinearRegression().fit(x, y), x[:1])
     trainer = OrtGradientOptimizer(add_loss_output(onx), ["coef", "intercept"], max_iter=1)
-    with pytest.raises(ValueError, match=r"'coef'.*LinearRegressor \(ai.onnx.ml\): to_onnx\(model, X, black_op=\{'LinearRegressor'\}\)"):
+    with pytest.raises(
+        ValueError, match=r"'coef'.*LinearRegressor \(ai.onnx.ml\): to_onnx\(model, X, black_op=\{'LinearRegressor'\}\)"
+    ):
         trainer.fit(x, y)
 
 

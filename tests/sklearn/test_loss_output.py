@@ -142,7 +142,9 @@ def test_every_parameter_gradient_matches_finite_differences(case: Case) -> None
         feeds = draw_batch(data, case)
         rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="direction"))
         weights = {name: value + rng.normal(size=value.shape) * 0.3 for name, value in base_weights.items()}
-        state = TrainingState(build_artifacts(loss_model(case), PARAMETERS, loss=None, loss_input_names=["loss"]).checkpoint)
+        state = TrainingState(
+            build_artifacts(loss_model(case), PARAMETERS, loss=None, loss_input_names=["loss"]).checkpoint
+        )
         for name, value in weights.items():
             state.parameters[name] = value
         module = Module(training, state)
@@ -152,7 +154,9 @@ def test_every_parameter_gradient_matches_finite_differences(case: Case) -> None
             h = 1e-5
 
             def loss_at(step: float, name: str = name, direction: np.ndarray = direction) -> float:
-                return float(eval_session.run(["loss"], {**feeds, **weights, name: weights[name] + step * direction})[0])
+                return float(
+                    eval_session.run(["loss"], {**feeds, **weights, name: weights[name] + step * direction})[0]
+                )
 
             numeric = (loss_at(h) - loss_at(-h)) / (2 * h)
             analytic = float((state.parameters[name].grad * direction).sum())
@@ -233,7 +237,8 @@ def test_get_train_initializer_lists_float_initializers_in_order() -> None:
         {"x": (FLOAT, [2])},
         [helper.make_node("Add", ["x", "a"], ["y"])],
         ["y"],
-        [("a", np.ones(2, np.float32)), ("shape", np.array([2], np.int64)), ("d", np.zeros(3)), ("h", np.ones(1, np.float16))],
+        [("a", np.ones(2, np.float32)), ("shape", np.array([2], np.int64)), ("d", np.zeros(3)),
+         ("h", np.ones(1, np.float16))],
     )  # fmt: skip
     found = get_train_initializer(model)
     assert list(found) == ["a", "d", "h"]
@@ -298,6 +303,8 @@ def test_non_tensor_and_integer_outputs_are_refused_naming_the_cure() -> None:
 
 
 def test_log_score_needs_probabilities_of_rank_one_or_two() -> None:
-    model = make_model({"x": (FLOAT, [2, 2, 2])}, [helper.make_node("Sigmoid", ["x"], ["y"])], {"y": (FLOAT, [2, 2, 2])})
+    model = make_model(
+        {"x": (FLOAT, [2, 2, 2])}, [helper.make_node("Sigmoid", ["x"], ["y"])], {"y": (FLOAT, [2, 2, 2])}
+    )
     with pytest.raises(ValueError, match=r"shape \[N, C\] or \[N\]"):
         add_loss_output(model, score_name="log")

@@ -1,0 +1,57 @@
+"""The ``onnxtrain`` command: ``demo``, ``generate``, ``train``, ``inspect`` and ``export`` (docs/cli.md).
+
+Each subcommand is a module with ``add_parser(subcommands)`` and ``run(args)``;
+the library does the work. Expected errors are one line on standard error
+(:mod:`onnxtrain.cli.common`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from onnxtrain.cli import demo, export, generate, inspect, train
+from onnxtrain.cli.common import INTERRUPTED, Parser, expected_errors, report
+
+SUBCOMMANDS = (demo, generate, train, inspect, export)
+
+
+def build_parser() -> Parser:
+    """The parser of ``onnxtrain`` and its subcommands."""
+    from onnxtrain import __version__
+
+    parser = Parser(
+        prog="onnxtrain",
+        description="Make forward-only ONNX models trainable, train them on stock onnxruntime, export them.",
+        epilog="Run `onnxtrain demo` to see every step; `onnxtrain COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"onnxtrain {__version__}")
+    subcommands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND", required=True)
+    for module in SUBCOMMANDS:
+        module.add_parser(subcommands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``onnxtrain`` with ``argv`` (default: the process's arguments); the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version and usage errors (already printed)
+        return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 1
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed subcommand; expected errors become one line on standard error."""
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        print(f"{args.prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except expected_errors() as error:
+        return report(args.prog, error)
+
+
+__all__ = ["build_parser", "main"]

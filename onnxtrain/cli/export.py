@@ -1,0 +1,120 @@
+"""``onnxtrain export``: the inference model, from the eval model and the trained parameters."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxtrain.cli.common import Parser
+from onnxtrain.fileio import temporary_beside
+
+if TYPE_CHECKING:
+    import onnx
+
+    from onnxtrain.loop import ArtifactFiles
+
+
+def add_parser(subcommands: Any) -> None:
+    """Add ``export`` to the ``onnxtrain`` parser's subcommands."""
+    parser: Parser = subcommands.add_parser(
+        "export",
+        help="write the inference model with the trained parameters",
+        description="Write the inference model: the eval model of DIR, pruned to the outputs, with the "
+        "parameters of DIR/trained_checkpoint (else DIR/checkpoint, or --checkpoint) baked in. The model is "
+        "checked to load in onnxruntime before it replaces MODEL.onnx.",
+    )
+    parser.add_argument("directory", metavar="DIR", type=Path, help="the artifacts, from `onnxtrain generate`")
+    parser.add_argument("-o", "--out", required=True, type=Path, metavar="MODEL.onnx", help="the model to write")
+    parser.add_argument(
+        "--outputs", nargs="+", metavar="NAME", help="the values it outputs (default: the forward model's outputs)"
+    )
+    parser.add_argument("--checkpoint", type=Path, metavar="PATH", help="the parameters to use")
+    parser.add_argument("--prefix", default="", help="the artifacts' file-name prefix (as given to generate)")
+    parser.set_defaults(run=run, prog=parser.prog)
+
+
+@dataclass(frozen=True)
+class Exported:
+    """An exported model: where it is, where its parameters came from, its inputs and outputs (``name: type``)."""
+
+    path: Path
+    checkpoint: Path
+    inputs: list[str]
+    outputs: list[str]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Export; print what was written."""
+    from onnxtrain.loop import ArtifactFiles
+
+    exported = export_inference_model(
+        ArtifactFiles.at(args.directory, args.prefix), args.out, args.outputs, args.checkpoint
+    )
+    print(f"wrote {exported.path} with the parameters of {exported.checkpoint}")
+    print(f"  inputs:  {', '.join(exported.inputs)}")
+    print(f"  outputs: {', '.join(exported.outputs)}")
+    return 0
+
+
+def export_inference_model(
+    files: ArtifactFiles, out: Path, outputs: list[str] | None = None, checkpoint_path: Path | None = None
+) -> Exported:
+    """Write the inference model of ``files`` to ``out`` atomically, once onnxruntime has loaded it."""
+    from onnxtrain import checkpoint
+    from onnxtrain.artifacts.export import export_model_for_inferencing
+    from onnxtrain.artifacts.metadata import inference_outputs
+    from onnxtrain.training.interface import load_model
+
+    source = checkpoint_path if checkpoint_path is not None else files.latest_checkpoint()
+    files.require(files.eval_model)
+    if checkpoint_path is None:
+        files.require(source)
+    state = checkpoint.load(source)
+    eval_model = load_model(files.eval_model, "eval model").with_data()
+    names = outputs or inference_outputs(eval_model)
+    model = export_model_for_inferencing(eval_model, state, names)
+    inputs, written = _write_checked(model, out)
+    return Exported(out, source, inputs, written)
+
+
+def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[str]]:
+    """Save ``model`` to a temporary file beside ``out``, load it in onnxruntime, then move it into place.
+
+    Returns its inputs and outputs as onnxruntime sees them (``name: type[shape]``).
+    """
+    import onnx
+    import onnxruntime as ort
+
+    from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+
+    if out.is_dir():
+        raise IsADirectoryError(f"{out} is a directory; give the path of the .onnx file to write")
+    if not out.parent.is_dir():
+        raise FileNotFoundError(f"cannot write {out}: the directory {out.parent} does not exist")
+    temporary = temporary_beside(out)
+    try:
+        if model.ByteSize() < PROTOBUF_LIMIT:
+            onnx.save_model(model, temporary)
+        else:  # the data file goes straight to its final name, which the model refers to
+            onnx.save_model(model, temporary, save_as_external_data=True, location=f"{out.name}.data")
+        session = ort.InferenceSession(os.fspath(temporary), providers=["CPUExecutionProvider"])
+        os.replace(temporary, out)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    return [_describe(arg) for arg in session.get_inputs()], [_describe(arg) for arg in session.get_outputs()]
+
+
+def _describe(arg: Any) -> str:
+    """``pixels: float32[batch, 64]`` from onnxruntime's ``NodeArg``."""
+    kind = str(arg.type).removeprefix("tensor(").removesuffix(")")
+    kind = "float32" if kind == "float" else kind
+    dims = ", ".join("?" if d is None else str(d) for d in arg.shape)
+    return f"{arg.name}: {kind}[{dims}]"
+
+
+__all__ = ["Exported", "add_parser", "export_inference_model", "run"]

@@ -1,0 +1,130 @@
+"""``onnxtrain generate``: the training artifacts of a forward-only ONNX model (``generate_artifacts``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onnxtrain.cli.common import Parser, UsageError, non_negative, positive, size_text
+
+if TYPE_CHECKING:
+    from onnxtrain import optim
+
+#: ``--loss`` choices: ``onnxtrain.artifacts.LossType`` names; ``none``: the model's first output is the loss.
+LOSSES: dict[str, str | None] = {
+    "mse": "MSELoss",
+    "l1": "L1Loss",
+    "huber": "HuberLoss",
+    "smooth-l1": "SmoothL1Loss",
+    "ce": "CrossEntropyLoss",
+    "nll": "NLLLoss",
+    "bce": "BCEWithLogitsLoss",
+    "bce-probs": "BCELoss",
+    "kl-div": "KLDivLoss",
+    "none": None,
+}
+#: ``--optimizer`` choices: ``onnxtrain.optim`` classes.
+OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "rmsprop": "RMSprop"}
+#: Optimizers that take a momentum.
+WITH_MOMENTUM = ("sgd", "rmsprop")
+#: ``--target`` choices (``onnxtrain.artifacts.TARGETS``; not imported, to keep ``--help`` fast).
+TARGETS = ("onnxruntime", "onnxruntime-training")
+#: ``--requires-grad`` value that selects every floating-point initializer.
+ALL_FLOAT = "all-float"
+
+
+def add_parser(subcommands: Any) -> None:
+    """Add ``generate`` to the ``onnxtrain`` parser's subcommands."""
+    parser: Parser = subcommands.add_parser(
+        "generate",
+        help="write the training, eval and optimizer models and the checkpoint of a model",
+        description="Write the training, eval and optimizer models and the initial checkpoint of a forward-only "
+        "ONNX model into DIR (onnxtrain.artifacts.generate_artifacts). Put MODEL first: --requires-grad and "
+        "--frozen take every name that follows them.",
+    )
+    parser.add_argument("model", metavar="MODEL", type=Path, help="the forward-only ONNX model (.onnx)")
+    parser.add_argument(
+        "--requires-grad", nargs="+", required=True, metavar="NAME",
+        help=f"the initializers to train; {ALL_FLOAT}: every floating-point initializer (but those --frozen)",
+    )  # fmt: skip
+    parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
+    parser.add_argument(
+        "--loss", required=True, choices=list(LOSSES),
+        help="ce: cross-entropy on class scores; bce: binary cross-entropy on logits, bce-probs: on probabilities; "
+        "none: the model's first output already is the loss",
+    )  # fmt: skip
+    parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
+    parser.add_argument(
+        "--lr", type=positive, metavar="LR",
+        help="the learning rate, stored in the checkpoint for `onnxtrain train` (default there: 1e-3)",
+    )  # fmt: skip
+    parser.add_argument("--momentum", type=non_negative, metavar="M", help="for sgd and rmsprop")
+    parser.add_argument("--weight-decay", type=non_negative, metavar="W", help="(decoupled for adamw)")
+    parser.add_argument("--max-grad-norm", type=positive, metavar="N", help="clip the gradients' global L2 norm to N")
+    parser.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="where the artifacts go")
+    parser.add_argument("--target", choices=TARGETS, default="onnxruntime", help="the runtime (default: onnxruntime)")
+    parser.add_argument("--prefix", default="", help="a prefix for the file names")
+    parser.add_argument(
+        "--loss-inputs", nargs="+", metavar="NAME", help="the model outputs the loss reads (default: all, in order)"
+    )
+    parser.set_defaults(run=run, prog=parser.prog)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generate the artifacts; print what was written."""
+    from onnxtrain import artifacts
+    from onnxtrain.loop import store_learning_rate
+
+    optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm)
+    requires = trainable_names(args.model, args.requires_grad, args.frozen)
+    paths = artifacts.generate_artifacts(
+        args.model, requires_grad=requires, frozen_params=args.frozen, loss=LOSSES[args.loss], optimizer=optimizer,
+        artifact_directory=args.out, prefix=args.prefix, loss_input_names=args.loss_inputs, target=args.target,
+    )  # fmt: skip
+    if args.lr is not None:
+        store_learning_rate(paths["checkpoint"], args.lr)
+    print(f"wrote {len(paths)} files to {args.out.resolve()}:")
+    for path in paths.values():
+        print(f"  {path.name} ({size_text(path.stat().st_size)})")
+    print(f"{len(requires)} trainable, {len(args.frozen)} frozen; optimizer {optimizer!r}")
+    if args.lr is not None:
+        print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
+    print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
+    return 0
+
+
+def optimizer_block(
+    name: str, momentum: float | None, weight_decay: float | None, max_grad_norm: float | None
+) -> optim.Optimizer:
+    """The ``onnxtrain.optim`` optimizer for ``--optimizer`` and its options."""
+    from onnxtrain import optim
+
+    options: dict[str, Any] = {}
+    if momentum is not None:
+        if name not in WITH_MOMENTUM:
+            raise UsageError(f"--momentum applies to {' and '.join(WITH_MOMENTUM)}, not {name}")
+        options["momentum"] = momentum
+    if weight_decay is not None:
+        options["weight_decay"] = weight_decay
+    if max_grad_norm is not None:
+        options["clip_grad"] = optim.ClipGradNorm(max_grad_norm)
+    return getattr(optim, OPTIMIZERS[name])(**options)
+
+
+def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> list[str]:
+    """``requested``, with ``all-float`` replaced by every floating-point initializer of ``model`` not frozen."""
+    if ALL_FLOAT not in requested:
+        return requested
+    from onnxtrain.graph.dtypes import is_float
+    from onnxtrain.graph.io import load_base_model
+
+    proto, _ = load_base_model(model)  # without external data: only names and types are read
+    found = [t.name for t in proto.graph.initializer if is_float(t.data_type) and t.name not in frozen]
+    if not found:
+        raise ValueError(f"{model} has no floating-point initializers to train (besides those --frozen)")
+    named = [name for name in requested if name != ALL_FLOAT]
+    return list(dict.fromkeys([*found, *named]))
+
+
+__all__ = ["ALL_FLOAT", "LOSSES", "OPTIMIZERS", "add_parser", "optimizer_block", "run", "trainable_names"]

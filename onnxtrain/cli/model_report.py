@@ -1,0 +1,119 @@
+"""``onnxtrain inspect MODEL.onnx``: inputs, outputs, initializers and operators, and where gradients stop.
+
+The model is read without its external data: only names, types and shapes
+are needed, so a model of many gigabytes is described without loading it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+
+from onnxtrain.cli.common import size_text
+from onnxtrain.cli.table import elements, number, shape_text, table
+
+
+def model_report(path: Path) -> list[str]:
+    """The lines ``inspect`` prints for the model at ``path``."""
+    from onnxtrain.graph.io import load_base_model
+
+    model, _ = load_base_model(path)
+    graph = model.graph
+    opsets = ", ".join(f"{entry.domain or 'ai.onnx'} {entry.version}" for entry in model.opset_import)
+    lines = [f"{path}: ONNX model, IR version {model.ir_version}, opsets {opsets or 'none'}"]
+    initialized = {tensor.name for tensor in graph.initializer}
+    lines.append("inputs:")
+    lines += [f"  {value.name}: {value_text(value)}" for value in graph.input if value.name not in initialized]
+    lines.append("outputs:")
+    lines += [f"  {value.name}: {value_text(value)}" for value in graph.output]
+    lines += _initializers(graph)
+    lines += _operators(model)
+    return lines
+
+
+def value_text(value: onnx.ValueInfoProto) -> str:
+    """``float32[batch, 64]`` for a tensor; the kind of value otherwise."""
+    if not value.type.HasField("tensor_type"):
+        return str(value.type.WhichOneof("value") or "unknown type")
+    tensor = value.type.tensor_type
+    dtype = dtype_text(tensor.elem_type)
+    if not tensor.HasField("shape"):
+        return f"{dtype}[...]"
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+    return f"{dtype}{shape_text(dims)}"
+
+
+def dtype_text(elem_type: int) -> str:
+    """``float32``, ``int64``: NumPy's name of an ONNX element type (ONNX's where NumPy has none)."""
+    from onnxtrain.graph.dtypes import dtype_name, to_numpy_dtype
+
+    try:
+        return str(to_numpy_dtype(elem_type))
+    except (KeyError, TypeError, ValueError):
+        return dtype_name(elem_type)
+
+
+def _initializers(graph: onnx.GraphProto) -> list[str]:
+    from onnxtrain.graph.dtypes import is_float
+
+    if not graph.initializer:
+        return ["initializers: none"]
+    rows = [["name", "shape", "dtype", "elements", ""]]
+    total = floats = 0
+    for tensor in graph.initializer:
+        count = elements(tensor.dims)
+        total += count
+        trainable = is_float(tensor.data_type)
+        floats += count if trainable else 0
+        rows.append(
+            [tensor.name, shape_text(list(tensor.dims)), dtype_text(tensor.data_type), number(count),
+             "float (trainable)" if trainable else ""]
+        )  # fmt: skip
+    size = sum(elements(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in graph.initializer)
+    summary = f"  total: {number(total)} elements ({number(floats)} float, trainable), {size_text(size)}"
+    return [f"initializers ({len(graph.initializer)}):", *table(rows, right=[3]), summary]
+
+
+def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (the bodies of If, Loop, Scan)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(attribute.g)
+            elif attribute.type == onnx.AttributeProto.GRAPHS:
+                for subgraph in attribute.graphs:
+                    yield from _nodes(subgraph)
+
+
+def _operators(model: onnx.ModelProto) -> list[str]:
+    from onnxtrain.autodiff import builtin_registry
+    from onnxtrain.graph.versions import opset_version
+
+    counts = Counter((node.domain, node.op_type) for node in _nodes(model.graph))
+    rows = [[op if not domain else f"{domain}::{op}", number(n)] for (domain, op), n in counts.most_common()]
+    total = sum(counts.values())
+    lines = [f"operators ({number(total)} node{'' if total == 1 else 's'}):", *table(rows, right=[1])]
+    registry = builtin_registry()
+    missing, stopping = [], []
+    for domain, op in sorted(counts, key=lambda key: (key[0], key[1])):
+        if registry.lookup(op, domain, opset_version(model, domain)) is not None:
+            continue
+        name = op if not domain else f"{domain}::{op}"
+        (stopping if registry.is_non_differentiable(op, domain) else missing).append(name)
+    if missing:
+        lines.append(
+            f"no gradient rule: {', '.join(missing)}: gradients cannot flow through these; train only parameters "
+            "whose path to the loss avoids them, or register rules (onnxtrain.autodiff.GradientRegistry)"
+        )
+    else:
+        lines.append("gradient rules: every differentiable operator has one")
+    if stopping:
+        lines.append(f"stop the gradient (not differentiable, by definition): {', '.join(stopping)}")
+    return lines
+
+
+__all__ = ["dtype_text", "model_report", "value_text"]

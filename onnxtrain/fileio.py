@@ -1,0 +1,28 @@
+"""Files written beside their final place, then renamed into it (the first half of an atomic write)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+
+def temporary_beside(target: Path) -> Path:
+    """A new empty file ``.<name>.<random>.tmp`` in ``target``'s folder, with default permissions.
+
+    Unlike ``tempfile.mkstemp`` (mode 0600), the file gets ``0666`` less the
+    umask, like any file the user writes, so that renaming it into place
+    leaves a file as readable as a plain write would.
+    """
+    for _ in range(100):
+        name = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        try:
+            handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            continue
+        os.close(handle)
+        return name
+    raise FileExistsError(f"cannot create a temporary file next to {target}")
+
+
+__all__ = ["temporary_beside"]

@@ -1,0 +1,52 @@
+"""Training runs over an artifact directory: data from files, epochs, checkpoints and exact resumes.
+
+The layer above the runtime (:mod:`onnxtrain.training`) that ``onnxtrain train``
+and ``onnxtrain demo`` use:
+
+- :mod:`~onnxtrain.loop.files`: the artifact files, and ``trained_checkpoint``;
+- :mod:`~onnxtrain.loop.data`: arrays from an ``.npz`` or a ``.csv``, cast and
+  shaped for the training model's inputs;
+- :mod:`~onnxtrain.loop.batches`: the validation split, each epoch's order, the batches;
+- :mod:`~onnxtrain.loop.record`: where a run stands, in its checkpoint's properties;
+- :mod:`~onnxtrain.loop.interrupts`: Ctrl-C taken between steps;
+- :mod:`~onnxtrain.loop.settings`: what a run does (:class:`Settings`);
+- :mod:`~onnxtrain.loop.steps`: the epochs and steps of one run, and its saves;
+- :mod:`~onnxtrain.loop.run`: :func:`train`, which starts or resumes a run.
+"""
+
+from __future__ import annotations
+
+from onnxtrain.loop.batches import batch_count, epoch_order, fingerprint, split
+from onnxtrain.loop.data import fit_to_inputs, load_data
+from onnxtrain.loop.files import TRAINED_CHECKPOINT, ArtifactFiles
+from onnxtrain.loop.record import (
+    LEARNING_RATE_PROPERTY,
+    EpochLosses,
+    RunRecord,
+    store_learning_rate,
+    stored_learning_rate,
+)
+from onnxtrain.loop.run import train, user_inputs
+from onnxtrain.loop.settings import Settings
+from onnxtrain.loop.steps import RunResult, TrainingInterrupted
+
+__all__ = [
+    "LEARNING_RATE_PROPERTY",
+    "TRAINED_CHECKPOINT",
+    "ArtifactFiles",
+    "EpochLosses",
+    "RunRecord",
+    "RunResult",
+    "Settings",
+    "TrainingInterrupted",
+    "batch_count",
+    "epoch_order",
+    "fingerprint",
+    "fit_to_inputs",
+    "load_data",
+    "split",
+    "store_learning_rate",
+    "stored_learning_rate",
+    "train",
+    "user_inputs",
+]

@@ -1,0 +1,206 @@
+"""Training data from a file: one array per user input of the training model, cast and shaped to fit it.
+
+- ``.npz``: arrays named after the inputs (``pixels``, ``labels``), or ``X``
+  (or ``x``) and ``y`` for the first input and the target (the second input);
+- ``.csv``: numbers, with an optional header row; the last column (or the
+  ``target_column``, by header name or index) is the target and the other
+  columns the features. A model with one user input takes every column.
+
+Each array is cast to its input's dtype (floats become integers only when
+they hold whole numbers) and reshaped to its input's rank (a ``[N]`` label
+for an input declared ``[batch, 1]``); all must have the same number of
+samples (the first dimension). Problems raise ``ValueError`` or ``TypeError``
+naming the array and the input.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from onnxtrain.training.interface import TensorSpec
+
+#: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
+FEATURE_NAMES = ("X", "x")
+TARGET_NAMES = ("y",)
+
+
+def load_data(
+    path: str | os.PathLike[str], inputs: Sequence[TensorSpec], target_column: str | None = None
+) -> list[np.ndarray]:
+    """The arrays for the user inputs ``inputs``, in their order, from an .npz or a .csv file."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no data file {str(file)!r}")
+    suffix = file.suffix.lower()
+    if suffix == ".npz":
+        if target_column is not None:
+            raise ValueError("a target column applies to .csv data; an .npz names its arrays after the inputs")
+        named = _npz_arrays(file, inputs)
+    elif suffix == ".csv":
+        named = _csv_arrays(file, inputs, target_column)
+    else:
+        raise ValueError(
+            f"{file.name}: unknown data format {suffix or '(no suffix)'!r}; give an .npz (arrays named after the "
+            "model's inputs, or X and y) or a .csv of numbers"
+        )
+    return fit_to_inputs(named, inputs, file.name)
+
+
+def fit_to_inputs(
+    named: Sequence[tuple[str, np.ndarray]], inputs: Sequence[TensorSpec], source: str
+) -> list[np.ndarray]:
+    """``(what the array is, array)`` per input, cast and reshaped to the inputs; as many samples in each.
+
+    ``what`` names the array in errors: ``array 'X'``, ``the target column 'label'``.
+    """
+    arrays = [_fit(np.asarray(array), spec, name, source) for (name, array), spec in zip(named, inputs, strict=True)]
+    for (name, array), spec in zip(named[1:], inputs[1:], strict=True):
+        if len(array) != len(arrays[0]):
+            raise ValueError(
+                f"{source}: {name} (for input {spec.name!r}) has {len(array)} samples, but {named[0][0]} "
+                f"(for input {inputs[0].name!r}) has {len(arrays[0])}; every array needs one row per sample"
+            )
+    if arrays and len(arrays[0]) == 0:
+        raise ValueError(f"{source} holds no samples")
+    return arrays
+
+
+def _signature(inputs: Sequence[TensorSpec]) -> str:
+    return ", ".join(f"{spec.name}: {spec.describe()}" for spec in inputs)
+
+
+def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.ndarray]]:
+    try:
+        with np.load(file, allow_pickle=False) as archive:
+            arrays = {name: archive[name] for name in archive.files}
+    except (zipfile.BadZipFile, EOFError, ValueError) as error:
+        raise ValueError(f"{file.name} is not a readable .npz archive ({error})") from None
+    names = [spec.name for spec in inputs]
+    if all(name in arrays for name in names):
+        return [(f"array {name!r}", arrays[name]) for name in names]
+    features = next((name for name in FEATURE_NAMES if name in arrays), None)
+    target = next((name for name in TARGET_NAMES if name in arrays), None)
+    if features is not None and len(inputs) == 1:
+        return [(f"array {features!r}", arrays[features])]
+    if features is not None and target is not None and len(inputs) == 2:
+        return [(f"array {features!r}", arrays[features]), (f"array {target!r}", arrays[target])]
+    raise ValueError(
+        f"{file.name} holds arrays {sorted(arrays)}, but the training model takes {_signature(inputs)}: name the "
+        "arrays after these inputs" + (", or X and y" if len(inputs) == 2 else ", or X" if len(inputs) == 1 else "")
+    )
+
+
+def _csv_arrays(file: Path, inputs: Sequence[TensorSpec], target_column: str | None) -> list[tuple[str, np.ndarray]]:
+    if len(inputs) not in (1, 2):
+        raise ValueError(
+            f"a .csv gives features and a target, but the training model takes {len(inputs)} inputs "
+            f"({_signature(inputs)}): give an .npz with one array per input"
+        )
+    header, table = _read_csv(file)
+    if len(inputs) == 1:
+        if target_column is not None:
+            raise ValueError(
+                f"the training model takes one input ({_signature(inputs)}), so {file.name} has no target column"
+            )
+        return [("the columns", table)]
+    if table.shape[1] < 2:
+        raise ValueError(f"{file.name} has {table.shape[1]} column; it needs feature columns and a target column")
+    column = _column_index(target_column, header, table.shape[1], file.name)
+    label = f"the target column {header[column]!r}" if header else f"the target column {column}"
+    return [("the feature columns", np.delete(table, column, axis=1)), (label, table[:, column])]
+
+
+def _read_csv(file: Path) -> tuple[list[str] | None, np.ndarray]:
+    """``(header or None, table of float64)``; a first row that is not all numbers is the header."""
+    with open(file, newline="", encoding="utf-8") as handle:
+        rows = [row for row in csv.reader(handle) if row and any(cell.strip() for cell in row)]
+    if not rows:
+        raise ValueError(f"{file.name} is empty")
+    header = None
+    if not all(_is_number(cell) for cell in rows[0]):
+        header, rows = [cell.strip() for cell in rows[0]], rows[1:]
+    if not rows:
+        raise ValueError(f"{file.name} has a header row and no data")
+    width = len(header) if header else len(rows[0])
+    for number, row in enumerate(rows, start=2 if header else 1):
+        if len(row) != width:
+            raise ValueError(f"{file.name}, line {number}: {len(row)} columns, but the first row has {width}")
+        bad = next((cell for cell in row if not _is_number(cell)), None)
+        if bad is not None:
+            raise ValueError(f"{file.name}, line {number}: {bad.strip()!r} is not a number")
+    return header, np.array([[float(cell) for cell in row] for row in rows], dtype=np.float64)
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _column_index(target_column: str | None, header: list[str] | None, width: int, source: str) -> int:
+    if target_column is None:
+        return width - 1
+    if header and target_column in header:
+        return header.index(target_column)
+    try:
+        index = int(target_column)
+    except ValueError:
+        known = f"its columns are {header}" if header else "it has no header row; give the column's index"
+        raise ValueError(f"{source} has no column {target_column!r}: {known}") from None
+    if not -width <= index < width:
+        raise ValueError(f"{source} has {width} columns; column index {index} is outside [{-width}, {width - 1}]")
+    return index % width
+
+
+def _fit(array: np.ndarray, spec: TensorSpec, name: str, source: str) -> np.ndarray:
+    """``array`` cast to ``spec``'s dtype and reshaped to its rank."""
+    what = f"{source}: {name} (for input {spec.name!r}, {spec.describe()})"
+    if array.ndim == 0:
+        raise ValueError(f"{what} is a scalar; it needs one row per sample")
+    return _reshape(_cast(array, spec.dtype, what), spec, what)
+
+
+def _cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{what} holds {array.dtype} values, which cannot be cast to {dtype}")
+    if array.dtype == dtype:
+        return np.ascontiguousarray(array)
+    if dtype.kind in "biu" and array.dtype.kind == "f":
+        whole = np.isfinite(array) & (array == np.round(array))
+        if not whole.all():
+            bad = array[~whole].flat[0].item()
+            raise TypeError(f"{what} holds {bad!r}, which is not a whole number, so it cannot be cast to {dtype}")
+    if dtype.kind in "iu" and array.size:
+        info = np.iinfo(dtype)
+        low, high = array.min().item(), array.max().item()
+        if low < info.min or high > info.max:
+            raise TypeError(f"{what} holds values in [{low}, {high}], outside the range of {dtype}")
+    return np.ascontiguousarray(array.astype(dtype))
+
+
+def _reshape(array: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
+    dims = spec.dims
+    if dims is None or not dims:
+        return array
+    rest = dims[1:]
+    if array.ndim == len(dims):
+        wrong = [axis for axis, d in enumerate(rest, start=1) if isinstance(d, int) and array.shape[axis] != d]
+        if not wrong:
+            return array
+    elif all(isinstance(d, int) for d in rest):
+        size = math.prod(int(d) for d in rest if d is not None)
+        if array.size == len(array) * size:
+            return array.reshape((len(array), *[int(d) for d in rest if d is not None]))
+    raise ValueError(f"{what} has shape {list(array.shape)}, which does not fit; give one row of the input per sample")
+
+
+__all__ = ["FEATURE_NAMES", "TARGET_NAMES", "fit_to_inputs", "load_data"]

@@ -1,0 +1,143 @@
+"""Where a training run stands, kept in its checkpoint's properties, and the learning rate ``generate`` chose.
+
+A checkpoint's properties (int64, float32 or str) hold, under ``onnxtrain.run.``:
+
+- ``epochs`` (planned), ``epoch`` (finished), ``batch`` (batches done in the next epoch);
+- what fixes the trajectory: ``seed``, ``val_split``, ``batch_size``,
+  ``samples`` and ``data`` (a fingerprint of the arrays);
+- ``learning_rate``; ``history``, a JSON list with one
+  ``{"epoch", "train_loss", "val_loss"}`` per finished epoch; ``epoch_loss``,
+  the JSON ``[loss sum, samples]`` of the unfinished epoch's batches, so that
+  its mean comes out the same after a resume. JSON keeps Python floats exactly.
+
+The optimizer's step count and initial learning rate live in the checkpoint's
+optimizer state, as in ONNX Runtime. ``onnxtrain.learning_rate`` (no ``run.``)
+is the rate ``onnxtrain generate --lr`` stores in the initial checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from onnxtrain import checkpoint
+from onnxtrain.checkpoint import PropertyValue
+
+#: The initial checkpoint's property with the learning rate chosen when the artifacts were generated.
+LEARNING_RATE_PROPERTY = "onnxtrain.learning_rate"
+#: The prefix of the run record's properties.
+RUN_PREFIX = "onnxtrain.run."
+
+_INTS = ("epochs", "epoch", "batch", "seed", "batch_size", "samples")
+_FLOATS = ("val_split", "learning_rate")
+_TEXTS = ("data", "history", "epoch_loss")
+
+
+def store_learning_rate(path: str | os.PathLike[str], learning_rate: float) -> None:
+    """Record ``learning_rate`` in the checkpoint at ``path`` (rewritten atomically) for later training runs."""
+    state = checkpoint.load(path)
+    properties = {**state.properties, LEARNING_RATE_PROPERTY: float(learning_rate)}
+    checkpoint.save(replace(state, properties=properties), path)
+
+
+def stored_learning_rate(properties: Mapping[str, PropertyValue]) -> float | None:
+    """The learning rate :func:`store_learning_rate` recorded, or ``None``."""
+    value = properties.get(LEARNING_RATE_PROPERTY)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise ValueError(f"the checkpoint's property {LEARNING_RATE_PROPERTY!r} is {value!r}, not a number")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class EpochLosses:
+    """One finished epoch: its number (from 1), the mean training loss and the validation loss (or None)."""
+
+    epoch: int
+    train_loss: float
+    val_loss: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "train_loss": self.train_loss, "val_loss": self.val_loss}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """Where a run stands and what fixes its trajectory; see the module docstring."""
+
+    epochs: int
+    seed: int
+    val_split: float
+    batch_size: int
+    samples: int
+    data: str
+    learning_rate: float
+    epoch: int = 0
+    batch: int = 0
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+    history: tuple[EpochLosses, ...] = field(default_factory=tuple)
+
+    @property
+    def finished(self) -> bool:
+        return self.epoch >= self.epochs
+
+    def position(self) -> str:
+        """``epoch 3 of 10`` after an epoch, ``epoch 4 of 10, batch 7`` within one."""
+        if self.batch:
+            return f"epoch {self.epoch + 1} of {self.epochs}, batch {self.batch}"
+        return f"epoch {self.epoch} of {self.epochs}"
+
+    def differences(self, other: RunRecord) -> list[str]:
+        """What differs between this run's data and settings and ``other``'s: ``batch size 32 (now 64)``."""
+        same_split = np.float32(self.val_split) == np.float32(other.val_split)
+        pairs = [
+            ("number of samples", self.samples, other.samples, self.samples == other.samples),
+            ("batch size", self.batch_size, other.batch_size, self.batch_size == other.batch_size),
+            ("seed", self.seed, other.seed, self.seed == other.seed),
+            ("validation split", self.val_split, other.val_split, same_split),
+        ]
+        found = [f"{what} {mine} (now {theirs})" for what, mine, theirs, same in pairs if not same]
+        if self.samples == other.samples and self.data != other.data:
+            found.append("the data's values")
+        return found
+
+    def to_properties(self) -> dict[str, PropertyValue]:
+        """The properties that hold this record."""
+        values: dict[str, PropertyValue] = {name: getattr(self, name) for name in (*_INTS, *_FLOATS, "data")}
+        values["history"] = json.dumps([entry.to_json() for entry in self.history])
+        values["epoch_loss"] = json.dumps([self.loss_sum, self.loss_samples])
+        return {RUN_PREFIX + name: value for name, value in values.items()}
+
+    @classmethod
+    def from_properties(cls, properties: Mapping[str, PropertyValue]) -> RunRecord | None:
+        """The record in ``properties``, ``None`` when they hold none; ``ValueError`` when it is damaged."""
+        if not any(name.startswith(RUN_PREFIX) for name in properties):
+            return None
+        values = {name: properties.get(RUN_PREFIX + name) for name in (*_INTS, *_FLOATS, *_TEXTS)}
+        kinds = {**dict.fromkeys(_INTS, int), **dict.fromkeys(_FLOATS, float), **dict.fromkeys(_TEXTS, str)}
+        wrong = [RUN_PREFIX + name for name, kind in kinds.items() if type(values[name]) is not kind]
+        if wrong:
+            raise ValueError(f"the checkpoint's run record is damaged: {', '.join(wrong)} missing or of the wrong type")
+        try:
+            history = tuple(EpochLosses(**entry) for entry in json.loads(str(values.pop("history"))))
+            loss_sum, loss_samples = json.loads(str(values.pop("epoch_loss")))
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"the checkpoint's run record is damaged: {error}") from None
+        return cls(**values, loss_sum=float(loss_sum), loss_samples=int(loss_samples), history=history)  # type: ignore[arg-type]
+
+
+__all__ = [
+    "LEARNING_RATE_PROPERTY",
+    "RUN_PREFIX",
+    "EpochLosses",
+    "RunRecord",
+    "store_learning_rate",
+    "stored_learning_rate",
+]

@@ -1,0 +1,149 @@
+"""The training loop over an artifact directory: epochs of shuffled batches, checkpoints, and exact resumes.
+
+Each step is ONNX Runtime's ``loss = module(*batch); optimizer.step();
+module.lazy_reset_grad()``. The state goes to ``trained_checkpoint`` (the
+initial ``checkpoint`` is never written): when the run starts, every
+``checkpoint_every`` optimizer steps (by default after every epoch), at the
+end, and when the run is interrupted (``KeyboardInterrupt``; Ctrl-C is taken
+between steps, :mod:`onnxtrain.loop.interrupts`; after a second Ctrl-C, which
+stops at once, the last checkpoint stands). With the
+optimizer state and the run record (:mod:`onnxtrain.loop.record`) in it, a
+resumed run takes the same steps on the same batches as an uninterrupted one,
+with the same results bit for bit: the batches are a function of the seed and
+the epoch (:mod:`onnxtrain.loop.batches`), and the optimizer continues from
+its saved step count, moments and learning rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from onnxtrain import checkpoint
+from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
+from onnxtrain.loop.batches import batch_count, fingerprint, split
+from onnxtrain.loop.data import fit_to_inputs, load_data
+from onnxtrain.loop.files import ArtifactFiles
+from onnxtrain.loop.record import RunRecord, stored_learning_rate
+from onnxtrain.loop.settings import Settings
+from onnxtrain.loop.steps import Echo, Loop, RunResult
+from onnxtrain.training import Module, Optimizer, TrainingState
+from onnxtrain.training.interface import ParameterInfo, TensorSpec, load_model, training_io
+
+
+def parameter_infos(state: checkpoint.CheckpointState) -> dict[str, ParameterInfo]:
+    """What the runtime checks the models against: each parameter's trainability, dtype and shape."""
+    return {
+        name: ParameterInfo(name in state.trainable, array.dtype, tuple(array.shape))
+        for name, array in state.parameters.items()
+    }
+
+
+def user_inputs(files: ArtifactFiles, state: checkpoint.CheckpointState) -> tuple[TensorSpec, ...]:
+    """The training model's user inputs (names, dtypes, dimensions), checked against the checkpoint."""
+    model = load_model(files.training_model, "training model").proto
+    return training_io(model, parameter_infos(state)).inputs.specs
+
+
+def train(
+    files: ArtifactFiles,
+    data: str | Path | Sequence[np.ndarray],
+    settings: Settings,
+    *,
+    resume: bool = False,
+    restart: bool = False,
+    device: str | None = None,
+    target_column: str | None = None,
+    echo: Echo | None = print,
+    report_every: int = 1,
+    val_label: str = "val",
+    progress: bool | None = None,
+) -> RunResult:
+    """Train the artifacts in ``files`` on ``data`` (a file for :func:`~onnxtrain.loop.data.load_data`, or arrays).
+
+    An existing ``trained_checkpoint`` is continued with ``resume`` (whose
+    data, batch size, seed and split must be the earlier run's) or replaced
+    with ``restart``; otherwise it is an error. ``echo`` gets one line per
+    ``report_every`` epochs (and the first and last); ``progress`` draws bars
+    (``None``: when standard output is a terminal). Raises
+    :class:`~onnxtrain.loop.steps.TrainingInterrupted` after saving, on ``KeyboardInterrupt``.
+    Error messages name the ``onnxtrain train`` options (``--resume``, ...).
+    """
+    files.require(files.training_model, files.eval_model, files.optimizer_model, files.checkpoint)
+    source = _starting_checkpoint(files, resume, restart)
+    saved = checkpoint.load(source)
+    earlier = RunRecord.from_properties(saved.properties) if resume else None
+    if resume and (earlier is None or saved.optimizer is None):
+        raise ValueError(f"{source} holds no training run to resume; pass --restart to start from {files.checkpoint}")
+    inputs = user_inputs(files, saved)
+    if isinstance(data, (str, Path)):
+        arrays = load_data(data, inputs, target_column)
+    else:
+        arrays = fit_to_inputs([(f"array {i}", array) for i, array in enumerate(data)], inputs, "the data")
+    train_rows, val_rows = split(len(arrays[0]), settings.val_split, settings.seed)
+    record = RunRecord(
+        settings.epochs, settings.seed, settings.val_split, settings.batch_size, len(arrays[0]), fingerprint(arrays),
+        learning_rate=DEFAULT_LEARNING_RATE,
+    )  # fmt: skip
+    if earlier is not None:
+        differences = earlier.differences(record)
+        if differences:
+            raise ValueError(
+                f"cannot resume the run in {source}: it used {'; '.join(differences)}; pass the same data, "
+                "--batch-size, --seed and --val-split, or --restart"
+            )
+        if earlier.epoch >= settings.epochs:
+            return RunResult(earlier, source, 0)  # nothing left to do
+        record = replace(earlier, epochs=settings.epochs)
+    state = TrainingState(saved)
+    module = Module(files.training_model, state, files.eval_model, device=device)
+    optimizer = Optimizer(files.optimizer_model, module)
+    rate = settings.learning_rate
+    if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds
+        stored = stored_learning_rate(saved.properties)
+        rate = DEFAULT_LEARNING_RATE if stored is None else stored
+    if rate is not None:
+        optimizer.set_learning_rate(rate)
+    record = replace(record, learning_rate=optimizer.get_learning_rate())
+    if echo is not None:
+        echo(_start_line(record, source, len(train_rows), len(val_rows), optimizer.step_count, earlier is not None))
+    loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows))
+    return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
+
+
+def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> Path:
+    """The checkpoint a run starts from; ``ValueError`` for an earlier run neither resumed nor restarted."""
+    if resume and restart:
+        raise ValueError("resume and restart exclude each other: choose one")
+    trained = files.trained_checkpoint
+    if resume:
+        if not trained.is_file():
+            raise FileNotFoundError(f"no earlier run to resume: {trained} does not exist; train without --resume")
+        return trained
+    if trained.exists() and not restart:
+        try:
+            record = RunRecord.from_properties(checkpoint.load(trained).properties)
+            where = f" ({record.position()})" if record is not None else ""
+        except ValueError:
+            where = " (its run record cannot be read)"
+        raise ValueError(
+            f"{trained} holds an earlier run{where}: pass --resume to continue it or --restart to start again "
+            f"from {files.checkpoint}"
+        )
+    return files.checkpoint
+
+
+def _start_line(record: RunRecord, source: Path, train: int, val: int, step: int, resumed: bool) -> str:
+    """What the run is about to do."""
+    held_out = f" ({val} more held out for validation)" if val else ""
+    batches = f"{batch_count(train, record.batch_size)} batches of {record.batch_size}"
+    what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
+    if resumed:
+        return f"resuming {source} at {record.position()} (step {step}): {what}"
+    return f"training from {source}: {what}"
+
+
+__all__ = ["parameter_infos", "train", "user_inputs"]

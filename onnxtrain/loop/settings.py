@@ -1,0 +1,40 @@
+"""What a training run does: epochs, batch size, seed, validation split, checkpoint interval, learning rate."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a run does: epochs, batch size, seed, validation split, checkpoint interval, learning rate.
+
+    ``checkpoint_every=None`` saves after every epoch; ``learning_rate=None``
+    takes the rate the checkpoint stores (``onnxtrain generate --lr``, or the
+    saved optimizer state when resuming), else 1e-3.
+    """
+
+    epochs: int
+    batch_size: int
+    seed: int = 0
+    val_split: float = 0.0
+    checkpoint_every: int | None = None
+    learning_rate: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+            raise ValueError(f"checkpoint_every must be an integer >= 1 or None, not {every!r}")
+        if not 0.0 <= self.val_split < 1.0:
+            raise ValueError(f"val_split must be a fraction in (0, 1), or 0 for none, not {self.val_split!r}")
+        rate = self.learning_rate
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):
+            raise ValueError(f"the learning rate must be finite and >= 0, not {rate!r}")
+
+
+__all__ = ["Settings"]

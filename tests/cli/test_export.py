@@ -1,0 +1,91 @@
+"""``onnxtrain export``: the inference model of a trained directory, checked, written atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from onnxtrain.artifacts.metadata import TRAINING_KEYS, read_metadata
+from tests.cli.helpers import assert_error, classification, cli, corrupt
+
+
+def _accuracy(model: Path) -> float:
+    x, y = classification(samples=400, seed=5)
+    session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    return float(np.mean(session.run(None, {"x": x})[0].argmax(axis=1) == y))
+
+
+@pytest.fixture
+def trained(capsys, artifacts: Path, data_path: Path) -> Path:
+    assert cli(capsys, "train", artifacts, "--data", data_path, "--epochs", "30", "--batch-size", "16")[0] == 0
+    return artifacts
+
+
+def test_the_trained_model_predicts_better_than_the_untrained_one(capsys, trained: Path, tmp_path: Path):
+    status, out, err = cli(capsys, "export", trained, "-o", tmp_path / "model.onnx")
+    assert (status, err) == (0, "")
+    assert "trained_checkpoint" in out and "x: float32[batch, 4]" in out
+    status, _, _ = cli(capsys, "export", trained, "-o", tmp_path / "untrained.onnx", "--checkpoint",
+                       trained / "checkpoint")  # fmt: skip
+    assert status == 0
+    assert _accuracy(tmp_path / "model.onnx") > max(0.8, _accuracy(tmp_path / "untrained.onnx") + 0.2)
+    model = onnx.load(tmp_path / "model.onnx")
+    assert [i.name for i in model.graph.input] == ["x"]  # the labels are gone with the loss
+    assert not set(read_metadata(model)) & set(TRAINING_KEYS)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left
+
+
+def test_untrained_directories_export_the_initial_checkpoint(capsys, artifacts: Path, tmp_path: Path):
+    status, out, _ = cli(capsys, "export", artifacts, "-o", tmp_path / "model.onnx")
+    assert status == 0 and f"{artifacts / 'checkpoint'}" in out
+
+
+def test_named_outputs(capsys, trained: Path, tmp_path: Path):
+    hidden = next(n.output[0] for n in onnx.load(trained / "eval_model.onnx").graph.node if n.op_type == "Relu")
+    assert cli(capsys, "export", trained, "-o", tmp_path / "m.onnx", "--outputs", hidden)[0] == 0
+    assert [o.name for o in onnx.load(tmp_path / "m.onnx").graph.output] == [hidden]
+
+
+def test_an_unknown_output_leaves_the_earlier_file(capsys, trained: Path, tmp_path: Path):
+    (tmp_path / "m.onnx").write_bytes(b"earlier")
+    status, _, err = cli(capsys, "export", trained, "-o", tmp_path / "m.onnx", "--outputs", "nothing")
+    assert status == 1
+    assert_error(err, "export", "nothing")
+    assert (tmp_path / "m.onnx").read_bytes() == b"earlier"
+
+
+def test_a_missing_directory(capsys, tmp_path: Path):
+    status, _, err = cli(capsys, "export", tmp_path / "nowhere", "-o", tmp_path / "m.onnx")
+    assert status == 1
+    assert_error(err, "export", "nowhere")
+
+
+def test_a_missing_output_folder(capsys, trained: Path, tmp_path: Path):
+    status, _, err = cli(capsys, "export", trained, "-o", tmp_path / "no" / "m.onnx")
+    assert status == 1
+    assert_error(err, "export", "does not exist")
+
+
+def test_a_corrupt_checkpoint(capsys, trained: Path, tmp_path: Path):
+    corrupt(trained / "trained_checkpoint")
+    status, _, err = cli(capsys, "export", trained, "-o", tmp_path / "m.onnx")
+    assert status == 1
+    assert_error(err, "export", "trained_checkpoint")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_corrupt_eval_model(capsys, artifacts: Path, tmp_path: Path):
+    corrupt(artifacts / "eval_model.onnx")
+    status, _, err = cli(capsys, "export", artifacts, "-o", tmp_path / "m.onnx")
+    assert status == 1
+    assert_error(err, "export", "eval_model.onnx")
+
+
+def test_the_output_is_required(capsys, artifacts: Path):
+    status, _, err = cli(capsys, "export", artifacts)
+    assert status == 2
+    assert_error(err, "export", "-o/--out")

@@ -1,0 +1,96 @@
+"""``onnxtrain inspect``: artifact directories (before and after training) and plain models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from tests.cli.helpers import assert_error, cli, corrupt
+
+
+def test_an_untrained_directory(capsys, artifacts: Path):
+    status, out, err = cli(capsys, "inspect", artifacts)
+    assert (status, err) == (0, "")
+    assert "from checkpoint (the initial state, not trained)" in out
+    assert "linear.weight_0  [4, 8]" in out and "trainable" in out
+    assert "total: 67 elements (67 trainable, 0 frozen)" in out
+    assert "x: float32[batch, 4]" in out and "labels: int64[batch]" in out
+    assert "(the loss)" in out and "loss: CrossEntropyLoss of" in out
+    assert "optimizer: AdamW(" in out
+    assert "learning rate: 0.05 (stored by generate)" in out
+    assert "training: not started" in out
+
+
+def test_a_trained_directory(capsys, artifacts: Path, data_path: Path):
+    assert cli(capsys, "train", artifacts, "--data", data_path, "--epochs", "2", "--batch-size", "40")[0] == 0
+    status, out, _ = cli(capsys, "inspect", artifacts)
+    assert status == 0
+    assert "from trained_checkpoint (the latest training run)" in out
+    assert "training: epoch 2 of 2, step 6; 120 samples, batch size 40, seed 0" in out
+    assert "last epoch (2): train loss" in out
+
+
+def test_a_plain_model(capsys, model_path: Path):
+    status, out, err = cli(capsys, "inspect", model_path)
+    assert (status, err) == (0, "")
+    assert "inputs:\n  x: float32[batch, 4]" in out
+    assert "float (trainable)" in out and "Gemm  2" in out
+    assert "gradient rules: every differentiable operator has one" in out
+
+
+def test_operators_without_gradient_rules_and_those_that_stop_it(capsys, tmp_path: Path):
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["a"]),
+        helper.make_node("Shape", ["a"], ["s"]),
+        helper.make_node("Cast", ["s"], ["f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Wobble", ["a"], ["b"], domain="my.ops"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("f", onnx.TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(2, np.float32), "w")],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    assert status == 0
+    assert "no gradient rule: my.ops::Wobble" in out
+    assert "stop the gradient (not differentiable, by definition): Shape" in out
+
+
+def test_a_model_with_external_data_is_described_without_it(capsys, model_path: Path, tmp_path: Path):
+    model = onnx.load(model_path)
+    onnx.save(model, tmp_path / "big.onnx", save_as_external_data=True, location="big.data", size_threshold=0)
+    (tmp_path / "big.data").unlink()  # the weights are never read
+    status, out, _ = cli(capsys, "inspect", tmp_path / "big.onnx")
+    assert status == 0 and "total: 67 elements" in out
+
+
+def test_a_corrupt_model(capsys, tmp_path: Path):
+    status, _, err = cli(capsys, "inspect", corrupt(tmp_path / "m.onnx"))
+    assert status == 1
+    assert_error(err, "inspect", "m.onnx", "not a readable ONNX model")
+
+
+def test_a_corrupt_checkpoint(capsys, artifacts: Path):
+    corrupt(artifacts / "checkpoint")
+    status, _, err = cli(capsys, "inspect", artifacts)
+    assert status == 1
+    assert_error(err, "inspect", "checkpoint")
+
+
+def test_a_missing_path(capsys, tmp_path: Path):
+    status, _, err = cli(capsys, "inspect", tmp_path / "nothing")
+    assert status == 1
+    assert_error(err, "inspect", "nothing", "does not exist")
+
+
+def test_a_directory_that_holds_no_artifacts(capsys, tmp_path: Path):
+    status, _, err = cli(capsys, "inspect", tmp_path)
+    assert status == 1
+    assert_error(err, "inspect", "training_model.onnx", "onnxtrain generate")

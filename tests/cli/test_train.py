@@ -1,0 +1,345 @@
+"""``onnxtrain train``: data from .npz and .csv, checkpoints, refusals, and resumes equal to uninterrupted runs."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxtrain import checkpoint
+from onnxtrain.loop import RunRecord
+from onnxtrain.training import Module
+from tests.cli.helpers import assert_error, assert_no_progress_bar, classification, cli, corrupt
+
+RUN = ["--epochs", "4", "--batch-size", "16", "--val-split", "0.2", "--seed", "3"]
+
+
+def _train(capsys, directory: Path, data: Path, *options: object) -> tuple[int, str, str]:
+    return cli(capsys, "train", directory, "--data", data, *(options or RUN))
+
+
+def _trained(directory: Path) -> checkpoint.CheckpointState:
+    return checkpoint.load(directory / "trained_checkpoint")
+
+
+def _history(state: checkpoint.CheckpointState) -> list[dict[str, float]]:
+    return json.loads(str(state.properties["onnxtrain.run.history"]))
+
+
+def _assert_same_run(a: checkpoint.CheckpointState, b: checkpoint.CheckpointState) -> None:
+    """Parameters, moments, step and per-epoch losses equal bit for bit."""
+    assert a.trainable.keys() == b.trainable.keys()
+    for name in a.trainable:
+        np.testing.assert_array_equal(a.trainable[name], b.trainable[name])
+    assert a.optimizer is not None and b.optimizer is not None
+    assert a.optimizer == b.optimizer
+    assert _history(a) == _history(b)
+    np.testing.assert_array_equal(
+        [[e["train_loss"], e["val_loss"]] for e in _history(a)], [[e["train_loss"], e["val_loss"]] for e in _history(b)]
+    )
+
+
+def test_trains_from_an_npz_and_reports_each_epoch(capsys, artifacts: Path, data_path: Path):
+    status, out, err = _train(capsys, artifacts, data_path)
+    assert (status, err) == (0, "")
+    lines = [line for line in out.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == [f"epoch {e}/4" for e in range(1, 5)]
+    assert all("train loss" in line and "val loss" in line for line in lines)
+    assert_no_progress_bar(out)
+    state = _trained(artifacts)
+    record = RunRecord.from_properties(state.properties)
+    assert record is not None and record.finished and (record.epoch, record.batch) == (4, 0)
+    assert (record.seed, record.batch_size, record.samples) == (3, 16, 120)
+    assert state.optimizer is not None and state.optimizer.step == 4 * 6  # 96 training samples, 6 batches
+    history = _history(state)
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert checkpoint.load(artifacts / "checkpoint").optimizer is None  # the initial state is left alone
+
+
+def test_the_trailing_partial_batch_is_trained(capsys, artifacts: Path, data_path: Path):
+    assert _train(capsys, artifacts, data_path, "--epochs", "1", "--batch-size", "50")[0] == 0
+    assert _trained(artifacts).optimizer.step == 3  # 120 samples: 50, 50, 20
+
+
+def test_the_stored_learning_rate_is_the_default_and_lr_overrides_it(capsys, fresh_artifacts, data_path: Path):
+    stored, given = fresh_artifacts("stored"), fresh_artifacts("given")
+    assert _train(capsys, stored, data_path, "--epochs", "1", "--batch-size", "60")[0] == 0
+    assert _train(capsys, given, data_path, "--epochs", "1", "--batch-size", "60", "--lr", "0.125")[0] == 0
+    assert _trained(stored).optimizer.initial_learning_rate == pytest.approx(0.05)
+    assert _trained(given).optimizer.initial_learning_rate == 0.125
+
+
+def _csv(path: Path, header: str | None, label_first: bool = False) -> Path:
+    x, y = classification()
+    table = np.column_stack([y, x] if label_first else [x, y])
+    np.savetxt(path, table, delimiter=",", header=header or "", comments="", fmt="%.9g")
+    return path
+
+
+@pytest.mark.parametrize("header", [None, "a,b,c,d,label"])
+def test_a_csv_with_or_without_header_gives_the_npz_arrays(capsys, fresh_artifacts, tmp_path: Path, data_path, header):
+    from_csv, from_npz = fresh_artifacts("csv"), fresh_artifacts("npz")
+    status, _, err = _train(capsys, from_csv, _csv(tmp_path / "data.csv", header))
+    assert (status, err) == (0, "")
+    assert _train(capsys, from_npz, data_path)[0] == 0
+    _assert_same_run(_trained(from_csv), _trained(from_npz))  # the same arrays once cast: the labels became int64
+
+
+@pytest.mark.parametrize("column", ["label", "0"])
+def test_the_target_column_by_name_or_index(capsys, artifacts: Path, tmp_path: Path, column: str):
+    data = _csv(tmp_path / "data.csv", "label,a,b,c,d", label_first=True)
+    status, _, err = _train(capsys, artifacts, data, *RUN, "--target-column", column)
+    assert (status, err) == (0, "")
+
+
+def test_an_unknown_target_column(capsys, artifacts: Path, tmp_path: Path):
+    data = _csv(tmp_path / "data.csv", "a,b,c,d,label")
+    status, _, err = _train(capsys, artifacts, data, *RUN, "--target-column", "klass")
+    assert status == 1
+    assert_error(err, "train", "klass", "'label'")
+
+
+def test_labels_that_are_not_whole_numbers(capsys, artifacts: Path, tmp_path: Path):
+    x, y = classification()
+    np.savez(tmp_path / "bad.npz", X=x, y=y + 0.5)
+    status, _, err = _train(capsys, artifacts, tmp_path / "bad.npz")
+    assert status == 1
+    assert_error(err, "train", "array 'y'", "input 'labels'", "whole number")
+
+
+def test_arrays_of_different_lengths(capsys, artifacts: Path, tmp_path: Path):
+    x, y = classification()
+    np.savez(tmp_path / "bad.npz", X=x, y=y[:-5])
+    status, _, err = _train(capsys, artifacts, tmp_path / "bad.npz")
+    assert status == 1
+    assert_error(err, "train", "array 'y'", "115 samples", "120")
+
+
+def test_arrays_named_neither_after_the_inputs_nor_x_and_y(capsys, artifacts: Path, tmp_path: Path):
+    np.savez(tmp_path / "bad.npz", features=np.zeros((4, 4), np.float32))
+    status, _, err = _train(capsys, artifacts, tmp_path / "bad.npz")
+    assert status == 1
+    assert_error(err, "train", "['features']", "x: float32[batch, 4]", "labels: int64[batch]")
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--epochs", "-2", "--batch-size", "8"], "--epochs"),
+        (["--epochs", "2", "--batch-size", "0"], "--batch-size"),
+        (["--epochs", "2", "--batch-size", "8", "--val-split", "1.5"], "--val-split"),
+        (["--epochs", "2", "--batch-size", "8", "--val-split", "0"], "--val-split"),
+        (["--epochs", "2", "--batch-size", "8", "--resume", "--restart"], "--restart"),
+        (["--epochs", "2"], "--batch-size"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(capsys, artifacts: Path, data_path: Path, options: list[str], fragment: str):
+    status, out, err = _train(capsys, artifacts, data_path, *options)
+    assert status == 2 and out == ""
+    assert_error(err, "train", fragment)
+
+
+def test_missing_data_option(capsys, artifacts: Path):
+    status, _, err = cli(capsys, "train", artifacts, *RUN)
+    assert status == 2
+    assert_error(err, "train", "--data")
+
+
+def test_a_missing_data_file(capsys, artifacts: Path, tmp_path: Path):
+    status, _, err = _train(capsys, artifacts, tmp_path / "nothing.npz")
+    assert status == 1
+    assert_error(err, "train", "nothing.npz")
+
+
+def test_a_missing_artifact_directory(capsys, tmp_path: Path, data_path: Path):
+    status, _, err = _train(capsys, tmp_path / "nowhere", data_path)
+    assert status == 1
+    assert_error(err, "train", "nowhere", "onnxtrain generate")
+
+
+def test_a_corrupt_checkpoint(capsys, artifacts: Path, data_path: Path):
+    corrupt(artifacts / "checkpoint")
+    status, _, err = _train(capsys, artifacts, data_path)
+    assert status == 1
+    assert_error(err, "train", "checkpoint")
+
+
+def test_a_corrupt_training_model(capsys, artifacts: Path, data_path: Path):
+    corrupt(artifacts / "training_model.onnx")
+    status, _, err = _train(capsys, artifacts, data_path)
+    assert status == 1
+    assert_error(err, "train", "training_model.onnx", "not a readable ONNX model")
+
+
+def test_an_earlier_run_is_not_overwritten(capsys, artifacts: Path, data_path: Path):
+    assert _train(capsys, artifacts, data_path)[0] == 0
+    before = (artifacts / "trained_checkpoint").read_bytes()
+    status, _, err = _train(capsys, artifacts, data_path)
+    assert status == 1
+    assert_error(err, "train", "holds an earlier run (epoch 4 of 4)", "--resume", "--restart", "checkpoint")
+    assert (artifacts / "trained_checkpoint").read_bytes() == before
+
+
+def test_restart_starts_again_from_the_initial_checkpoint(capsys, fresh_artifacts, data_path: Path):
+    once, twice = fresh_artifacts("once"), fresh_artifacts("twice")
+    assert _train(capsys, once, data_path)[0] == 0
+    assert _train(capsys, twice, data_path, "--epochs", "2", "--batch-size", "7")[0] == 0
+    assert _train(capsys, twice, data_path, *RUN, "--restart")[0] == 0
+    _assert_same_run(_trained(once), _trained(twice))
+
+
+def test_resume_without_an_earlier_run(capsys, artifacts: Path, data_path: Path):
+    status, _, err = _train(capsys, artifacts, data_path, *RUN, "--resume")
+    assert status == 1
+    assert_error(err, "train", "no earlier run", "without --resume")
+
+
+def test_resume_from_a_corrupt_trained_checkpoint(capsys, artifacts: Path, data_path: Path):
+    corrupt(artifacts / "trained_checkpoint")
+    status, _, err = _train(capsys, artifacts, data_path, *RUN, "--resume")
+    assert status == 1
+    assert_error(err, "train", "trained_checkpoint")
+
+
+def test_resume_with_other_settings_is_refused(capsys, artifacts: Path, data_path: Path, tmp_path: Path):
+    assert _train(capsys, artifacts, data_path, "--epochs", "1", "--batch-size", "16", "--seed", "3")[0] == 0
+    status, _, err = _train(capsys, artifacts, data_path, "--epochs", "2", "--batch-size", "8", "--resume")
+    assert status == 1
+    assert_error(err, "train", "batch size 16 (now 8)", "seed 3 (now 0)")
+    x, y = classification(seed=1)
+    np.savez(tmp_path / "other.npz", X=x, y=y)
+    status, _, err = _train(capsys, artifacts, tmp_path / "other.npz", "--epochs", "2", "--batch-size", "16",
+                            "--seed", "3", "--resume")  # fmt: skip
+    assert status == 1
+    assert_error(err, "train", "the data's values")
+
+
+def test_resume_of_a_finished_run_has_nothing_to_do(capsys, artifacts: Path, data_path: Path):
+    assert _train(capsys, artifacts, data_path)[0] == 0
+    before = (artifacts / "trained_checkpoint").read_bytes()
+    status, out, _ = _train(capsys, artifacts, data_path, *RUN, "--resume")
+    assert status == 0 and "nothing to do" in out
+    assert (artifacts / "trained_checkpoint").read_bytes() == before
+
+
+def test_resume_with_more_epochs_continues_the_run(capsys, fresh_artifacts, data_path: Path):
+    whole, parts = fresh_artifacts("whole"), fresh_artifacts("parts")
+    assert _train(capsys, whole, data_path)[0] == 0
+    assert _train(capsys, parts, data_path, *RUN[:1], "2", *RUN[2:])[0] == 0
+    assert _train(capsys, parts, data_path, *RUN, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(parts))
+
+
+def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, error: BaseException) -> None:
+    """Make the ``step``-th train step (counted from 1) raise ``error``."""
+    original = Module.__call__
+    steps = [0]
+
+    def call(self: Module, *args: object, **kwargs: object) -> object:
+        if self.training:
+            steps[0] += 1
+            if steps[0] == step:
+                raise error
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Module, "__call__", call)
+
+
+@pytest.mark.parametrize("every", [4, 6])
+def test_resume_after_a_crash_equals_an_uninterrupted_run(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path, every: int
+):
+    whole, crashed = fresh_artifacts("whole"), fresh_artifacts("crashed")
+    run = [*RUN, "--checkpoint-every", str(every)]
+    assert _train(capsys, whole, data_path, *run)[0] == 0
+    with monkeypatch.context() as patch:
+        _fail_at(patch, 15, RuntimeError("the machine went away"))
+        with pytest.raises(RuntimeError, match="went away"):
+            _train(capsys, crashed, data_path, *run)
+    saved = _trained(crashed)
+    assert saved.optimizer.step == (14 // every) * every  # the last checkpoint before the crash
+    status, out, err = _train(capsys, crashed, data_path, *run, "--resume")
+    assert (status, err) == (0, "") and "resuming" in out
+    _assert_same_run(_trained(whole), _trained(crashed))
+
+
+def test_ctrl_c_saves_the_last_step_and_resumes_exactly(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
+):
+    whole, stopped = fresh_artifacts("whole"), fresh_artifacts("stopped")
+    assert _train(capsys, whole, data_path)[0] == 0
+    with monkeypatch.context() as patch:
+        _fail_at(patch, 10, KeyboardInterrupt())
+        status, _, err = _train(capsys, stopped, data_path)
+    assert status == 130
+    assert "interrupted at epoch 2 of 4, batch 3" in err and "--resume" in err and "Traceback" not in err
+    assert _trained(stopped).optimizer.step == 9
+    assert _train(capsys, stopped, data_path, *RUN, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(stopped))
+
+
+def test_a_run_interrupted_before_its_first_step_resumes_from_the_start(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
+):
+    whole, stopped = fresh_artifacts("whole"), fresh_artifacts("stopped")
+    assert _train(capsys, whole, data_path)[0] == 0
+    with monkeypatch.context() as patch:
+        _fail_at(patch, 1, KeyboardInterrupt())
+        assert _train(capsys, stopped, data_path)[0] == 130
+    assert _train(capsys, stopped, data_path, *RUN, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(stopped))
+
+
+def _signal_at(monkeypatch: pytest.MonkeyPatch, step: int, times: int) -> None:
+    """Send SIGINT ``times`` times at the start of the ``step``-th train step."""
+    original = Module.__call__
+    steps = [0]
+
+    def call(self: Module, *args: object, **kwargs: object) -> object:
+        if self.training:
+            steps[0] += 1
+            if steps[0] == step:
+                for _ in range(times):
+                    signal.raise_signal(signal.SIGINT)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Module, "__call__", call)
+
+
+python_handler = pytest.mark.skipif(
+    signal.getsignal(signal.SIGINT) is not signal.default_int_handler, reason="SIGINT has another handler here"
+)
+
+
+@python_handler
+def test_a_real_ctrl_c_finishes_the_step_under_way(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
+):
+    whole, stopped = fresh_artifacts("whole"), fresh_artifacts("stopped")
+    assert _train(capsys, whole, data_path)[0] == 0
+    with monkeypatch.context() as patch:
+        _signal_at(patch, 8, times=1)  # arrives in the middle of the step
+        assert _train(capsys, stopped, data_path)[0] == 130
+    assert _trained(stopped).optimizer.step == 8  # the step under way was completed, then saved
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    assert _train(capsys, stopped, data_path, *RUN, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(stopped))
+
+
+@python_handler
+def test_a_second_ctrl_c_stops_at_once_and_the_last_checkpoint_stands(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
+):
+    whole, stopped = fresh_artifacts("whole"), fresh_artifacts("stopped")
+    assert _train(capsys, whole, data_path)[0] == 0
+    with monkeypatch.context() as patch:
+        _signal_at(patch, 9, times=2)
+        status, _, err = _train(capsys, stopped, data_path)
+    assert status == 130 and "interrupted at epoch 1 of 4;" in err and "--resume" in err
+    assert _trained(stopped).optimizer.step == 6  # saved after the first epoch
+    assert _train(capsys, stopped, data_path, *RUN, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(stopped))

@@ -1,0 +1,82 @@
+"""Arrays from .npz and .csv files, cast and shaped for the training model's inputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onnxtrain.loop import fit_to_inputs, load_data
+from onnxtrain.training.interface import TensorSpec
+
+X = TensorSpec("pixels", np.dtype(np.float32), ("batch", 3))
+LABELS = TensorSpec("labels", np.dtype(np.int64), ("batch",))
+TARGET = TensorSpec("target", np.dtype(np.float32), ("batch", 1))
+
+
+def test_npz_arrays_named_after_the_inputs(tmp_path: Path):
+    np.savez(tmp_path / "d.npz", labels=np.array([1, 0]), pixels=np.ones((2, 3)), extra=np.zeros(1))
+    pixels, labels = load_data(tmp_path / "d.npz", [X, LABELS])
+    assert (pixels.dtype, pixels.shape, labels.dtype) == (np.float32, (2, 3), np.int64)
+
+
+@pytest.mark.parametrize("name", ["X", "x"])
+def test_npz_x_and_y(tmp_path: Path, name: str):
+    np.savez(tmp_path / "d.npz", **{name: np.ones((2, 3)), "y": np.array([0.0, 1.0])})
+    _, labels = load_data(tmp_path / "d.npz", [X, LABELS])
+    assert labels.tolist() == [0, 1] and labels.dtype == np.int64
+
+
+def test_the_target_takes_the_inputs_rank():
+    _, target = fit_to_inputs([("a", np.ones((4, 3))), ("b", np.arange(4.0))], [X, TARGET], "data")
+    assert target.shape == (4, 1) and target.dtype == np.float32
+    _, labels = fit_to_inputs([("a", np.ones((4, 3))), ("b", np.arange(4).reshape(4, 1))], [X, LABELS], "data")
+    assert labels.shape == (4,)
+
+
+def test_shapes_that_do_not_fit():
+    with pytest.raises(ValueError, match=r"array 'a' \(for input 'pixels', float32\[batch, 3\]\) has shape \[4, 5\]"):
+        fit_to_inputs([("array 'a'", np.ones((4, 5))), ("b", np.arange(4))], [X, LABELS], "data")
+
+
+def test_casts_that_lose_values():
+    with pytest.raises(TypeError, match=r"0\.5, which is not a whole number"):
+        fit_to_inputs([("a", np.ones((2, 3))), ("b", np.array([0.5, 1.0]))], [X, LABELS], "data")
+    with pytest.raises(TypeError, match="cannot be cast"):
+        fit_to_inputs([("a", np.array([["a", "b", "c"]])), ("b", np.array([1]))], [X, LABELS], "data")
+    small = TensorSpec("k", np.dtype(np.uint8), ("batch",))
+    with pytest.raises(TypeError, match="outside the range of uint8"):
+        fit_to_inputs([("a", np.array([300, 1]))], [small], "data")
+
+
+def test_csv_with_header_and_a_target_column(tmp_path: Path):
+    (tmp_path / "d.csv").write_text("label,a,b,c\n1,0.5,1.5,2.5\n0,1,2,3\n")
+    pixels, labels = load_data(tmp_path / "d.csv", [X, LABELS], target_column="label")
+    assert pixels.tolist() == [[0.5, 1.5, 2.5], [1, 2, 3]] and labels.tolist() == [1, 0]
+    pixels, labels = load_data(tmp_path / "d.csv", [X, LABELS], target_column="-4")
+    assert labels.tolist() == [1, 0]
+
+
+def test_csv_errors(tmp_path: Path):
+    (tmp_path / "d.csv").write_text("1,2,3,4\n5,6,x,8\n")
+    with pytest.raises(ValueError, match=r"d.csv, line 2: 'x' is not a number"):
+        load_data(tmp_path / "d.csv", [X, LABELS])
+    (tmp_path / "e.csv").write_text("1,2,3,4\n5,6\n")
+    with pytest.raises(ValueError, match="line 2: 2 columns"):
+        load_data(tmp_path / "e.csv", [X, LABELS])
+    (tmp_path / "f.csv").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        load_data(tmp_path / "f.csv", [X, LABELS])
+
+
+def test_unknown_formats_and_misplaced_options(tmp_path: Path):
+    (tmp_path / "d.txt").write_text("1")
+    with pytest.raises(ValueError, match=r"unknown data format '\.txt'"):
+        load_data(tmp_path / "d.txt", [X, LABELS])
+    np.savez(tmp_path / "d.npz", X=np.ones((2, 3)), y=np.ones(2))
+    with pytest.raises(ValueError, match=r"applies to \.csv"):
+        load_data(tmp_path / "d.npz", [X, LABELS], target_column="y")
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match=r"not a readable \.npz"):
+        load_data(tmp_path / "bad.npz", [X, LABELS])
