@@ -89,3 +89,13 @@ def test_the_output_is_required(capsys, artifacts: Path):
     status, _, err = cli(capsys, "export", artifacts)
     assert status == 2
     assert_error(err, "export", "-o/--out")
+
+
+def test_the_model_is_written_with_default_permissions(capsys, artifacts: Path, tmp_path: Path):
+    """Written through a temporary file and a rename, the model is as readable as a plain write makes it."""
+    import os
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert cli(capsys, "export", artifacts, "-o", tmp_path / "model.onnx")[0] == 0
+    assert (tmp_path / "model.onnx").stat().st_mode & 0o777 == 0o666 & ~umask
