@@ -170,6 +170,16 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
+def _declare_gradient_types(model: onnx.ModelProto, parameters: dict[str, str]) -> None:
+    """Declare each gradient output with its parameter's type: where inference lost the shape on the way
+    (a ``Reshape`` to a computed shape at opset 13, say), the gradient still has the parameter's shape."""
+    inputs = {value.name: value for value in model.graph.input}
+    for value in model.graph.output:
+        parameter = parameters.get(value.name)
+        if parameter is not None and not value.type.tensor_type.HasField("shape"):
+            value.type.CopyFrom(inputs[parameter].type)
+
+
 def build_training_models(
     forward: onnx.ModelProto,
     outputs: Sequence[str],
@@ -206,6 +216,7 @@ def build_training_models(
     builder = GraphBuilder(training_model)
     grads = build_gradients(builder, outputs[0], trainable_names, registry) if trainable_names else {}
     builder.set_outputs([*outputs, *(grads[name] for name in trainable_names), *running.values()])
+    _declare_gradient_types(training_model, {grads[name]: name for name in trainable_names})
     prune_unused_nodes(training_model)
 
     return TrainingModels(

@@ -10,7 +10,10 @@ named like any other onnxtrain build. Each score is a sum over the samples
     elastic              sum_i w_i sum_j (l1_weight |d_ij| + l2_weight d_ij^2)
     log                  -sum_i w_i log p_i[y_i], p_i clipped to [eps, 1 - eps] and renormalised
 
-plus, for each penalised value ``v``, ``l1 * sum|v| + l2 * sum v^2``.
+plus, for each penalised value ``v``, ``l1 * sum|v| + l2 * sum v^2``. The
+penalty is part of every batch's loss (onnxcustom's convention): a pass over
+``n`` samples in batches of ``b`` minimises the data term plus ``n / b`` times
+the penalty.
 """
 
 from __future__ import annotations
@@ -295,7 +298,16 @@ def _output_name(onx: onnx.ModelProto, output_index: int | str | None) -> str:
         raise TypeError(f"output_index must be an int or an output name, not {output_index!r}")
     if isinstance(output_index, str):
         if output_index not in outputs:
-            raise ValueError(f"output_index={output_index!r} is not an output of the model; its outputs are {outputs}")
+            zipmap = any(node.op_type == "ZipMap" and node.domain == "ai.onnx.ml" for node in onx.graph.node)
+            hint = (
+                " (a classifier converted by skl2onnx with ZipMap: convert it with options={'zipmap': False} "
+                "to get the tensor outputs 'label' and 'probabilities')"
+                if zipmap
+                else ""
+            )
+            raise ValueError(
+                f"output_index={output_index!r} is not an output of the model; its outputs are {outputs}{hint}"
+            )
         return output_index
     if not -len(outputs) <= output_index < len(outputs):
         raise ValueError(f"output_index={output_index} is out of range: the model has {len(outputs)} outputs {outputs}")

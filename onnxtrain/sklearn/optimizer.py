@@ -265,7 +265,7 @@ class OrtGradientOptimizer:
         start = self._start_weights(built.checkpoint.trainable, rng)
         for name, array in start.items():
             state.parameters[name] = array
-        module = Module(built.training_model, state, built.eval_model, device=self.device, check_finite=True)
+        module = Module(built.training_model, state, built.eval_model, device=self.device)
         optimizer = Optimizer(built.optimizer_model, module)
         self._module, self._state = module, state  # for the duration of fit only (not pickled)
         try:
@@ -297,23 +297,25 @@ class OrtGradientOptimizer:
         with Progress(self.max_iter, "fit", enabled=self.verbose > 0, leave=True) as bar:
             for iteration in range(self.max_iter):
                 order = rng.permutation(n)
+                shuffled = [array[order] for array in data]  # one gather per iteration: the batches are views
                 eta = learning_rate.value
                 total = 0.0
+                rate = math.nan
                 for batch, start in enumerate(range(0, n, self.batch_size)):
-                    rows = order[start : start + self.batch_size]
-                    optimizer.set_learning_rate(eta / len(rows) if per_sample else eta)
-                    try:
-                        loss = module(*(array[rows] for array in data))
-                    except FloatingPointError:
+                    inputs = [array[start : start + self.batch_size] for array in shuffled]
+                    if rate != (rate := eta / len(inputs[0]) if per_sample else eta):
+                        optimizer.set_learning_rate(rate)
+                    value = float(np.asarray(module(*inputs)))
+                    if not math.isfinite(value):
                         self._diverged(state, last_good)
                         raise ConvergenceError(
-                            f"the loss became NaN or infinite at iteration {iteration + 1} of {self.max_iter} "
-                            f"(batch {batch + 1}) with learning rate {eta:.4g}: the weights are those after "
-                            f"iteration {iteration}; lower the learning rate or scale the features"
-                        ) from None
+                            f"the loss became NaN or infinite ({value}) at iteration {iteration + 1} of "
+                            f"{self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the weights are "
+                            f"those after iteration {iteration}; lower the learning rate or scale the features"
+                        )
                     optimizer.step()
                     module.lazy_reset_grad()
-                    total += float(np.asarray(loss))
+                    total += value
                 weights = _snapshot(state)
                 if not all(np.isfinite(array).all() for array in weights.values()):
                     self._diverged(state, last_good)

@@ -10,6 +10,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from onnx import helper
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import artifacts, losses, optim
@@ -28,6 +29,7 @@ from tests.artifacts.models import (
     run,
     session,
 )
+from tests.helpers import FLOAT, make_model
 
 
 class LossOn(onnxblock.TrainingBlock):
@@ -242,3 +244,29 @@ def test_optimizer_steps_equal_the_reference(tmp_path: Path, optimizer: OptimTyp
             ref_params[p] = params[p]  # continue from the model's values: no drift between the two
             ref_states[p] = list(states[p])
         assert not np.array_equal(params["W"], _params(np.float32)["W"])
+
+
+@pytest.mark.parametrize("opset", [13, 17])
+def test_gradient_outputs_have_the_parameter_shape_where_inference_loses_it(opset: int) -> None:
+    """At opset 13 onnx infers no shape through Reshape's gradient (skl2onnx's linear models end in a
+    Reshape to [-1, 1]); the accumulated gradient outputs are still declared with each parameter's type."""
+    model = make_model(
+        {"X": (FLOAT, ["batch", 3])},
+        [
+            helper.make_node("MatMul", ["X", "coef"], ["xw"]),
+            helper.make_node("Add", ["xw", "intercept"], ["v"]),
+            helper.make_node("Reshape", ["v", "shape"], ["variable"]),
+        ],
+        {"variable": (FLOAT, ["batch", 1])},
+        [("coef", np.zeros((3, 1), np.float32)), ("intercept", np.zeros(1, np.float32)),
+         ("shape", np.array([-1, 1], np.int64))],
+        opset=opset,
+    )  # fmt: skip
+    training = artifacts.build_artifacts(model, ["coef", "intercept"], loss=artifacts.LossType.MSELoss).training_model
+    declared = {
+        value.name: [d.dim_value for d in value.type.tensor_type.shape.dim]
+        for value in training.graph.output
+        if value.type.tensor_type.HasField("shape")
+    }
+    assert declared["coef_grad.accumulation.out"] == [3, 1]
+    assert declared["intercept_grad.accumulation.out"] == [1]

@@ -300,6 +300,8 @@ def test_non_tensor_and_integer_outputs_are_refused_naming_the_cure() -> None:
         add_loss_output(model, score_name="log", output_index="probabilities")
     with pytest.raises(ValueError, match="score the probabilities"):
         add_loss_output(model, score_name="log", output_index="label")
+    with pytest.raises(ValueError, match=r"'output_probability' is not an output.*options=\{'zipmap': False\}"):
+        add_loss_output(model, score_name="log", output_index="output_probability")
 
 
 def test_log_score_needs_probabilities_of_rank_one_or_two() -> None:

