@@ -234,8 +234,8 @@ def test_resume_with_more_epochs_continues_the_run(capsys, fresh_artifacts, data
     _assert_same_run(_trained(whole), _trained(parts))
 
 
-def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, error: BaseException) -> None:
-    """Make the ``step``-th train step (counted from 1) raise ``error``."""
+def _at_step(monkeypatch: pytest.MonkeyPatch, step: int, action: Callable[[], None]) -> None:
+    """Run ``action`` at the start of the ``step``-th train step (counted from 1)."""
     original = Module.__call__
     steps = [0]
 
@@ -243,10 +243,19 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, error: BaseException) -
         if self.training:
             steps[0] += 1
             if steps[0] == step:
-                raise error
+                action()
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(Module, "__call__", call)
+
+
+def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, error: BaseException) -> None:
+    """Make the ``step``-th train step raise ``error``."""
+
+    def fail() -> None:
+        raise error
+
+    _at_step(monkeypatch, step, fail)
 
 
 @pytest.mark.parametrize("every", [4, 6])
@@ -296,18 +305,12 @@ def test_a_run_interrupted_before_its_first_step_resumes_from_the_start(
 
 def _signal_at(monkeypatch: pytest.MonkeyPatch, step: int, times: int) -> None:
     """Send SIGINT ``times`` times at the start of the ``step``-th train step."""
-    original = Module.__call__
-    steps = [0]
 
-    def call(self: Module, *args: object, **kwargs: object) -> object:
-        if self.training:
-            steps[0] += 1
-            if steps[0] == step:
-                for _ in range(times):
-                    signal.raise_signal(signal.SIGINT)
-        return original(self, *args, **kwargs)
+    def interrupt() -> None:
+        for _ in range(times):
+            signal.raise_signal(signal.SIGINT)
 
-    monkeypatch.setattr(Module, "__call__", call)
+    _at_step(monkeypatch, step, interrupt)
 
 
 python_handler = pytest.mark.skipif(
