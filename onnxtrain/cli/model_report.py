@@ -92,6 +92,7 @@ def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
 def _operators(model: onnx.ModelProto) -> list[str]:
     from onnxtrain.autodiff import builtin_registry
     from onnxtrain.graph.versions import opset_version
+    from onnxtrain.sklearn.converted import converter_hints
 
     counts = Counter((node.domain, node.op_type) for node in _nodes(model.graph))
     rows = [[op if not domain else f"{domain}::{op}", number(n)] for (domain, op), n in counts.most_common()]
@@ -113,6 +114,7 @@ def _operators(model: onnx.ModelProto) -> list[str]:
         lines.append("gradient rules: every differentiable operator has one")
     if stopping:
         lines.append(f"stop the gradient (not differentiable, by definition): {', '.join(stopping)}")
+    lines += [f"  {hint}" for hint in converter_hints(model)]
     return lines
 
 

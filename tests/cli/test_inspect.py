@@ -63,6 +63,21 @@ def test_operators_without_gradient_rules_and_those_that_stop_it(capsys, tmp_pat
     assert "stop the gradient (not differentiable, by definition): Shape" in out
 
 
+def test_a_scikit_learn_conversion_without_gradients_names_the_converter_option(capsys, tmp_path: Path):
+    """skl2onnx's default LinearRegressor keeps its coefficients in attributes: inspect says how to convert."""
+    node = helper.make_node("LinearRegressor", ["x"], ["y"], domain="ai.onnx.ml", coefficients=[1.0, 2.0])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 2])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 1])],
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    assert status == 0
+    assert "no gradient rule: ai.onnx.ml::LinearRegressor" in out
+    assert "black_op={'LinearRegressor'}" in out
+
+
 def test_a_model_with_external_data_is_described_without_it(capsys, model_path: Path, tmp_path: Path):
     model = onnx.load(model_path)
     onnx.save(model, tmp_path / "big.onnx", save_as_external_data=True, location="big.data", size_threshold=0)
