@@ -18,6 +18,8 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from onnxtrain.sessions import inference_session
+
 FLOAT = onnx.TensorProto.FLOAT
 DOUBLE = onnx.TensorProto.DOUBLE
 FLOAT16 = onnx.TensorProto.FLOAT16
@@ -100,7 +102,7 @@ def identity_model(inputs: Mapping[str, ValueSpec], opset: int = 17) -> onnx.Mod
 def session(model: onnx.ModelProto | str) -> ort.InferenceSession:
     """A CPU onnxruntime session for ``model`` (a ModelProto, or a path)."""
     source: Any = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    return inference_session(source)
 
 
 def run_model(model: onnx.ModelProto | str, feeds: Mapping[str, Any]) -> list[np.ndarray]:

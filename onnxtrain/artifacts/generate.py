@@ -242,6 +242,8 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
     """Load each model in onnxruntime with the custom operator library registered."""
     import onnxruntime as ort
 
+    from onnxtrain.sessions import inference_session
+
     options = ort.SessionOptions()
     try:
         options.register_custom_ops_library(os.fspath(custom_op_library))
@@ -249,7 +251,7 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
         raise ValueError(f"custom_op_library={str(custom_op_library)!r} cannot be loaded: {error}") from error
     for name, proto in models.items():
         try:
-            ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            inference_session(proto.SerializeToString(), options)
         except Exception as error:
             raise ValueError(f"the {name} does not load in onnxruntime with {custom_op_library!s}: {error}") from error
 

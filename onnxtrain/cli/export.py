@@ -87,9 +87,9 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
     Returns its inputs and outputs as onnxruntime sees them (``name: type[shape]``).
     """
     import onnx
-    import onnxruntime as ort
 
     from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+    from onnxtrain.sessions import inference_session
 
     if out.is_dir():
         raise IsADirectoryError(f"{out} is a directory; give the path of the .onnx file to write")
@@ -101,7 +101,7 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
             onnx.save_model(model, temporary)
         else:  # the data file goes straight to its final name, which the model refers to
             onnx.save_model(model, temporary, save_as_external_data=True, location=f"{out.name}.data")
-        session = ort.InferenceSession(os.fspath(temporary), providers=["CPUExecutionProvider"])
+        session = inference_session(os.fspath(temporary))
         os.replace(temporary, out)
     finally:
         with contextlib.suppress(FileNotFoundError):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from onnxtrain.sessions import inference_session
 from onnxtrain.training import values
 from onnxtrain.training.device import Device, ProviderSpec
 from onnxtrain.training.interface import LoadedModel
@@ -134,7 +135,7 @@ class BoundSession:
         native: bool = True,
     ) -> None:
         try:
-            self.session = ort.InferenceSession(model.source, sess_options=options, providers=providers)
+            self.session = inference_session(model.source, options, providers)
         except Exception as error:  # onnxruntime raises its own exception types
             raise ValueError(f"onnxruntime cannot load the {what}: {error}") from error
         self.what = what

@@ -22,6 +22,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY
+from onnxtrain.sessions import inference_session
 from tests.helpers import BOOL, DOUBLE, FLOAT, INT64, make_model
 
 #: Initializers of :func:`dense`, in initializer order.
@@ -103,7 +104,7 @@ def load(path: str | Path) -> onnx.ModelProto:
 
 def session(model: onnx.ModelProto | str | Path) -> ort.InferenceSession:
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    return inference_session(source)
 
 
 def run(sess: ort.InferenceSession, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import helper
 
 from onnxtrain import losses, optim
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, add_gradient_accumulation, buffer_name
+from onnxtrain.sessions import inference_session
 from tests.helpers import FLOAT, make_model
 from tests.training import models
 
@@ -54,7 +54,7 @@ def trainable_of(training: onnx.ModelProto) -> list[str]:
 
 
 def run_model(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = inference_session(model.SerializeToString())
     names = [o.name for o in session.get_outputs()]
     wanted = {i.name for i in session.get_inputs()}
     return dict(zip(names, session.run(names, {k: v for k, v in feeds.items() if k in wanted}), strict=True))

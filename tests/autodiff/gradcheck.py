@@ -29,6 +29,7 @@ from onnx.reference import ReferenceEvaluator
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import GraphBuilder, dtypes, versions
+from onnxtrain.sessions import inference_session
 from tests.autodiff.specs import Arg, Case, Spec
 
 #: How input dimensions are declared: sizes, names (``n4``; 1 stays 1), or unknown.
@@ -70,7 +71,7 @@ class ReferenceSession:
 def _session(model: onnx.ModelProto, backend: Backend) -> ort.InferenceSession | ReferenceSession:
     if backend == "onnx.reference":
         return ReferenceSession(model)
-    return ort.InferenceSession(model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"])
+    return inference_session(model.SerializeToString(), _session_options())
 
 
 @dataclass

@@ -45,6 +45,7 @@ from onnx.reference.op_run import OpRun
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain.graph import dtypes
+from onnxtrain.sessions import inference_session
 
 #: The ``ai.onnx`` opset of every test model (Gelu is an operator from opset 20 on).
 OPSET = 20
@@ -374,9 +375,7 @@ class Runner:
         self._session: ort.InferenceSession | None = None
         self._reference: ReferenceEvaluator | None = None
         try:
-            self._session = ort.InferenceSession(
-                model.SerializeToString(), _session_options(), providers=["CPUExecutionProvider"]
-            )
+            self._session = inference_session(model.SerializeToString(), _session_options())
             self.backend = "onnxruntime"
         except Exception as error:  # onnxruntime's NotImplemented: no kernel for an operator and type
             if not allow_reference or "NOT_IMPLEMENTED" not in str(error):

@@ -26,6 +26,7 @@ from onnx import helper
 
 import onnxtrain
 import onnxtrain.onnxblock as onnxblock
+from onnxtrain.sessions import inference_session
 from tests.helpers import DOUBLE, FLOAT, INT32, INT64, make_model, tolerance
 from tests.losses import oracles
 
@@ -220,7 +221,7 @@ def single_thread_session(model: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return inference_session(model.SerializeToString(), options)
 
 
 @functools.cache

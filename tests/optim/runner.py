@@ -11,6 +11,7 @@ from onnx import numpy_helper
 
 from onnxtrain.graph import empty_base
 from onnxtrain.optim import Optimizer, grad_name, state_name, updated_name
+from onnxtrain.sessions import inference_session
 
 Arrays = dict[str, np.ndarray]
 States = dict[str, list[np.ndarray]]
@@ -29,7 +30,7 @@ def build(optimizer: Optimizer, params: Mapping[str, np.ndarray], opset: int | N
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return inference_session(model.SerializeToString())
 
 
 def onnx_trajectory(

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from onnxtrain.sklearn import LearningRateSGD, OrtGradientOptimizer, add_loss_output, get_train_initializer
+from tests.helpers import session
 
 skl2onnx = pytest.importorskip("skl2onnx")
 datasets = pytest.importorskip("sklearn.datasets")
@@ -34,8 +34,7 @@ def quiet_scikit_learn() -> Iterator[None]:
 
 
 def predict(model: Any, x: np.ndarray, output: int = 0) -> np.ndarray:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"X": x})[output]
+    return session(model).run(None, {"X": x})[output]
 
 
 def regression(n: int = 500, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

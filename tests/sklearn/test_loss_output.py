@@ -19,6 +19,7 @@ from onnxtrain.artifacts import build_artifacts
 from onnxtrain.sklearn import add_loss_output, get_train_initializer, penalty_loss_onnx
 from onnxtrain.training import Module, TrainingState
 from tests.helpers import DOUBLE, FLOAT, INT64, make_model, run_model
+from tests.helpers import session as session_of
 from tests.sklearn.models import N_FEATURES, forward, mlp, weights_of
 
 PARAMETERS = ["W1", "b1", "W2", "b2"]
@@ -108,7 +109,7 @@ def draw_batch(data: st.DataObject, case: Case) -> dict[str, np.ndarray]:
 def test_loss_value_matches_oracle(case: Case) -> None:
     model = loss_model(case)
     assert [o.name for o in model.graph.output] == ["loss", "y"]
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = session_of(model)
     weights = weights_of(mlp(case.n_outputs, case.head))
 
     @given(data=st.data())
@@ -127,7 +128,7 @@ def test_loss_value_matches_oracle(case: Case) -> None:
 def _training(case_id: str) -> tuple[onnx.ModelProto, onnx.ModelProto, ort.InferenceSession]:
     case = CASES_BY_ID[case_id]
     built = build_artifacts(loss_model(case), PARAMETERS, loss=None, loss_input_names=["loss"])
-    session = ort.InferenceSession(built.eval_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = session_of(built.eval_model)
     return built.training_model, built.eval_model, session
 
 

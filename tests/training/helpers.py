@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxtrain import api
+from onnxtrain.sessions import inference_session
 
 
 def open_module(
@@ -41,7 +41,7 @@ def parameters(state: Any) -> dict[str, np.ndarray]:
 
 def run_onnx(path: Path, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """All outputs of a model run directly in onnxruntime."""
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = inference_session(str(path))
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, dict(feeds)), strict=True))
 
