@@ -9,12 +9,9 @@ keeps the finished bar on screen.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Iterator
-from typing import IO, TypeVar
+from typing import IO
 
 from tqdm import tqdm
-
-T = TypeVar("T")
 
 
 def stdout_is_terminal() -> bool:
@@ -77,14 +74,4 @@ class Progress:
             self._bar = None
 
 
-def iterate(
-    items: Iterable[T], total: int | None = None, description: str = "", *, enabled: bool | None = None
-) -> Iterator[T]:
-    """``items`` with a progress bar while they are consumed (see :class:`Progress`)."""
-    with Progress(total, description, enabled=enabled) as bar:
-        for item in items:
-            yield item
-            bar.update()
-
-
-__all__ = ["Progress", "iterate", "stdout_is_terminal"]
+__all__ = ["Progress", "stdout_is_terminal"]
