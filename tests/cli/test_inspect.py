@@ -41,6 +41,14 @@ def test_a_plain_model(capsys, model_path: Path):
     assert "gradient rules: every differentiable operator has one" in out
 
 
+def _inspect_graph(capsys, tmp_path: Path, graph: onnx.GraphProto, domain: str) -> tuple[int, str]:
+    """``onnxtrain inspect`` on ``graph`` saved as a model importing ai.onnx 17 and ``domain`` 1."""
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(domain, 1)]
+    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    return status, out
+
+
 def test_operators_without_gradient_rules_and_those_that_stop_it(capsys, tmp_path: Path):
     nodes = [
         helper.make_node("Mul", ["x", "w"], ["a"]),
@@ -55,9 +63,7 @@ def test_operators_without_gradient_rules_and_those_that_stop_it(capsys, tmp_pat
          helper.make_tensor_value_info("f", onnx.TensorProto.FLOAT, [2])],
         [numpy_helper.from_array(np.ones(2, np.float32), "w")],
     )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("my.ops", 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
-    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    status, out = _inspect_graph(capsys, tmp_path, graph, "my.ops")
     assert status == 0
     assert "no gradient rule: my.ops::Wobble" in out
     assert "stop the gradient (not differentiable, by definition): Shape" in out
@@ -70,9 +76,7 @@ def test_a_scikit_learn_conversion_without_gradients_names_the_converter_option(
         [node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 2])],
         [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 1])],
     )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("ai.onnx.ml", 1)]
-    onnx.save(helper.make_model(graph, opset_imports=opsets), tmp_path / "m.onnx")
-    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    status, out = _inspect_graph(capsys, tmp_path, graph, "ai.onnx.ml")
     assert status == 0
     assert "no gradient rule: ai.onnx.ml::LinearRegressor" in out
     assert "black_op={'LinearRegressor'}" in out
