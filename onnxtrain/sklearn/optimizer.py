@@ -173,10 +173,6 @@ class OrtGradientOptimizer:
                 shown.append(f"{name}={value!r}")
         return f"{type(self).__name__}({', '.join(shown)})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        """Everything but the runtime objects of a fit in progress (pickling keeps ``trained_coef_``)."""
-        return {key: value for key, value in self.__dict__.items() if not key.startswith("_")}
-
     # --------------------------------------------------------------- state
 
     def get_state(self) -> dict[str, np.ndarray]:
@@ -267,11 +263,7 @@ class OrtGradientOptimizer:
             state.parameters[name] = array
         module = Module(built.training_model, state, built.eval_model, device=self.device)
         optimizer = Optimizer(built.optimizer_model, module)
-        self._module, self._state = module, state  # for the duration of fit only (not pickled)
-        try:
-            self._loop(module, optimizer, state, learning_rate, isinstance(block, optim.SGD), data, validation, rng)
-        finally:
-            del self._module, self._state
+        self._loop(module, optimizer, state, learning_rate, isinstance(block, optim.SGD), data, validation, rng)
         self.learning_rate_ = learning_rate
         return self
 
@@ -344,10 +336,9 @@ class OrtGradientOptimizer:
                     bar.write(line)
                 if self.early_stopping and stalled >= self.n_iter_no_change:
                     break
+        self.trained_coef_ = last_good
         if best is not None:
-            _restore(state, best[1])
-            self.best_validation_loss_ = best[0]
-        self.trained_coef_ = _snapshot(state)
+            self.best_validation_loss_, self.trained_coef_ = best
 
     def _diverged(self, state: TrainingState, last_good: dict[str, np.ndarray]) -> None:
         """Put the weights of the last good iteration back, in the state and in ``trained_coef_``."""
