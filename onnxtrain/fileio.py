@@ -1,4 +1,4 @@
-"""Files written beside their final place, then renamed into it (the first half of an atomic write)."""
+"""Atomic writes: files written beside their final place, renamed into it, the rename made durable."""
 
 from __future__ import annotations
 
@@ -25,4 +25,18 @@ def temporary_beside(target: Path) -> Path:
     raise FileExistsError(f"cannot create a temporary file next to {target}")
 
 
-__all__ = ["temporary_beside"]
+def sync_directory(directory: Path) -> None:
+    """Make the renames in ``directory`` durable (POSIX); a no-op where directories cannot be opened."""
+    try:
+        handle = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(handle)
+    except OSError:
+        pass
+    finally:
+        os.close(handle)
+
+
+__all__ = ["sync_directory", "temporary_beside"]

@@ -3,10 +3,10 @@
 Writes ``{prefix}training_model.onnx``, ``{prefix}eval_model.onnx``,
 ``{prefix}optimizer_model.onnx`` (when an optimizer is given),
 ``{prefix}checkpoint`` and, on request, ``{prefix}nominal_checkpoint`` and
-``.ort`` versions of the models (``<model>.onnx.data`` beside a model over
-protobuf's 2 GiB limit). Everything is checked and built in memory,
-written to a temporary folder inside the artifact directory, and only then
-moved into place: a failure leaves no partial set behind.
+``.ort`` versions of the models. Everything is checked and built in memory
+(:func:`build_artifacts`), then written into a new version folder inside the
+artifact directory and switched in at once (:func:`write_artifacts`): a
+failure or a kill leaves the earlier set or the new one, never a mix.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import io
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,9 @@ from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.autodiff.training import check_parameters
 from onnxtrain.autodiff.training_block import TrainingBlock
 from onnxtrain.blocks import Block, PassThrough
-from onnxtrain.graph import base, empty_base, versions
+from onnxtrain.filegroup import FileGroup
+from onnxtrain.graph import empty_base, external, versions
+from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import load_base_model
 
 Target = Literal["onnxruntime", "onnxruntime-training"]
@@ -158,7 +159,7 @@ def build_artifacts(
         training_block.requires_grad(name)
     for name in frozen:
         training_block.requires_grad(name, False)
-    with base(proto):
+    with loaded_base(proto, base_dir):
         training_block(*inputs_to_loss)
     training, eval_model = training_block.to_model_proto()
     training = add_gradient_accumulation(training, [t.name for t in training_block.parameters()[0]])
@@ -174,7 +175,7 @@ def build_artifacts(
     built = ArtifactSet(training, eval_model, optimizer_model, state)
     if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
         for proto in built.models().values():
-            external_data_helper.load_external_data_for_model(proto, os.fspath(base_dir))
+            external.load_external_data(proto, base_dir)
     return built
 
 
@@ -216,17 +217,21 @@ def generate_artifacts(
             "target='onnxruntime-training' (ONNX Runtime's on-device format with com.microsoft kernels) is not "
             "available yet; use target='onnxruntime', whose artifacts run on any stock onnxruntime"
         )
-    if not isinstance(prefix, str) or os.sep in prefix or (os.altsep and os.altsep in prefix):
-        raise ValueError(f"prefix must be a file-name prefix without path separators, not {prefix!r}")
+    _check_prefix(prefix)
     built = build_artifacts(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
         registry=registry,
     )  # fmt: skip
-    models = built.models()
     if custom_op_library is not None:
-        _check_loadable(models, custom_op_library)
-    directory = Path.cwd() if artifact_directory is None else Path(artifact_directory)
-    return _write_all(directory, prefix, models, built.checkpoint, nominal_checkpoint, ort_format)
+        _check_loadable(built.models(), custom_op_library)
+    return write_artifacts(
+        built, artifact_directory, prefix, nominal_checkpoint=nominal_checkpoint, ort_format=ort_format
+    )
+
+
+def _check_prefix(prefix: object) -> None:
+    if not isinstance(prefix, str) or os.sep in prefix or (os.altsep and os.altsep in prefix):
+        raise ValueError(f"prefix must be a file-name prefix without path separators, not {prefix!r}")
 
 
 def _loss_name(loss: LossType | str | Block | None) -> str:
@@ -256,80 +261,86 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
             raise ValueError(f"the {name} does not load in onnxruntime with {custom_op_library!s}: {error}") from error
 
 
-def _move_into(directory: Path, staging: Path, written: dict[str, str]) -> dict[str, Path]:
-    """Move the staged files into ``directory``, replacing an earlier set; ``{name: path}``.
+#: Every file an artifact set may have, after the prefix. A new set replaces all of them at once: the
+#: names it lacks disappear. (The tensors of models over protobuf's limit stay inside the version folder.)
+ARTIFACT_FILES: tuple[str, ...] = (
+    "training_model.onnx",
+    "eval_model.onnx",
+    "optimizer_model.onnx",
+    "checkpoint",
+    "checkpoint" + checkpoint.EXTERNAL_DATA_SUFFIX,
+    "nominal_checkpoint",
+    "training_model.ort",
+    "eval_model.ort",
+    "optimizer_model.ort",
+)
 
-    Each file an earlier set has is first moved aside into ``staging``, so that
-    when a move fails (or is interrupted) the files already moved are taken
-    back out and the earlier ones put back: the directory then holds the
-    earlier set, not a mix of two.
+
+def artifact_files(directory: str | os.PathLike[str], prefix: str = "") -> FileGroup:
+    """The artifact set with ``prefix`` in ``directory``, as one :class:`~onnxtrain.filegroup.FileGroup`."""
+    return FileGroup(directory, "artifacts" + (f".{prefix}" if prefix else ""), [prefix + f for f in ARTIFACT_FILES])
+
+
+def write_artifacts(
+    artifact_set: ArtifactSet,
+    artifact_directory: str | os.PathLike[str] | None = None,
+    prefix: str = "",
+    *,
+    nominal_checkpoint: bool = False,
+    ort_format: bool = False,
+) -> dict[str, Path]:
+    """Write ``artifact_set`` into ``artifact_directory`` (created if missing); ``{artifact: path}``.
+
+    All files are written into a new hidden version folder, flushed to disk,
+    and then switched in at once (:mod:`onnxtrain.filegroup`): a failure or a
+    kill at any instant leaves an earlier set there complete and unchanged, or
+    the new one complete; what a crash leaves behind is removed by the next write.
     """
-    for file_name in written.values():
-        if (directory / file_name).is_dir():
-            raise IsADirectoryError(
-                f"{directory / file_name} is a directory, where the artifact {file_name!r} goes: "
-                "move it away or choose another artifact_directory"
-            )
-    aside = staging / ".earlier"
-    aside.mkdir()
-    moved: list[str] = []
+    _check_prefix(prefix)
+    directory = Path.cwd() if artifact_directory is None else Path(artifact_directory)
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
     try:
-        for file_name in written.values():
-            moved.append(file_name)
-            if os.path.lexists(directory / file_name):
-                os.replace(directory / file_name, aside / file_name)
-            os.replace(staging / file_name, directory / file_name)
+        with artifact_files(directory, prefix).replacing() as folder:
+            written = _write_files(folder, prefix, artifact_set, nominal_checkpoint, ort_format)
     except BaseException:
-        for file_name in reversed(moved):  # best effort: the first error is the one raised
-            with contextlib.suppress(OSError):
-                if not os.path.lexists(staging / file_name):  # the new file got into place
-                    os.unlink(directory / file_name)
-                if os.path.lexists(aside / file_name):
-                    os.replace(aside / file_name, directory / file_name)
+        if created:  # nothing was written: leave no directory either
+            shutil.rmtree(directory, ignore_errors=True)
         raise
     return {name: directory / file_name for name, file_name in written.items()}
 
 
-def _write_all(
-    directory: Path,
-    prefix: str,
-    models: dict[str, onnx.ModelProto],
-    state: checkpoint.CheckpointState,
-    nominal: bool,
-    ort_format: bool,
-) -> dict[str, Path]:
-    created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".onnxtrain-artifacts-", dir=directory))
-    paths: dict[str, Path] = {}
-    try:
-        written: dict[str, str] = {}
-        for name, proto in models.items():
-            written[name] = f"{prefix}{name}.onnx"
-            if proto.ByteSize() < PROTOBUF_LIMIT:
-                onnx.save_model(proto, staging / written[name])
-            else:
-                written[f"{name}_data"] = f"{written[name]}.data"
-                onnx.save_model(
-                    proto, staging / written[name], save_as_external_data=True, location=written[f"{name}_data"]
-                )
-        checkpoint.save(state, staging / f"{prefix}checkpoint")
-        written["checkpoint"] = f"{prefix}checkpoint"
-        data = checkpoint.external_data_path(staging / f"{prefix}checkpoint")
-        if data.exists():
-            written["checkpoint_data"] = data.name
-        if nominal:
-            checkpoint.save(state.nominal(), staging / f"{prefix}nominal_checkpoint")
-            written["nominal_checkpoint"] = f"{prefix}nominal_checkpoint"
-        if ort_format:
-            written.update(_to_ort_format(staging, {name: written[name] for name in models}))
-        paths = _move_into(directory, staging, written)
-        return paths
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created and not paths:  # nothing was written: leave no empty directory either
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+def _write_files(
+    folder: Path, prefix: str, artifact_set: ArtifactSet, nominal: bool, ort_format: bool
+) -> dict[str, str]:
+    """Write the set into the version ``folder``; ``{artifact: path relative to the artifact directory}``."""
+    written: dict[str, str] = {}
+    models = artifact_set.models()
+    for name, proto in models.items():
+        written[name] = f"{prefix}{name}.onnx"
+        if proto.ByteSize() < PROTOBUF_LIMIT:
+            onnx.save_model(proto, folder / written[name])
+        else:
+            written[f"{name}_data"] = f"{folder.name}/{written[name]}.data"
+            _save_with_external_data(proto, folder, written[name], written[f"{name}_data"])
+    for name in checkpoint.write_files(artifact_set.checkpoint, folder, f"{prefix}checkpoint"):
+        written["checkpoint_data" if name.endswith(checkpoint.EXTERNAL_DATA_SUFFIX) else "checkpoint"] = name
+    if nominal:
+        checkpoint.write_files(artifact_set.checkpoint.nominal(), folder, f"{prefix}nominal_checkpoint")
+        written["nominal_checkpoint"] = f"{prefix}nominal_checkpoint"
+    if ort_format:
+        written.update(_to_ort_format(folder, {name: written[name] for name in models}))
+    return written
+
+
+def _save_with_external_data(proto: onnx.ModelProto, folder: Path, file_name: str, location: str) -> None:
+    """Save ``proto`` as ``folder/file_name``, its large tensors at ``location`` (relative to the artifact
+    directory, where the model is opened from: inside ``folder``, never beside another version's model)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(proto)
+    external_data_helper.convert_model_to_external_data(copy, all_tensors_to_one_file=True, location=location)
+    external_data_helper.write_external_data_tensors(copy, os.fspath(folder.parent))
+    onnx.save_model(copy, folder / file_name)
 
 
 def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
@@ -350,16 +361,20 @@ def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:
             raise RuntimeError(f"onnxruntime's converter wrote no {ort_file} for the {name}")
         os.replace(produced, folder / ort_file)
         result[f"{name}_ort"] = ort_file
+    shutil.rmtree(converted)
     return result
 
 
 __all__ = [
+    "ARTIFACT_FILES",
     "INITIAL_STATE_KEY",
     "OPTIMIZER_KEY",
     "PROTOBUF_LIMIT",
     "TARGETS",
     "ArtifactSet",
     "Target",
+    "artifact_files",
     "build_artifacts",
     "generate_artifacts",
+    "write_artifacts",
 ]

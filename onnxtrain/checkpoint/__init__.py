@@ -11,22 +11,33 @@ from __future__ import annotations
 
 from onnxtrain.checkpoint.dtypes import ORT_LOADABLE_ELEM_TYPES, SUPPORTED_ELEM_TYPES
 from onnxtrain.checkpoint.errors import CheckpointError
-from onnxtrain.checkpoint.files import DEFAULT_EXTERNAL_DATA_THRESHOLD, external_data_path, load, save
+from onnxtrain.checkpoint.files import (
+    DEFAULT_EXTERNAL_DATA_THRESHOLD,
+    EXTERNAL_DATA_SUFFIX,
+    checkpoint_files,
+    external_data_path,
+    load,
+    save,
+    write_files,
+)
 from onnxtrain.checkpoint.format import decode, encode
 from onnxtrain.checkpoint.state import CheckpointState, OptimizerState, PropertyValue, from_tensors
 
 __all__ = [
     "DEFAULT_EXTERNAL_DATA_THRESHOLD",
+    "EXTERNAL_DATA_SUFFIX",
     "ORT_LOADABLE_ELEM_TYPES",
     "SUPPORTED_ELEM_TYPES",
     "CheckpointError",
     "CheckpointState",
     "OptimizerState",
     "PropertyValue",
+    "checkpoint_files",
     "decode",
     "encode",
     "external_data_path",
     "from_tensors",
     "load",
     "save",
+    "write_files",
 ]

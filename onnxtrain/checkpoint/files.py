@@ -2,12 +2,15 @@
 
 A checkpoint is one file; when its tensors hold more than
 ``external_data_threshold`` bytes, their data goes to ``<path>.data`` next to it
-(ORT's layout). ``save`` writes temporary files in the target directory,
-flushes and fsyncs them and renames them into place (``os.replace``): an
-interrupted or failed save leaves the previous checkpoint as it was and no
-temporary file behind. With external data, the data file is renamed first and
-restored if renaming the checkpoint fails. ``load`` never unpickles anything and
-reports every defect of a file with :class:`CheckpointError`.
+(ORT's layout). ``save`` of a single file writes a temporary file in the target
+directory, flushes and fsyncs it and renames it into place (``os.replace``),
+then removes the data file of an earlier save, which it does not refer to. A
+checkpoint with a data file is two files that must change together: they are a
+:class:`~onnxtrain.filegroup.FileGroup`, written into a new version folder and
+switched in with one rename. Either way an interrupted or failed save, or a
+kill at any instant, leaves the previous checkpoint (and its data) or the new
+one, complete. ``load`` never
+unpickles anything and reports every defect of a file with :class:`CheckpointError`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import BinaryIO
 from onnxtrain.checkpoint.errors import CheckpointError
 from onnxtrain.checkpoint.format import MAX_FLATBUFFER_BYTES, decode, encode, tensor_bytes
 from onnxtrain.checkpoint.state import CheckpointState
-from onnxtrain.fileio import temporary_beside
+from onnxtrain.filegroup import FileGroup, resolve_members
+from onnxtrain.fileio import sync_directory, temporary_beside
 
 #: ORT 1.19.2 switches to external data at 1800 MiB, below flatbuffers' 2 GiB limit.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1800 * 2**20
@@ -49,37 +53,76 @@ def save(
     """
     if not isinstance(state, CheckpointState):
         raise TypeError(f"state must be a CheckpointState, not {type(state).__name__}")
-    if isinstance(external_data_threshold, bool) or not isinstance(external_data_threshold, int):
-        raise TypeError(f"external_data_threshold must be an int (bytes), not {type(external_data_threshold).__name__}")
-    if external_data_threshold < 0:
-        raise ValueError(f"external_data_threshold must be >= 0 bytes, not {external_data_threshold}")
+    _check_threshold(external_data_threshold)
     target = Path(path)
     directory = target.parent
     if not directory.is_dir():
         raise FileNotFoundError(f"cannot save checkpoint {target}: directory {directory} does not exist")
     if target.is_dir():
         raise IsADirectoryError(f"cannot save checkpoint {target}: it is a directory")
-    use_external = tensor_bytes(state, include_optimizer_state) > external_data_threshold
-    temporaries: list[Path] = []
+    group = checkpoint_files(target)
+    if tensor_bytes(state, include_optimizer_state) > external_data_threshold:
+        with group.replacing() as folder:
+            write_files(
+                state, folder, target.name,
+                include_optimizer_state=include_optimizer_state, external_data_threshold=external_data_threshold,
+            )  # fmt: skip
+        return target
+    buffer = encode(state, include_optimizer_state=include_optimizer_state)
+    temporary = temporary_beside(target)
     try:
-        data_temp = None
-        if use_external:
-            data_temp = _temporary(target.with_name(target.name + EXTERNAL_DATA_SUFFIX), temporaries)
-            with open(data_temp, "wb") as data_file:
-                buffer = encode(state, include_optimizer_state=include_optimizer_state, external=data_file)
-                _sync(data_file)
-        else:
-            buffer = encode(state, include_optimizer_state=include_optimizer_state)
-        checkpoint_temp = _temporary(target, temporaries)
-        with open(checkpoint_temp, "wb") as checkpoint_file:
-            checkpoint_file.write(buffer)
-            _sync(checkpoint_file)
-        _install(checkpoint_temp, data_temp, target, temporaries)
+        with open(temporary, "wb") as file:
+            file.write(buffer)
+            _sync(file)
+        os.replace(temporary, target)
     finally:
-        for temporary in temporaries:
-            with contextlib.suppress(OSError):
-                temporary.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            temporary.unlink()
+    sync_directory(directory)
+    # An earlier save's data file: the new checkpoint does not refer to it (a crash before it is gone is harmless).
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(external_data_path(target))
+    group.release()  # that save's version folder, now that nothing links through it
     return target
+
+
+def checkpoint_files(path: str | os.PathLike[str]) -> FileGroup:
+    """The checkpoint at ``path`` and its data file, as one :class:`~onnxtrain.filegroup.FileGroup`."""
+    target = Path(path)
+    return FileGroup(target.parent, f"checkpoint.{target.name}", [target.name, target.name + EXTERNAL_DATA_SUFFIX])
+
+
+def write_files(
+    state: CheckpointState,
+    folder: str | os.PathLike[str],
+    name: str,
+    *,
+    include_optimizer_state: bool = True,
+    external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
+) -> list[str]:
+    """Write checkpoint ``name`` (and ``name.data`` above the threshold) into ``folder``, a folder being
+    prepared (no atomic rename: the caller switches the folder in). Returns the names written."""
+    _check_threshold(external_data_threshold)
+    folder = Path(folder)
+    written = [name]
+    if tensor_bytes(state, include_optimizer_state) > external_data_threshold:
+        written.append(name + EXTERNAL_DATA_SUFFIX)
+        with open(folder / written[1], "wb") as data_file:
+            buffer = encode(state, include_optimizer_state=include_optimizer_state, external=data_file)
+            _sync(data_file)
+    else:
+        buffer = encode(state, include_optimizer_state=include_optimizer_state)
+    with open(folder / name, "wb") as checkpoint_file:
+        checkpoint_file.write(buffer)
+        _sync(checkpoint_file)
+    return written
+
+
+def _check_threshold(external_data_threshold: object) -> None:
+    if isinstance(external_data_threshold, bool) or not isinstance(external_data_threshold, int):
+        raise TypeError(f"external_data_threshold must be an int (bytes), not {type(external_data_threshold).__name__}")
+    if external_data_threshold < 0:
+        raise ValueError(f"external_data_threshold must be >= 0 bytes, not {external_data_threshold}")
 
 
 def load(path: str | os.PathLike[str]) -> CheckpointState:
@@ -91,11 +134,13 @@ def load(path: str | os.PathLike[str]) -> CheckpointState:
     target = Path(path)
     if target.is_dir():
         raise CheckpointError(f"{target} is a directory; a checkpoint is one file")
-    size = target.stat().st_size
+    # the checkpoint and its data from one version, even while a save switches them
+    source, data = resolve_members(target, external_data_path(target))
+    size = source.stat().st_size
     if size > MAX_FLATBUFFER_BYTES:
         raise CheckpointError(f"{target} has {size} bytes, more than a flatbuffer can hold (2 GiB): not a checkpoint")
-    buffer = target.read_bytes()
-    with _ExternalData(external_data_path(target)) as external:
+    buffer = source.read_bytes()
+    with _ExternalData(data) as external:
         try:
             return decode(buffer, external.read)
         except CheckpointError as error:
@@ -139,54 +184,6 @@ class _ExternalData:
         return memoryview(data)
 
 
-def _temporary(target: Path, temporaries: list[Path]) -> Path:
-    """A new empty file next to ``target`` (default permissions), recorded for cleanup."""
-    name = temporary_beside(target)
-    temporaries.append(name)
-    return name
-
-
 def _sync(file: BinaryIO) -> None:
     file.flush()
     os.fsync(file.fileno())
-
-
-def _install(checkpoint_temp: Path, data_temp: Path | None, target: Path, temporaries: list[Path]) -> None:
-    """Rename the new files into place; on failure put the old data file back."""
-    data_target = external_data_path(target)
-    backup = None
-    if data_temp is not None:
-        if data_target.exists():
-            backup = _temporary(data_target, temporaries)
-            os.replace(data_target, backup)
-        try:
-            os.replace(data_temp, data_target)
-            temporaries.remove(data_temp)
-            os.replace(checkpoint_temp, target)
-        except BaseException:
-            if backup is not None:
-                os.replace(backup, data_target)
-            else:
-                with contextlib.suppress(OSError):
-                    data_target.unlink()
-            raise
-    else:
-        os.replace(checkpoint_temp, target)
-        with contextlib.suppress(OSError):
-            data_target.unlink()  # a stale data file of an older save: nothing refers to it now
-    temporaries.remove(checkpoint_temp)
-    _sync_directory(target.parent)
-
-
-def _sync_directory(directory: Path) -> None:
-    """Make the renames durable (POSIX); a no-op where directories cannot be opened."""
-    try:
-        handle = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(handle)
-    except OSError:
-        pass
-    finally:
-        os.close(handle)

@@ -119,7 +119,7 @@ def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> lis
     from onnxtrain.graph.dtypes import is_float
     from onnxtrain.graph.io import load_base_model
 
-    proto, _ = load_base_model(model)  # without external data: only names and types are read
+    proto, _ = load_base_model(model, check_data=False)  # without external data: only names and types are read
     found = [t.name for t in proto.graph.initializer if is_float(t.data_type) and t.name not in frozen]
     if not found:
         raise ValueError(f"{model} has no floating-point initializers to train (besides those --frozen)")

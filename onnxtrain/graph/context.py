@@ -12,6 +12,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
+from pathlib import Path
 
 import onnx
 from onnx import helper
@@ -56,6 +57,15 @@ def base(model: onnx.ModelProto | str | os.PathLike[str]) -> Iterator[GraphBuild
     """
     proto, base_dir = load_base_model(model)
     with _activate(GraphBuilder(proto, base_dir)) as builder:
+        yield builder
+
+
+@contextlib.contextmanager
+def loaded_base(model: onnx.ModelProto, base_dir: Path | None) -> Iterator[GraphBuilder]:
+    """Like :func:`base`, on a copy of a model that :func:`load_base_model` read (and checked) from ``base_dir``."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    with _activate(GraphBuilder(copy, base_dir)) as builder:
         yield builder
 
 

@@ -7,22 +7,34 @@ from pathlib import Path
 
 import onnx
 
+from onnxtrain.graph import external
+
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
 SMALL_TENSOR_ELEMENTS = 1024
 
 
-def load_base_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, Path | None]:
+def load_base_model(
+    model: onnx.ModelProto | str | os.PathLike[str], *, check_data: bool = True
+) -> tuple[onnx.ModelProto, Path | None]:
     """A private copy of ``model`` and the folder its external data lives in.
 
     A path is read without its external data: tensors stored beside the model
     stay on disk (models over 2 GB never pass through memory or temp files),
     and the folder is returned so the data can be found later. A ``ModelProto``
-    is copied, so the caller's object is never changed.
+    is copied, so the caller's object is never changed; it has no folder, so
+    it may not refer to external data. Every tensor is checked to hold the
+    data its dims declare, and every external-data location to stay inside the
+    model's folder (:mod:`onnxtrain.graph.external`), before anything is read:
+    ``ValueError`` otherwise, and for an empty model. ``check_data=False``
+    skips that check, for callers that read only names and types.
     """
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
+        _check_not_empty(copy, "the ModelProto")
+        if check_data:
+            external.check_model_data(copy, None)
         return copy, None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
@@ -32,8 +44,21 @@ def load_base_model(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[on
             loaded = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as error:  # protobuf raises its own DecodeError
             raise ValueError(f"{str(path)!r} is not a readable ONNX model: {error}") from error
-        return loaded, path.resolve().parent
+        _check_not_empty(loaded, repr(str(path)))
+        folder = path.resolve().parent
+        if check_data:
+            external.check_model_data(loaded, folder)
+        return loaded, folder
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
+
+
+def _check_not_empty(model: onnx.ModelProto, what: str) -> None:
+    """``ValueError`` for a model with no graph (an empty file parses as one)."""
+    if not model.HasField("graph") or not (model.graph.node or model.graph.output):
+        raise ValueError(
+            f"{what} has no graph (no nodes, no outputs): it is empty or not an ONNX model; "
+            "pass the .onnx file the exporter wrote"
+        )
 
 
 def is_small(tensor: onnx.TensorProto) -> bool:

@@ -53,12 +53,18 @@ def opset_version(model: onnx.ModelProto, domain: str = "") -> int | None:
 
 
 def check_opset(model: onnx.ModelProto) -> int:
-    """Return the model's ``ai.onnx`` opset; raise ``ValueError`` if it is too old."""
+    """Return the model's ``ai.onnx`` opset; raise ``ValueError`` if it is too old or newer than onnx knows."""
     version = opset_version(model, "")
     if version is None:
         raise ValueError(
             "the base model imports no ai.onnx opset; add one, e.g. "
             f"model.opset_import.append(onnx.helper.make_opsetid('', {DEFAULT_OPSET}))"
+        )
+    newest = onnx.defs.onnx_opset_version()
+    if version > newest:
+        raise ValueError(
+            f"the base model uses ai.onnx opset {version}, newer than the installed onnx {onnx.__version__} knows "
+            f"(up to {newest}): upgrade onnx (pip install -U onnx), or export the model with opset <= {newest}"
         )
     if version < MIN_OPSET:
         raise ValueError(

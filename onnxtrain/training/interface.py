@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY, PROTOBUF_LIMIT
-from onnxtrain.graph import dtypes
+from onnxtrain.graph import dtypes, external
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 
@@ -58,6 +58,7 @@ def load_model(source: ModelSource, what: str) -> LoadedModel:
             raise ValueError(
                 f"{what} is a ModelProto over protobuf's 2 GiB limit; save it with external data and pass the path"
             )
+        _check_no_external_data(source, what)
         data = source.SerializeToString()
         return LoadedModel(onnx.load_from_string(data), data)
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -66,6 +67,7 @@ def load_model(source: ModelSource, what: str) -> LoadedModel:
             proto = onnx.load_from_string(data)
         except Exception as error:  # protobuf's DecodeError
             raise ValueError(f"{what}: the bytes are not a serialized ONNX model ({error})") from error
+        _check_no_external_data(proto, what)
         return LoadedModel(proto, data)
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
@@ -75,8 +77,21 @@ def load_model(source: ModelSource, what: str) -> LoadedModel:
             proto = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as error:
             raise ValueError(f"{what}: {str(path)!r} is not a readable ONNX model ({error})") from error
+        try:  # onnxruntime reads the data itself: only files inside the model's folder, of the declared sizes
+            external.check_model_data(proto, path.resolve().parent)
+        except ValueError as error:
+            raise ValueError(f"{what} {str(path)!r}: {error}") from None
         return LoadedModel(proto, os.fspath(path), path.resolve())
     raise TypeError(f"{what} must be a path, the model's bytes or an onnx.ModelProto, not {type(source).__name__}")
+
+
+def _check_no_external_data(model: onnx.ModelProto, what: str) -> None:
+    """``ValueError`` when a model given without its path refers to data files (found nowhere safe)."""
+    if external.has_external_data(model):
+        raise ValueError(
+            f"{what} refers to external data files, and a model given in memory has no folder to find them in: "
+            "pass the path of the .onnx file instead"
+        )
 
 
 # --------------------------------------------------------------------- tensors

@@ -8,7 +8,6 @@ uses without showing). It runs as a script in a working directory that holds
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 from onnx import helper
 
 from onnxtrain import checkpoint
+from tests.folders import visible_names
 from tests.helpers import FLOAT, make_model
 
 EXAMPLE = """
@@ -101,7 +101,7 @@ def example_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_the_example_writes_the_four_artifacts_in_the_working_directory(example_run: Path):
-    assert sorted(os.listdir(example_run)) == [
+    assert visible_names(example_run) == [
         "checkpoint", "eval_model.onnx", "model.onnx", "optimizer_model.onnx", "training_model.onnx",
     ]  # fmt: skip
     for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):

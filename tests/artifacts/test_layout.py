@@ -11,7 +11,7 @@ import onnx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxtrain import artifacts, checkpoint, optim
 from onnxtrain.artifacts import LossType, OptimType
@@ -33,6 +33,7 @@ from tests.artifacts.models import (
     session,
     signature,
 )
+from tests.folders import leftovers, visible_files, visible_names
 from tests.helpers import make_model
 
 X = ("x", FLOAT, ("batch", 3))
@@ -74,7 +75,7 @@ def test_training_and_eval_models_for_each_loss(tmp_path: Path, loss: LossType):
         dense(), requires_grad=REQUIRES_GRAD, frozen_params=FROZEN, loss=loss, artifact_directory=tmp_path
     )
     assert sorted(paths) == ["checkpoint", "eval_model", "training_model"]
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "eval_model.onnx", "training_model.onnx"]
+    assert visible_names(tmp_path) == ["checkpoint", "eval_model.onnx", "training_model.onnx"]
     training, eval_model = load(paths["training_model"]), load(paths["eval_model"])
     target = TARGETS[loss]
 
@@ -266,7 +267,7 @@ def test_prefix_names_every_file(tmp_path: Path):
     }
     assert {key: path.name for key, path in paths.items()} == expected
     assert all(path.parent == tmp_path for path in paths.values())
-    assert sorted(os.listdir(tmp_path)) == sorted(expected.values())
+    assert visible_names(tmp_path) == sorted(expected.values())
 
 
 def test_nominal_checkpoint(tmp_path: Path):
@@ -291,7 +292,9 @@ def test_ort_format(tmp_path: Path):
         assert ort_path == tmp_path / f"{name}.ort" and ort_path.is_file()
         assert paths[name] == tmp_path / f"{name}.onnx" and paths[name].is_file()  # the .onnx stays too
     expected = {f"{name}.onnx" for name in models} | {f"{name}.ort" for name in models} | {"checkpoint"}
-    assert set(os.listdir(tmp_path)) == expected  # no converter leftovers (config files, folders)
+    assert set(visible_names(tmp_path)) == expected
+    assert leftovers(tmp_path) == []  # no converter leftovers (config files, folders)
+    assert sorted(os.listdir(tmp_path / os.readlink(tmp_path / ".onnxtrain.artifacts.current"))) == sorted(expected)
 
     # the .ort models load and compute what the .onnx models compute
     rng = np.random.default_rng(6)
@@ -319,7 +322,9 @@ def _save_with_external_data(model: onnx.ModelProto, folder: Path) -> Path:
 
 
 def _tree(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """What a reader sees in ``folder``; the hidden version folders have random names."""
+    assert leftovers(folder) == []
+    return visible_files(folder)
 
 
 def test_model_as_a_path_with_external_data(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -348,7 +353,7 @@ def test_model_as_a_path_with_external_data(tmp_path: Path, monkeypatch: pytest.
         model = onnx.load(paths[name], load_external_data=False)
         assert all(t.data_location == onnx.TensorProto.DEFAULT for t in model.graph.initializer)
         assert onnx.printer.to_text(model) == onnx.printer.to_text(load(expected[name]))  # values included
-    assert sorted(os.listdir(tmp_path / "out")) == sorted(p.name for p in paths.values())
+    assert visible_names(tmp_path / "out") == sorted(p.name for p in paths.values())
 
 
 def test_a_path_object_and_a_str_give_the_same_artifacts(tmp_path: Path):
@@ -373,9 +378,15 @@ def test_models_over_the_protobuf_limit_keep_their_tensors_beside_them(tmp_path:
         [("B", bias), ("K", kernel)],  # K (4800 bytes, a constant) goes to the data files
     )
     paths = artifacts.generate_artifacts(model, ["B"], loss="MSELoss", artifact_directory=tmp_path)
+    version = os.readlink(tmp_path / ".onnxtrain.artifacts.current")
     for name in ("training_model", "eval_model"):
-        assert paths[f"{name}_data"] == tmp_path / f"{name}.onnx.data"
+        # inside the set's version folder, where the model (opened from the artifact directory) refers to it
+        assert paths[f"{name}_data"] == tmp_path / version / f"{name}.onnx.data"
         assert paths[f"{name}_data"].stat().st_size >= kernel.nbytes
+        loaded = onnx.load(paths[name])  # onnx's own loader accepts the location (no symlink on the data's path)
+        np.testing.assert_array_equal(numpy_helper.to_array(next(t for t in loaded.graph.initializer if t.name == "K")),
+                                      kernel)  # fmt: skip
+    assert visible_names(tmp_path) == ["checkpoint", "eval_model.onnx", "training_model.onnx"]
     x, target = np.ones((2, 4), np.float32), np.zeros((2, 300), np.float32)
     out = run(session(paths["eval_model"]), {"x": x, "target": target, "B": bias})
     np.testing.assert_allclose(next(iter(out.values())), np.mean(((x + bias) @ kernel) ** 2), rtol=1e-5)
@@ -385,14 +396,14 @@ def test_artifact_directory_is_created(tmp_path: Path):
     target = tmp_path / "a" / "b" / "c"
     paths = artifacts.generate_artifacts(dense(), REQUIRES_GRAD, FROZEN, loss="MSELoss", artifact_directory=target)
     assert target.is_dir()
-    assert sorted(os.listdir(target)) == ["checkpoint", "eval_model.onnx", "training_model.onnx"]
+    assert visible_names(target) == ["checkpoint", "eval_model.onnx", "training_model.onnx"]
     assert all(path.parent == target for path in paths.values())
 
 
 def test_default_directory_is_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.chdir(tmp_path)
     paths = artifacts.generate_artifacts(dense(), REQUIRES_GRAD, FROZEN, loss="MSELoss", optimizer="AdamW")
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx",
+    assert visible_names(tmp_path) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx",
                                             "training_model.onnx"]  # fmt: skip
     assert all(path.parent.resolve() == tmp_path.resolve() for path in paths.values())
 

@@ -10,6 +10,7 @@ import pytest
 from onnxtrain.checkpoint import CheckpointState, OptimizerState, external_data_path, load, save
 from onnxtrain.checkpoint import files as files_module
 from onnxtrain.checkpoint import format as format_module
+from tests.folders import leftovers, visible_files, visible_names
 
 
 def state(value: float) -> CheckpointState:
@@ -20,7 +21,9 @@ def state(value: float) -> CheckpointState:
 
 
 def snapshot(directory) -> dict[str, bytes]:
-    return {name: (directory / name).read_bytes() for name in sorted(os.listdir(directory))}
+    """The files a reader sees; and no temporary file, unused version or dangling link besides."""
+    assert leftovers(directory) == []
+    return visible_files(directory)
 
 
 class Boom(Exception):
@@ -85,7 +88,7 @@ def test_failed_save_keeps_the_previous_checkpoint(
         assert load(path) == state(2.0)
         return
     monkeypatch.undo()
-    assert snapshot(tmp_path) == before, "the previous checkpoint files changed or a temporary file was left"
+    assert snapshot(tmp_path) == before, "the previous checkpoint files changed"
     assert load(path) == old
 
 
@@ -112,5 +115,6 @@ def test_external_save_replaces_both_files(tmp_path):
     save(state(1.0), path, external_data_threshold=0)
     save(state(2.0), path, external_data_threshold=0)
     assert load(path) == state(2.0)
-    assert sorted(os.listdir(tmp_path)) == ["ckpt", "ckpt.data"]
+    assert visible_names(tmp_path) == ["ckpt", "ckpt.data"]
+    assert leftovers(tmp_path) == []
     assert external_data_path(path) == tmp_path / "ckpt.data"

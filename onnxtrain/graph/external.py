@@ -1,0 +1,256 @@
+"""Tensor data a model declares, checked against the data it has: inline sizes and external-data locations.
+
+A tensor's ``dims`` promise ``prod(dims)`` elements. Inline, the bytes (or
+typed values) must be exactly that many; stored externally
+(``data_location = EXTERNAL``), the entry ``location`` names a file relative to
+the model's folder, and ``offset``/``length`` a byte range inside it. onnxtrain
+resolves every location itself instead of trusting the installed ``onnx``:
+
+- the location is relative, has no ``..`` part, and the file it names, with
+  every symlink on the way resolved, lies inside the model's folder;
+- it is a regular file holding the declared byte range, and the range holds
+  exactly the bytes the dims declare.
+
+Anything else is a ``ValueError`` naming the tensor and the location, raised
+before a byte is read or allocated.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+import onnx
+from onnx import helper
+
+from onnxtrain.graph import dtypes
+
+#: Elements per byte of the packed sub-byte types (their raw data holds ``ceil(n / k)`` bytes).
+_PACKED: dict[int, int] = {onnx.TensorProto.INT4: 2, onnx.TensorProto.UINT4: 2}
+for _name, _per_byte in (("FLOAT4E2M1", 2), ("INT2", 4), ("UINT2", 4)):
+    if hasattr(onnx.TensorProto, _name):
+        _PACKED[getattr(onnx.TensorProto, _name)] = _per_byte
+del _name, _per_byte
+
+_COMPLEX = {onnx.TensorProto.COMPLEX64, onnx.TensorProto.COMPLEX128}
+
+
+def declared_elements(tensor: onnx.TensorProto) -> int:
+    """``prod(tensor.dims)``; ``ValueError`` for a negative dimension."""
+    if any(d < 0 for d in tensor.dims):
+        raise ValueError(f"tensor {tensor.name!r} declares a negative dimension: {list(tensor.dims)}")
+    return math.prod(tensor.dims)
+
+
+def declared_nbytes(tensor: onnx.TensorProto) -> int | None:
+    """The bytes of raw data ``tensor``'s type and dims declare (``None`` for strings)."""
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return None
+    count = declared_elements(tensor)
+    if tensor.data_type in _PACKED:
+        return -(-count // _PACKED[tensor.data_type])
+    try:
+        itemsize = dtypes.to_numpy_dtype(tensor.data_type).itemsize
+    except (KeyError, ValueError, TypeError) as error:
+        raise ValueError(f"tensor {tensor.name!r} has the unknown element type {tensor.data_type}") from error
+    return count * itemsize
+
+
+def _typed_values_expected(tensor: onnx.TensorProto) -> int:
+    """How many values the typed field (``float_data``, ``int32_data``, ...) must hold."""
+    count = declared_elements(tensor)
+    if tensor.data_type in _PACKED:
+        return -(-count // _PACKED[tensor.data_type])
+    return 2 * count if tensor.data_type in _COMPLEX else count
+
+
+def check_inline(tensor: onnx.TensorProto, where: str = "") -> None:
+    """``ValueError`` unless the inline data of ``tensor`` is exactly what its dims declare."""
+    label = f"{where}tensor {tensor.name!r} {dtypes.dtype_name(tensor.data_type)}{list(tensor.dims)}"
+    expected_bytes = declared_nbytes(tensor)  # checks the element type and the dims first
+    if tensor.HasField("raw_data"):
+        if expected_bytes is not None and len(tensor.raw_data) != expected_bytes:
+            raise ValueError(
+                f"{label} declares {expected_bytes} bytes of data but holds {len(tensor.raw_data)}: "
+                "the model file is truncated or corrupt"
+            )
+        return
+    field = helper.tensor_dtype_to_field(tensor.data_type)
+    present = len(getattr(tensor, field))
+    expected = _typed_values_expected(tensor)
+    if present != expected:
+        raise ValueError(
+            f"{label} declares {expected} values but holds {present} in {field}: the model file is truncated or corrupt"
+        )
+
+
+@dataclass(frozen=True)
+class ExternalData:
+    """Where a tensor's external data is: a checked file inside the model's folder, and a byte range."""
+
+    path: Path
+    offset: int
+    length: int
+
+
+def _bad_location(location: str) -> str | None:
+    """Why ``location`` may not be followed, or ``None`` when it is a plain relative path."""
+    if not location:
+        return "it is empty"
+    if "\0" in location:
+        return "it contains a NUL character"
+    if PurePosixPath(location).is_absolute() or PureWindowsPath(location).is_absolute() or location[0] in "/\\":
+        return "it is an absolute path"
+    if PureWindowsPath(location).drive:
+        return "it names a drive"
+    if ".." in location.replace("\\", "/").split("/"):
+        return "it climbs out of the model's folder with '..'"
+    return None
+
+
+def locate(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str] | None, where: str = "") -> ExternalData:
+    """The checked file and byte range of ``tensor``'s external data, relative to ``base_dir``.
+
+    ``ValueError`` (naming the tensor and its location) when there is no
+    folder to resolve against, when the location is absolute, climbs with
+    ``..``, or resolves (through symlinks) outside ``base_dir``, when it is not
+    a regular file, or when the byte range is outside the file or not the
+    size the tensor's dims declare. Nothing is read.
+    """
+    entries = {entry.key: entry.value for entry in tensor.external_data}
+    location = entries.get("location", "")
+    label = f"{where}tensor {tensor.name!r} (external data at {location!r})"
+    if base_dir is None:
+        raise ValueError(
+            f"{label} keeps its data in a file, and a ModelProto has no folder to find it in: pass the path "
+            "of the .onnx file instead (its data is read from the file's folder), or load the model with "
+            "onnx.load(path) so that its data is inside it"
+        )
+    reason = _bad_location(location)
+    if reason is not None:
+        raise ValueError(
+            f"{label}: the location may not be followed: {reason}; keep external data in the model's folder"
+        )
+    folder = os.path.realpath(base_dir)
+    resolved = os.path.realpath(os.path.join(folder, location))
+    if os.path.commonpath([folder, resolved]) != folder:
+        raise ValueError(
+            f"{label}: the location resolves to {resolved}, outside the model's folder {folder} (through a symlink); "
+            "keep external data in the model's folder"
+        )
+    if not os.path.isfile(resolved):
+        raise ValueError(f"{label}: no such file in {folder}")
+    offset = _non_negative(entries.get("offset", "0"), "offset", label)
+    size = os.path.getsize(resolved)
+    length = _non_negative(entries["length"], "length", label) if "length" in entries else size - offset
+    if offset + length > size or length < 0:
+        raise ValueError(f"{label}: bytes {offset}..{offset + length} lie outside the file ({size} bytes)")
+    expected = declared_nbytes(tensor)
+    if expected is None:
+        raise ValueError(f"{label}: string tensors cannot be stored as external data")
+    if length != expected:
+        raise ValueError(
+            f"{label}: {length} bytes are stored, but {dtypes.dtype_name(tensor.data_type)}{list(tensor.dims)} "
+            f"declares {expected}: the data file does not belong to this model"
+        )
+    return ExternalData(Path(resolved), offset, length)
+
+
+def _non_negative(text: str, key: str, label: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{label}: its {key} {text!r} is not an integer") from None
+    if value < 0:
+        raise ValueError(f"{label}: its {key} {value} is negative")
+    return value
+
+
+def read_external(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str] | None, where: str = "") -> None:
+    """Move ``tensor``'s external data inside it (``raw_data``), in place, after :func:`locate` checked it."""
+    found = locate(tensor, base_dir, where)
+    with open(found.path, "rb") as file:
+        file.seek(found.offset)
+        data = file.read(found.length)
+    if len(data) != found.length:
+        raise ValueError(f"{where}tensor {tensor.name!r}: {found.path} ended early (changed while reading)")
+    tensor.raw_data = data
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def uses_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, str]]:
+    """Every tensor the model stores (initializers, sparse ones, Constant and other tensor attributes,
+    in subgraphs and functions too), with where it is for error messages."""
+    yield from _graph_tensors(model.graph, "")
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node, f"function {function.name!r}: ")
+
+
+def _graph_tensors(graph: onnx.GraphProto, where: str) -> Iterator[tuple[onnx.TensorProto, str]]:
+    for tensor in graph.initializer:
+        yield tensor, where
+    for sparse in graph.sparse_initializer:
+        yield sparse.values, where
+        yield sparse.indices, where
+    for node in graph.node:
+        yield from _node_tensors(node, where)
+
+
+def _node_tensors(node: onnx.NodeProto, where: str) -> Iterator[tuple[onnx.TensorProto, str]]:
+    inner = f"{where}node {node.name or node.op_type!r}: "
+    for attribute in node.attribute:
+        if attribute.HasField("t"):
+            yield attribute.t, inner
+        yield from ((tensor, inner) for tensor in attribute.tensors)
+        if attribute.HasField("sparse_tensor"):
+            yield attribute.sparse_tensor.values, inner
+            yield attribute.sparse_tensor.indices, inner
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g, inner)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph, inner)
+
+
+def check_model_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
+    """``ValueError`` unless every tensor of ``model`` holds the data its dims declare (see module doc)."""
+    for tensor, where in model_tensors(model):
+        if uses_external(tensor):
+            locate(tensor, base_dir, where)
+        else:
+            check_inline(tensor, where)
+
+
+def load_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
+    """Read every external tensor of ``model`` into it, in place, each checked by :func:`locate` first."""
+    for tensor, where in model_tensors(model):
+        if uses_external(tensor):
+            read_external(tensor, base_dir, where)
+
+
+def has_external_data(model: onnx.ModelProto) -> bool:
+    """Whether any tensor of ``model`` keeps its data in a file."""
+    return any(uses_external(tensor) for tensor, _ in model_tensors(model))
+
+
+__all__ = [
+    "ExternalData",
+    "check_inline",
+    "check_model_data",
+    "declared_elements",
+    "declared_nbytes",
+    "has_external_data",
+    "load_external_data",
+    "locate",
+    "model_tensors",
+    "read_external",
+    "uses_external",
+]
