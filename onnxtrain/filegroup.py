@@ -81,7 +81,7 @@ class FileGroup:
                 raise IsADirectoryError(
                     f"{path} is a directory, where {name!r} goes: move it away or choose another folder"
                 )
-        with self._locked():
+        with self.locked():
             self._clean()
             staging = None
             try:
@@ -91,7 +91,7 @@ class FileGroup:
                 self._switch(staging)
             finally:  # the pointer tells whether the switch happened (an interrupt may come right after it)
                 if staging is None or self._current() != staging.name:
-                    self._release_unused()  # the new folder too: it is not the current version
+                    self.release_unused()  # the new folder too: it is not the current version
 
     def _switch(self, staging: Path) -> None:
         """Make ``staging`` the current version: the pointer's rename is the commit point."""
@@ -127,14 +127,9 @@ class FileGroup:
                 shutil.rmtree(old_folder)
             sync_directory(self.directory)
 
-    def release(self) -> None:
-        """Remove the group's hidden files once no member name links through it (its names were replaced by
-        plain files); nothing when there is no group here."""
-        if os.path.lexists(self.directory / self.pointer):
-            with self._locked():
-                self._release_unused()
-
-    def _release_unused(self) -> None:
+    def release_unused(self) -> None:
+        """Remove the group's hidden files once no member name links through it any more (its names were
+        replaced by plain files). Call it while holding :meth:`locked`."""
         if not any(self._is_member(self.directory / name) for name in self.names):
             _discard(self.directory / self.pointer)
         self._clean()
@@ -221,7 +216,7 @@ class FileGroup:
         os.replace(temporary, self.directory / self.pointer)
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         """Lock ``directory`` itself (``flock``; nothing where there is no ``fcntl``): one writer at a time."""
         if fcntl is None:  # pragma: no cover - not POSIX
             yield

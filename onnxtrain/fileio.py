@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from pathlib import Path
 
@@ -25,6 +26,20 @@ def temporary_beside(target: Path) -> Path:
     raise FileExistsError(f"cannot create a temporary file next to {target}")
 
 
+def stale_temporaries(target: Path) -> list[Path]:
+    """The files :func:`temporary_beside` made for ``target`` that are still there (a writer was killed).
+
+    Remove them only while holding the folder's lock (``FileGroup.locked``), so as not to take a live
+    writer's file.
+    """
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{12}}\.tmp")
+    try:
+        names = os.listdir(target.parent)
+    except FileNotFoundError:
+        return []
+    return [target.parent / name for name in names if pattern.fullmatch(name)]
+
+
 def sync_directory(directory: Path) -> None:
     """Make the renames in ``directory`` durable (POSIX); a no-op where directories cannot be opened."""
     try:
@@ -39,4 +54,4 @@ def sync_directory(directory: Path) -> None:
         os.close(handle)
 
 
-__all__ = ["sync_directory", "temporary_beside"]
+__all__ = ["stale_temporaries", "sync_directory", "temporary_beside"]

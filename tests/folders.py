@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 HIDDEN = ".onnxtrain."
+#: The temporary file of an atomic write of ``name`` (``onnxtrain.fileio.temporary_beside``).
+TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith(HIDDEN) or TEMPORARY.fullmatch(name) is not None
 
 
 def visible_files(folder: Path) -> dict[str, bytes]:
@@ -16,7 +23,7 @@ def visible_files(folder: Path) -> dict[str, bytes]:
     return {
         name: (folder / name).read_bytes()
         for name in sorted(os.listdir(folder))
-        if not name.startswith(HIDDEN) and (folder / name).is_file()
+        if not _hidden(name) and (folder / name).is_file()
     }
 
 
@@ -24,13 +31,13 @@ def visible_names(folder: Path) -> list[str]:
     """The sorted names of :func:`visible_files`, and nothing else is there (no other kind of entry)."""
     if not folder.exists():
         return []
-    names = [name for name in sorted(os.listdir(folder)) if not name.startswith(HIDDEN)]
+    names = [name for name in sorted(os.listdir(folder)) if not _hidden(name)]
     return [name for name in names if (folder / name).is_file() or not os.path.lexists(folder / name)]
 
 
 def leftovers(folder: Path) -> list[str]:
-    """Entries of ``folder`` that a finished writer would not leave: hidden ones other than each group's
-    pointer and current version, and dangling links."""
+    """Entries of ``folder`` that a finished writer would not leave: temporary files, hidden entries other
+    than each group's pointer and current version, and dangling links."""
     if not folder.exists():
         return []
     names = sorted(os.listdir(folder))
@@ -42,7 +49,9 @@ def leftovers(folder: Path) -> list[str]:
     found = []
     for name in names:
         path = folder / name
-        if name.startswith(HIDDEN):
+        if TEMPORARY.fullmatch(name):
+            found.append(name)
+        elif name.startswith(HIDDEN):
             if name not in pointers and name not in current:
                 found.append(name)
         elif path.is_symlink() and not path.exists():

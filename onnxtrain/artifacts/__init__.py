@@ -16,7 +16,7 @@ from onnxtrain.artifacts.accumulation import (
 )
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
-from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts
+from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 
 __all__ = [
@@ -37,4 +37,5 @@ __all__ = [
     "fuse_update_and_train",
     "generate_artifacts",
     "remove_gradient_accumulation",
+    "write_artifacts",
 ]

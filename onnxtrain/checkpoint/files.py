@@ -3,9 +3,9 @@
 A checkpoint is one file; when its tensors hold more than
 ``external_data_threshold`` bytes, their data goes to ``<path>.data`` next to it
 (ORT's layout). ``save`` of a single file writes a temporary file in the target
-directory, flushes and fsyncs it and renames it into place (``os.replace``),
-then removes the data file of an earlier save, which it does not refer to. A
-checkpoint with a data file is two files that must change together: they are a
+directory, flushes and fsyncs it and renames it into place (``os.replace``).
+A checkpoint with a data file, or one replacing a checkpoint that had one, is
+two names that must change together: they are a
 :class:`~onnxtrain.filegroup.FileGroup`, written into a new version folder and
 switched in with one rename. Either way an interrupted or failed save, or a
 kill at any instant, leaves the previous checkpoint (and its data) or the new
@@ -24,7 +24,7 @@ from onnxtrain.checkpoint.errors import CheckpointError
 from onnxtrain.checkpoint.format import MAX_FLATBUFFER_BYTES, decode, encode, tensor_bytes
 from onnxtrain.checkpoint.state import CheckpointState
 from onnxtrain.filegroup import FileGroup, resolve_members
-from onnxtrain.fileio import sync_directory, temporary_beside
+from onnxtrain.fileio import stale_temporaries, sync_directory, temporary_beside
 
 #: ORT 1.19.2 switches to external data at 1800 MiB, below flatbuffers' 2 GiB limit.
 DEFAULT_EXTERNAL_DATA_THRESHOLD = 1800 * 2**20
@@ -61,7 +61,9 @@ def save(
     if target.is_dir():
         raise IsADirectoryError(f"cannot save checkpoint {target}: it is a directory")
     group = checkpoint_files(target)
-    if tensor_bytes(state, include_optimizer_state) > external_data_threshold:
+    if tensor_bytes(state, include_optimizer_state) > external_data_threshold or os.path.lexists(
+        external_data_path(target)
+    ):  # two files, or one replacing two: they switch at once
         with group.replacing() as folder:
             write_files(
                 state, folder, target.name,
@@ -69,20 +71,20 @@ def save(
             )  # fmt: skip
         return target
     buffer = encode(state, include_optimizer_state=include_optimizer_state)
-    temporary = temporary_beside(target)
-    try:
-        with open(temporary, "wb") as file:
-            file.write(buffer)
-            _sync(file)
-        os.replace(temporary, target)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
-    sync_directory(directory)
-    # An earlier save's data file: the new checkpoint does not refer to it (a crash before it is gone is harmless).
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(external_data_path(target))
-    group.release()  # that save's version folder, now that nothing links through it
+    with group.locked():
+        for stale in stale_temporaries(target):  # what a killed save left
+            stale.unlink()
+        temporary = temporary_beside(target)
+        try:
+            with open(temporary, "wb") as file:
+                file.write(buffer)
+                _sync(file)
+            os.replace(temporary, target)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        sync_directory(directory)
+        group.release_unused()  # an earlier save's version folder, now that nothing links through it
     return target
 
 

@@ -24,6 +24,7 @@ from onnxtrain.checkpoint import format as fmt
 from onnxtrain.checkpoint.flatbuffer import Budget, Table, root
 from onnxtrain.checkpoint.schema import CheckpointSlots, ModuleStateSlots, OptimizerGroupSlots, TensorSlots
 from tests.checkpoint.strategies import states
+from tests.folders import leftovers, visible_names
 
 
 def example_state() -> CheckpointState:
@@ -182,8 +183,10 @@ def test_saving_inline_over_external_removes_the_stale_data_file(tmp_path):
     save(state, tmp_path / "ckpt", external_data_threshold=0)
     assert external_data_path(tmp_path / "ckpt").exists()
     save(state, tmp_path / "ckpt")
-    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    assert visible_names(tmp_path) == ["ckpt"] and leftovers(tmp_path) == []
     assert load(tmp_path / "ckpt") == state
+    save(state, tmp_path / "ckpt")  # a plain file again, and nothing hidden
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
 
 
 def test_too_large_for_one_flatbuffer_asks_for_external_data(tmp_path, monkeypatch):
