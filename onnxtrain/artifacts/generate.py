@@ -129,16 +129,19 @@ def build_artifacts(
     additional_output_names: Sequence[str] | None = None,
     loss_input_names: Sequence[str] | None = None,
     *,
+    target: Target = "onnxruntime",
     registry: GradientRegistry | None = None,
 ) -> ArtifactSet:
     """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
 
-    The arguments are those of :func:`generate_artifacts`; the runtime
+    The arguments are those of :func:`generate_artifacts`; :func:`write_artifacts`
+    writes the set (after any change, e.g. to the checkpoint's properties). The runtime
     (``onnxtrain.api.Module``, ``Optimizer``) takes the models as they are, and
     ``onnxtrain.api.CheckpointState(artifacts.checkpoint)`` the state.
     Constants the models keep from a base model with external data are loaded
     into them. Raises ``ValueError``/``TypeError`` for bad arguments.
     """
+    _check_target(target)
     requires = _names("requires_grad", requires_grad)
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
@@ -210,6 +213,20 @@ def generate_artifacts(
 
     Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
     """
+    _check_target(target)
+    _check_prefix(prefix)
+    built = build_artifacts(
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
+        target=target, registry=registry,
+    )  # fmt: skip
+    if custom_op_library is not None:
+        _check_loadable(built.models(), custom_op_library)
+    return write_artifacts(
+        built, artifact_directory, prefix, nominal_checkpoint=nominal_checkpoint, ort_format=ort_format
+    )
+
+
+def _check_target(target: object) -> None:
     if target not in TARGETS:
         raise ValueError(f"target={target!r} is not a known runtime; choose one of {list(TARGETS)}")
     if target == "onnxruntime-training":
@@ -217,16 +234,6 @@ def generate_artifacts(
             "target='onnxruntime-training' (ONNX Runtime's on-device format with com.microsoft kernels) is not "
             "available yet; use target='onnxruntime', whose artifacts run on any stock onnxruntime"
         )
-    _check_prefix(prefix)
-    built = build_artifacts(
-        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        registry=registry,
-    )  # fmt: skip
-    if custom_op_library is not None:
-        _check_loadable(built.models(), custom_op_library)
-    return write_artifacts(
-        built, artifact_directory, prefix, nominal_checkpoint=nominal_checkpoint, ort_format=ort_format
-    )
 
 
 def _check_prefix(prefix: object) -> None:

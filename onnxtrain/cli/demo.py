@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -46,16 +47,16 @@ def run(args: argparse.Namespace) -> int:
 
     from onnxtrain import artifacts
     from onnxtrain.cli.export import export_inference_model
-    from onnxtrain.loop import ArtifactFiles, Settings, split, store_learning_rate, train
+    from onnxtrain.loop import ArtifactFiles, Settings, split, train, with_learning_rate
 
     out: Path = args.out.resolve()
     pixels, labels = digits.load()
     model = digits.forward_model(args.seed)
-    written = artifacts.generate_artifacts(
+    built = artifacts.build_artifacts(
         model, requires_grad=[t.name for t in model.graph.initializer], loss=artifacts.LossType.CrossEntropyLoss,
-        optimizer=artifacts.OptimType.AdamW, artifact_directory=out,
+        optimizer=artifacts.OptimType.AdamW,
     )  # fmt: skip
-    store_learning_rate(written["checkpoint"], LEARNING_RATE)
+    artifacts.write_artifacts(replace(built, checkpoint=with_learning_rate(built.checkpoint, LEARNING_RATE)), out)
     print(f"generated the training artifacts of a 64-64-10 MLP in {out}")
     files = ArtifactFiles(out)
     val_split = digits.HELD_OUT / len(pixels)

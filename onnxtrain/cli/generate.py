@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -74,16 +75,17 @@ def add_parser(subcommands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Generate the artifacts; print what was written."""
     from onnxtrain import artifacts
-    from onnxtrain.loop import store_learning_rate
+    from onnxtrain.loop import with_learning_rate
 
     optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm)
     requires = trainable_names(args.model, args.requires_grad, args.frozen)
-    paths = artifacts.generate_artifacts(
+    built = artifacts.build_artifacts(
         args.model, requires_grad=requires, frozen_params=args.frozen, loss=LOSSES[args.loss], optimizer=optimizer,
-        artifact_directory=args.out, prefix=args.prefix, loss_input_names=args.loss_inputs, target=args.target,
+        loss_input_names=args.loss_inputs, target=args.target,
     )  # fmt: skip
-    if args.lr is not None:
-        store_learning_rate(paths["checkpoint"], args.lr)
+    if args.lr is not None:  # in the one checkpoint written, not a second write of it
+        built = replace(built, checkpoint=with_learning_rate(built.checkpoint, args.lr))
+    paths = artifacts.write_artifacts(built, args.out, args.prefix)
     print(f"wrote {len(paths)} files to {args.out.resolve()}:")
     for path in paths.values():
         print(f"  {path.name} ({size_text(path.stat().st_size)})")

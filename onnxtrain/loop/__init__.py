@@ -23,8 +23,8 @@ from onnxtrain.loop.record import (
     LEARNING_RATE_PROPERTY,
     EpochLosses,
     RunRecord,
-    store_learning_rate,
     stored_learning_rate,
+    with_learning_rate,
 )
 from onnxtrain.loop.run import train, user_inputs
 from onnxtrain.loop.settings import Settings
@@ -45,8 +45,8 @@ __all__ = [
     "fit_to_inputs",
     "load_data",
     "split",
-    "store_learning_rate",
     "stored_learning_rate",
     "train",
     "user_inputs",
+    "with_learning_rate",
 ]

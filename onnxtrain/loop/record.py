@@ -18,15 +18,13 @@ is the rate ``onnxtrain generate --lr`` stores in the initial checkpoint.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from onnxtrain import checkpoint
-from onnxtrain.checkpoint import PropertyValue
+from onnxtrain.checkpoint import CheckpointState, PropertyValue
 
 #: The initial checkpoint's property with the learning rate chosen when the artifacts were generated.
 LEARNING_RATE_PROPERTY = "onnxtrain.learning_rate"
@@ -38,15 +36,13 @@ _FLOATS = ("val_split", "learning_rate")
 _TEXTS = ("data", "history", "epoch_loss")
 
 
-def store_learning_rate(path: str | os.PathLike[str], learning_rate: float) -> None:
-    """Record ``learning_rate`` in the checkpoint at ``path`` (rewritten atomically) for later training runs."""
-    state = checkpoint.load(path)
-    properties = {**state.properties, LEARNING_RATE_PROPERTY: float(learning_rate)}
-    checkpoint.save(replace(state, properties=properties), path)
+def with_learning_rate(state: CheckpointState, learning_rate: float) -> CheckpointState:
+    """``state`` recording ``learning_rate`` for later training runs (``onnxtrain generate --lr``)."""
+    return replace(state, properties={**state.properties, LEARNING_RATE_PROPERTY: float(learning_rate)})
 
 
 def stored_learning_rate(properties: Mapping[str, PropertyValue]) -> float | None:
-    """The learning rate :func:`store_learning_rate` recorded, or ``None``."""
+    """The learning rate :func:`with_learning_rate` recorded, or ``None``."""
     value = properties.get(LEARNING_RATE_PROPERTY)
     if value is None:
         return None
@@ -138,6 +134,6 @@ __all__ = [
     "RUN_PREFIX",
     "EpochLosses",
     "RunRecord",
-    "store_learning_rate",
     "stored_learning_rate",
+    "with_learning_rate",
 ]

@@ -154,7 +154,7 @@ def test_the_runtime_refuses_a_training_model_whose_data_leaves_its_folder(tmp_p
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     with pytest.raises(ValueError, match=r"'C'.*'\.\.'"):
         api.Module(hostile, state, paths["eval_model"])
-    with pytest.raises(ValueError, match="external data files.*pass the path"):
+    with pytest.raises(ValueError, match=r"external data files.*pass the path"):
         api.Module(training, state, paths["eval_model"])
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from onnxtrain import checkpoint
-from onnxtrain.loop import EpochLosses, RunRecord, store_learning_rate, stored_learning_rate
+from onnxtrain.loop import EpochLosses, RunRecord, stored_learning_rate, with_learning_rate
 
 RECORD = RunRecord(
     epochs=10, seed=3, val_split=0.2, batch_size=32, samples=1797, data="abc", learning_rate=0.01,
@@ -47,6 +47,6 @@ def test_no_record_and_damaged_records():
 def test_the_learning_rate_property(tmp_path: Path):
     checkpoint.save(checkpoint.CheckpointState({"w": np.ones(2, np.float32)}), tmp_path / "c")
     assert stored_learning_rate(checkpoint.load(tmp_path / "c").properties) is None
-    store_learning_rate(tmp_path / "c", 0.5)
+    checkpoint.save(with_learning_rate(checkpoint.load(tmp_path / "c"), 0.5), tmp_path / "c")
     assert stored_learning_rate(checkpoint.load(tmp_path / "c").properties) == 0.5
     assert checkpoint.load(tmp_path / "c").trainable["w"].tolist() == [1, 1]
