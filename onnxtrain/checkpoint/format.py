@@ -48,7 +48,14 @@ from onnxtrain.checkpoint.schema import (
     PropertySlots,
     TensorSlots,
 )
-from onnxtrain.checkpoint.state import GROUP_NAME, CheckpointState, OptimizerState, PropertyValue, placeholder
+from onnxtrain.checkpoint.state import (
+    GROUP_NAME,
+    CheckpointState,
+    OptimizerState,
+    PropertyValue,
+    check_shape,
+    placeholder,
+)
 
 #: ORT's ``kMinimumSizeForExternalData``: smaller tensors stay inline.
 MIN_EXTERNAL_TENSOR_BYTES = 64
@@ -228,6 +235,8 @@ def decode(buf: bytes | bytearray | memoryview, external: ExternalReader | None 
     """The state in a checkpoint's bytes; :class:`CheckpointError` for anything invalid.
 
     ``external`` reads ``<checkpoint>.data`` (``None``: the file has none).
+    A nominal checkpoint's tensors are placeholders that own no memory,
+    whatever shapes it declares.
     """
     view = memoryview(buf).cast("B")
     if len(view) > MAX_FLATBUFFER_BYTES:
@@ -296,6 +305,7 @@ class _Reader:
         code = int(table.scalar(TensorSlots.DATA_TYPE, "int32", 0, "data_type"))
         try:
             dtype = numpy_dtype(code)
+            check_shape(dtype, dims)  # its byte count fits in int64, zero dimensions aside
         except ValueError as error:
             raise CheckpointError(f"{where}: {error}") from None
         strings = table.vector_bytes(TensorSlots.STRING_DATA, 4, "string_data")
@@ -305,10 +315,10 @@ class _Reader:
         offset = int(table.scalar(TensorSlots.EXTERNAL_DATA_OFFSET, "int64", -1, "external_data_offset"))
         if offset < -1:
             raise CheckpointError(f"{where} has an invalid external_data_offset {offset}")
-        if nominal:  # names, types and shapes only; any data is ignored, as ORT does
+        if nominal:  # names, types and shapes only, allocating nothing; any data is ignored, as ORT does
             try:
-                return name, placeholder(dtype, tuple(dims))
-            except ValueError as error:
+                return name, placeholder(dtype, dims)
+            except ValueError as error:  # more dimensions than NumPy takes
                 raise CheckpointError(f"{where}: {error}") from None
         nbytes = math.prod(dims) * dtype.itemsize
         if offset >= 0:

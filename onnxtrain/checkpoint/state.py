@@ -30,9 +30,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import external_data_helper, numpy_helper
+from onnx import numpy_helper
 
 from onnxtrain.checkpoint.dtypes import elem_type, native
+from onnxtrain.checkpoint.errors import CheckpointError
+from onnxtrain.graph import external
 
 #: A property value: int64, float32 or string.
 PropertyValue = int | float | str
@@ -42,6 +44,13 @@ GROUP_NAME = "group0"
 
 #: ORT's initial learning rate when a checkpoint has no optimizer state.
 DEFAULT_LEARNING_RATE = 1e-3
+
+#: The most bytes that may be allocated, in all, from the shapes a nominal checkpoint declares (1 GiB).
+#: Loading a nominal checkpoint allocates nothing whatever it declares (:func:`placeholder`); the
+#: runtime allocates a nominal parameter that holds no value yet only where it must (a ``Module``
+#: placing the parameters on its device, ``parameter.data``), and checks this limit first
+#: (:func:`check_nominal_allocation`). Read at each check: raise it for a nominal checkpoint you trust.
+MAX_NOMINAL_BYTES = 2**30
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -181,14 +190,40 @@ def from_tensors(
     )
 
 
-def placeholder(dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """A read-only array of ``dtype`` and ``shape`` that owns no memory (nominal data)."""
-    dims = [int(d) for d in shape]
+def placeholder(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
+    """A read-only array of ``dtype`` and ``shape`` that owns no memory (nominal data): a zero-stride view of one 0."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), check_shape(dtype, shape))
+
+
+def check_shape(dtype: np.dtype, shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` as ints; ``ValueError`` unless an array of it can exist: no negative dimension, and
+    ``itemsize * prod(nonzero dimensions) < 2**63`` (NumPy refuses larger ones even with a zero dimension)."""
+    dims = tuple(int(d) for d in shape)
     if any(d < 0 for d in dims):
-        raise ValueError(f"shape {tuple(dims)} has a negative dimension")
-    if math.prod(dims) * dtype.itemsize >= 2**63:
-        raise ValueError(f"shape {tuple(dims)} of {dtype} is too large for any array")
-    return np.broadcast_to(np.zeros((), dtype=dtype), tuple(dims))
+        raise ValueError(f"shape {list(dims)} has a negative dimension")
+    if math.prod(d for d in dims if d) * np.dtype(dtype).itemsize > _INT64_MAX:
+        raise ValueError(f"shape {list(dims)} of {np.dtype(dtype)} is too large for any array (2**63 bytes or more)")
+    return dims
+
+
+def check_nominal_allocation(tensors: Iterable[tuple[str, np.dtype, Sequence[int]]], what: str) -> None:
+    """``CheckpointError`` unless ``tensors`` (name, dtype, shape), allocated, take :data:`MAX_NOMINAL_BYTES` at most.
+
+    For code about to allocate nominal tensors, whose shapes no data in the
+    file backs; ``what`` says what allocates them (for the message).
+    """
+    limit = MAX_NOMINAL_BYTES
+    total = 0
+    for name, dtype, shape in tensors:
+        total += math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
+        if total > limit:
+            raise CheckpointError(
+                f"{what} would allocate {total} bytes for the parameters of a nominal checkpoint, up to {name!r} "
+                f"({np.dtype(dtype)}{list(shape)}): more than MAX_NOMINAL_BYTES = {limit}. A nominal checkpoint "
+                "declares shapes without data; give the parameters their values first (state.parameters[name] = "
+                "array, before creating the Module), or raise onnxtrain.checkpoint.state.MAX_NOMINAL_BYTES for a "
+                "checkpoint you trust"
+            )
 
 
 def _arrays_from_tensors(
@@ -202,15 +237,18 @@ def _arrays_from_tensors(
             raise ValueError(f"{what} tensor {tensor.name!r} appears twice")
         if tensor.data_type == onnx.TensorProto.STRING:
             raise TypeError(f"{what} tensor {tensor.name!r} holds strings; a checkpoint holds numeric tensors only")
-        if external_data_helper.uses_external_data(tensor):
+        if external.uses_external(tensor):
             if base_dir is None:
                 raise ValueError(
-                    f"{what} tensor {tensor.name!r} has external data; pass base_dir= (the model's directory)"
+                    f"{what} tensor {tensor.name!r} keeps its data in an external file; pass base_dir= (the folder "
+                    "of the model it comes from) to read it from there"
                 )
             loaded = onnx.TensorProto()
             loaded.CopyFrom(tensor)
-            external_data_helper.load_external_data_for_tensor(loaded, os.fspath(base_dir))
+            external.read_external(loaded, base_dir, f"{what} ")
             tensor = loaded
+        else:
+            external.check_inline(tensor, f"{what} ")
         arrays[tensor.name] = numpy_helper.to_array(tensor)
     return arrays
 

@@ -76,8 +76,14 @@ def train(
     source = _starting_checkpoint(files, resume, restart)
     saved = checkpoint.load(source)
     earlier = RunRecord.from_properties(saved.properties) if resume else None
-    if resume and (earlier is None or saved.optimizer is None):
+    if resume and earlier is None:
         raise ValueError(f"{source} holds no training run to resume; pass --restart to start from {files.checkpoint}")
+    if resume and saved.optimizer is None:  # re-saved without it: resuming would restart the optimizer's moments
+        raise ValueError(
+            f"{source} holds a training run ({earlier.position()}) but no optimizer state, so it cannot be resumed "
+            "exactly: the optimizer's moments and step count would restart. Save it with "
+            f"include_optimizer_state=True, or pass --restart to start from {files.checkpoint}"
+        )
     inputs = user_inputs(files, saved)
     if isinstance(data, (str, Path)):
         arrays = load_data(data, inputs, target_column)

@@ -19,6 +19,7 @@ from onnxtrain.losses._common import (
     require_float,
     target_input,
 )
+from onnxtrain.losses.label_check import checked_labels
 
 
 def _label_type(loss: str, label_dtype: Any) -> int:
@@ -68,7 +69,9 @@ class NLLLoss(Block):
 
     ``torch.nn.NLLLoss`` semantics: per-class ``weight``, labels equal to
     ``ignore_index`` count for nothing, ``"mean"`` divides by the summed weights
-    of the counted labels. Emits ONNX ``NegativeLogLikelihoodLoss``.
+    of the counted labels. Emits ONNX ``NegativeLogLikelihoodLoss``, reading
+    the labels through a check that fails when one is outside ``[0, C)`` and
+    not ``ignore_index`` (:mod:`onnxtrain.losses.label_check`).
     """
 
     def __init__(
@@ -90,6 +93,7 @@ class NLLLoss(Block):
         require_float(b, "NLLLoss", loss_input_name)
         _class_axis_rank(b, "NLLLoss", loss_input_name, self._weight)
         labels = target_input(b, "NLLLoss", target_name, loss_input_name, elem_type=self._label_type, drop_axis=1)
+        labels = checked_labels(b, "NLLLoss", labels, loss_input_name, self._ignore_index)
         return _weighted_nll(b, loss_input_name, labels, self._weight, self._reduction, self._ignore_index)
 
 
@@ -104,6 +108,8 @@ class CrossEntropyLoss(Block):
     Labels are int64, and no label is ignored unless ``ignore_index`` is
     given, as in ONNX Runtime's block (``label_dtype=np.int32`` for the int32
     labels of its oldest releases; PyTorch ignores ``-100`` by default).
+    Labels outside ``[0, C)`` that are not ``ignore_index`` make the step fail
+    (:mod:`onnxtrain.losses.label_check`).
     """
 
     def __init__(
@@ -131,6 +137,7 @@ class CrossEntropyLoss(Block):
         labels = target_input(
             b, "CrossEntropyLoss", labels_name, scores_input_name, elem_type=self._label_type, drop_axis=1
         )
+        labels = checked_labels(b, "CrossEntropyLoss", labels, scores_input_name, self._ignore_index)
         log_probs = LogSoftmax(axis=1)(scores_input_name)
         nll = _weighted_nll(b, log_probs, labels, self._weight, self._reduction, self._ignore_index)
         if self._smoothing == 0.0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from onnxtrain.training.device import Device
 from onnxtrain.training.module import Module
-from onnxtrain.training.optimizer import Optimizer
+from onnxtrain.training.optimizer import Optimizer, OptimizerStateWarning
 from onnxtrain.training.schedulers import (
     CosineLRScheduler,
     ExponentialLRScheduler,
@@ -28,6 +28,7 @@ __all__ = [
     "LinearLRScheduler",
     "Module",
     "Optimizer",
+    "OptimizerStateWarning",
     "Parameter",
     "Parameters",
     "Properties",

@@ -20,7 +20,9 @@ Beyond ONNX Runtime: running statistics are carried from step to step;
 parameters may be of any float dtype; ``check_finite=True`` makes a
 non-finite loss raise ``FloatingPointError`` naming the step, and the step is
 then discarded (gradients and statistics as before it). Bad inputs raise
-before anything runs, and leave the state unchanged.
+before anything runs, and leave the state unchanged. Class labels out of
+range fail the loss's check (:mod:`onnxtrain.losses.label_check`) during the
+run; that failure becomes a ``ValueError`` naming the labels.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import onnxruntime as ort
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device, ProviderSpec, resolve
@@ -211,6 +214,9 @@ class Module:
         self._bind_train_step(session, feeds, on_device, host_outputs, fused, reset)
         try:
             session.run()
+        except Exception as error:  # onnxruntime's own exception types
+            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {self._train_steps + 1}")
+            raise
         finally:
             if fused is not None:  # the update ran first (see onnxtrain.training.fused), even where the step failed
                 state._pending = None
@@ -306,8 +312,27 @@ class Module:
             session.bind_input(name, value)
         for name, tensor in self._eval_slots:
             session.bind_value(name, tensor.value)
-        session.run()
+        try:
+            session.run()
+        except Exception as error:
+            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
+            raise
         return _pack(session.outputs(len(io.outputs)), on_device)
+
+    def _raise_if_labels_out_of_range(
+        self, error: Exception, names: Sequence[str], feeds: Sequence[np.ndarray | ort.OrtValue], step: str
+    ) -> None:
+        """``ValueError`` from ``error`` when it is a loss's label check failing (onnxtrain.losses.label_check)."""
+        models = [m.proto for m in (self._train_model, self._eval_model) if m is not None]
+        given = dict(zip(names, feeds, strict=True))
+
+        def value_of(name: str) -> np.ndarray | None:
+            value = given.get(name)
+            return values.to_numpy(value) if isinstance(value, ort.OrtValue) else value
+
+        translated = label_error(error, models, value_of, step)
+        if translated is not None:
+            raise translated from error
 
     # ------------------------------------------------------ parameter buffers
 

@@ -12,6 +12,13 @@ checkpoint when it has optimizer state, else they are created (on the device) fr
 metadata when the optimizer is made, with step 0 and learning rate 1e-3
 (ONNX Runtime's default) until one is set.
 
+Made on a checkpoint without optimizer state that looks saved by training (it
+records being saved after optimizer steps, ``OPTIMIZER_STATE_DROPPED``, or
+has properties other than onnxtrain's), an optimizer that keeps moments warns
+(:class:`OptimizerStateWarning`): they restart from their initial values, as
+in ONNX Runtime, which says nothing. A checkpoint from ``generate_artifacts``
+has no such property.
+
 As in ONNX Runtime, a step does not reset the gradients (call
 ``module.lazy_reset_grad()`` after it). Unlike it, a step without gradients
 (before any train step, or right after ``lazy_reset_grad()``) raises
@@ -23,6 +30,7 @@ the one a checkpoint stores, so that a resumed run continues at the same rate.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,10 +43,45 @@ from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import ModelSource, load_model, optimizer_io
 from onnxtrain.training.module import Module
-from onnxtrain.training.state import OptimizerRecord, StateTensor
+from onnxtrain.training.state import OPTIMIZER_STATE_DROPPED, OptimizerRecord, StateTensor, TrainingState
 
 if TYPE_CHECKING:
     from onnxtrain.training.schedulers import LRScheduler
+
+
+class OptimizerStateWarning(UserWarning):
+    """Training resumes from a checkpoint without optimizer state: the optimizer's moments restart."""
+
+
+def _warn_if_resuming(state: TrainingState, initial_values: tuple[float, ...]) -> None:
+    """Warn when ``state`` has no optimizer state, the optimizer keeps some, and the checkpoint looks trained.
+
+    A checkpoint saved by ``generate_artifacts`` (or ``onnxtrain generate``)
+    holds no optimizer state and no property but onnxtrain's; one saved after
+    optimizer steps without its optimizer state records that step count
+    (``OPTIMIZER_STATE_DROPPED``); other properties are a user's, which ONNX
+    Runtime's examples set while training.
+    """
+    if state._optimizer is not None or not initial_values:
+        return
+    loaded = state._loaded_properties
+    if OPTIMIZER_STATE_DROPPED in loaded:
+        steps = state._properties[OPTIMIZER_STATE_DROPPED]
+        why = f"it was saved after {steps} optimizer step{'' if steps == 1 else 's'} without it"
+    else:
+        names = sorted(name for name in loaded if not name.startswith("onnxtrain."))
+        if not names:
+            return
+        why = f"it has properties {names}, as a checkpoint saved while training has"
+    count = len(initial_values)
+    warnings.warn(
+        f"the checkpoint holds no optimizer state, but {why}: training resumes with the optimizer's {count} "
+        f"moment{'s' if count > 1 else ''} per parameter restarting from their initial values "
+        f"{list(initial_values)}, and its step count from 0. To resume where training stood, save checkpoints "
+        "with CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)",
+        OptimizerStateWarning,
+        stacklevel=3,
+    )
 
 
 def _learning_rate(value: Any) -> float:
@@ -73,6 +116,7 @@ class Optimizer:
             raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
         self._io = optimizer_io(model.proto, trainable, state._infos())
         self._session = BoundSession(model, "optimizer model", module._options, module._providers, module._device)
+        _warn_if_resuming(state, self._io.initial_values)
         self._record: OptimizerRecord = state._ensure_optimizer(trainable, self._io.initial_values)
         self._module = module
         self._scheduler: LRScheduler | None = None
@@ -166,4 +210,4 @@ class Optimizer:
         self._record.learning_rate = _learning_rate(learning_rate)
 
 
-__all__ = ["Optimizer"]
+__all__ = ["Optimizer", "OptimizerStateWarning"]

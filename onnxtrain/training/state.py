@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,7 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxtrain import checkpoint as ckpt
-from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
+from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE, check_nominal_allocation, placeholder
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
 from onnxtrain.training.interface import ParameterInfo
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from onnxtrain.training.optimizer import Optimizer
 
 GradientStatus = Literal["none", "ready", "reset"]
+
+#: The property a checkpoint saved without its optimizer state after optimizer steps holds: that step count.
+#: An ``Optimizer`` made on such a checkpoint warns that its moments restart (``OptimizerStateWarning``).
+OPTIMIZER_STATE_DROPPED = "onnxtrain.optimizer_state_dropped_at_step"
 
 
 class StateTensor:
@@ -72,6 +76,10 @@ class StateTensor:
             assert self._array is not None
             return np.array(self._array, copy=True)
         return values.to_numpy(self.value)
+
+    def placeholder(self) -> np.ndarray:
+        """An array of the tensor's dtype and shape that owns no memory (for a nominal snapshot)."""
+        return placeholder(self.dtype, self.shape)
 
     def write(self, array: Any, what: str) -> None:
         """Overwrite the value with ``array`` (same dtype and shape, else ``TypeError``/``ValueError``)."""
@@ -128,6 +136,7 @@ class Parameter:
     def data(self) -> np.ndarray:
         """A copy of the current value."""
         tensor = self._state._tensor(self._name)
+        self._state._check_nominal([self._name], f"parameter {self._name!r}.data")
         self._state._settle()
         return tensor.numpy()
 
@@ -236,7 +245,7 @@ class TrainingState:
         self._requires_grad: dict[str, bool] = {}
         for group, trainable in ((state.trainable, True), (state.frozen, False)):
             for name, array in group.items():
-                self._tensors[name] = StateTensor(np.zeros(array.shape, array.dtype) if state.is_nominal else array)
+                self._tensors[name] = StateTensor(array)  # nominal: a placeholder, allocated once needed
                 self._requires_grad[name] = trainable
         self._unloaded: set[str] = set(self._tensors) if state.is_nominal else set()
         self._grads: dict[str, StateTensor] = {}
@@ -244,6 +253,7 @@ class TrainingState:
         # the optimizer whose last step is recorded and not applied yet (onnxtrain.training.fused)
         self._pending: Optimizer | None = None
         self._properties: dict[str, ckpt.PropertyValue] = dict(state.properties)
+        self._loaded_properties = frozenset(state.properties)  # what the checkpoint held, not what was set since
         self._device: Device | None = None
         self._optimizer: OptimizerRecord | None = None
         if state.optimizer is not None:
@@ -306,7 +316,13 @@ class TrainingState:
         return 0 if self._optimizer is None else self._optimizer.step
 
     def to_checkpoint(self, include_optimizer_state: bool = True) -> ckpt.CheckpointState:
-        """An immutable snapshot (copies) of the parameters, the optimizer state (optional) and properties."""
+        """An immutable snapshot (copies) of the parameters, the optimizer state (optional) and properties.
+
+        Without the optimizer state, after optimizer steps, the properties
+        also record the step count as ``OPTIMIZER_STATE_DROPPED``, so that an
+        optimizer resuming from the snapshot can warn that its moments restart;
+        with it, that property is left out.
+        """
         if self._unloaded and len(self._unloaded) != len(self._tensors):
             raise ValueError(
                 f"parameters {sorted(self._unloaded)} of this nominal state hold no values yet; load them "
@@ -314,9 +330,11 @@ class TrainingState:
             )
         nominal = bool(self._unloaded)
         self._settle()
-        trainable = {n: t.numpy() for n, t in self._tensors.items() if self._requires_grad[n]}
-        frozen = {n: t.numpy() for n, t in self._tensors.items() if not self._requires_grad[n]}
+        copy = StateTensor.placeholder if nominal else StateTensor.numpy
+        trainable = {n: copy(t) for n, t in self._tensors.items() if self._requires_grad[n]}
+        frozen = {n: copy(t) for n, t in self._tensors.items() if not self._requires_grad[n]}
         optimizer = None
+        properties = dict(self._properties)
         if include_optimizer_state and self._optimizer is not None and not nominal:
             record = self._optimizer
             optimizer = ckpt.OptimizerState(
@@ -324,7 +342,10 @@ class TrainingState:
                 step=record.step,
                 initial_learning_rate=record.initial_learning_rate,
             )
-        return ckpt.CheckpointState(trainable, frozen, optimizer, dict(self._properties), is_nominal=nominal)
+            properties.pop(OPTIMIZER_STATE_DROPPED, None)
+        elif self.step > 0:
+            properties[OPTIMIZER_STATE_DROPPED] = self.step
+        return ckpt.CheckpointState(trainable, frozen, optimizer, properties, is_nominal=nominal)
 
     def __repr__(self) -> str:
         params = {n: values.describe(t.dtype, t.shape) for n, t in self._tensors.items()}
@@ -367,6 +388,13 @@ class TrainingState:
     def _infos(self) -> dict[str, ParameterInfo]:
         return {n: ParameterInfo(self._requires_grad[n], t.dtype, t.shape) for n, t in self._tensors.items()}
 
+    def _check_nominal(self, names: Iterable[str], what: str) -> None:
+        """``CheckpointError`` if allocating the nominal parameters among ``names`` that hold no value yet
+        (placeholders) would pass ``MAX_NOMINAL_BYTES`` (``onnxtrain.checkpoint.state``)."""
+        if self._unloaded:
+            tensors = ((n, self._tensors[n]) for n in names if n in self._unloaded)
+            check_nominal_allocation(((n, t.dtype, t.shape) for n, t in tensors if t.value is None), what)
+
     def _place(self, device: Device) -> None:
         """Put every tensor on ``device``; a state in use on another device cannot move."""
         if self._device is not None and self._device != device:
@@ -374,6 +402,7 @@ class TrainingState:
                 f"this CheckpointState is already in use on {self._device}; a module on {device} needs its own "
                 "state: load the checkpoint again"
             )
+        self._check_nominal(self._tensors, f"placing the state on {device}")
         for tensor in self._tensors.values():
             tensor.place(device)
         if self._optimizer is not None:
@@ -424,4 +453,12 @@ class TrainingState:
         return record
 
 
-__all__ = ["OptimizerRecord", "Parameter", "Parameters", "Properties", "StateTensor", "TrainingState"]
+__all__ = [
+    "OPTIMIZER_STATE_DROPPED",
+    "OptimizerRecord",
+    "Parameter",
+    "Parameters",
+    "Properties",
+    "StateTensor",
+    "TrainingState",
+]

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for checkpoint states, and a walker over saved files."""
+"""Hypothesis strategies for checkpoint states and crafted nominal files, and a walker over saved files."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from onnxtrain.checkpoint.schema import (
     PropertySlots,
     TensorSlots,
 )
+from tests.checkpoint.craft import Group, T, build
 
 DTYPES = [numpy_dtype(code) for code in sorted(SUPPORTED_ELEM_TYPES)]
 shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4)
@@ -68,18 +69,29 @@ def states(draw: st.DrawFn, nominal: bool | None = None, max_params: int = 4) ->
 
 def length_fields(buf: bytes) -> list[int]:
     """Byte positions of every vector and string length in a valid checkpoint."""
+    return [start - 4 for _, start, _ in _vectors(buf)]
+
+
+def dims_entries(buf: bytes) -> list[int]:
+    """Byte positions of every parameter's declared dimensions (int64 each) in a valid checkpoint."""
+    return [start + 8 * i for kind, start, length in _vectors(buf) if kind == "dims" for i in range(length)]
+
+
+def _vectors(buf: bytes) -> list[tuple[str, int, int]]:
+    """``(kind, start, length)`` of every vector and string in a valid checkpoint; kind ``dims`` for the
+    parameters' dims (moments' dims are ``moment dims``)."""
     view = memoryview(buf)
     budget = Budget(10 * len(buf) + 4096)
-    found: list[int] = []
+    found: list[tuple[str, int, int]] = []
 
-    def vector(table: Table, slot: int, elem_size: int) -> None:
+    def vector(table: Table, slot: int, elem_size: int, kind: str = "") -> None:
         where = table.vector_bytes(slot, elem_size, "v")
         if where is not None:
-            found.append(where[0] - 4)
+            found.append((kind, *where))
 
-    def tensor(table: Table) -> None:
+    def tensor(table: Table, dims: str) -> None:
         vector(table, TensorSlots.NAME, 1)
-        vector(table, TensorSlots.DIMS, 8)
+        vector(table, TensorSlots.DIMS, 8, dims)
         vector(table, TensorSlots.RAW_DATA, 1)
 
     def tables(table: Table, slot: int) -> list[Table]:
@@ -91,16 +103,54 @@ def length_fields(buf: bytes) -> list[int]:
     if module is not None:
         for slot in (ModuleStateSlots.REQUIRES_GRAD_PARAMS, ModuleStateSlots.FROZEN_PARAMS):
             for t in tables(module, slot):
-                tensor(t)
+                tensor(t, "dims")
     for group in tables(checkpoint, CheckpointSlots.OPTIMIZER_GROUPS):
         vector(group, OptimizerGroupSlots.GROUP_NAME, 1)
         for state in tables(group, OptimizerGroupSlots.OPTIMIZER_STATES):
             vector(state, ParameterOptimizerStateSlots.PARAM_NAME, 1)
             for t in tables(state, ParameterOptimizerStateSlots.MOMENTUMS):
-                tensor(t)
+                tensor(t, "moment dims")
     bag = checkpoint.table(CheckpointSlots.PROPERTY_BAG, "p")
     if bag is not None:
         for slot in (PropertyBagSlots.INTS, PropertyBagSlots.FLOATS, PropertyBagSlots.STRINGS):
             for prop in tables(bag, slot):
                 vector(prop, PropertySlots.NAME, 1)
     return found
+
+
+#: A declared dimension: mostly small, else at and past the sizes that matter (2 GiB, 4 GiB of elements,
+#: int64's edge, where a product overflows) or negative.
+declared_dims = st.one_of(
+    st.integers(0, 4),
+    st.sampled_from([2**31, 2**32 - 1, 2**32, 2**40, 2**61, 2**62, 2**63 - 1]),
+    st.integers(-(2**63), -1),
+)
+
+
+@st.composite
+def nominal_tensors(draw: st.DrawFn) -> T:
+    """A Tensor table of a nominal checkpoint: any declared dims and element type, data or not."""
+    dims = draw(
+        st.one_of(
+            st.lists(declared_dims, max_size=5),
+            st.integers(60, 70).map(lambda rank: [1] * rank),  # about NumPy's 64 dimensions
+        )
+    )
+    return T(
+        name=None if draw(st.integers(0, 9)) == 0 else draw(names),
+        dims=dims,
+        data_type=draw(st.one_of(st.sampled_from(sorted(SUPPORTED_ELEM_TYPES)), st.integers(-1, 25))),
+        raw=draw(st.one_of(st.just(b""), st.none(), st.binary(max_size=16))),
+        external_offset=draw(st.sampled_from([-1, -1, -1, 0, 8, 2**40])),
+    )
+
+
+@st.composite
+def nominal_files(draw: st.DrawFn) -> bytes:
+    """A crafted nominal checkpoint (``is_nominal_state``) declaring any sizes, valid or not."""
+    trainable = draw(st.lists(nominal_tensors(), max_size=3))
+    frozen = draw(st.lists(nominal_tensors(), max_size=2))
+    with_moments = trainable and draw(st.integers(0, 3)) == 0  # a nominal checkpoint holds none: an error
+    groups = [Group(states={"w": [T("momentum0", trainable[0].dims, trainable[0].data_type)]})] if with_moments else []
+    ints = draw(st.lists(st.tuples(names, st.integers(-(2**63), 2**63 - 1)), max_size=2))
+    return build(trainable, frozen, nominal=True, external=draw(st.booleans()), groups=groups, ints=ints)

@@ -1,9 +1,13 @@
 """Hypothesis feeds the loader damaged files: CheckpointError (or a valid state), fast, small.
 
-200 examples in all (``ONNXTRAIN_FUZZ_EXAMPLES`` sets the number per test). Each
+300 examples in all (``ONNXTRAIN_FUZZ_EXAMPLES`` sets the number per test). Each
 load runs under tracemalloc: its peak allocation must stay within a small
 multiple of the file size, so no length or offset in a file can make the loader
-allocate what the file does not hold.
+allocate what the file does not hold. Nominal checkpoints, whose declared dims
+no data backs (terabytes in a few bytes, products past int64), go through the
+three loaders: ``decode``, ``checkpoint.load`` and the runtime's
+``api.CheckpointState.load_checkpoint`` (with its nominal snapshot), which must
+agree.
 """
 
 from __future__ import annotations
@@ -12,13 +16,19 @@ import os
 import struct
 import time
 import tracemalloc
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from onnxtrain.checkpoint import CheckpointError, CheckpointState, decode, encode
-from tests.checkpoint.strategies import length_fields, states
+from onnxtrain import api
+from onnxtrain.checkpoint import CheckpointError, CheckpointState, decode, encode, external_data_path, load
+from tests.checkpoint.strategies import declared_dims, dims_entries, length_fields, nominal_files, states
+
+Loaded = TypeVar("Loaded")
 
 #: 50 examples per test (200 in all); ONNXTRAIN_FUZZ_EXAMPLES=5000 for a longer local run.
 FUZZ = settings(
@@ -31,12 +41,12 @@ ALLOCATION_SLACK = 256 * 1024
 SECONDS = 0.5
 
 
-def checked_decode(buf: bytes) -> CheckpointState | None:
-    """decode, allowing only CheckpointError, within the time and allocation limits."""
+def checked(size: int, read: Callable[[], Loaded]) -> Loaded | None:
+    """``read()`` of a ``size``-byte file, allowing only CheckpointError, within the time and allocation limits."""
     tracemalloc.start()
     start = time.perf_counter()
     try:
-        return decode(buf)
+        return read()
     except CheckpointError as error:
         assert str(error)  # a message naming the problem
         return None
@@ -44,10 +54,41 @@ def checked_decode(buf: bytes) -> CheckpointState | None:
         elapsed = time.perf_counter() - start
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        assert peak <= ALLOCATION_FACTOR * len(buf) + ALLOCATION_SLACK, (
-            f"allocated {peak} bytes for a {len(buf)}-byte file"
-        )
+        assert peak <= ALLOCATION_FACTOR * size + ALLOCATION_SLACK, f"allocated {peak} bytes for a {size}-byte file"
         assert elapsed < SECONDS, f"took {elapsed:.2f} s"
+
+
+def checked_decode(buf: bytes) -> CheckpointState | None:
+    """decode, allowing only CheckpointError, within the time and allocation limits."""
+    return checked(len(buf), lambda: decode(buf))
+
+
+def checked_loads(buf: bytes, path: Path) -> CheckpointState | None:
+    """``buf`` written to ``path`` (with a small ``.data`` file) and read by the three loaders, which agree.
+
+    The runtime's state, when it loads, gives back the loaded state as its
+    snapshot (``to_checkpoint``), also without allocating from declared dims.
+    Returns the loaded state, or ``None`` for a CheckpointError.
+    """
+    path.write_bytes(buf)
+    external_data_path(path).write_bytes(bytes(64))
+    decoded = checked_decode(buf)
+    loaded = checked(len(buf), lambda: load(path))
+    runtime = checked(len(buf), lambda: api.CheckpointState.load_checkpoint(path))
+    assert (loaded is None) == (runtime is None)
+    if decoded is not None:  # without a data file: fails where the file has external data
+        assert loaded == decoded
+    if runtime is not None:
+        snapshot = checked(len(buf), lambda: runtime.to_checkpoint(include_optimizer_state=True))
+        if loaded.parameters:  # a nominal state without parameters snapshots as a plain one
+            assert snapshot == loaded
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One checkpoint path for every example of a test."""
+    return tmp_path_factory.mktemp("fuzz") / "checkpoint"
 
 
 @FUZZ
@@ -95,6 +136,26 @@ def test_mutated_length_fields(state, data):
     loaded = checked_decode(bytes(buf))
     if new > len(buf) - position - 4:  # more elements than bytes left: always an error
         assert loaded is None
+
+
+@FUZZ
+@given(nominal_files())
+def test_crafted_nominal_files(scratch, buf):
+    checked_loads(buf, scratch)
+
+
+@FUZZ
+@given(states(nominal=True, max_params=3), st.data())
+def test_nominal_files_declaring_huge_dims(scratch, state, data):
+    buf = bytearray(encode(state))
+    positions = dims_entries(bytes(buf))
+    assume(positions)
+    for position in data.draw(st.lists(st.sampled_from(positions), min_size=1, max_size=3)):
+        struct.pack_into("<q", buf, position, data.draw(declared_dims))
+    loaded = checked_loads(bytes(buf), scratch)
+    if loaded is not None:
+        assert loaded.is_nominal
+        assert all(a.strides == (0,) * a.ndim for a in loaded.parameters.values())  # placeholders, no memory
 
 
 @pytest.mark.parametrize("size", [0, 3, 7, 8])

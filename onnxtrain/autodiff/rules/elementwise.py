@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from onnx import TensorProto
 
+from onnxtrain.autodiff import sized
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import OpsetRange
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
@@ -486,9 +487,9 @@ def det(ctx: RuleContext, grads: Grads) -> Result:
     x = ctx.inputs[0]
     dims = ctx.shape(x)
     n: str | int
-    if dims is not None and isinstance(dims[-1], int):
+    if dims is not None and isinstance(dims[-1], int) and sized.is_small(dims[-1], dims[-1]):
         n = int(dims[-1])
-    else:
+    else:  # unknown, or too large for the index and sign constants
         n = ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, -1))
     r = _minor_indices(ctx, n)
     # the batch flattened: [B, n, n]; then minors[b, i, j] = X[b] without row i and column j

@@ -12,9 +12,9 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
-import numpy as np
 import onnx
 
+from onnxtrain.autodiff import sized
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
@@ -155,7 +155,7 @@ def _delta(ctx: RuleContext, x: str, p: int, q: int, rank: int) -> str:
     """The Kronecker delta of axes ``p < q`` of ``x`` (ones where the indices agree), shaped to broadcast."""
     dims = ctx.static_shape(x)
     if dims is not None:
-        eye = ctx.const(np.eye(dims[p]), x)
+        eye = sized.eye(ctx, dims[p], x)
     else:
         n = ctx.op("Gather", ctx.op("Shape", x), ctx.int64s([p]))
         zero = ctx.op("ConstantOfShape", ctx.op("Concat", n, n, axis=0), value=_zero_tensor(ctx, x))

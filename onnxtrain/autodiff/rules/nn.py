@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from onnxtrain.autodiff import sized
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
@@ -200,11 +201,11 @@ def _nll_grad(ctx: RuleContext, g: str, x: str) -> str:
     class_shape = [1, -1] + [1] * (rank - 2)
     n_classes = _dims(ctx, x, 1, 2)
     if isinstance(n_classes, list):
-        classes = ctx.const(np.arange(n_classes[0]).reshape(class_shape), target)
+        classes = sized.arange(ctx, n_classes[0], target, class_shape)
     else:
         classes = ctx.op("Range", ctx.const(0, target), ctx.op("Squeeze", n_classes), ctx.const(1, target))
         classes = ctx.op("Reshape", classes, ctx.int64s(class_shape))
-    onehot = ctx.compare("Equal", ctx.op("Unsqueeze", target, ctx.int64s([1])), classes)
+    onehot = ctx.compare("Equal", _with_class_axis(ctx, target), classes)
     return ctx.where(onehot, scale, 0.0)
 
 
@@ -256,6 +257,17 @@ def _fuse_with_log_softmax(ctx: RuleContext, g: str) -> bool:
     return True
 
 
+def _with_class_axis(ctx: RuleContext, target: str) -> str:
+    """``target`` with an axis 1 of size 1 inserted: ``Reshape(t, [-1, 1])`` for a 1-D target, else ``Unsqueeze``.
+
+    onnx's shape inference (data propagation) expands a 1-D int64 value element by element through
+    ``Unsqueeze`` (about 140 bytes per label), which a static batch of millions makes gigabytes.
+    """
+    if ctx.rank(target) == 1:
+        return ctx.op("Reshape", target, ctx.int64s([-1, 1]))
+    return ctx.op("Unsqueeze", target, ctx.int64s([1]))
+
+
 def _onehot(ctx: RuleContext, target: str, like: str, rank: int) -> str:
     """``onehot(t)`` along axis 1, in ``like``'s element type (rows of out-of-range labels are zero)."""
     depth = _dims(ctx, like, 1, 2)
@@ -264,11 +276,11 @@ def _onehot(ctx: RuleContext, target: str, like: str, rank: int) -> str:
         return ctx.op("OneHot", labels, _vec(ctx, depth), ctx.const([0, 1], like), axis=1)
     class_shape = [1, -1] + [1] * (rank - 2)
     if isinstance(depth, list):
-        classes = ctx.const(np.arange(depth[0]).reshape(class_shape), target)
+        classes = sized.arange(ctx, depth[0], target, class_shape)
     else:
         classes = ctx.op("Range", ctx.const(0, target), ctx.op("Squeeze", depth), ctx.const(1, target))
         classes = ctx.op("Reshape", classes, ctx.int64s(class_shape))
-    matches = ctx.compare("Equal", ctx.op("Unsqueeze", target, ctx.int64s([1])), classes)
+    matches = ctx.compare("Equal", _with_class_axis(ctx, target), classes)
     return ctx.cast_like(matches, like)
 
 
@@ -511,7 +523,7 @@ def average_pool(ctx: RuleContext, grads: Grads) -> Result:
     size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
     ceil = bool(ctx.attr("ceil_mode", 0))
     include_pad = bool(ctx.attr("count_include_pad", 0))
-    ones_kernel = ctx.const(np.ones([1, 1, *kernel]), x)
+    ones_kernel = sized.ones(ctx, [1, 1, *kernel], x)
     if include_pad and not ceil:
         scaled = ctx.mul(g, 1.0 / math.prod(kernel))
     else:
@@ -785,8 +797,7 @@ def _value(ctx: RuleContext, v: Num, like: str) -> str:
 def _arange(ctx: RuleContext, n: Num, like: str, shape: Sequence[int] = (-1,)) -> str:
     """``0, 1, ..., n - 1`` in the element type of ``like``, reshaped to ``shape``."""
     if not isinstance(n, str):
-        dtype = helper.tensor_dtype_to_np_dtype(ctx.elem_type(like))
-        return ctx.const(np.arange(int(n), dtype=dtype).reshape(shape), like)
+        return sized.arange(ctx, int(n), like, shape)
     values = ctx.op("Range", ctx.const(0, like), ctx.cast_like(n, like), ctx.const(1, like))
     return values if list(shape) == [-1] else ctx.op("Reshape", values, ctx.int64s(shape))
 
@@ -847,7 +858,7 @@ def lp_pool(ctx: RuleContext, grads: Grads) -> Result:
     lead, _ = geo.forward_pads(ctx, x, y)
     size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
     flat = ctx.op("Reshape", _lp_scaled(ctx, g, y, p), ctx.int64s([-1, 1] + [0] * geo.n))  # type: ignore[arg-type]
-    spread = _transposed_to(ctx, flat, ctx.const(np.ones([1, 1, *kernel]), x), geo, 1, lead, size, out)
+    spread = _transposed_to(ctx, flat, sized.ones(ctx, [1, 1, *kernel], x), geo, 1, lead, size, out)
     return [ctx.mul(ctx.op("Reshape", spread, ctx.shape_of(x)), _lp_direction(ctx, x, p))]
 
 
@@ -871,7 +882,7 @@ def mean_variance_normalization(ctx: RuleContext, grads: Grads) -> Result:
 def _channel_window_sum(ctx: RuleContext, t: str, x: str, size: int, before: int, after: int) -> str:
     """``out[:, c] = sum(t[:, c - before : c + after + 1])`` over channels (zeros outside), as a Conv of ones."""
     grouped = ctx.op("Reshape", t, _vec(ctx, _cat(ctx, [0, 1], _dims(ctx, x, 1, 2), [-1])))  # [N, 1, C, prod(S)]
-    ones = ctx.const(np.ones([1, 1, size, 1]), t)
+    ones = sized.ones(ctx, [1, 1, size, 1], t)
     summed = ctx.op("Conv", grouped, ones, pads=[before, 0, after, 0])
     return ctx.op("Reshape", summed, ctx.shape_of(x))
 
@@ -931,8 +942,8 @@ def col2im(ctx: RuleContext, grads: Grads) -> Result:
     x, block = ctx.inputs[0], ctx.inputs[2]
     n = ctx.known_rank(ctx.outputs[0]) - 2
     shape = ctx.constant_value(block)
-    if shape is not None:
-        k = int(np.prod(shape))
+    k = None if shape is None else int(np.prod(shape))
+    if k is not None and sized.is_small(k, k):  # else EyeLike at run time, as for a computed block shape
         kernel = ctx.const(np.eye(k).reshape([k, 1, *[int(v) for v in shape]]), x)
     else:
         k_vec = ctx.op("ReduceProd", block, ctx.int64s([0]), keepdims=1)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxtrain.autodiff import sized
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
 
@@ -937,7 +938,7 @@ def dft(ctx: RuleContext, grads: Grads) -> Result:
 def _irfft_weights(ctx: RuleContext, bins: str | int, length: str | int, axis: int, rank: int, like: str) -> str:
     """``m_j = 1 + [0 < j <= L - bins]`` along ``axis``: 2 for the bins the conjugate-symmetric spectrum mirrors."""
     tail = [1] * (rank - axis - 1)
-    if isinstance(bins, int) and isinstance(length, int):
+    if isinstance(bins, int) and isinstance(length, int) and sized.is_small(bins):
         weights = [1.0 + float(0 < j <= length - bins) for j in range(bins)]
         return ctx.const(np.array(weights).reshape([bins, *tail]), like)
     j = _range(ctx, _as_i64(ctx, bins))
