@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import onnx
-from onnx import shape_inference
 
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.context import current_builder
-from onnxtrain.graph.io import skeleton
+from onnxtrain.graph.io import inferred_skeleton
 
 
 def output_names(block: Block, output: Any) -> list[str]:
@@ -68,7 +67,7 @@ class Block(ABC):
         external data files (even over 2 GB) is never loaded.
         """
         builder = self.builder
-        inferred = shape_inference.infer_shapes(skeleton(builder.model), strict_mode=False, data_prop=True)
+        inferred = inferred_skeleton(builder.model)
         model = onnx.ModelProto()
         model.CopyFrom(builder.model)
         del model.graph.value_info[:]

@@ -20,7 +20,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from onnxtrain.graph import dtypes, versions
-from onnxtrain.graph.io import checkable, is_small, skeleton
+from onnxtrain.graph.io import checkable, inferred_skeleton, is_small
 from onnxtrain.graph.naming import NameGenerator, names_in
 
 #: A dimension is a size, a symbolic name (``"batch"``) or unknown (``None``).
@@ -96,7 +96,7 @@ class GraphBuilder:
     def _seed_types(self) -> None:
         graph = self.model.graph
         try:
-            inferred = shape_inference.infer_shapes(skeleton(self.model), strict_mode=False, data_prop=True).graph
+            inferred = inferred_skeleton(self.model).graph
         except (shape_inference.InferenceError, onnx.checker.ValidationError):
             inferred = graph
         for tensor in graph.initializer:

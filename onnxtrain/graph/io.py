@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import onnx
+from onnx import shape_inference
 
-from onnxtrain.graph import external
+from onnxtrain.graph import dtypes, external
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -102,6 +103,33 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     target.value_info.extend(graph.value_info)
     target.initializer.extend(t if is_small(t) else type_only_tensor(t) for t in graph.initializer)
     return light
+
+
+#: Integer vectors longer than this are data, not shapes: onnx's data propagation is not run over them.
+LONGEST_SHAPE_VECTOR = 4096
+
+
+def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """:func:`skeleton` of ``model`` with inferred types, with onnx's data propagation where it is cheap.
+
+    Data propagation computes the values of the integer vectors that feed
+    ``Reshape``, ``Expand`` and the like, for exact shapes; onnx 1.23 keeps
+    every element (about 140 bytes each), so an integer vector as long as a
+    static batch of 10**7 would take 1.4 GB. A first pass without it finds
+    such vectors; only a model without them gets the second pass.
+    """
+    light = skeleton(model)
+    plain = shape_inference.infer_shapes(light, strict_mode=False)
+    for value in (*plain.graph.input, *plain.graph.value_info, *plain.graph.output):
+        tensor = value.type.tensor_type
+        if (
+            value.type.HasField("tensor_type")
+            and dtypes.is_integer(tensor.elem_type)
+            and len(tensor.shape.dim) == 1
+            and tensor.shape.dim[0].dim_value > LONGEST_SHAPE_VECTOR
+        ):
+            return plain
+    return shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
 
 
 def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
