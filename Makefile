@@ -1,5 +1,10 @@
 # Set-up and entry points. `make demo` and `make test` each create the virtual
 # environment in .venv on first use (or when pyproject.toml changes).
+#
+# `make test` runs the suite twice: in .venv with the newest releases pip finds,
+# then in .venv-oldest with the oldest the project supports (onnx and
+# onnxruntime pinned by constraints-oldest.txt, pyproject.toml's lower bounds).
+# `make test-newest` and `make test-oldest` run one pass each.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,13 +17,24 @@ ORT_TRAINING_VENV ?= .venv-ort-training
 ORT_TRAINING_PYTHON ?= $(shell for p in python3.11 python3.10 python3.9 python3.8; do command -v $$p && break; done)
 ORT_TRAINING_PACKAGES ?= onnxruntime-training-cpu==1.19.2 onnx==1.16.2 "numpy<2"
 
-.PHONY: demo test bench venv torch ort-training clean
+# The oldest supported releases, for the second pass: the same Python and extras,
+# onnx and onnxruntime at the versions constraints-oldest.txt pins.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_BIN := $(OLDEST_VENV)/bin
+OLDEST_CONSTRAINTS ?= constraints-oldest.txt
+
+.PHONY: demo test test-newest test-oldest bench venv venv-oldest torch torch-oldest ort-training clean
 
 demo: venv
 	$(BIN)/onnxtrain demo
 
-test: venv torch ort-training
+test: test-newest test-oldest
+
+test-newest: venv torch ort-training
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-oldest: venv-oldest torch-oldest ort-training
+	$(OLDEST_BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The benchmark (benchmarks/, docs/benchmarks.md): onnxtrain, PyTorch eager and
 # onnxruntime-training 1.19.2; the last in its own environment,
@@ -35,15 +51,32 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]"
 	touch $@
 
+# Made anew when pyproject.toml or the pins change, so that nothing newer stays.
+venv-oldest: $(OLDEST_VENV)/.installed
+
+$(OLDEST_VENV)/.installed: pyproject.toml $(OLDEST_CONSTRAINTS)
+	rm -rf $(OLDEST_VENV)
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]" -c $(OLDEST_CONSTRAINTS)
+	touch $@
+
 # torch is optional: the tests that compare with it skip without it. It is
 # installed only when a CPU wheel is available without an index (a local wheel
 # folder configured for pip); never the multi-gigabyte CUDA build.
-torch: venv
-	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; \
-	elif $(BIN)/python -m pip download -q --no-deps --no-index --only-binary=:all: \
-	        -d $(VENV)/wheels "torch==$(TORCH_VERSION)" >/dev/null 2>&1; then \
-	    $(BIN)/python -m pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"; \
+# $(call install-torch,VENV): into that environment.
+define install-torch
+	@if $(1)/bin/python -c "import torch" 2>/dev/null; then :; \
+	elif $(1)/bin/python -m pip download -q --no-deps --no-index --only-binary=:all: \
+	        -d $(1)/wheels "torch==$(TORCH_VERSION)" >/dev/null 2>&1; then \
+	    $(1)/bin/python -m pip install -q --disable-pip-version-check "torch==$(TORCH_VERSION)"; \
 	else echo "torch $(TORCH_VERSION) has no local CPU wheel here: the comparisons with torch will be skipped"; fi
+endef
+
+torch: venv
+	$(call install-torch,$(VENV))
+
+torch-oldest: venv-oldest
+	$(call install-torch,$(OLDEST_VENV))
 
 # The interop tests (tests/checkpoint/test_ort_interop.py) run ORT in this
 # environment. Where it cannot be built, the reason goes to UNAVAILABLE and the
@@ -72,4 +105,4 @@ $(ORT_TRAINING_VENV)/.done:
 	@touch $@
 
 clean:
-	rm -rf $(VENV) $(ORT_TRAINING_VENV) benchmarks/.venv-ort-training .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST_VENV) $(ORT_TRAINING_VENV) benchmarks/.venv-ort-training .pytest_cache .hypothesis

@@ -1,12 +1,21 @@
 """Creating onnxruntime sessions the same way everywhere, around what some onnxruntime releases lack.
 
-onnxruntime 1.23 (the last release for Python 3.10) fuses ``MatMul`` with a
-``Transpose`` into ``com.microsoft::FusedMatMul``, whose CPU kernel takes
-float only: every float64 gradient graph with a weight gradient
-(``MatMul(Transpose(x), g)``) then fails to load. Releases from 1.24 on do not
-fuse it for double. :func:`inference_session` makes the session again
-without that fusion when, and only when, onnxruntime reports that kernel
-missing.
+onnxruntime 1.23 (the last release for Python 3.10) has graph transformers
+that break models every release loads once they are off:
+
+- it fuses ``MatMul`` with a ``Transpose`` into ``com.microsoft::FusedMatMul``,
+  and ``x * Sigmoid(x)`` into ``com.microsoft::QuickGelu``, whose CPU kernels
+  take float only: a float64 graph with a weight gradient
+  (``MatMul(Transpose(x), g)``) or a SiLU then fails to load;
+- ``ReshapeFusion`` merges ``Reshape(Reshape(x, computed shape), constant)``
+  into one ``Reshape`` and loses the computed shape's edge ("Attempting to get
+  index by a name which does not exist ... _new_reshape");
+- ``NoopElimination`` takes ``Mul`` by an empty constant for ``Mul`` by 1 and
+  fails to remove it ("CanRemoveNodeAndMergeEdges").
+
+Newer releases (1.32 checked) do none of these. :func:`inference_session` makes the
+session again without the transformer at fault when, and only when,
+onnxruntime reports one of these errors.
 """
 
 from __future__ import annotations
@@ -18,21 +27,41 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 #: onnxruntime's graph transformers that write operators some releases have no double kernel for.
-FLOAT_ONLY_FUSIONS: dict[str, str] = {"FusedMatMul": "MatmulTransposeFusion"}
+FLOAT_ONLY_FUSIONS: dict[str, str] = {"FusedMatMul": "MatmulTransposeFusion", "QuickGelu": "QuickGeluFusion"}
+
+#: onnxruntime's graph transformers that fail on some valid graphs in some releases, by what their error says.
+FAILING_TRANSFORMERS: dict[str, str] = {
+    "_new_reshape": "ReshapeFusion",
+    "CanRemoveNodeAndMergeEdges": "NoopElimination",
+}
+
+
+def _at_fault(error: Exception) -> list[str]:
+    """The transformers ``error`` blames (none when it is no error of theirs)."""
+    message = str(error)
+    if isinstance(error, ort_errors.NotImplemented):
+        return [fusion for op, fusion in FLOAT_ONLY_FUSIONS.items() if f".{op}(" in message]
+    if isinstance(error, ort_errors.RuntimeException):
+        return [name for clue, name in FAILING_TRANSFORMERS.items() if clue in message]
+    return []
 
 
 def inference_session(
     source: str | bytes, options: ort.SessionOptions | None = None, providers: Sequence[Any] | None = None
 ) -> ort.InferenceSession:
-    """``onnxruntime.InferenceSession(source, options, providers)``, without a fusion this release cannot run."""
+    """``onnxruntime.InferenceSession(source, options, providers)``, without a transformer this release fails in."""
     chosen = ["CPUExecutionProvider"] if providers is None else list(providers)
-    try:
-        return ort.InferenceSession(source, sess_options=options, providers=chosen)
-    except ort_errors.NotImplemented as error:
-        disabled = [fusion for op, fusion in FLOAT_ONLY_FUSIONS.items() if f".{op}(" in str(error)]
-        if not disabled:
-            raise
-        return ort.InferenceSession(source, sess_options=options, providers=chosen, disabled_optimizers=disabled)
+    disabled: list[str] = []
+    while True:
+        try:
+            if not disabled:
+                return ort.InferenceSession(source, sess_options=options, providers=chosen)
+            return ort.InferenceSession(source, sess_options=options, providers=chosen, disabled_optimizers=disabled)
+        except (ort_errors.NotImplemented, ort_errors.RuntimeException) as error:
+            more = [name for name in _at_fault(error) if name not in disabled]
+            if not more:
+                raise
+            disabled += more
 
 
-__all__ = ["FLOAT_ONLY_FUSIONS", "inference_session"]
+__all__ = ["FAILING_TRANSFORMERS", "FLOAT_ONLY_FUSIONS", "inference_session"]

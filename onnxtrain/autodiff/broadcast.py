@@ -12,7 +12,8 @@ here once, for every broadcasting rule:
 - **dynamically** otherwise (e.g. a symbolic dimension that may be 1): pad
   ``Shape(x)`` with leading 1s to the rank of ``g``, reduce over the axes where
   that padded shape is 1 and ``Shape(g)`` is not (``Equal``/``Not``/``And``/
-  ``NonZero``, ``ReduceSum`` with ``noop_with_empty_axes=1``), then
+  ``NonZero``, ``ReduceSum`` of ``g`` with a new leading axis of size 1,
+  always summed so that the axes are never empty, then ``Squeeze``d), then
   ``Reshape`` to ``Shape(x)``.
 
 Contract: the gradient's shape is the broadcast of ``x``'s shape with others
@@ -144,6 +145,9 @@ def dynamic_unbroadcast(ctx: RuleContext, grad: str, like: str, g_rank: int | No
         ctx.op("Equal", padded, one_scalar),
         ctx.op("Not", ctx.op("Equal", g_shape, one_scalar)),
     )
+    # Summed over a new leading axis of size 1 as well, so that the axes are never empty: onnxruntime <= 1.23
+    # sums an empty tensor over all its axes whatever noop_with_empty_axes says.
+    mask = ctx.op("Concat", ctx.const([True], mask), mask, axis=0)
     axes = ctx.op("Reshape", ctx.op("NonZero", mask), ctx.int64s([-1]))
-    summed = ctx.op("ReduceSum", grad, axes, keepdims=1, noop_with_empty_axes=1)
-    return ctx.op("Reshape", summed, x_shape)
+    summed = ctx.op("ReduceSum", ctx.op("Unsqueeze", grad, ctx.int64s([0])), axes, keepdims=1)
+    return ctx.op("Reshape", ctx.op("Squeeze", summed, ctx.int64s([0])), x_shape)

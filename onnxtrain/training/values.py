@@ -104,7 +104,7 @@ def to_numpy(value: ort.OrtValue, *, copy: bool = True) -> np.ndarray:
     shape = tuple(value.shape())
     if value.device_name().lower() != "cpu":
         host = empty(shape, dtype, Device("cpu"))
-        host.update_inplace(value)
+        _update_from(host, value)
         value = host
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
@@ -117,8 +117,20 @@ def copy(value: ort.OrtValue, device: Device) -> ort.OrtValue:
     """A copy of ``value`` on ``device``."""
     result = empty(tuple(value.shape()), dtype_of(value), device)
     if int(np.prod(value.shape(), dtype=np.int64)):
-        result.update_inplace(value)
+        _update_from(result, value)
     return result
+
+
+def _update_from(target: ort.OrtValue, source: ort.OrtValue) -> None:
+    """``target.update_inplace(source)``, where onnxruntime <= 1.23 takes only NumPy arrays: then a CPU
+    source goes through a NumPy view of its memory, any other through ``onnxruntime.copy_tensors``."""
+    try:
+        target.update_inplace(source)
+    except TypeError:
+        if source.device_name().lower() != "cpu":
+            ort.copy_tensors([source], [target], None)
+        else:
+            target.update_inplace(_bits(to_numpy(source, copy=False)))
 
 
 def on_device(value: ort.OrtValue, device: Device) -> bool:

@@ -1,7 +1,10 @@
 """Every gradient rule against central finite differences, on Hypothesis-drawn cases.
 
 One parametrized test per spec of ``specs.SPECS``; the meta-test fails when a
-registered rule has no spec.
+registered rule has no spec. A check that fails because the installed
+onnxruntime (or onnx) cannot run the operator under test itself, or runs it
+otherwise than ``onnx.reference``, is skipped (the operator never loads) or its
+example rejected (not on these inputs): ``gradcheck.forward_fault``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from hypothesis import strategies as st
 
 from onnxtrain.autodiff import builtin_registry
 from tests.autodiff import specs_matrix_shape, specs_nn
-from tests.autodiff.gradcheck import DIM_MODES, build_cached, check
+from tests.autodiff.gradcheck import DIM_MODES, build_cached, check, excuse_forward_fault
 from tests.autodiff.specs import SPECS as CORE_SPECS
 from tests.autodiff.specs import Spec
 
@@ -27,11 +30,17 @@ def test_rule_matches_finite_differences(spec: Spec, data: st.DataObject) -> Non
     case = data.draw(spec.cases, label="case")
     mode = data.draw(st.sampled_from(getattr(spec, "dim_modes", DIM_MODES)), label="dims")
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-    compiled = build_cached(spec, case, mode)
+    try:
+        compiled = build_cached(spec, case, mode)
+        result = check(spec, case, mode, seed, compiled)
+    except Exception:
+        excuse_forward_fault(spec, case, mode, seed)  # an older release's kernel for the operator itself
+        raise
     assert all(node.domain in ("", "ai.onnx") for node in compiled.model.graph.node)
-    result = check(spec, case, mode, seed, compiled)
     assume(result is not None)
     assert result is not None
+    if not result.ok:
+        excuse_forward_fault(spec, case, mode, seed)
     assert result.ok, (
         f"{spec.id}: <t, grad> = {result.analytic!r}, finite difference = {result.numeric!r} "
         f"(tolerance {result.tolerance:.3g})"

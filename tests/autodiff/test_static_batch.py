@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from onnxtrain.autodiff import sized
 from tests.autodiff import models
-from tests.autodiff.gradcheck import DIM_MODES, build, check
+from tests.autodiff.gradcheck import DIM_MODES, build, check, excuse_forward_fault
 from tests.autodiff.test_rules import SPECS
 
 #: Extra address space a build may take (a batch-sized allocation at 10**12 is terabytes).
@@ -157,11 +157,17 @@ def test_run_time_forms_match_finite_differences(spec, data):
     modes = getattr(spec, "dim_modes", DIM_MODES)
     assume("static" in modes)  # the run-time forms replace constants of static sizes
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
-    with mock.patch.object(sized, "SMALL_CONSTANT_LIMIT", 0):
-        compiled = build(spec, case, "static")
-    result = check(spec, case, "static", seed, compiled)
+    try:
+        with mock.patch.object(sized, "SMALL_CONSTANT_LIMIT", 0):
+            compiled = build(spec, case, "static")
+        result = check(spec, case, "static", seed, compiled)
+    except Exception:
+        excuse_forward_fault(spec, case, "static", seed)  # an older release's kernel for the operator itself
+        raise
     assume(result is not None)
     assert result is not None
+    if not result.ok:
+        excuse_forward_fault(spec, case, "static", seed)
     assert result.ok, (
         f"{spec.id}: <t, grad> = {result.analytic!r}, finite difference = {result.numeric!r} "
         f"(tolerance {result.tolerance:.3g})"

@@ -674,8 +674,15 @@ def resize(ctx: RuleContext, grads: Grads) -> Result:
     out = list(letters)
     terms = ["".join(letters)]
     matrices = []
+    # onnxruntime <= 1.23 crashes in an Einsum with an axis of size 0: where a resized axis of y may be empty,
+    # g and W get one more row of zeros there (the sum is the same).
+    y_dims = ctx.shape(y)
+    padded = [axis for axis, _ in axes if y_dims is None or not (isinstance(y_dims[axis], int) and y_dims[axis] > 0)]
+    if padded:
+        g = ctx.op("Pad", g, ctx.int64s([0] * rank + [int(axis in padded) for axis in range(rank)]))
     for axis, k in axes:
-        matrices.append(_interpolation_matrix(ctx, axis, k, rank, same))
+        matrix = _interpolation_matrix(ctx, axis, k, rank, same)
+        matrices.append(ctx.op("Pad", matrix, ctx.int64s([0, 0, 1, 0])) if axis in padded else matrix)
         terms.append(letters[axis] + upper[axis])
         out[axis] = upper[axis]
     dx = ctx.op("Einsum", g, *matrices, equation=",".join(terms) + "->" + "".join(out))
