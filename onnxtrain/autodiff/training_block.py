@@ -53,22 +53,25 @@ class TrainingBlock(Block):
 
     def parameters(self) -> tuple[list[onnx.TensorProto], list[onnx.TensorProto]]:
         """``(trainable, frozen)`` parameters as TensorProtos, once the block is built."""
-        return self._models().trainable, self._models().frozen
+        built = self._models("Please build the training model first before trying to retrieve the parameters.")
+        return built.trainable, built.frozen
 
     def to_model_proto(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         """``(training_model, eval_model)``, once the block is built."""
-        return self._models().training, self._models().eval
+        built = self._models("Please build the training and eval models first before trying to retrieve them.")
+        return built.training, built.eval
 
     @property
     def running_stats(self) -> dict[str, str]:
         """``{running statistic parameter: training-model output with its new value}``."""
         return self._models().running_stats
 
-    def _models(self) -> TrainingModels:
+    def _models(self, ort_message: str = "") -> TrainingModels:
+        """The built models; ``RuntimeError`` before the build, starting with ONNX Runtime's own words."""
         if self._built is None:
             raise RuntimeError(
-                f"{type(self).__name__} has not been built yet: call it inside "
-                "`with onnxblock.base(model):` before asking for its models or parameters"
+                f"{ort_message} {type(self).__name__} has not been built yet: call it inside "
+                "`with onnxblock.base(model):` before asking for its models or parameters".lstrip()
             )
         return self._built
 

@@ -15,5 +15,17 @@ from onnxtrain.autodiff.training_block import TrainingBlock
 from onnxtrain.blocks import Block, ForwardBlock
 from onnxtrain.graph import base, empty_base
 from onnxtrain.onnxblock import blocks, loss, optim
+from onnxtrain.onnxblock.checkpoint_utils import load_checkpoint_to_model, save_checkpoint
 
-__all__ = ["Block", "ForwardBlock", "TrainingBlock", "base", "blocks", "empty_base", "loss", "optim"]
+__all__ = [
+    "Block",
+    "ForwardBlock",
+    "TrainingBlock",
+    "base",
+    "blocks",
+    "empty_base",
+    "load_checkpoint_to_model",
+    "loss",
+    "optim",
+    "save_checkpoint",
+]
