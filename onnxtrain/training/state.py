@@ -146,10 +146,11 @@ class Parameter:
 
     @property
     def grad(self) -> np.ndarray | None:
-        """The accumulated gradient (a copy); ``None`` before the first train step or for frozen parameters.
+        """The accumulated gradient (a copy); ``None`` for frozen parameters and before a ``Module`` uses the state.
 
-        After ``lazy_reset_grad()`` it is zero (the value the next train step
-        starts from) until the next train step.
+        As in ONNX Runtime, it is zero (the value the next train step starts
+        from) once a ``Module`` holds the state, until its first train step,
+        and after ``lazy_reset_grad()`` until the next one.
         """
         return self._state._gradient(self._name)
 
@@ -379,9 +380,9 @@ class TrainingState:
     def _gradient(self, name: str) -> np.ndarray | None:
         self._tensor(name)
         grad = self._grads.get(name)
-        if grad is None or self._grad_status == "none":
+        if grad is None:
             return None
-        if self._grad_status == "reset":
+        if self._grad_status != "ready":  # none computed yet, or reset: what the next step starts from
             return np.zeros(grad.shape, grad.dtype)
         return grad.numpy()
 
