@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import onnx
-from onnx import shape_inference
+from onnx import shape_inference, version_converter
 
-from onnxtrain.graph import dtypes, external
+from onnxtrain.graph import dtypes, external, versions
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -36,7 +36,7 @@ def load_base_model(
         _check_not_empty(copy, "the ModelProto")
         if check_data:
             external.check_model_data(copy, None)
-        return copy, None
+        return upgraded(copy), None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
@@ -49,8 +49,34 @@ def load_base_model(
         folder = path.resolve().parent
         if check_data:
             external.check_model_data(loaded, folder)
-        return loaded, folder
+        return upgraded(loaded), folder
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
+
+
+def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` importing ``ai.onnx`` once, at :data:`~onnxtrain.graph.versions.MIN_OPSET` or later.
+
+    Several ``ai.onnx`` imports (a user appending a newer one to an older
+    model) become one, of the newest version. A model older than the rules
+    need (ONNX Runtime accepts any) is converted by onnx's version converter;
+    its IR version is raised to 7 first, since the converter needs every
+    initializer to be defined and IR 3 lists them as graph inputs. Other
+    domains' imports are kept. ``ValueError`` when the converter cannot.
+    """
+    versions.merge_imports(model)
+    version = versions.opset_version(model, "")
+    if version is None or version >= versions.MIN_OPSET:
+        return model
+    if model.ir_version < 7:
+        model.ir_version = 7
+    try:
+        return version_converter.convert_version(model, versions.MIN_OPSET)
+    except Exception as error:  # onnx's ConvertError and the like
+        raise ValueError(
+            f"the base model uses ai.onnx opset {version}, older than the gradient rules need ({versions.MIN_OPSET}), "
+            f"and onnx's version converter cannot convert it: {error}; export the model with opset "
+            f">= {versions.MIN_OPSET}"
+        ) from error
 
 
 def _check_not_empty(model: onnx.ModelProto, what: str) -> None:

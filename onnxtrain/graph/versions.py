@@ -45,11 +45,24 @@ _IR_FOR_LOCAL_FUNCTIONS = 8
 
 
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int | None:
-    """The version of ``domain`` the model imports, or ``None`` if it does not."""
+    """The version of ``domain`` the model imports (the newest, if imported twice), or ``None``."""
+    found = [opset.version for opset in model.opset_import if opset.domain in (domain, _alias(domain))]
+    return max(found) if found else None
+
+
+def merge_imports(model: onnx.ModelProto) -> None:
+    """Import each domain once, at the newest version the model imports it at; in place, order kept."""
+    newest: dict[str, int] = {}
     for opset in model.opset_import:
-        if opset.domain in (domain, "ai.onnx" if domain == "" else domain):
-            return opset.version
-    return None
+        domain = "" if opset.domain == "ai.onnx" else opset.domain
+        newest[domain] = max(newest.get(domain, opset.version), opset.version)
+    if len(newest) != len(model.opset_import):
+        del model.opset_import[:]
+        model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in newest.items())
+
+
+def _alias(domain: str) -> str:
+    return "ai.onnx" if domain == "" else domain
 
 
 def check_opset(model: onnx.ModelProto) -> int:
@@ -99,5 +112,7 @@ def required_ir_version(model: onnx.ModelProto) -> int:
 
 
 def stamp_ir_version(model: onnx.ModelProto) -> None:
-    """Set ``model.ir_version`` to :func:`required_ir_version`, in place."""
+    """Import each domain once (:func:`merge_imports`), then set ``model.ir_version`` to
+    :func:`required_ir_version`, in place."""
+    merge_imports(model)
     model.ir_version = required_ir_version(model)
