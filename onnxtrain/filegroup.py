@@ -129,9 +129,11 @@ class FileGroup:
 
     def release_unused(self) -> None:
         """Remove the group's hidden files once no member name links through it any more (its names were
-        replaced by plain files). Call it while holding :meth:`locked`."""
-        if not any(self._is_member(self.directory / name) for name in self.names):
-            _discard(self.directory / self.pointer)
+        replaced by plain files). Call it while holding :meth:`locked`. Without symbolic links the pointer
+        is a file and the members plain files, which may refer to the version folder: it stays."""
+        pointer = self.directory / self.pointer
+        if pointer.is_symlink() and not any(self._is_member(self.directory / name) for name in self.names):
+            _discard(pointer)
         self._clean()
 
     def _replace_one_by_one(self, staging: Path, publish: set[str]) -> None:

@@ -142,3 +142,19 @@ def test_without_symbolic_links_each_file_is_replaced_on_its_own(tmp_path: Path,
 def test_a_group_name_is_a_plain_name(tmp_path: Path, group: str):
     with pytest.raises(ValueError, match="without path separators"):
         FileGroup(tmp_path, group, ["a"])
+
+
+def test_without_symbolic_links_a_failed_write_keeps_the_version_the_files_refer_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(filegroup, "_symlinks_work", lambda directory, probe: False)
+    group = FileGroup(tmp_path, "g", NAMES)
+    with group.replacing() as folder:
+        (folder / "a").write_bytes(b"model")
+        (folder / "a.data").write_bytes(b"tensors")  # what the plain file "a" refers to
+        kept = folder.name
+    with pytest.raises(RuntimeError), group.replacing() as folder:
+        raise RuntimeError("interrupted")
+    assert (tmp_path / kept / "a.data").read_bytes() == b"tensors"
+    assert visible_files(tmp_path) == {"a": b"model"}
+    assert leftovers(tmp_path) == []
