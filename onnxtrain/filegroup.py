@@ -47,8 +47,9 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
 _MARK = ".onnxtrain."
-_VERSION = re.compile(r"v-[0-9a-f]{16}")
-_TEMPORARY = re.compile(r"tmp-[0-9a-f]{16}")
+_TOKEN_BYTES = 8  # random bytes in the names of versions and temporary links (twice as many hex digits)
+_VERSION = re.compile(rf"v-[0-9a-f]{{{2 * _TOKEN_BYTES}}}")
+_TEMPORARY = re.compile(rf"tmp-[0-9a-f]{{{2 * _TOKEN_BYTES}}}")
 
 
 class FileGroup:
@@ -188,13 +189,13 @@ class FileGroup:
                 os.unlink(path)
 
     def _new_version(self) -> Path:
-        folder = self.directory / f"{self._prefix}v-{secrets.token_hex(8)}"
+        folder = self.directory / f"{self._prefix}v-{secrets.token_hex(_TOKEN_BYTES)}"
         folder.mkdir()
         sync_directory(self.directory)
         return folder
 
     def _temporary_name(self) -> Path:
-        return self.directory / f"{self._prefix}tmp-{secrets.token_hex(8)}"
+        return self.directory / f"{self._prefix}tmp-{secrets.token_hex(_TOKEN_BYTES)}"
 
     def _replace_with_link(self, target: str, path: Path) -> None:
         temporary = self._temporary_name()

@@ -7,6 +7,9 @@ import re
 import secrets
 from pathlib import Path
 
+#: Random bytes in a temporary file's name (twice as many hex digits), which :func:`stale_temporaries` matches.
+_TOKEN_BYTES = 6
+
 
 def temporary_beside(target: Path) -> Path:
     """A new empty file ``.<name>.<random>.tmp`` in ``target``'s folder, with default permissions.
@@ -16,7 +19,7 @@ def temporary_beside(target: Path) -> Path:
     leaves a file as readable as a plain write would.
     """
     for _ in range(100):
-        name = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+        name = target.with_name(f".{target.name}.{secrets.token_hex(_TOKEN_BYTES)}.tmp")
         try:
             handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -32,7 +35,7 @@ def stale_temporaries(target: Path) -> list[Path]:
     Remove them only while holding the folder's lock (``FileGroup.locked``), so as not to take a live
     writer's file.
     """
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{12}}\.tmp")
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{{2 * _TOKEN_BYTES}}}\.tmp")
     try:
         names = os.listdir(target.parent)
     except FileNotFoundError:
