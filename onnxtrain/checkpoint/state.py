@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.checkpoint.dtypes import elem_type, native
 from onnxtrain.checkpoint.errors import CheckpointError
@@ -237,7 +238,7 @@ def _arrays_from_tensors(
             raise ValueError(f"{what} tensor {tensor.name!r} appears twice")
         if tensor.data_type == onnx.TensorProto.STRING:
             raise TypeError(f"{what} tensor {tensor.name!r} holds strings; a checkpoint holds numeric tensors only")
-        if external.uses_external(tensor):
+        if uses_external_data(tensor):
             if base_dir is None:
                 raise ValueError(
                     f"{what} tensor {tensor.name!r} keeps its data in an external file; pass base_dir= (the folder "

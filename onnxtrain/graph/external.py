@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 import onnx
 from onnx import helper
+from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.graph import dtypes
 
@@ -182,10 +183,6 @@ def read_external(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str] | N
     tensor.data_location = onnx.TensorProto.DEFAULT
 
 
-def uses_external(tensor: onnx.TensorProto) -> bool:
-    return tensor.HasField("data_location") and tensor.data_location == onnx.TensorProto.EXTERNAL
-
-
 def model_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, str]]:
     """Every tensor the model stores (initializers, sparse ones, Constant and other tensor attributes,
     in subgraphs and functions too), with where it is for error messages."""
@@ -223,7 +220,7 @@ def _node_tensors(node: onnx.NodeProto, where: str) -> Iterator[tuple[onnx.Tenso
 def check_model_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
     """``ValueError`` unless every tensor of ``model`` holds the data its dims declare (see module doc)."""
     for tensor, where in model_tensors(model):
-        if uses_external(tensor):
+        if uses_external_data(tensor):
             locate(tensor, base_dir, where)
         else:
             check_inline(tensor, where)
@@ -232,13 +229,13 @@ def check_model_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | 
 def load_external_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:
     """Read every external tensor of ``model`` into it, in place, each checked by :func:`locate` first."""
     for tensor, where in model_tensors(model):
-        if uses_external(tensor):
+        if uses_external_data(tensor):
             read_external(tensor, base_dir, where)
 
 
 def has_external_data(model: onnx.ModelProto) -> bool:
     """Whether any tensor of ``model`` keeps its data in a file."""
-    return any(uses_external(tensor) for tensor, _ in model_tensors(model))
+    return any(uses_external_data(tensor) for tensor, _ in model_tensors(model))
 
 
 __all__ = [
@@ -252,5 +249,4 @@ __all__ = [
     "locate",
     "model_tensors",
     "read_external",
-    "uses_external",
 ]

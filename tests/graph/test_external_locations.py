@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts, checkpoint
@@ -169,7 +170,7 @@ def test_generated_artifacts_refer_to_no_data_outside_their_folder(tmp_path: Pat
     version = os.readlink(folder / ".onnxtrain.artifacts.current")
     for name in ("training_model", "eval_model"):
         stored = onnx.load(paths[name], load_external_data=False)
-        locations = {entry.value for tensor, _ in external.model_tensors(stored) if external.uses_external(tensor)
+        locations = {entry.value for tensor, _ in external.model_tensors(stored) if uses_external_data(tensor)
                      for entry in tensor.external_data if entry.key == "location"}  # fmt: skip
         assert locations == {f"{version}/{name}.onnx.data"}  # inside the set's own version folder
         external.check_model_data(stored, folder)  # every location passes onnxtrain's own check
@@ -217,4 +218,4 @@ def test_numpy_helper_reads_what_read_external_reads(tmp_path: Path):
     tensor.external_data.add(key="offset", value="4")
     external.read_external(tensor, folder)
     np.testing.assert_array_equal(numpy_helper.to_array(tensor), WEIGHTS)
-    assert not external.uses_external(tensor)
+    assert not uses_external_data(tensor)
