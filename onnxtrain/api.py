@@ -8,8 +8,10 @@ Code written for ONNX Runtime's training API runs with only its import changed::
 ``CheckpointState`` is :class:`onnxtrain.training.TrainingState` (the runtime's
 mutable state; :class:`onnxtrain.checkpoint.CheckpointState` is the immutable
 content of a checkpoint file). Beyond ONNX Runtime: ``CosineLRScheduler``,
-``StepLRScheduler``, ``ExponentialLRScheduler``, and ``TrainingSession`` (the
-C++ API). See docs/runtime.md.
+``StepLRScheduler``, ``ExponentialLRScheduler``, ``TrainingSession`` (the C++
+API) and ``NominalStateError`` (what a nominal checkpoint's state raises before
+its parameters hold values: a ``RuntimeError`` whose message starts with ONNX
+Runtime's). See docs/runtime.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from onnxtrain.training.schedulers import (
     StepLRScheduler,
 )
 from onnxtrain.training.session import TrainingSession
-from onnxtrain.training.state import Parameter, Parameters, Properties
+from onnxtrain.training.state import NominalStateError, Parameter, Parameters, Properties
 from onnxtrain.training.state import TrainingState as CheckpointState
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "LRScheduler",
     "LinearLRScheduler",
     "Module",
+    "NominalStateError",
     "Optimizer",
     "Parameter",
     "Parameters",

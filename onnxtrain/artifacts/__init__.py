@@ -5,7 +5,11 @@ The names are ONNX Runtime's (``onnxruntime.training.artifacts``).
 
 from __future__ import annotations
 
-from onnxtrain.artifacts.accumulation import (
+from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
+from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
+from onnxtrain.artifacts.kinds import LossType, OptimType
+from onnxtrain.autodiff.accumulation import (
     LAZY_RESET_GRAD,
     AccumulationFormError,
     ResetTrainingModel,
@@ -14,10 +18,6 @@ from onnxtrain.artifacts.accumulation import (
     buffer_name,
     remove_gradient_accumulation,
 )
-from onnxtrain.artifacts.export import export_model_for_inferencing
-from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
-from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
-from onnxtrain.artifacts.kinds import LossType, OptimType
 
 __all__ = [
     "LAZY_RESET_GRAD",

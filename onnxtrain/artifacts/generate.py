@@ -25,7 +25,7 @@ import onnx
 from onnx import external_data_helper
 
 from onnxtrain import checkpoint, optim
-from onnxtrain.artifacts.accumulation import add_gradient_accumulation
+from onnxtrain.artifacts import ort_training
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
 from onnxtrain.artifacts.metadata import NO_LOSS, set_metadata, training_metadata
 from onnxtrain.autodiff.registry import GradientRegistry
@@ -156,6 +156,8 @@ def build_artifacts(
     optimizer_of = None if optimizer is None else optimizer_block(optimizer)
     if optimizer_of is not None and not requires:
         raise ValueError("an optimizer needs trainable parameters: list them in requires_grad")
+    if optimizer_of is not None and target == "onnxruntime-training":
+        ort_training.sequence_optimizer(optimizer_of, target)  # raises for an optimizer ORT's runtime lacks
 
     training_block = _Training(loss_of, additional, registry)
     for name in requires:
@@ -164,18 +166,25 @@ def build_artifacts(
         training_block.requires_grad(name, False)
     with loaded_base(proto, base_dir):
         training_block(*inputs_to_loss)
-    training, eval_model = training_block.to_model_proto()
-    training = add_gradient_accumulation(training, [t.name for t in training_block.parameters()[0]])
+    training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
     for built_model in (training, eval_model):
         set_metadata(built_model, described)
     optimizer_model = None
-    if optimizer_of is not None:
-        opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
+    opset = versions.opset_version(proto, "") or versions.DEFAULT_OPSET
+    if target == "onnxruntime-training":
+        training = ort_training.to_inplace_accumulation(training, [t.name for t in trainable])
+        if optimizer_of is not None:
+            optimizer_model = ort_training.ort_training_optimizer_model(
+                optimizer_of, training_block.parameters(), max(opset, versions.MIN_OPSET)
+            )
+    elif optimizer_of is not None:
         optimizer_model = _optimizer_model(optimizer_of, training_block.parameters(), opset)
     state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
     built = ArtifactSet(training, eval_model, optimizer_model, state)
+    if target == "onnxruntime-training":
+        ort_training.check_loadable(built.models())
     if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
         for proto in built.models().values():
             external.load_external_data(proto, base_dir)
@@ -207,8 +216,11 @@ def generate_artifacts(
     outputs fed to the loss (default: all outputs, in order).
     ``additional_output_names`` are values the training and eval models also
     output. ``target="onnxruntime"`` (the default) writes standard operators
-    for any stock onnxruntime; ``registry`` replaces the built-in gradient
-    rules (for custom operators). Returns ``{artifact: path}``.
+    for any stock onnxruntime; ``target="onnxruntime-training"`` writes ONNX
+    Runtime's on-device conventions (``com.microsoft`` accumulators and
+    optimizer, IR <= 10, :mod:`onnxtrain.artifacts.ort_training`), which
+    its training runtime and onnxtrain's both run; ``registry`` replaces the
+    built-in gradient rules (for custom operators). Returns ``{artifact: path}``.
     :func:`build_artifacts` builds the same set in memory.
 
     Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
@@ -219,6 +231,8 @@ def generate_artifacts(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
         target=target, registry=registry,
     )  # fmt: skip
+    if ort_format:
+        ort_training.check_ort_format(built.models())
     if custom_op_library is not None:
         _check_loadable(built.models(), custom_op_library)
     return write_artifacts(
@@ -229,11 +243,6 @@ def generate_artifacts(
 def _check_target(target: object) -> None:
     if target not in TARGETS:
         raise ValueError(f"target={target!r} is not a known runtime; choose one of {list(TARGETS)}")
-    if target == "onnxruntime-training":
-        raise NotImplementedError(
-            "target='onnxruntime-training' (ONNX Runtime's on-device format with com.microsoft kernels) is not "
-            "available yet; use target='onnxruntime', whose artifacts run on any stock onnxruntime"
-        )
 
 
 def _check_prefix(prefix: object) -> None:

@@ -3,9 +3,10 @@
 Both models take every parameter (trainable and frozen) as a graph input, in
 initializer order, after the user inputs, so that one set of parameter values
 can be fed to either. The training model outputs the loss, the additional
-outputs, ``<param>_grad`` for each trainable parameter (in the same order),
-then ``<stat>.updated`` for the running statistics of training-mode
-BatchNormalization nodes whose statistics are parameters. The eval model
+outputs, ``<input>_grad`` for each graph input whose gradient is asked for
+(graph-input order), ``<param>_grad`` for each trainable parameter (in the
+same order), then ``<stat>.updated`` for the running statistics of
+training-mode BatchNormalization nodes whose statistics are parameters. The eval model
 outputs the loss and the additional outputs, with Dropout and
 BatchNormalization switched to inference mode.
 """
@@ -70,6 +71,22 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
                 f"frozen_params names {name!r}, which is not an initializer of the model; "
                 f"initializers: {list(initializers)}"
             )
+
+
+def _check_input_gradients(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
+    """``names``, checked to be float graph inputs of ``model`` that are not initializers."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {v.name: v for v in model.graph.input if v.name not in initializers}
+    for name in names:
+        value = inputs.get(name)
+        tensor = value.type.tensor_type if value is not None and value.type.HasField("tensor_type") else None
+        if tensor is None or not dtypes.is_float(tensor.elem_type):
+            floats = [n for n, v in inputs.items() if dtypes.is_float(v.type.tensor_type.elem_type)]
+            raise ValueError(
+                f"requires_grad names {name!r}, which is neither an initializer nor a float graph input of the "
+                f"model; float graph inputs: {floats}"
+            )
+    return list(names)
 
 
 def move_initializers_to_inputs(model: onnx.ModelProto, names: Sequence[str]) -> list[onnx.TensorProto]:
@@ -186,17 +203,22 @@ def build_training_models(
     requires_grad: Sequence[str],
     frozen_params: Sequence[str] = (),
     *,
+    input_gradients: Sequence[str] = (),
     registry: GradientRegistry | None = None,
 ) -> TrainingModels:
     """The training and eval models of ``forward``, whose output ``outputs[0]`` is the loss.
 
-    ``forward`` is not changed. Raises ``ValueError`` for unknown, integer or
-    overlapping parameter names, and the engine's errors for a non-scalar loss
-    or an operator without a gradient rule.
+    ``input_gradients`` names float graph inputs whose gradients the training
+    model outputs too (before the parameters'). ``forward`` is not changed.
+    Raises ``ValueError`` for unknown, integer or overlapping parameter names,
+    and the engine's errors for a non-scalar loss or an operator without a
+    gradient rule.
     """
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
     check_parameters(forward, requires_grad, frozen_params)
+    input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
+    wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)
     order = {t.name: k for k, t in enumerate(forward.graph.initializer)}
     trainable_names = sorted(dict.fromkeys(requires_grad), key=order.__getitem__)
     parameter_names = set(trainable_names) | set(frozen_params)
@@ -214,9 +236,10 @@ def build_training_models(
     move_initializers_to_inputs(training_model, list(parameter_names))
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
-    grads = build_gradients(builder, outputs[0], trainable_names, registry) if trainable_names else {}
-    builder.set_outputs([*outputs, *(grads[name] for name in trainable_names), *running.values()])
-    _declare_gradient_types(training_model, {grads[name]: name for name in trainable_names})
+    wrt = [*wrt_inputs, *trainable_names]
+    grads = build_gradients(builder, outputs[0], wrt, registry) if wrt else {}
+    builder.set_outputs([*outputs, *(grads[name] for name in wrt), *running.values()])
+    _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)
 
     return TrainingModels(

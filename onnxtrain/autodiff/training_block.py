@@ -7,6 +7,7 @@ from typing import Any
 
 import onnx
 
+from onnxtrain.autodiff.accumulation import add_gradient_accumulation
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.autodiff.training import TrainingModels, build_training_models
 from onnxtrain.blocks.block import Block, output_names
@@ -18,13 +19,21 @@ class TrainingBlock(Block):
     ``build`` returns the name of the loss (first) and, optionally, further
     outputs. Calling the block inside ``with onnxblock.base(model):`` builds:
 
-    - the training model: user inputs, then every parameter as an input;
-      outputs the loss, the further outputs and ``<param>_grad`` per trainable
-      parameter (see :mod:`onnxtrain.autodiff.training`);
-    - the eval model: the same inputs, the loss and further outputs, with
-      Dropout and BatchNormalization in inference mode.
+    - the training model, in ONNX Runtime's interface: user inputs, every
+      parameter as an input, then ``<x>_grad.accumulation.buffer`` per
+      gradient and ``lazy_reset_grad`` (bool[1]); outputs the loss, the
+      further outputs and ``<x>_grad.accumulation.out`` per gradient, which
+      is the accumulated gradient itself (``lazy_reset_grad ? grad : buffer +
+      grad``: stock onnxruntime has no in-place accumulator, see
+      :mod:`onnxtrain.autodiff.accumulation`). The gradients are those of
+      the graph inputs marked, in input order, then of the trainable
+      parameters, in parameter order;
+    - the eval model: the same user inputs and parameters, the loss and
+      further outputs, with Dropout and BatchNormalization in inference mode.
 
-    No parameter requires a gradient until :meth:`requires_grad` says so.
+    :attr:`gradient_models` holds both before accumulation (plain
+    ``<x>_grad`` outputs). No parameter or input requires a gradient until
+    :meth:`requires_grad` says so.
     ``registry`` replaces the built-in gradient rules (e.g. a copy extended
     with rules for custom operators).
     """
@@ -35,13 +44,18 @@ class TrainingBlock(Block):
         self._frozen_params: dict[str, None] = {}
         self._registry = registry
         self._built: TrainingModels | None = None
+        self._accumulated: onnx.ModelProto | None = None
 
     @abstractmethod
     def build(self, *args: Any, **kwargs: Any) -> Any:
         """Stack blocks on the inputs; return the loss name (then any further output names)."""
 
     def requires_grad(self, argument_name: str, value: bool = True) -> None:
-        """Mark the initializer ``argument_name`` as trainable (``value=True``) or frozen."""
+        """Mark the initializer ``argument_name`` as trainable (``value=True``) or frozen.
+
+        A float graph input may be marked too: the training model then gives
+        its gradient (``<input>_grad.accumulation.out``).
+        """
         if not isinstance(argument_name, str):
             raise TypeError(f"requires_grad takes a parameter name (str), not {argument_name!r}")
         if value:
@@ -59,7 +73,13 @@ class TrainingBlock(Block):
     def to_model_proto(self) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         """``(training_model, eval_model)``, once the block is built."""
         built = self._models("Please build the training and eval models first before trying to retrieve them.")
-        return built.training, built.eval
+        assert self._accumulated is not None
+        return self._accumulated, built.eval
+
+    @property
+    def gradient_models(self) -> TrainingModels:
+        """The models before gradient accumulation: the training model outputs ``<x>_grad`` itself."""
+        return self._models()
 
     @property
     def running_stats(self) -> dict[str, str]:
@@ -82,7 +102,20 @@ class TrainingBlock(Block):
             names = output_names(self, output)
             builder.set_outputs(names)
             forward = builder.finalize()
-            self._built = build_training_models(
-                forward, names, list(self._requires_grad), list(self._frozen_params), registry=self._registry
+            initializers = {tensor.name for tensor in forward.graph.initializer}
+            graph_inputs = {value.name for value in forward.graph.input} - initializers
+            marked_inputs = [name for name in self._requires_grad if name in graph_inputs]
+            parameters = [name for name in self._requires_grad if name not in graph_inputs]
+            built = build_training_models(
+                forward,
+                names,
+                parameters,
+                list(self._frozen_params),
+                input_gradients=marked_inputs,
+                registry=self._registry,
             )
+            order = [value.name for value in built.training.graph.input if value.name in marked_inputs]
+            accumulated = add_gradient_accumulation(built.training, [*order, *(t.name for t in built.trainable)])
+            self._built = built
+            self._accumulated = accumulated
         return output

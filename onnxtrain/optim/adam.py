@@ -132,7 +132,16 @@ class AdamW(_AdamBase):
         v = b2 * v + (1 - b2) * g * g
         p = p - lr / (1 - b1**t) * m / (sqrt(v) / sqrt(1 - b2**t) + eps)
 
-    States as :class:`Adam` (``amsgrad`` is keyword-only here).
+    ``adam_mode=1`` is Hugging Face's variant, the math of ONNX Runtime's
+    on-device ``AdamWOptimizer`` as its ``onnxblock.optim.AdamW`` writes it
+    (``adam_mode`` 0 there is torch's, the default here)::
+
+        m, v as above
+        p = p - lr * sqrt(1 - b2**t) / (1 - b1**t) * m / (sqrt(v) + eps)
+        p = p * (1 - lr * weight_decay)
+
+    States as :class:`Adam` (``amsgrad`` and ``adam_mode`` are keyword-only
+    here; ``amsgrad`` needs ``adam_mode=0``).
     """
 
     reference_update = staticmethod(reference.adamw_step)
@@ -147,12 +156,54 @@ class AdamW(_AdamBase):
         clip_grad: ClipGradNorm | None = None,
         *,
         amsgrad: bool = False,
+        adam_mode: int = 0,
     ) -> None:
         super().__init__(
             betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
             clip_grad=clip_grad,
         )  # fmt: skip
+        if adam_mode not in (0, 1) or isinstance(adam_mode, bool):
+            raise ValueError(f"AdamW: adam_mode must be 0 (torch's math) or 1 (Hugging Face's), not {adam_mode!r}")
+        if adam_mode == 1 and amsgrad:
+            raise ValueError("AdamW: amsgrad=True needs adam_mode=0; Hugging Face's AdamW has no amsgrad")
+        self._adam_mode = adam_mode
 
     def hyperparameters(self) -> dict[str, Any]:
         hyper = super().hyperparameters()
-        return {"bias_correction": hyper.pop("bias_correction"), **hyper}
+        hyper = {"bias_correction": hyper.pop("bias_correction"), **hyper}
+        return {**hyper, "adam_mode": self._adam_mode} if self._adam_mode else hyper
+
+    def update(self, slot: Slot) -> Update:
+        if self._adam_mode == 0:
+            return super().update(slot)
+        m = slot.math
+        beta1, beta2 = self._betas
+        exp_avg = m.add(
+            m.scale(beta1, slot.states[0], hint="m"), m.scale(1.0 - beta1, slot.grad, hint="m"),
+            out=slot.out_states[0], hint="m",
+        )  # fmt: skip
+        exp_avg_sq = m.add(
+            m.scale(beta2, slot.states[1], hint="v"),
+            m.scale(1.0 - beta2, m.mul(slot.grad, slot.grad, hint="g2"), hint="v"),
+            out=slot.out_states[1], hint="v",
+        )  # fmt: skip
+        step_size = m.shared(("hf_step_size",), self._hf_step_size) if self._bias_correction else m.lr()
+        denom = m.add(m.sqrt(exp_avg_sq, hint="sqrt_v"), m.const(self._eps, "eps"), hint="denom")
+        delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
+        if not self._weight_decay:
+            return Update(m.sub(slot.param, delta, out=slot.out_param, hint="p"), (exp_avg, exp_avg_sq))
+        updated = m.sub(slot.param, delta, hint="p")
+        keep = m.shared(("decay",), self._decay)
+        return Update(m.mul(updated, keep, out=slot.out_param, hint="decayed"), (exp_avg, exp_avg_sq))
+
+    def _hf_step_size(self, m: Math) -> str:
+        """``lr * sqrt(1 - beta2**t) / (1 - beta1**t)``."""
+        beta1, beta2 = self._betas
+        one, t = m.const(1.0), m.step()
+        bc1 = m.sub(one, m.pow(m.const(beta1, "beta1"), t, hint="beta1_t"), hint="bias_correction1")
+        bc2 = m.sub(one, m.pow(m.const(beta2, "beta2"), t, hint="beta2_t"), hint="bias_correction2")
+        return m.div(m.mul(m.lr(), m.sqrt(bc2, hint="bias_correction2_sqrt"), hint="step_size"), bc1, hint="step_size")
+
+    def _decay(self, m: Math) -> str:
+        """``1 - lr * weight_decay``."""
+        return m.sub(m.const(1.0), m.mul(m.lr(), m.const(self._weight_decay, "weight_decay")), hint="decay")

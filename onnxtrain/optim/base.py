@@ -287,12 +287,18 @@ class Optimizer(ForwardBlock):
             value_type = tensor_type(spec.elem_type, None if spec.shape is None else list(spec.shape))
             for name in self.model_input_names([spec.name])[2:]:
                 b.add_input(name, value_type)
-        scalars = Scalars(b, lr, step)
+        return self.emit_updates(Scalars(b, lr, step), specs)
 
-        grads = [grad_name(p) for p in params]
+    def emit_updates(self, scalars: Scalars, specs: Sequence[ParameterSpec]) -> list[str]:
+        """Emit the step for values ``p``, ``p_grad``, ``p.momentum0``, ... of the model being built.
+
+        Clips the gradients together, then updates each parameter; returns
+        the output names (:meth:`model_output_names`). The values may be
+        graph inputs (:meth:`build`) or computed (e.g. taken from sequences).
+        """
+        grads = [grad_name(spec.name) for spec in specs]
         if self._clip_grad is not None:
             grads = list(self._clip_grad(grads))
-
         result: list[str] = []
         for spec, grad in zip(specs, grads, strict=True):
             result += self._emit_update(scalars, spec, grad)

@@ -113,11 +113,22 @@ def _adam(
     bias_correction: bool,
     amsgrad: bool,
     decoupled: bool,
+    adam_mode: int = 0,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     _check_states(name, states, 3 if amsgrad else 2)
     dtype, ct, (p, g, s) = _widen(param, grad, states)
     c = ct.type
     beta1, beta2 = betas
+    if adam_mode == 1:  # Hugging Face's AdamW: bias correction on the step size, weight decay after the update
+        m = c(beta1) * s[0] + c(1.0 - beta1) * g
+        v = c(beta2) * s[1] + c(1.0 - beta2) * (g * g)
+        step_size = c(lr)
+        if bias_correction:
+            t = c(step)
+            step_size = c(lr) * np.sqrt(c(1.0) - c(beta2) ** t) / (c(1.0) - c(beta1) ** t)
+        p = p - step_size * (m / (np.sqrt(v) + c(eps)))
+        p = p * (c(1.0) - c(lr) * c(weight_decay))
+        return _narrow(dtype, p, [m, v])
     if weight_decay and decoupled:
         p = p * (c(1.0) - c(lr) * c(weight_decay))
     elif weight_decay:
@@ -178,11 +189,17 @@ def adamw_step(
     eps: float = 1e-6,
     weight_decay: float = 0.0,
     amsgrad: bool = False,
+    adam_mode: int = 0,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
-    """AdamW (decoupled weight decay): ``p = p (1 - lr wd)`` first, then Adam's update without L2."""
+    """AdamW (decoupled weight decay): ``p = p (1 - lr wd)`` first, then Adam's update without L2.
+
+    ``adam_mode=1`` (Hugging Face's, ONNX Runtime's on-device default): ``p = p
+    - lr sqrt(1 - b2**t) / (1 - b1**t) m / (sqrt(v) + eps)``, then ``p = p (1 -
+    lr wd)``.
+    """
     return _adam(
         "AdamW", param, grad, states, lr=lr, step=step, betas=betas, eps=eps, weight_decay=weight_decay,
-        bias_correction=bias_correction, amsgrad=amsgrad, decoupled=True,
+        bias_correction=bias_correction, amsgrad=amsgrad, decoupled=True, adam_mode=adam_mode,
     )  # fmt: skip
 
 

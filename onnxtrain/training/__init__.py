@@ -18,7 +18,7 @@ from onnxtrain.training.schedulers import (
     StepLRScheduler,
 )
 from onnxtrain.training.session import TrainingSession
-from onnxtrain.training.state import Parameter, Parameters, Properties, TrainingState
+from onnxtrain.training.state import NominalStateError, Parameter, Parameters, Properties, TrainingState
 
 __all__ = [
     "CosineLRScheduler",
@@ -27,6 +27,7 @@ __all__ = [
     "LRScheduler",
     "LinearLRScheduler",
     "Module",
+    "NominalStateError",
     "Optimizer",
     "OptimizerStateWarning",
     "Parameter",

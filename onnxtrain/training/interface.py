@@ -23,11 +23,13 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY, PROTOBUF_LIMIT
+from onnxtrain.artifacts.ort_training import to_standard_accumulation
+from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.graph import dtypes, external
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.training.values import cast_hint, dtype_text, is_string
 
 #: A model as the runtime takes it: a path, the serialized bytes, or a ModelProto.
 ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -52,7 +54,28 @@ class LoadedModel:
 
 
 def load_model(source: ModelSource, what: str) -> LoadedModel:
-    """``source`` as a :class:`LoadedModel`; ``what`` names the argument in errors."""
+    """``source`` as a :class:`LoadedModel`; ``what`` names the argument in errors.
+
+    ONNX Runtime's in-place accumulators (``com.microsoft::InPlaceAccumulatorV2``,
+    artifacts of ``target="onnxruntime-training"``) are rewritten in standard
+    operators (:func:`onnxtrain.artifacts.ort_training.to_standard_accumulation`).
+    """
+    return _in_standard_operators(_load_model(source, what))
+
+
+def _in_standard_operators(model: LoadedModel) -> LoadedModel:
+    """``model``, or its translation when it accumulates gradients with ONNX Runtime's kernel."""
+    translated = to_standard_accumulation(model.proto)
+    if translated is model.proto:
+        return model
+    if model.path is not None and external.has_external_data(translated):
+        translated = to_standard_accumulation(model.with_data())
+    data = translated.SerializeToString()
+    return LoadedModel(translated, data)
+
+
+def _load_model(source: ModelSource, what: str) -> LoadedModel:
+    """``source`` as read: its graph (external data not loaded) and what onnxruntime loads."""
     if isinstance(source, onnx.ModelProto):
         if source.ByteSize() > PROTOBUF_LIMIT:
             raise ValueError(
@@ -129,11 +152,16 @@ class TensorSpec:
             raise ValueError(f"{self.name!r} ({self.describe()}) has no fixed shape")
         return tuple(int(d) for d in self.dims if d is not None)
 
+    @property
+    def is_string(self) -> bool:
+        """Whether this is an ONNX STRING tensor (NumPy ``object`` arrays of ``str``)."""
+        return is_string(self.dtype)
+
     def describe(self) -> str:
-        """``float32[batch, 784]``."""
+        """``float32[batch, 784]``; ``string[batch]`` for a STRING tensor."""
         if self.dims is None:
-            return f"{self.dtype}[...]"
-        return f"{self.dtype}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
+            return f"{dtype_text(self.dtype)}[...]"
+        return f"{dtype_text(self.dtype)}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
 
     def fits(self, dtype: np.dtype, shape: Sequence[int]) -> bool:
         """Whether a tensor of ``dtype`` and ``shape`` may be fed here (symbolic dimensions take any size)."""
@@ -168,6 +196,45 @@ def _shape_text(shape: Sequence[int]) -> str:
     return f"[{', '.join(str(d) for d in shape)}]"
 
 
+def _string_array(value: np.ndarray, what: str) -> np.ndarray:
+    """``value`` as the runtime feeds a STRING tensor: a C-contiguous object array of ``str``.
+
+    ``<U`` arrays are converted; ``S`` arrays and ``bytes`` elements are decoded
+    as UTF-8 (onnxruntime reads an ``S`` element that fills its width past its
+    end, and feeds a ``bytes`` object as its repr). ``ValueError`` for bytes
+    that are not UTF-8, ``TypeError`` for an element that is neither ``str``
+    nor ``bytes``; ``what`` names the input.
+    """
+    kind = value.dtype.kind
+    if kind == "U":
+        return np.ascontiguousarray(value.astype(object))
+    if kind == "S":
+        try:
+            return np.ascontiguousarray(np.char.decode(value, "utf-8").astype(object))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{what}: the bytes are not UTF-8 ({error}); decode them to str first") from None
+    flat = value.ravel()
+    if all([element.__class__ is str for element in flat]):  # a list: faster than a generator here
+        return np.ascontiguousarray(value)
+    converted = np.empty(flat.shape, object)
+    for i, element in enumerate(flat):
+        if isinstance(element, str):
+            converted[i] = element
+        elif isinstance(element, (bytes, np.bytes_)):
+            try:
+                converted[i] = bytes(element).decode("utf-8")
+            except UnicodeDecodeError as error:
+                at = [int(d) for d in np.unravel_index(i, value.shape)] if value.ndim else []
+                raise ValueError(f"{what}: the bytes at {at} are not UTF-8 ({error}); decode them first") from None
+        else:
+            at = [int(d) for d in np.unravel_index(i, value.shape)] if value.ndim else []
+            raise TypeError(
+                f"{what} is a string tensor, so each element must be a str (or UTF-8 bytes); the element at {at} "
+                f"is {type(element).__name__} ({element!r}): convert the array with .astype(str)"
+            )
+    return converted.reshape(value.shape)
+
+
 class UserInputs:
     """The user inputs of a model: checks what the caller passes, in one place, before anything runs."""
 
@@ -181,8 +248,11 @@ class UserInputs:
             tuple((axis, d) for axis, d in enumerate(spec.dims or ()) if isinstance(d, str)) for spec in self.specs
         )
         # (dtype, shape) per input of the last positional call whose inputs were all plain C-contiguous
-        # native NumPy arrays and passed the check: the same signature again skips the check
+        # native NumPy arrays and passed the check: the same signature again skips the check (never for a
+        # model with string inputs: their arrays are converted, and their elements checked, on every call)
         self._passed: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None
+        #: Whether some input is a STRING tensor; onnxruntime's IOBinding cannot bind those.
+        self.strings = any(spec.is_string for spec in self.specs)
 
     def signature(self) -> str:
         return ", ".join(f"{spec.name}: {spec.describe()}" for spec in self.specs) or "no inputs"
@@ -202,7 +272,7 @@ class UserInputs:
             signature, values = None, self._arrange(args, kwargs)
         sizes: dict[str, tuple[int, str]] = {}
         checked = [self._check(i, value, sizes) for i, value in enumerate(values)]
-        if signature is not None:
+        if signature is not None and not self.strings:
             self._passed = signature
         return checked
 
@@ -247,10 +317,18 @@ class UserInputs:
                 f"input {spec.name!r} of the {self._model} must be a numpy.ndarray or an onnxruntime.OrtValue "
                 f"({spec.describe()}), not {type(value).__name__}"
             )
+        if spec.is_string and not isinstance(value, ort.OrtValue) and dtype.kind in "USO":
+            value = _string_array(value, f"input {spec.name!r} of the {self._model}")
+            dtype = value.dtype
         if not spec.fits(dtype, shape):
-            hint = f": cast it with .astype(np.{spec.dtype})" if dtype != spec.dtype else ""
+            if spec.is_string:
+                hint = ": cast it with .astype(str) (arrays of str or bytes, and object arrays of str, are taken)"
+            else:
+                hint = f": cast it with .astype({cast_hint(spec.dtype)})"
+            hint = hint if dtype != spec.dtype else ""
             raise (TypeError if dtype != spec.dtype else ValueError)(
-                f"input {spec.name!r} of the {self._model} is {spec.describe()}; got {dtype}{_shape_text(shape)}{hint}"
+                f"input {spec.name!r} of the {self._model} is {spec.describe()}; got "
+                f"{dtype_text(dtype)}{_shape_text(shape)}{hint}"
             )
         for axis, dim in self._symbolic[index]:
             size = shape[axis]
@@ -320,6 +398,11 @@ class TrainingModelIO:
     gradients: Mapping[str, str]  # param -> <p>_grad.accumulation.out
     statistics: Mapping[str, str]  # param -> <p>.updated (BatchNorm running statistics)
     output_specs: tuple[TensorSpec, ...]  # of the user outputs, in order
+
+    @property
+    def strings(self) -> bool:
+        """Whether a user input or output is a STRING tensor, which onnxruntime's IOBinding cannot bind."""
+        return self.inputs.strings or any(spec.is_string for spec in self.output_specs)
 
 
 def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> TrainingModelIO:
@@ -395,6 +478,12 @@ class EvalModelIO:
     inputs: UserInputs
     parameters: tuple[str, ...]
     outputs: tuple[str, ...]
+    output_specs: tuple[TensorSpec, ...] = ()  # of the outputs, in order
+
+    @property
+    def strings(self) -> bool:
+        """Whether a user input or output is a STRING tensor, which onnxruntime's IOBinding cannot bind."""
+        return self.inputs.strings or any(spec.is_string for spec in self.output_specs)
 
 
 def eval_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> EvalModelIO:
@@ -406,6 +495,7 @@ def eval_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> EvalM
         inputs=UserInputs(users, what),
         parameters=tuple(spec.name for spec in params),
         outputs=tuple(value.name for value in model.graph.output),
+        output_specs=tuple(TensorSpec.of(value, what) for value in model.graph.output),
     )
 
 

@@ -22,7 +22,11 @@ non-finite loss raise ``FloatingPointError`` naming the step, and the step is
 then discarded (gradients and statistics as before it). Bad inputs raise
 before anything runs, and leave the state unchanged. Class labels out of
 range fail the loss's check (:mod:`onnxtrain.losses.label_check`) during the
-run; that failure becomes a ``ValueError`` naming the labels.
+run; that failure becomes a ``ValueError`` naming the labels. A model with
+STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind,
+runs its steps with ``InferenceSession.run`` (:meth:`Module._unbound_train_step`),
+with the same results. A nominal state's steps raise ``NominalStateError``
+(ONNX Runtime's messages) until its parameters hold values.
 """
 
 from __future__ import annotations
@@ -116,8 +120,12 @@ class Module:
             self._eval_io = eval_io(self._eval_model.proto, infos)
         self._train_model = train
         self._train_session = self._session(train, "training model")
+        # STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind: each step then runs the
+        # training (eval) model with InferenceSession.run, without the reset and fused steps (_unbound_train_step)
+        self._unbound = self._io.strings
+        self._unbound_eval = self._eval_io is not None and self._eval_io.strings
         # the steps from reset gradients, which write them in place (None: the training session runs those too)
-        self._reset = ResetStep.create(train, self._io.trainable, self._session)
+        self._reset = None if self._unbound else ResetStep.create(train, self._io.trainable, self._session)
         self._eval_session = None if self._eval_model is None else self._session(self._eval_model, "eval model")
         # everything checked: only now does the state move
         state._place(self._device)
@@ -138,7 +146,7 @@ class Module:
         specs = {spec.name: spec for spec in self._io.output_specs}
         self._host_outputs: list[ort.OrtValue] | None = None
         self._host_views: list[np.ndarray] | None = None  # NumPy views of them (no view for bfloat16)
-        if all(specs[name].static for name in self._io.outputs):
+        if not self._unbound and all(specs[name].static for name in self._io.outputs):
             self._host_outputs = [values.empty(specs[n].shape, specs[n].dtype, _HOST) for n in self._io.outputs]
             if not any(values.needs_ortvalue(specs[n].dtype) for n in self._io.outputs):
                 self._host_views = [value.numpy() for value in self._host_outputs]
@@ -183,18 +191,19 @@ class Module:
         if self._state._grad_status == "ready":
             self._state._grad_status = "reset"
 
-    def _check_loaded(self) -> None:
+    def _check_loaded(self, sentence: str) -> None:
+        """``NominalStateError`` starting with ``sentence`` (ONNX Runtime's) while parameters of a nominal
+        state hold no values; the steps need every parameter (ONNX Runtime: the whole state loaded)."""
         if self._state._unloaded:
-            raise ValueError(
-                f"the state is a nominal checkpoint: parameters {sorted(self._state._unloaded)} hold no values yet; "
-                "load them with copy_buffer_to_parameters(buffer, trainable_only=False) first"
-            )
+            self._state._check_loaded(self._state._tensors, sentence)
 
     def _train_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
         io = self._io
         feeds = io.inputs.collect(args, kwargs)
         if self._state._unloaded:
-            self._check_loaded()
+            self._check_loaded("Cannot perform TrainStep with a nominal state.")
+        if self._unbound:
+            return self._unbound_train_step(feeds)
         state = self._state
         # a step from reset gradients that nothing can observe any more writes the new ones in place: the fused
         # step when its optimizer recorded an update (it reads the old gradients before it writes them), else
@@ -287,8 +296,50 @@ class Module:
             session.bind_output_into(out, tensor.spare())
         session.settle()
 
-    def _raise_if_not_finite(self, loss: ort.OrtValue, step: int) -> None:
-        value = values.to_numpy(loss, copy=False)
+    def _unbound_train_step(self, feeds: Sequence[np.ndarray | ort.OrtValue]) -> Outputs:
+        """A train step without IOBinding, for models with STRING user inputs or outputs.
+
+        Any recorded update is applied first (by the optimizer model alone, as
+        before any train step that is not fused), then the training model runs
+        with ``InferenceSession.run``: the user inputs as checked (strings as
+        object arrays of ``str``), every parameter and gradient buffer as its
+        OrtValue on the device, and ``lazy_reset_grad``. Once the run succeeds
+        (and the loss is finite, with ``check_finite``), the new gradients and
+        running statistics are copied into their buffers; a failed step leaves
+        them as they were. The same results as the bound steps: the training
+        model with ``lazy_reset_grad`` true is the reset step's computation.
+        """
+        io, state = self._io, self._state
+        state._settle()
+        inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
+        for name, tensor in self._param_slots:
+            inputs[name] = tensor.value
+        for buffer, _, grad in self._grad_slots:
+            inputs[buffer] = grad.value
+        inputs[io.flag] = self._flags[not self._accumulate]
+        names = [*io.outputs, *(out for _, out, _ in self._grad_slots), *(out for out, _ in self._stat_slots)]
+        step = self._train_steps + 1
+        try:
+            results = self._train_session.session.run(names, inputs)
+        except Exception as error:  # onnxruntime's own exception types
+            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {step}")
+            raise
+        user = len(io.outputs)
+        if self._check_finite and user:
+            self._raise_if_not_finite(results[0], step)
+        new = results[user:]
+        for (_, out, grad), array in zip(self._grad_slots, new[: len(self._grad_slots)], strict=True):
+            values.write(grad.value, array, f"gradient {out!r}")
+        for (out, tensor), array in zip(self._stat_slots, new[len(self._grad_slots) :], strict=True):
+            values.write(tensor.value, array, f"running statistic {out!r}")
+        self._accumulate = True
+        state._grad_status = "ready"
+        self._train_steps = step
+        arrays = tuple(results[:user])
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    def _raise_if_not_finite(self, loss: ort.OrtValue | np.ndarray, step: int) -> None:
+        value = loss if isinstance(loss, np.ndarray) else values.to_numpy(loss, copy=False)
         if not np.all(np.isfinite(value)):
             shown = value.item() if value.size == 1 else value
             raise FloatingPointError(
@@ -302,9 +353,18 @@ class Module:
             raise RuntimeError("this Module has no eval model: pass eval_model_uri when creating it")
         io = self._eval_io
         feeds = io.inputs.collect(args, kwargs)
-        self._check_loaded()
+        self._check_loaded("Cannot perform EvalStep with a nominal state.")
         self._state._settle()
         session = self._eval_session
+        if self._unbound_eval:  # STRING inputs or outputs: InferenceSession.run (see _unbound_train_step)
+            inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
+            inputs.update((name, tensor.value) for name, tensor in self._eval_slots)
+            try:
+                results = session.session.run(list(io.outputs), inputs)
+            except Exception as error:
+                self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
+                raise
+            return results[0] if len(results) == 1 else tuple(results)
         on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
         for name in io.outputs:
             session.bind_output(name, self._device if on_device else _HOST)
@@ -353,6 +413,9 @@ class Module:
         raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
         """
         tensors = self._tensors(trainable_only)
+        self._state._check_loaded(
+            self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state."
+        )
         kinds = list(dict.fromkeys(str(t.dtype) for _, t in tensors))
         if len(kinds) > 1:
             raise TypeError(
@@ -364,7 +427,13 @@ class Module:
         )
 
     def get_contiguous_parameters_per_dtype(self, trainable_only: bool = False) -> dict[str, ort.OrtValue]:
-        """``{dtype name: buffer}``: per dtype, its parameters flattened and concatenated in model order."""
+        """``{dtype name: buffer}``: per dtype, its parameters flattened and concatenated in model order.
+
+        ``NominalStateError`` while some of these parameters hold no value (a nominal state not yet loaded).
+        """
+        self._state._check_loaded(
+            self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state."
+        )
         self._state._settle()
         groups: dict[str, list[np.ndarray]] = {}
         for _, tensor in self._tensors(trainable_only):
@@ -377,6 +446,12 @@ class Module:
         ``buffer``: one 1-D array or OrtValue of the parameters' dtype, or
         ``{dtype name: buffer}`` for parameters of several dtypes. Its size must
         be exactly the parameters' (``ValueError`` otherwise, nothing written).
+
+        This is how a nominal state (``nominal_checkpoint``) gets its values:
+        ``trainable_only=False`` loads every parameter; ``trainable_only=True``
+        (which ONNX Runtime refuses on a nominal state) loads the trainable
+        ones, and the steps still refuse to run until the frozen ones hold
+        values too.
         """
         tensors = self._tensors(trainable_only)
         groups: dict[str, list[tuple[str, StateTensor]]] = {}
@@ -420,7 +495,7 @@ class Module:
         """Write the eval model with the current parameters baked in, pruned to ``graph_output_names``."""
         if self._eval_model is None or self._eval_io is None:
             raise RuntimeError("export needs the eval model: pass eval_model_uri when creating the Module")
-        self._check_loaded()
+        self._check_loaded("Cannot export the model with a nominal state.")
         self._state._settle()
         names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}

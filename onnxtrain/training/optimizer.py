@@ -31,17 +31,22 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+from onnxtrain.artifacts import ort_training
+from onnxtrain.graph import versions
+from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.inplace import unsafe_in_place
-from onnxtrain.training.interface import ModelSource, load_model, optimizer_io
+from onnxtrain.training.interface import LoadedModel, ModelSource, ParameterInfo, load_model, optimizer_io
 from onnxtrain.training.module import Module
 from onnxtrain.training.state import OPTIMIZER_STATE_DROPPED, OptimizerRecord, StateTensor, TrainingState
 
@@ -93,6 +98,20 @@ def _learning_rate(value: Any) -> float:
     return float(np.float32(rate))  # what the model's float32 input holds
 
 
+def _per_tensor(model: LoadedModel, trainable: Sequence[str], infos: Mapping[str, ParameterInfo]) -> LoadedModel:
+    """``model``, or onnxtrain's optimizer model for the same step when it takes ONNX Runtime's sequences
+    (``com.microsoft::AdamWOptimizer``/``SGDOptimizerV2`` or ``onnxblock.optim``'s standard form)."""
+    if not ort_training.is_sequence_optimizer_model(model.proto):
+        return model
+    specs = [
+        ParameterSpec(name, onnx.helper.np_dtype_to_tensor_dtype(infos[name].dtype), infos[name].shape)
+        for name in trainable
+    ]
+    opset = versions.opset_version(model.proto, "") or versions.DEFAULT_OPSET
+    proto = ort_training.per_tensor_optimizer_model(model.proto, specs, opset)
+    return LoadedModel(proto, proto.SerializeToString())
+
+
 class Optimizer:
     """Updates the module's trainable parameters from their accumulated gradients.
 
@@ -114,6 +133,7 @@ class Optimizer:
         trainable = module._io.trainable
         if not trainable:
             raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
+        model = _per_tensor(model, trainable, state._infos())
         self._io = optimizer_io(model.proto, trainable, state._infos())
         self._session = BoundSession(model, "optimizer model", module._options, module._providers, module._device)
         _warn_if_resuming(state, self._io.initial_values)
@@ -135,7 +155,8 @@ class Optimizer:
         self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
         # the parities of the gradients and of the parameters (the moments swap with them) pick the binding
         self._parity_tensors = (grads[trainable[0]], tensors[trainable[0]])
-        self._fused = FusedStep.create(module, model, self) if fuse else None
+        # a module that runs unbound (STRING inputs or outputs) has no fused step: step() runs the update at once
+        self._fused = FusedStep.create(module, model, self) if fuse and not module._unbound else None
         module._fused = self._fused
 
     def step(self) -> None:
@@ -145,6 +166,8 @@ class Optimizer:
         next train step (or before anything reads the state).
         """
         state = self._module._state
+        if state._unloaded:
+            state._check_loaded(state._tensors, "The optimizer state cannot be constructed.")
         if state._grad_status != "ready":
             when = "after lazy_reset_grad()" if state._grad_status == "reset" else "before any train step"
             raise RuntimeError(

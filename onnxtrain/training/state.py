@@ -38,6 +38,19 @@ GradientStatus = Literal["none", "ready", "reset"]
 #: An ``Optimizer`` made on such a checkpoint warns that its moments restart (``OptimizerStateWarning``).
 OPTIMIZER_STATE_DROPPED = "onnxtrain.optimizer_state_dropped_at_step"
 
+#: ONNX Runtime's sentences for a nominal state used before its parameters hold values (its messages start so).
+LOAD_PARAMETER_STATES = "Please load the parameter states first"
+LOAD_ALL_PARAMETER_STATES = "Please load all the parameter states first"
+LOAD_MODEL_PARAMETERS = "Please load the model parameters first."
+
+
+class NominalStateError(RuntimeError, ValueError):
+    """A parameter of a nominal checkpoint state is used before it holds a value.
+
+    A ``RuntimeError``, as ONNX Runtime raises, and a ``ValueError``, as
+    onnxtrain's runtime raised before; the message starts with ONNX Runtime's.
+    """
+
 
 class StateTensor:
     """One tensor of the state: a NumPy array until placed, then an OrtValue on the device, plus a spare."""
@@ -90,7 +103,7 @@ class StateTensor:
         if array.dtype.newbyteorder("=") != self.dtype:
             raise TypeError(
                 f"{what} is {values.describe(self.dtype, self.shape)}; got "
-                f"{values.describe(array.dtype, array.shape)}: cast it with .astype(np.{self.dtype})"
+                f"{values.describe(array.dtype, array.shape)}: cast it with .astype({values.cast_hint(self.dtype)})"
             )
         if array.shape != self.shape:
             raise ValueError(f"{what} is {values.describe(self.dtype, self.shape)}; got shape {list(array.shape)}")
@@ -134,14 +147,15 @@ class Parameter:
 
     @property
     def data(self) -> np.ndarray:
-        """A copy of the current value."""
+        """A copy of the current value; ``NominalStateError`` while a nominal state's parameter holds none."""
         tensor = self._state._tensor(self._name)
-        self._state._check_nominal([self._name], f"parameter {self._name!r}.data")
+        self._state._check_gettable(self._name)
         self._state._settle()
         return tensor.numpy()
 
     @data.setter
     def data(self, value: np.ndarray) -> None:
+        """Write ``value`` (same dtype and shape); a nominal state's parameter then holds it."""
         self._state._set_parameter(self._name, value)
 
     @property
@@ -151,7 +165,9 @@ class Parameter:
         As in ONNX Runtime, it is zero (the value the next train step starts
         from) once a ``Module`` holds the state, until its first train step,
         and after ``lazy_reset_grad()`` until the next one.
+        ``NominalStateError`` while a nominal state's parameter holds no value.
         """
+        self._state._check_gettable(self._name)
         return self._state._gradient(self._name)
 
     @property
@@ -177,6 +193,13 @@ class Parameters:
         self._state = state
 
     def __getitem__(self, name: str) -> Parameter:
+        """The parameter (``KeyError`` naming the parameters for an unknown name).
+
+        Of a nominal state, the parameter's name, dtype, shape and
+        ``requires_grad`` can be read before it holds a value; its ``data`` and
+        ``grad`` raise ``NominalStateError`` until then (ONNX Runtime raises
+        at ``[name]`` already).
+        """
         self._state._tensor(name)  # KeyError naming the parameters
         return Parameter(self._state, name)
 
@@ -292,7 +315,7 @@ class TrainingState:
     def __getitem__(self, name: str) -> Parameter | ckpt.PropertyValue:
         """ORT's older spelling: a parameter, else a property, by name."""
         if name in self._tensors:
-            return Parameter(self, name)
+            return self.parameters[name]
         return self.properties[name]
 
     def __setitem__(self, name: str, value: Any) -> None:
@@ -325,9 +348,10 @@ class TrainingState:
         with it, that property is left out.
         """
         if self._unloaded and len(self._unloaded) != len(self._tensors):
-            raise ValueError(
-                f"parameters {sorted(self._unloaded)} of this nominal state hold no values yet; load them "
-                "(copy_buffer_to_parameters, or state.parameters[name] = array) before saving"
+            raise NominalStateError(
+                f"Cannot save a partly loaded nominal state. {LOAD_ALL_PARAMETER_STATES}: parameters "
+                f"{sorted(self._unloaded)} hold no values yet; load them (module.copy_buffer_to_parameters(buffer, "
+                "trainable_only=False), or state.parameters[name] = array) before saving"
             )
         nominal = bool(self._unloaded)
         self._settle()
@@ -370,9 +394,22 @@ class TrainingState:
             self._pending = None
 
     def _set_parameter(self, name: str, value: Any) -> None:
+        """Write ``value`` into parameter ``name``; a nominal state's parameter that holds no value gets it.
+
+        (ONNX Runtime refuses any write to a nominal state; here only a value of
+        another dtype or shape is refused, with ONNX Runtime's sentence.)
+        """
         tensor = self._tensor(name)
         if isinstance(value, ort.OrtValue):
             value = values.to_numpy(value)
+        if name in self._unloaded:
+            array = np.asarray(value)
+            if array.dtype.newbyteorder("=") != tensor.dtype or array.shape != tensor.shape:
+                raise NominalStateError(
+                    f"Cannot copy parameter to a nominal state. {LOAD_ALL_PARAMETER_STATES}, or assign to {name!r} "
+                    f"an array of its dtype and shape: it is {values.describe(tensor.dtype, tensor.shape)}; got "
+                    f"{values.describe(array.dtype, array.shape)}"
+                )
         self._settle()
         tensor.write(value, f"parameter {name!r}")
         self._unloaded.discard(name)
@@ -388,6 +425,33 @@ class TrainingState:
 
     def _infos(self) -> dict[str, ParameterInfo]:
         return {n: ParameterInfo(self._requires_grad[n], t.dtype, t.shape) for n, t in self._tensors.items()}
+
+    def _check_gettable(self, name: str) -> None:
+        """``NominalStateError`` (ONNX Runtime's sentence) when parameter ``name`` holds no value yet."""
+        if name in self._unloaded:
+            raise NominalStateError(
+                f"Cannot get parameter from a nominal state. {LOAD_PARAMETER_STATES}: {name!r} holds no value yet; "
+                f"load the parameters with module.copy_buffer_to_parameters(buffer, trainable_only=False), or "
+                f"assign this one with state.parameters[{name!r}] = array"
+            )
+
+    def _check_loaded(self, names: Iterable[str], sentence: str) -> None:
+        """``NominalStateError`` when some of the parameters ``names`` hold no value yet (a nominal state).
+
+        The message starts with ``sentence`` (ONNX Runtime's, for the call that
+        needs them) and ONNX Runtime's "Please load the model parameters first.",
+        and names the parameters that hold no value.
+        """
+        if not self._unloaded:
+            return
+        missing = [name for name in names if name in self._unloaded]
+        if missing:
+            raise NominalStateError(
+                f"{sentence} {LOAD_MODEL_PARAMETERS} Parameters {sorted(missing)} of this nominal checkpoint state "
+                "hold no values yet: load them with module.copy_buffer_to_parameters(buffer, trainable_only=False) "
+                "(the buffer from get_contiguous_parameters() of a module over the full checkpoint), or assign "
+                "each with state.parameters[name] = array"
+            )
 
     def _check_nominal(self, names: Iterable[str], what: str) -> None:
         """``CheckpointError`` if allocating the nominal parameters among ``names`` that hold no value yet
@@ -455,7 +519,11 @@ class TrainingState:
 
 
 __all__ = [
+    "LOAD_ALL_PARAMETER_STATES",
+    "LOAD_MODEL_PARAMETERS",
+    "LOAD_PARAMETER_STATES",
     "OPTIMIZER_STATE_DROPPED",
+    "NominalStateError",
     "OptimizerRecord",
     "Parameter",
     "Parameters",

@@ -32,9 +32,31 @@ def dtype_of(value: ort.OrtValue) -> np.dtype:
     return dtypes.to_numpy_dtype(value.element_type())
 
 
+def is_string(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is what ONNX's STRING tensors are in NumPy: ``object`` (each element a ``str``)."""
+    return dtype.kind == "O"
+
+
+def dtype_text(dtype: np.dtype) -> str:
+    """A dtype's name in messages: ``float32``; ``string`` for ONNX's STRING (NumPy's ``object``)."""
+    dtype = np.dtype(dtype)
+    return "string" if is_string(dtype) else str(dtype)
+
+
+def cast_hint(dtype: np.dtype) -> str:
+    """The expression that makes an array of ``dtype`` with ``.astype(...)``: ``np.float32``,
+    ``ml_dtypes.bfloat16``, ``object`` (NumPy 2 has no ``np.object``)."""
+    dtype = np.dtype(dtype)
+    if is_string(dtype):
+        return "object"
+    if dtype.type.__module__.split(".")[0] == "ml_dtypes":
+        return f"ml_dtypes.{dtype.name}"
+    return "np.bool_" if dtype.kind == "b" else f"np.{dtype.name}"  # np.bool is NumPy 2's only
+
+
 def describe(dtype: np.dtype, shape: tuple[int, ...] | list[int]) -> str:
-    """``float32[3, 4]``: a dtype and shape for messages."""
-    return f"{np.dtype(dtype)}[{', '.join(str(d) for d in shape)}]"
+    """``float32[3, 4]``: a dtype and shape for messages (``string[3]`` for ONNX's STRING)."""
+    return f"{dtype_text(dtype)}[{', '.join(str(d) for d in shape)}]"
 
 
 def empty(shape: tuple[int, ...], dtype: np.dtype, device: Device) -> ort.OrtValue:
@@ -57,7 +79,7 @@ def write(value: ort.OrtValue, array: np.ndarray, what: str) -> None:
     if array.dtype.newbyteorder("=") != expected:
         raise TypeError(
             f"{what} is {describe(expected, value.shape())}; got {describe(array.dtype, array.shape)}: "
-            f"cast it with .astype(np.{expected})"
+            f"cast it with .astype({cast_hint(expected)})"
         )
     if list(array.shape) != list(value.shape()):
         raise ValueError(f"{what} is {describe(expected, value.shape())}; got shape {list(array.shape)}")
@@ -139,14 +161,17 @@ def on_device(value: ort.OrtValue, device: Device) -> bool:
 
 
 __all__ = [
+    "cast_hint",
     "copy",
     "describe",
     "dtype_of",
+    "dtype_text",
     "elem_type_of",
     "empty",
     "filled",
     "from_numpy",
     "input_value",
+    "is_string",
     "needs_ortvalue",
     "on_device",
     "to_numpy",

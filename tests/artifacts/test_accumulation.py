@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from onnxtrain import checkpoint
-from onnxtrain.artifacts.accumulation import (
+from onnxtrain.autodiff.accumulation import (
     LAZY_RESET_GRAD,
     AccumulationFormError,
     accumulated_name,

@@ -93,10 +93,10 @@ def test_bad_input_leaves_an_existing_directory_as_it_was(tmp_path: Path):
     assert sorted(os.listdir(tmp_path)) == ["notes.txt"]
 
 
-def test_onnxruntime_training_target_is_not_implemented_yet(tmp_path: Path):
-    with pytest.raises(NotImplementedError, match=r"onnxruntime-training.*not available yet.*target='onnxruntime'"):
+def test_an_unknown_target_lists_the_known_ones(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"target='onnxruntime-mobile'.*\['onnxruntime', 'onnxruntime-training'\]"):
         artifacts.generate_artifacts(dense(), ["W"], loss="MSELoss", artifact_directory=tmp_path / "out",
-                                     target="onnxruntime-training")  # fmt: skip
+                                     target="onnxruntime-mobile")  # fmt: skip
     assert not (tmp_path / "out").exists()
 
 

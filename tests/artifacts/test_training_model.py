@@ -51,7 +51,7 @@ def _training_block_model(model: onnx.ModelProto, loss: onnxblock.Block) -> onnx
         block.requires_grad(name, False)
     with onnxblock.base(model):
         block("y")
-    return block.to_model_proto()[0]
+    return block.gradient_models.training
 
 
 def _data(loss: LossType, n: int, dtype, seed: int = 0) -> dict[str, np.ndarray]:

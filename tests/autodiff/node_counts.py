@@ -54,7 +54,7 @@ def counts(name: str) -> Counts:
     """The counts of the hand-built float32 model ``name``."""
     case = models.build(name, np.float32)
     forward = models.forward_with_loss(case.model, case.loss)
-    training, _ = models.training_block(case.model, case.loss, case.trainable, case.frozen).to_model_proto()
+    training = models.training_block(case.model, case.loss, case.trainable, case.frozen).gradient_models.training
     return Counts(name, case.loss, _counted(forward), _counted(training), _backward_ops(forward, training))
 
 

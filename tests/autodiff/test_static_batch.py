@@ -117,7 +117,7 @@ def test_a_static_batch_builds_a_small_training_model(name, batch, dtype):
     try:
         with address_space_cap(ADDRESS_SPACE_SLACK):
             block = models.training_block(model, case.loss, case.trainable, case.frozen)
-            training, _ = block.to_model_proto()
+            training = block.gradient_models.training
     finally:
         elapsed = time.perf_counter() - start
         _, peak = tracemalloc.get_traced_memory()
@@ -136,8 +136,9 @@ def test_a_batch_past_the_limit_sums_with_ones_made_at_run_time():
     batch = 5000
     assert batch > sized.SMALL_CONSTANT_LIMIT
     case = models.build("relu_mlp", np.float32)
-    static = models.training_block(with_static_batch(case.model, batch), case.loss, case.trainable).to_model_proto()[0]
-    symbolic = models.training_block(case.model, case.loss, case.trainable).to_model_proto()[0]
+    static_block = models.training_block(with_static_batch(case.model, batch), case.loss, case.trainable)
+    static = static_block.gradient_models.training
+    symbolic = models.training_block(case.model, case.loss, case.trainable).gradient_models.training
     assert largest_constant(static) <= sized.SMALL_CONSTANT_LIMIT
     ones = {node.output[0] for node in static.graph.node if node.op_type == "ConstantOfShape"}
     assert any(node.op_type == "MatMul" and node.input[0] in ones for node in static.graph.node)

@@ -62,14 +62,21 @@ def _oracle(x: np.ndarray, target: np.ndarray) -> tuple[float, np.ndarray, np.nd
 
 
 def test_training_model_interface_and_gradients() -> None:
+    """ONNX Runtime's interface: buffers and the reset flag in, accumulated gradients out, in standard operators."""
     block = _built(_base())
     training, eval_model = block.to_model_proto()
-    assert [i.name for i in training.graph.input] == ["x", "target", "W", "B", "SCALE"]
-    assert [o.name for o in training.graph.output][1:] == ["y", "W_grad", "B_grad"]
+    buffers = ["W_grad.accumulation.buffer", "B_grad.accumulation.buffer"]
+    assert [i.name for i in training.graph.input] == ["x", "target", "W", "B", "SCALE", *buffers, "lazy_reset_grad"]
+    assert [o.name for o in training.graph.output][1:] == [
+        "y", "W_grad.accumulation.out", "B_grad.accumulation.out"
+    ]  # fmt: skip
     assert [i.name for i in eval_model.graph.input] == ["x", "target", "W", "B", "SCALE"]
     assert [o.name for o in eval_model.graph.output][1:] == ["y"]
     assert {t.name for t in training.graph.initializer}.isdisjoint({"W", "B", "SCALE"})
     assert all(node.domain in ("", "ai.onnx") for node in training.graph.node)
+    plain = block.gradient_models.training
+    assert [i.name for i in plain.graph.input] == ["x", "target", "W", "B", "SCALE"]
+    assert [o.name for o in plain.graph.output][1:] == ["y", "W_grad", "B_grad"]
     trainable, frozen = block.parameters()
     assert [t.name for t in trainable] == ["W", "B"]
     assert [t.name for t in frozen] == ["SCALE"]
@@ -79,14 +86,58 @@ def test_training_model_interface_and_gradients() -> None:
         x = RNG.normal(size=(batch, 4))
         target = RNG.normal(size=(batch, 4))
         feeds = {"x": x, "target": target, "W": W, "B": B, "SCALE": SCALE}
-        loss, y, grad_w, grad_b = run_model(training, feeds)
+        reset = {name: np.full(4, np.nan) for name in buffers} | {"lazy_reset_grad": np.array([True])}
+        loss, y, grad_w, grad_b = run_model(training, feeds | reset)  # a reset never reads the buffers
         want_loss, want_w, want_b = _oracle(x, target)
         np.testing.assert_allclose(loss, want_loss, rtol=1e-12)
         np.testing.assert_allclose(grad_w, want_w, rtol=1e-10, atol=1e-14)
         np.testing.assert_allclose(grad_b, want_b, rtol=1e-10, atol=1e-14)
+        held = {buffers[0]: np.full(4, 0.5), buffers[1]: np.arange(4.0), "lazy_reset_grad": np.array([False])}
+        _, _, sum_w, sum_b = run_model(training, feeds | held)
+        np.testing.assert_allclose(sum_w, 0.5 + want_w, rtol=1e-10, atol=1e-14)
+        np.testing.assert_allclose(sum_b, np.arange(4.0) + want_b, rtol=1e-10, atol=1e-14)
+        _, _, plain_w, plain_b = run_model(plain, feeds)
+        np.testing.assert_allclose(plain_w, grad_w, rtol=1e-14)
+        np.testing.assert_allclose(plain_b, grad_b, rtol=1e-14)
         eval_loss, eval_y = run_model(eval_model, feeds)
         np.testing.assert_allclose(eval_loss, loss, rtol=1e-12)
         np.testing.assert_allclose(eval_y, y, rtol=1e-12)
+
+
+def test_a_graph_input_marked_requires_grad_gets_its_gradient_accumulated() -> None:
+    """``requires_grad("x")`` on a graph input: ``x_grad.accumulation.buffer`` in, ``.out`` out, before the
+    parameters' (ONNX Runtime's order); the value is dL/dx of the oracle."""
+    block = MSETraining()
+    block.requires_grad("x")
+    block.requires_grad("W")
+    with onnxblock.base(_base()):
+        block("y")
+    training, _ = block.to_model_proto()
+    assert [t.name for t in block.parameters()[0]] == ["W"]
+    inputs = [i.name for i in training.graph.input]
+    assert inputs[-3:] == ["x_grad.accumulation.buffer", "W_grad.accumulation.buffer", "lazy_reset_grad"]
+    outputs = [o.name for o in training.graph.output]
+    assert outputs[-2:] == ["x_grad.accumulation.out", "W_grad.accumulation.out"]
+    x, target = RNG.normal(size=(3, 4)), RNG.normal(size=(3, 4))
+    feeds = {"x": x, "target": target, "W": W, "lazy_reset_grad": np.array([False])}  # B, SCALE: initializers
+    feeds |= {"x_grad.accumulation.buffer": np.ones((3, 4)), "W_grad.accumulation.buffer": np.zeros(4)}
+    results = dict(zip(outputs, run_model(training, feeds), strict=True))
+    t = np.tanh(x * W + B)
+    d = 2 * (t * SCALE - target) / x.size * SCALE * (1 - t**2)
+    np.testing.assert_allclose(results["x_grad.accumulation.out"], 1.0 + d * W, rtol=1e-10)
+    np.testing.assert_allclose(results["W_grad.accumulation.out"], (d * x).sum(0), rtol=1e-10)
+
+
+def test_requires_grad_on_an_integer_input_lists_the_float_inputs() -> None:
+    nodes = [helper.make_node("Cast", ["n"], ["nf"], to=onnx.TensorProto.DOUBLE),
+             helper.make_node("Mul", ["nf", "W"], ["y"])]  # fmt: skip
+    model = make_model(
+        {"n": (onnx.TensorProto.INT64, [4]), "x": (DOUBLE, [4])}, nodes, {"y": (DOUBLE, [4])}, [("W", W)]
+    )
+    block = MSETraining()
+    block.requires_grad("n")
+    with onnxblock.base(model), pytest.raises(ValueError, match=r"'n'.*float graph inputs: \['x', 'target'\]"):
+        block("y")
 
 
 def test_eval_model_switches_dropout_to_inference_mode() -> None:
@@ -138,7 +189,7 @@ def test_batchnorm_running_statistics_are_training_outputs() -> None:
         block("y")
     training, eval_model = block.to_model_proto()
     outputs = [o.name for o in training.graph.output]
-    assert outputs[-2:] == ["mean.updated", "var.updated"]
+    assert outputs[-3:] == ["w_grad.accumulation.out", "mean.updated", "var.updated"]
     assert block.running_stats == {"mean": "mean.updated", "var": "var.updated"}
     (eval_bn,) = [n for n in eval_model.graph.node if n.op_type == "BatchNormalization"]
     assert list(eval_bn.output) == ["n"]
@@ -147,6 +198,7 @@ def test_batchnorm_running_statistics_are_training_outputs() -> None:
     x = RNG.normal(loc=1.5, size=(5, channels, 2, 2))
     feeds = {"x": x, "target": RNG.normal(size=(5, channels, 2, 2))}
     feeds.update({name: value for name, value in initializers})
+    feeds.update({"w_grad.accumulation.buffer": np.zeros((channels, 1, 1)), "lazy_reset_grad": np.array([True])})
     results = dict(zip(outputs, run_model(training, feeds), strict=True))
     batch_mean = x.mean(axis=(0, 2, 3))
     # onnxruntime accumulates the batch statistics in lower precision: 1e-6 is its own accuracy.

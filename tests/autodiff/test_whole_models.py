@@ -59,7 +59,7 @@ class Built:
 def _built(name: str, dtype: str) -> Built:
     case = models.build(name, np.dtype(dtype))
     block = models.training_block(case.model, case.loss, case.trainable, case.frozen)
-    training, _ = block.to_model_proto()
+    training = block.gradient_models.training
     runner = Runner(training, allow_reference=dtype == "float64")
     return Built(case, training, runner, training.graph.output[0].name, block.running_stats)
 
@@ -180,7 +180,7 @@ def _torch_built(name: str) -> TorchBuilt:
     frozen = tuple(k for k in initializers if k not in trainable and k in state)  # BatchNorm's running stats
     loss = "mse" if name == "elementwise" else "cross_entropy"
     block = models.training_block(model, loss, trainable, frozen)
-    training, _ = block.to_model_proto()
+    training = block.gradient_models.training
     params = {k: state[k].numpy() for k in initializers if k in trainable or k in frozen}  # graph-input order
     case = ModelCase(name, model, loss, params, frozen, np.dtype(np.float32))
     built = Built(case, training, Runner(training), training.graph.output[0].name, block.running_stats)

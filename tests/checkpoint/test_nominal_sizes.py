@@ -39,10 +39,8 @@ def test_the_reported_file_loads_without_memory(tmp_path: Path):
     assert state.is_nominal and state.parameters["w"].shape == (2**31,)
     snapshot = state.to_checkpoint()
     assert snapshot == load(path) and snapshot.trainable["w"].strides == (0,)
-    with pytest.raises(
-        CheckpointError, match=rf"'w' \(float32\[2147483648\]\).*MAX_NOMINAL_BYTES = {MAX_NOMINAL_BYTES}"
-    ):
-        state.parameters["w"].data  # noqa: B018 (the property would allocate 8 GiB)
+    with pytest.raises(RuntimeError, match="Please load the parameter states first"):
+        state.parameters["w"].data  # noqa: B018 (no value to read: nothing allocated, no zeros, as in ORT)
 
 
 def test_a_7b_parameter_nominal_checkpoint_saves_and_loads_without_memory(tmp_path: Path):

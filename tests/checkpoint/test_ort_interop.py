@@ -9,8 +9,6 @@ not be created (no onnxruntime-training wheel for this platform or Python).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -18,35 +16,19 @@ import pytest
 from onnx import numpy_helper
 
 from onnxtrain.checkpoint import CheckpointState, OptimizerState, from_tensors, load, save
+from tests.ort_training_env import ort_training_python, run_ort_side
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-ort-training"
 ADAMW = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-6, "weight_decay": 0.0}
 LEARNING_RATE = 0.02
 
 
-def ort_training_python() -> Path:
-    """The onnxruntime-training interpreter, or skip saying why there is none."""
-    override = os.environ.get("ONNXTRAIN_ORT_TRAINING_PYTHON")
-    if override:
-        return Path(override)
-    unavailable = VENV / "UNAVAILABLE"
-    if unavailable.exists():
-        pytest.skip(f"onnxruntime-training is unavailable: {unavailable.read_text().strip()}")
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no onnxruntime-training environment at {VENV}; create it with `make ort-training`")
-    return python
-
-
 def test_missing_environment_skips_with_the_reason(tmp_path, monkeypatch):
     monkeypatch.delenv("ONNXTRAIN_ORT_TRAINING_PYTHON", raising=False)
-    monkeypatch.setattr(f"{__name__}.VENV", tmp_path)
     with pytest.raises(pytest.skip.Exception, match="make ort-training"):
-        ort_training_python()
+        ort_training_python(tmp_path)
     (tmp_path / "UNAVAILABLE").write_text("no wheel for this Python")
     with pytest.raises(pytest.skip.Exception, match="no wheel for this Python"):
-        ort_training_python()
+        ort_training_python(tmp_path)
 
 
 def our_state() -> CheckpointState:
@@ -85,7 +67,7 @@ def adamw_step(param: np.ndarray, m: np.ndarray, v: np.ndarray, step: int) -> tu
 
 @pytest.fixture(scope="module")
 def ort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CheckpointState, dict]:
-    python = ort_training_python()
+    ort_training_python()
     work = tmp_path_factory.mktemp("ort_interop")
     state = our_state()
     save(state, work / "ours")
@@ -102,14 +84,7 @@ def ort_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, CheckpointS
         "offline_trainable": ["w"],
     }
     (work / "spec.json").write_text(json.dumps(spec))
-    result = subprocess.run(
-        [str(python), str(Path(__file__).with_name("ort_side.py")), str(work)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
-    )
-    assert result.returncode == 0, f"ORT side failed:\n{result.stdout}\n{result.stderr}"
+    run_ort_side(Path(__file__).with_name("ort_side.py"), work, timeout=120)
     return work, state, json.loads((work / "report.json").read_text())
 
 

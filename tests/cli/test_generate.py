@@ -82,10 +82,20 @@ def test_the_targets_are_the_librarys():
     assert generate.TARGETS == TARGETS
 
 
-def test_the_onnxruntime_training_target_is_one_error_line(capsys, model_path: Path, tmp_path: Path):
-    status, out, err = _generate(capsys, model_path, tmp_path / "art", "--target", "onnxruntime-training")
+def test_the_onnxruntime_training_target_writes_onnx_runtimes_kernels(capsys, model_path: Path, tmp_path: Path):
+    status, _, err = _generate(capsys, model_path, tmp_path / "art", "--target", "onnxruntime-training")
+    assert (status, err) == (0, "")
+    training = onnx.load(tmp_path / "art" / "training_model.onnx")
+    assert {n.op_type for n in training.graph.node if n.domain == "com.microsoft"} == {"InPlaceAccumulatorV2"}
+
+
+def test_an_optimizer_onnx_runtime_lacks_is_one_error_line(capsys, model_path: Path, tmp_path: Path):
+    status, out, err = _generate(
+        capsys, model_path, tmp_path / "art", "--target", "onnxruntime-training", "--optimizer", "sgd",
+        "--momentum", "0.9",
+    )  # fmt: skip
     assert status == 1 and out == ""
-    assert_error(err, "generate", "onnxruntime-training", "not available")
+    assert_error(err, "generate", "SGD(momentum=0.9", "AdamW (without amsgrad)")
     assert not (tmp_path / "art").exists()
 
 

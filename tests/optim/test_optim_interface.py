@@ -8,10 +8,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnxtrain.onnxblock as onnxblock
-import onnxtrain.optim as optim
 from onnxtrain.graph import versions
 from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, Optimizer, RMSprop, StateSpec
-from tests.helpers import FLOAT, make_model
+from tests.helpers import FLOAT
 from tests.optim.runner import (
     assert_trajectories_close,
     build,
@@ -153,62 +152,6 @@ def test_sgd_dampening_does_not_damp_the_first_step() -> None:
     (_, s1), (_, s2) = onnx_trajectory(optimizer, params, grads, [0.125, 0.125], states=states)
     np.testing.assert_array_equal(s1["w"][0], grads[0]["w"])
     np.testing.assert_allclose(s2["w"][0], 0.9 * grads[0]["w"] + 0.5 * grads[1]["w"])
-
-
-def test_onnxblock_names() -> None:
-    assert onnxblock.optim.AdamW is AdamW and onnxblock.optim.SGD is SGD
-    assert onnxblock.optim.ClipGradNorm is ClipGradNorm
-    assert set(optim.__all__) <= set(dir(onnxblock.optim))
-    adamw = onnxblock.optim.AdamW(True, (0.9, 0.999), 1e-6, 0.0, None)  # ORT's positional order
-    assert adamw.hyperparameters()["eps"] == 1e-6 and adamw.clip_grad is None
-
-
-def _linear_training_block() -> onnxblock.TrainingBlock:
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["y"])]
-    initializers = [("W", rng.normal(size=(3, 2)).astype(np.float32)), ("B", np.zeros(2, np.float32))]
-    model = make_model({"x": (FLOAT, ["batch", 3])}, nodes, {"y": (FLOAT, ["batch", 2])}, initializers)
-
-    class Training(onnxblock.TrainingBlock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.loss = onnxblock.loss.MSELoss()
-
-        def build(self, output_name: str) -> str:
-            return self.loss(output_name)
-
-    block = Training()
-    block.requires_grad("W")
-    block.requires_grad("B", False)
-    with onnxblock.base(model):
-        block("y")
-    return block
-
-
-def test_trains_with_a_training_block_the_ort_way() -> None:
-    """``with empty_base(): optimizer(training_block.parameters())`` as in ORT, then train: the loss falls."""
-    block = _linear_training_block()
-    optimizer = onnxblock.optim.AdamW(weight_decay=0.01, clip_grad=onnxblock.optim.ClipGradNorm(1.0))
-    with onnxblock.empty_base():
-        optimizer(block.parameters())
-    training, _ = block.to_model_proto()
-    trainable, frozen = block.parameters()
-    values = {t.name: numpy_helper.to_array(t) for t in (*trainable, *frozen)}
-    states = optimizer.initial_state(trainable)
-    train, step = session(training), session(optimizer.to_model_proto())
-    rng = np.random.default_rng(1)
-    x = rng.normal(size=(16, 3)).astype(np.float32)
-    target = (x @ rng.normal(size=(3, 2))).astype(np.float32)
-    loss_name, losses = training.graph.output[0].name, []
-    for t in range(1, 41):
-        loss, w_grad = train.run([loss_name, "W_grad"], {"x": x, "target": target, **values})
-        losses.append(float(loss))
-        feeds = {
-            "learning_rate": np.array([0.05], np.float32), "step": np.array([t], np.int64),
-            "W": values["W"], "W_grad": w_grad, "W.momentum0": states["W"][0], "W.momentum1": states["W"][1],
-        }  # fmt: skip
-        values["W"], *states["W"] = step.run(None, feeds)
-    assert losses[-1] < 0.5 * losses[0]
 
 
 def test_parameters_as_value_infos_with_symbolic_dims() -> None:

@@ -56,7 +56,10 @@ def adams(draw: st.DrawFn) -> Adam:
 def adamws(draw: st.DrawFn) -> AdamW:
     betas = (draw(unit), draw(st.floats(0.5, 0.9999)))
     eps = draw(st.sampled_from([1e-8, 1e-6, 1e-3]))
-    return AdamW(draw(st.booleans()), betas, eps, draw(weight_decays), draw(clips), amsgrad=draw(st.booleans()))
+    adam_mode = draw(st.sampled_from([0, 1]))  # 1: Hugging Face's math, ONNX Runtime's on-device AdamW
+    amsgrad = adam_mode == 0 and draw(st.booleans())
+    bias_correction = draw(st.booleans())
+    return AdamW(bias_correction, betas, eps, draw(weight_decays), draw(clips), amsgrad=amsgrad, adam_mode=adam_mode)
 
 
 @st.composite
@@ -114,6 +117,7 @@ def test_optimizer_matches_reference(name: str, data: st.DataObject, params, lr:
         SGD(momentum=0.9, dampening=0.1, weight_decay=0.01),
         Adam(weight_decay=0.01, amsgrad=True),
         AdamW(weight_decay=0.01),
+        AdamW(weight_decay=0.01, adam_mode=1),
         Adagrad(lr_decay=0.01, initial_accumulator_value=0.1),
         RMSprop(momentum=0.5, centered=True, weight_decay=0.01),
     ],
@@ -150,3 +154,29 @@ def test_float16_parameters_next_to_float32_and_float64(make: Callable[[], Optim
     assert_trajectories_close(actual, expected, rtol=2e-3, atol=2e-3)
     for params_t, states_t in actual:
         assert params_t["h"].dtype == np.float16 and all(s.dtype == np.float16 for s in states_t["h"])
+
+
+def test_adamw_mode_1_is_onnx_runtimes_on_device_formula() -> None:
+    """``adam_mode=1`` against ONNX Runtime's AdamWOptimizer kernel written out in float64 (bias correction
+    on the step size, eps outside the root, weight decay after the update)."""
+    b1, b2, eps, wd, lr = 0.8, 0.99, 1e-3, 0.1, 0.05
+    rng = np.random.default_rng(3)
+    p = rng.normal(size=(3, 2))
+    grads = [{"w": rng.normal(size=(3, 2))} for _ in range(STEPS)]
+    actual = onnx_trajectory(AdamW(True, (b1, b2), eps, wd, adam_mode=1), {"w": p}, grads, [lr] * STEPS)
+    lr = float(np.float32(lr))  # as the model's float32 input holds it
+    m = v = np.zeros_like(p)
+    for t, step_grads in enumerate(grads, start=1):
+        g = step_grads["w"]
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        p = p - lr * np.sqrt(1 - b2**t) / (1 - b1**t) * m / (np.sqrt(v) + eps)
+        p = p - lr * wd * p
+        np.testing.assert_allclose(actual[t - 1][0]["w"], p, rtol=1e-12)
+        np.testing.assert_allclose(actual[t - 1][1]["w"][1], v, rtol=1e-12)
+
+
+def test_adamw_mode_is_checked() -> None:
+    with pytest.raises(ValueError, match="adam_mode must be 0"):
+        AdamW(adam_mode=2)
+    with pytest.raises(ValueError, match="amsgrad=True needs adam_mode=0"):
+        AdamW(amsgrad=True, adam_mode=1)

@@ -18,6 +18,8 @@ from onnx import helper
 from onnxtrain import artifacts as artifacts_api
 from tests.helpers import DOUBLE, FLOAT, make_model
 
+STRING = onnx.TensorProto.STRING
+
 
 def mlp(sizes: Sequence[int] = (4, 8, 3), *, seed: int = 0, elem_type: int = FLOAT) -> onnx.ModelProto:
     """``x -> (MatMul, Add, Relu)* -> y`` with weights ``fc{i}.weight`` and biases ``fc{i}.bias``."""
@@ -74,6 +76,62 @@ def mixed_dtypes(seed: int = 0) -> onnx.ModelProto:
         helper.make_node("Add", ["xw64", "b"], ["y"]),
     ]
     return make_model({"x": (FLOAT, ["batch", 3])}, nodes, {"y": (DOUBLE, ["batch", 2])}, initializers)
+
+
+#: The string-encoder models' vocabulary: ``LabelEncoder`` maps each key to its value, any other string to -3.
+ENCODER_KEYS = ("a", "b", "cé", "nan")
+ENCODER_VALUES = (0.5, -1.0, 2.0, float("nan"))
+ENCODER_DEFAULT = -3.0
+
+
+def encode(strings: Any) -> np.ndarray:
+    """The NumPy oracle of the string encoder's ``LabelEncoder``: the float32 codes of ``strings``."""
+    table = dict(zip(ENCODER_KEYS, ENCODER_VALUES, strict=True))
+    items = [s.decode() if isinstance(s, bytes) else str(s) for s in np.asarray(strings, dtype=object).ravel()]
+    return np.array([table.get(s, ENCODER_DEFAULT) for s in items], np.float32)
+
+
+def string_encoder(*, strings: bool = True, seed: int = 0) -> onnx.ModelProto:
+    """``y = (code(x)[:, None] @ W + b) * s`` with ``W: float32[1, 3]``, ``b: float32[3]``, ``s: float32[3]``.
+
+    With ``strings``, ``x: string[batch]`` goes through the ``ai.onnx.ml``
+    ``LabelEncoder`` of :data:`ENCODER_KEYS`, and a copy of it is the string
+    output ``x_copy``; without, ``x`` is ``float32[batch]``, the codes
+    themselves: the same computation on floats.
+    """
+    rng = np.random.default_rng(seed)
+    initializers = [
+        ("W", rng.normal(size=(1, 3)).astype(np.float32)),
+        ("b", rng.normal(size=3).astype(np.float32)),
+        ("s", (1.0 + 0.5 * rng.normal(size=3)).astype(np.float32)),
+        ("column", np.array([-1, 1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["code", "column"], ["code2"]),
+        helper.make_node("MatMul", ["code2", "W"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["hb"]),
+        helper.make_node("Mul", ["hb", "s"], ["y"]),
+    ]
+    if not strings:
+        nodes.insert(0, helper.make_node("Identity", ["x"], ["code"]))
+        return make_model({"x": (FLOAT, ["batch"])}, nodes, {"y": (FLOAT, ["batch", 3])}, initializers)
+    encoder = helper.make_node(
+        "LabelEncoder",
+        ["x"],
+        ["code"],
+        domain="ai.onnx.ml",
+        keys_strings=list(ENCODER_KEYS),
+        values_floats=list(ENCODER_VALUES),
+        default_float=ENCODER_DEFAULT,
+    )
+    copy = helper.make_node("Identity", ["x"], ["x_copy"])
+    return make_model(
+        {"x": (STRING, ["batch"])},
+        [copy, encoder, *nodes],
+        {"y": (FLOAT, ["batch", 3]), "x_copy": (STRING, ["batch"])},
+        initializers,
+        extra_opsets={"ai.onnx.ml": 2},
+    )
 
 
 def generate(directory: Path, model: onnx.ModelProto, **kwargs: Any) -> dict[str, Path]:
