@@ -182,14 +182,18 @@ class AdamW(_SequenceOptimizer):
 
     def _attributes(self) -> dict[str, Any]:
         hyper = self._inner.hyperparameters()
-        return {
-            "alpha": float(hyper["betas"][0]),
-            "beta": float(hyper["betas"][1]),
-            "epsilon": float(hyper["eps"]),
-            "weight_decay": float(hyper["weight_decay"]),
-            "correct_bias": int(hyper["bias_correction"]),
-            "adam_mode": int(hyper.get("adam_mode", 0)),
-        }
+        return _adamw_attributes(hyper["bias_correction"], hyper["betas"], hyper["eps"], hyper["weight_decay"],
+                                 hyper.get("adam_mode", 0))  # fmt: skip
+
+
+def _adamw_attributes(
+    bias_correction: bool, betas: tuple[float, float], eps: float, weight_decay: float, adam_mode: int
+) -> dict[str, Any]:
+    """The attributes of ``com.microsoft::AdamWOptimizer`` (``alpha``, ``beta``: the betas)."""
+    return {
+        "alpha": float(betas[0]), "beta": float(betas[1]), "epsilon": float(eps),
+        "weight_decay": float(weight_decay), "correct_bias": int(bool(bias_correction)), "adam_mode": int(adam_mode),
+    }  # fmt: skip
 
 
 class SGD(_SequenceOptimizer):
@@ -289,10 +293,7 @@ class AdamWOptimizer(Block):
         weight_decay: float = 0.0,
     ) -> None:
         super().__init__()
-        self._attributes = {
-            "alpha": float(betas[0]), "beta": float(betas[1]), "epsilon": float(eps),
-            "weight_decay": float(weight_decay), "correct_bias": int(bool(bias_correction)), "adam_mode": 1,
-        }  # fmt: skip
+        self._attributes = _adamw_attributes(bias_correction, betas, eps, weight_decay, adam_mode=1)
 
     def build(
         self, learning_rate_name: str, step_name: str, parameter_sequence_name: str, gradient_sequence_name: str,

@@ -84,10 +84,7 @@ class ClipGradNorm(Block):
             value = name if elem_type == acc else b.add_node1("Cast", [name], to=acc, hint=f"{name}.as_acc")
             squares.append(ops.reduce(b, "ReduceSumSquare", value, hint=f"{name}.sum_sq"))
         total = squares[0] if len(squares) == 1 else b.add_node1("Sum", squares, hint="grad_sum_sq")
-        norm = b.add_node1("Sqrt", [total], hint="grad_norm")
-        shifted = b.add_node1("Add", [norm, ops.constant(b, CLIP_EPSILON, acc, "clip_eps")], hint="grad_norm_eps")
-        coef = b.add_node1("Div", [ops.constant(b, self._max_norm, acc, "max_norm"), shifted], hint="clip_coef")
-        coef = b.add_node1("Min", [coef, ops.constant(b, 1.0, acc, "one")], hint="clip_coef_clamped")
+        coef = self._coefficient(total, acc)
         coefs: dict[int, str] = {acc: coef}
         clipped = []
         for name, elem_type in zip(gradients, types, strict=True):
@@ -100,6 +97,14 @@ class ClipGradNorm(Block):
                 value = b.add_node1("Cast", [value], to=elem_type, hint=f"{name}.clipped")
             clipped.append(value)
         return clipped
+
+    def _coefficient(self, sum_of_squares: str, acc: int) -> str:
+        """``min(max_norm / (sqrt(sum_of_squares) + 1e-6), 1)`` in ``acc``."""
+        b = self.builder
+        norm = b.add_node1("Sqrt", [sum_of_squares], hint="grad_norm")
+        shifted = b.add_node1("Add", [norm, ops.constant(b, CLIP_EPSILON, acc, "clip_eps")], hint="grad_norm_eps")
+        coef = b.add_node1("Div", [ops.constant(b, self._max_norm, acc, "max_norm"), shifted], hint="clip_coef")
+        return b.add_node1("Min", [coef, ops.constant(b, 1.0, acc, "one")], hint="clip_coef_clamped")
 
     def _clip_sequence(self, sequence: str, type_proto: onnx.TypeProto) -> str:
         """Clip the tensors of the sequence ``sequence``; return the name of the clipped sequence.
@@ -120,10 +125,7 @@ class ClipGradNorm(Block):
         summed = b.add_node1(
             "Loop", [count, "", zero], body=_sum_of_squares_body(b, sequence, elem_type, acc), hint="grad_sum_sq"
         )
-        norm = b.add_node1("Sqrt", [summed], hint="grad_norm")
-        shifted = b.add_node1("Add", [norm, ops.constant(b, CLIP_EPSILON, acc, "clip_eps")], hint="grad_norm_eps")
-        coef = b.add_node1("Div", [ops.constant(b, self._max_norm, acc, "max_norm"), shifted], hint="clip_coef")
-        coef = b.add_node1("Min", [coef, ops.constant(b, 1.0, acc, "one")], hint="clip_coef_clamped")
+        coef = self._coefficient(summed, acc)
         empty = b.add_node1("SequenceEmpty", [], dtype=elem_type, hint="clipped_empty")
         body = _scaled_copies_body(b, sequence, coef, elem_type, acc)
         return b.add_node1("Loop", [count, "", empty], body=body, hint="clipped_gradients")
