@@ -31,7 +31,8 @@ from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, b
 from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.graph import empty_base, versions
 from onnxtrain.graph.naming import keep_or_tag, names_in
-from onnxtrain.onnxblock.optim import optimizer_of, sequence_optimizer
+from onnxtrain.onnxblock.optim import MOMENTS, optimizer_of, sequence_optimizer
+from onnxtrain.optim.emit import LEARNING_RATE, STEP
 
 ACCUMULATOR = "InPlaceAccumulatorV2"
 MS_DOMAIN = "com.microsoft"
@@ -156,7 +157,49 @@ def per_tensor_optimizer_model(
         )
     with empty_base(opset_version=max(opset, versions.MIN_OPSET)):
         optimizer(list(parameters))
-    return optimizer.to_model_proto()
+    per_tensor = optimizer.to_model_proto()
+    kept = len(optimizer.state_specs())
+    moments = sum(1 for value in model.graph.input if value.name in MOMENTS)
+    return _with_unread_moments(per_tensor, parameters, range(kept, moments))
+
+
+def _with_unread_moments(
+    model: onnx.ModelProto, parameters: Sequence[optim.ParameterSpec], indices: range
+) -> onnx.ModelProto:
+    """``model`` with state tensors ``p.momentum<i>`` (``i`` in ``indices``) that the step passes on unchanged.
+
+    ONNX Runtime keeps a ``first_order_moments`` sequence for SGD, which
+    ``SGDOptimizerV2`` does not read; its checkpoints hold a ``momentum0`` per
+    parameter, and its runtime needs one to resume. Each added state is an
+    input ``p.momentum<i>`` and an output ``p.momentum<i>.updated`` (an
+    ``Identity``), in the interface's order.
+    """
+    if not indices:
+        return model
+    graph = model.graph
+    inputs = {value.name: value for value in graph.input}
+    outputs = {value.name: value for value in graph.output}
+    for spec in parameters:
+        for index in indices:
+            name = optim.state_name(spec.name, index)
+            inputs[name] = _renamed(inputs[spec.name], name)
+            outputs[optim.updated_name(name)] = _renamed(inputs[spec.name], optim.updated_name(name))
+            graph.node.append(helper.make_node("Identity", [name], [optim.updated_name(name)], name=f"unread_{name}"))
+    states = {spec.name: [optim.state_name(spec.name, i) for i in range(indices.stop)] for spec in parameters}
+    input_order = [LEARNING_RATE, STEP] + [n for p, s in states.items() for n in (p, optim.grad_name(p), *s)]
+    output_order = [optim.updated_name(n) for p, s in states.items() for n in (p, *s)]
+    del graph.input[:]
+    graph.input.extend(inputs[name] for name in input_order)
+    del graph.output[:]
+    graph.output.extend(outputs[name] for name in output_order)
+    return model
+
+
+def _renamed(value: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
+    copy = onnx.ValueInfoProto()
+    copy.CopyFrom(value)
+    copy.name = name
+    return copy
 
 
 def check_loadable(models: dict[str, onnx.ModelProto]) -> None:

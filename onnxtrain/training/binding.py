@@ -121,6 +121,23 @@ class _Layout:
         self.settled = False
 
 
+# the operator domains whose kernels stock onnxruntime registers itself
+_BUILTIN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft"})
+
+
+def _custom_op_hint(model: LoadedModel) -> str:
+    """What to do when ``model`` uses operator domains onnxruntime has no kernels for (a custom op library)."""
+    used = {node.domain for node in model.proto.graph.node}
+    custom = sorted(used - _BUILTIN_DOMAINS)
+    if not custom:
+        return ""
+    return (
+        f". The model uses operators of domain(s) {custom}: register the library that implements them, "
+        "options = onnxruntime.SessionOptions(); options.register_custom_ops_library(path), and pass "
+        "session_options=options"
+    )
+
+
 class BoundSession:
     """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers."""
 
@@ -137,7 +154,7 @@ class BoundSession:
         try:
             self.session = inference_session(model.source, options, providers)
         except Exception as error:  # onnxruntime raises its own exception types
-            raise ValueError(f"onnxruntime cannot load the {what}: {error}") from error
+            raise ValueError(f"onnxruntime cannot load the {what}: {error}{_custom_op_hint(model)}") from error
         self.what = what
         self.device = device
         self._native = native and _NativeBinding.supported(self.session)

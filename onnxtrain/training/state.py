@@ -195,12 +195,12 @@ class Parameters:
     def __getitem__(self, name: str) -> Parameter:
         """The parameter (``KeyError`` naming the parameters for an unknown name).
 
-        Of a nominal state, the parameter's name, dtype, shape and
-        ``requires_grad`` can be read before it holds a value; its ``data`` and
-        ``grad`` raise ``NominalStateError`` until then (ONNX Runtime raises
-        at ``[name]`` already).
+        Of a nominal state, ``NominalStateError`` (ONNX Runtime's "Please load
+        the parameter states first") until the parameter holds a value, as in
+        ONNX Runtime; ``names()`` and ``repr(state)`` show it meanwhile.
         """
         self._state._tensor(name)  # KeyError naming the parameters
+        self._state._check_gettable(name)
         return Parameter(self._state, name)
 
     def __setitem__(self, name: str, value: np.ndarray) -> None:
@@ -210,9 +210,10 @@ class Parameters:
         return name in self._state._tensors
 
     def __iter__(self) -> Iterator[tuple[str, Parameter]]:
-        """``(name, Parameter)`` pairs, as ONNX Runtime's ``Parameters`` yields them."""
+        """``(name, Parameter)`` pairs, as ONNX Runtime's ``Parameters`` yields them (``NominalStateError`` at a
+        parameter of a nominal state that holds no value yet; ``names()`` lists them all)."""
         for name in list(self._state._tensors):
-            yield name, Parameter(self._state, name)
+            yield name, self[name]
 
     def __len__(self) -> int:
         return len(self._state._tensors)
@@ -222,7 +223,7 @@ class Parameters:
         return list(self._state._tensors)
 
     def __repr__(self) -> str:
-        return f"Parameters({[p for _, p in self]})"
+        return f"Parameters({[Parameter(self._state, name) for name in self._state._tensors]})"
 
 
 class Properties:
@@ -500,6 +501,8 @@ class TrainingState:
                 record.moments[name] = moments
             self._optimizer = record
             return record
+        if not initial_values and _unread_sgd_moments(record, trainable):
+            record.moments = {name: [] for name in trainable}
         for name in trainable:
             moments = record.moments.get(name, [])
             if len(moments) != len(initial_values):
@@ -516,6 +519,17 @@ class TrainingState:
                         f"{tensor.dtype}: it was saved for other artifacts"
                     )
         return record
+
+
+def _unread_sgd_moments(record: OptimizerRecord, trainable: Sequence[str]) -> bool:
+    """Whether ``record`` holds ONNX Runtime's SGD state: one zero ``momentum0`` per trainable parameter.
+
+    ONNX Runtime's SGD passes a ``first_order_moments`` sequence that
+    ``SGDOptimizerV2`` never reads; an optimizer that keeps no state resumes
+    such a checkpoint (its step count) without them.
+    """
+    moments = [record.moments.get(name, []) for name in trainable]
+    return all(len(m) == 1 for m in moments) and not any(m[0].numpy().any() for m in moments)
 
 
 __all__ = [

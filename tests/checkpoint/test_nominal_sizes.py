@@ -36,11 +36,11 @@ def test_the_reported_file_loads_without_memory(tmp_path: Path):
     assert peak(lambda: load(path)) < SMALL
     assert peak(lambda: api.CheckpointState.load_checkpoint(path)) < SMALL
     state = api.CheckpointState.load_checkpoint(path)
-    assert state.is_nominal and state.parameters["w"].shape == (2**31,)
+    assert state.is_nominal and "'w': 'float32[2147483648]'" in repr(state)
     snapshot = state.to_checkpoint()
     assert snapshot == load(path) and snapshot.trainable["w"].strides == (0,)
     with pytest.raises(RuntimeError, match="Please load the parameter states first"):
-        state.parameters["w"].data  # noqa: B018 (no value to read: nothing allocated, no zeros, as in ORT)
+        state.parameters["w"]  # (no value to read: nothing allocated, no zeros, as in ORT)
 
 
 def test_a_7b_parameter_nominal_checkpoint_saves_and_loads_without_memory(tmp_path: Path):

@@ -8,7 +8,9 @@ data, ten steps give the same losses (relative 1e-5) and the same final
 parameters, for every loss and each optimizer ONNX Runtime's runtime has, on
 a small MLP; the same for a torch-exported LayerNorm MLP (which ONNX
 Runtime's own generator cannot differentiate), for a nominal checkpoint
-filled from a buffer, and for ``export_model_for_inferencing``. Skipped,
+filled from a buffer, and for ``export_model_for_inferencing``. With AdamW
+and SGD, half the steps in one runtime, saved with the optimizer state, and
+the other half in the other give the same as all in ONNX Runtime. Skipped,
 saying why, where the environment cannot be created (``make ort-training``).
 """
 
@@ -43,9 +45,12 @@ class Case:
     model: str = "mlp"  # or "layernorm" (torch-exported)
     nominal: bool = False
     export: tuple[str, ...] = ()
+    resume: bool = False  # also resumed half-way, each runtime from the other's checkpoint with optimizer state
 
 
-CASES = [Case(f"{loss.name}-{opt}", loss, opt) for loss in LossType for opt in OPTIMIZERS]
+CASES = [
+    Case(f"{loss.name}-{opt}", loss, opt, resume=loss is LossType.MSELoss) for loss in LossType for opt in OPTIMIZERS
+]
 CASES += [
     Case("layernorm-AdamW", LossType.CrossEntropyLoss, "AdamW", model="layernorm"),
     Case("nominal-AdamW", LossType.MSELoss, "AdamW", nominal=True),
@@ -132,9 +137,13 @@ def write_case(work: Path, case: Case, seed: int) -> dict:
     if case.nominal:
         full = checkpoint.load(folder / "checkpoint")
         np.save(folder / "buffer.npy", np.concatenate([full.trainable[n].ravel() for n in trainable]))
+    if case.resume:
+        state = api.CheckpointState.load_checkpoint(folder / "checkpoint")
+        onnxtrain_steps(folder, state, steps[: STEPS // 2])
+        api.CheckpointState.save_checkpoint(state, folder / "onnxtrain_half", include_optimizer_state=True)
     return {
         "name": case.name, "steps": STEPS, "num_inputs": 2, "learning_rate": LEARNING_RATE,
-        "nominal": case.nominal, "export": list(case.export),
+        "nominal": case.nominal, "export": list(case.export), "resume": case.resume,
     }  # fmt: skip
 
 
@@ -154,14 +163,14 @@ def ort_trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return work
 
 
-def train_with_onnxtrain(folder: Path, case: Case) -> tuple[list[float], float, api.CheckpointState, api.Module]:
-    """The same steps with onnxtrain's runtime on the same artifacts: losses, eval loss, state, module."""
-    data = np.load(folder / "data.npz", allow_pickle=False)
-    steps = [[data[f"s{t}_{k}"] for k in range(2)] for t in range(STEPS)]
-    state = api.CheckpointState.load_checkpoint(folder / ("nominal_checkpoint" if case.nominal else "checkpoint"))
+def onnxtrain_steps(
+    folder: Path, state: api.CheckpointState, steps: list[list[np.ndarray]], buffer: np.ndarray | None = None
+) -> tuple[list[float], api.Module]:
+    """``steps`` with onnxtrain's runtime on the case's artifacts from ``state`` (filled from ``buffer`` if
+    given): the losses and the module."""
     module = api.Module(folder / "training_model.onnx", state, folder / "eval_model.onnx")
-    if case.nominal:
-        module.copy_buffer_to_parameters(np.load(folder / "buffer.npy"), trainable_only=False)
+    if buffer is not None:
+        module.copy_buffer_to_parameters(buffer, trainable_only=False)
     optimizer = api.Optimizer(folder / "optimizer_model.onnx", module)
     optimizer.set_learning_rate(LEARNING_RATE)
     losses = []
@@ -169,6 +178,19 @@ def train_with_onnxtrain(folder: Path, case: Case) -> tuple[list[float], float, 
         losses.append(float(module(*inputs)))
         optimizer.step()
         module.lazy_reset_grad()
+    return losses, module
+
+
+def case_steps(folder: Path) -> list[list[np.ndarray]]:
+    data = np.load(folder / "data.npz", allow_pickle=False)
+    return [[data[f"s{t}_{k}"] for k in range(2)] for t in range(STEPS)]
+
+
+def train_with_onnxtrain(folder: Path, case: Case) -> tuple[list[float], float, api.CheckpointState, api.Module]:
+    """The same steps with onnxtrain's runtime on the same artifacts: losses, eval loss, state, module."""
+    steps = case_steps(folder)
+    state = api.CheckpointState.load_checkpoint(folder / ("nominal_checkpoint" if case.nominal else "checkpoint"))
+    losses, module = onnxtrain_steps(folder, state, steps, np.load(folder / "buffer.npy") if case.nominal else None)
     module.eval()
     eval_loss = float(module(*steps[-1]))
     return losses, eval_loss, state, module
@@ -214,3 +236,40 @@ def test_ort_exports_our_eval_model_for_inference(ort_trained: Path) -> None:
     assert [o.name for o in exported.graph.output] == ["y"]
     (actual,) = ort.InferenceSession(str(folder / "ort_inference.onnx")).run(None, {"x": x})
     np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.resume], ids=lambda case: case.name)
+def test_each_runtime_resumes_the_others_checkpoint_with_optimizer_state(ort_trained: Path, case: Case) -> None:
+    """Half the steps in one runtime, saved with the optimizer state, the other half in the other: as the ten
+    steps in ONNX Runtime alone (moments and step count carried over, both ways)."""
+    folder = ort_trained / case.name
+    report = json.loads((folder / "ort_report.json").read_text())
+    steps = case_steps(folder)
+    ort_final = checkpoint.load(folder / "ort_final")
+    # ONNX Runtime's checkpoint of the first half, resumed by onnxtrain
+    ort_half = checkpoint.load(folder / "ort_half")
+    assert ort_half.optimizer is not None and ort_half.optimizer.step == STEPS // 2
+    state = api.CheckpointState.load_checkpoint(folder / "ort_half")
+    losses, _ = onnxtrain_steps(folder, state, steps[STEPS // 2 :])
+    np.testing.assert_allclose(losses, report["losses"][STEPS // 2 :], rtol=1e-5, atol=1e-7)
+    for name, value in ort_final.trainable.items():
+        np.testing.assert_allclose(state.parameters[name].data, value, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert state.step == STEPS
+    # ... and by onnxtrain's own artifacts of the same model (ONNX Runtime's unread SGD momentum0 is dropped)
+    native = folder / "native"
+    model = base_model(case)
+    generate_artifacts(
+        model, requires_grad=[t.name for t in model.graph.initializer], loss=case.loss,
+        optimizer=OPTIMIZERS[case.optimizer](), artifact_directory=native,
+    )  # fmt: skip
+    state = api.CheckpointState.load_checkpoint(folder / "ort_half")
+    losses, _ = onnxtrain_steps(native, state, steps[STEPS // 2 :])
+    np.testing.assert_allclose(losses, report["losses"][STEPS // 2 :], rtol=1e-5, atol=1e-7)
+    for name, value in ort_final.trainable.items():
+        np.testing.assert_allclose(state.parameters[name].data, value, rtol=1e-5, atol=1e-6, err_msg=name)
+    # onnxtrain's checkpoint of the first half, resumed by ONNX Runtime
+    np.testing.assert_allclose(report["resumed_losses"], report["losses"][STEPS // 2 :], rtol=1e-5, atol=1e-7)
+    resumed = checkpoint.load(folder / "ort_resumed")
+    assert resumed.optimizer is not None and resumed.optimizer.step == STEPS
+    for name, value in ort_final.trainable.items():
+        np.testing.assert_allclose(resumed.trainable[name], value, rtol=1e-5, atol=1e-6, err_msg=name)

@@ -34,12 +34,12 @@ def test_a_module_over_a_nominal_state_checks_the_limit(regression, nominal, mon
         api.Module(regression["training_model"], state)
     monkeypatch.setattr(checkpoint_state, "MAX_NOMINAL_BYTES", 100)
     with pytest.raises(RuntimeError, match="Please load the parameter states first"):
-        state.parameters["fc0.weight"].data  # noqa: B018 (no value to read, and nothing allocated)
+        state.parameters["fc0.weight"]  # (no value to read, and nothing allocated)
     monkeypatch.setattr(checkpoint_state, "MAX_NOMINAL_BYTES", PARAMETER_BYTES)
     module = api.Module(regression["training_model"], state)  # the failed attempt left the state as it was
     assert state.is_nominal
     with pytest.raises(RuntimeError, match="Please load the parameter states first"):
-        state.parameters["fc0.weight"].data  # noqa: B018 (placed on the device, still no value: no zeros)
+        state.parameters["fc0.weight"]  # (placed on the device, still no value: no zeros)
     reference = api.Module(regression["training_model"], api.CheckpointState(full))
     module.copy_buffer_to_parameters(reference.get_contiguous_parameters().numpy(), trainable_only=False)
     x, target = regression_batch(rng)

@@ -67,19 +67,22 @@ def test_nothing_reads_or_runs_before_the_parameters_are_loaded(artifacts, tmp_p
     x, target = regression_batch(rng)
     everything = sorted(FROZEN + TRAINABLE)
     # what needs no values works: names, shapes, sizes, lazy_reset_grad, learning rates
-    assert sorted(name for name, _ in state.parameters) == everything and "fc0.weight" in state.parameters
-    assert state.parameters["fc1.weight"].shape == (8, 3) and state.parameters["fc1.weight"].requires_grad
+    assert sorted(state.parameters.names()) == everything and "fc0.weight" in state.parameters
+    assert len(state.parameters) == len(everything) and "'fc1.weight': 'float32[8, 3]'" in repr(state)
+    assert "Parameter(name=fc1.weight, requires_grad=True)" in repr(state.parameters)
     assert module.get_parameters_size() == 27 and module.get_parameters_size(trainable_only=False) == 67
     module.lazy_reset_grad()
     optimizer.set_learning_rate(0.01)
-    # reading a value raises ORT's error, a RuntimeError (and a ValueError): never zeros
+    # getting a parameter raises ORT's error at [name] already, a RuntimeError (and a ValueError): never zeros
     for name in everything:
         with pytest.raises(RuntimeError, match=f"^{GET}: '{name}' holds no value yet"):
-            state.parameters[name].data  # noqa: B018
+            state.parameters[name]
         with pytest.raises(ValueError, match=GET):
-            state.parameters[name].grad  # noqa: B018
+            state[name]  # (ORT's older spelling)
     with pytest.raises(RuntimeError, match=GET):
-        state["fc0.bias"].data  # noqa: B018 (ORT's older spelling)
+        list(state.parameters)  # iterating yields Parameters, as ORT's does
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        state.parameters["nope"]  # (an unknown name is still a KeyError)
     with _raises("Cannot copy parameters from a nominal checkpoint state.", everything):
         module.get_contiguous_parameters()
     with _raises("Cannot copy parameters from a nominal checkpoint state.", TRAINABLE):
@@ -115,7 +118,7 @@ def test_nothing_reads_or_runs_before_the_parameters_are_loaded(artifacts, tmp_p
     assert not (tmp_path / "partly").exists()
 
 
-@pytest.mark.parametrize("fill", ["all", "trainable, then frozen by assignment", "each by .data"])
+@pytest.mark.parametrize("fill", ["all", "trainable, then frozen by assignment", "each by assignment"])
 def test_a_filled_nominal_state_trains_as_the_full_checkpoint(artifacts, fill, rng):
     """Ten steps from the nominal checkpoint filled with the full one's values equal the full one's."""
     full, full_module, full_optimizer = _open(artifacts, "checkpoint")
@@ -146,7 +149,8 @@ def test_a_filled_nominal_state_trains_as_the_full_checkpoint(artifacts, fill, r
             state.parameters[name] = full.parameters[name].data
     else:
         for name, parameter in full.parameters:
-            state.parameters[name].data = parameter.data
+            state.parameters[name] = parameter.data
+            assert state.parameters[name].requires_grad == parameter.requires_grad
     assert not state.is_nominal
     assert parameters(state).keys() == parameters(full).keys()
     for name, value in parameters(full).items():

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from onnxtrain import api, optim
+from onnxtrain import api, checkpoint, optim
 from onnxtrain.training import optimizer as optimizer_module
 from tests.training.helpers import classifier_batch, open_module, parameters, regression_batch
 
@@ -133,3 +133,42 @@ def test_an_optimizer_model_that_cannot_update_in_place_writes_spares_with_the_s
     assert all(t.flips == 4 for t in state._tensors.values())
     for name, value in parameters(state).items():
         np.testing.assert_array_equal(value, expected[name])
+
+
+def _with_moments(paths, tmp_path, moments) -> api.CheckpointState:
+    """The artifacts' checkpoint, saved with optimizer state: step 3 and ``moments(array)`` per parameter."""
+    full = checkpoint.load(paths["checkpoint"])
+    state = checkpoint.OptimizerState({n: moments(a) for n, a in full.trainable.items()}, step=3)
+    checkpoint.save(checkpoint.CheckpointState(full.trainable, full.frozen, state), tmp_path / "resumed")
+    return api.CheckpointState.load_checkpoint(tmp_path / "resumed")
+
+
+def test_sgd_resumes_onnx_runtimes_sgd_state_its_unread_zero_momentum0(regression, tmp_path, rng):
+    """ONNX Runtime's SGD checkpoints hold one zero ``momentum0`` per parameter, which its kernel never reads."""
+    state = _with_moments(regression, tmp_path, lambda a: [np.zeros_like(a)])
+    module = api.Module(regression["training_model"], state)
+    optimizer = api.Optimizer(regression["optimizer_model"], module)
+    assert state.step == 3
+    module(*regression_batch(rng))
+    optimizer.step()
+    assert state.step == 4
+    saved = state.to_checkpoint()
+    assert saved.optimizer is not None and not any(saved.optimizer.moments.values())
+
+
+@pytest.mark.parametrize(
+    ("paths", "moments", "count", "keeps"),
+    [
+        ("regression", lambda a: [np.full_like(a, 0.5)], 1, 0),  # a momentum that was used: not ORT's SGD
+        ("regression", lambda a: [np.zeros_like(a), np.zeros_like(a)], 2, 0),
+        ("classifier", lambda a: [np.zeros_like(a)], 1, 2),
+        ("momentum", lambda a: [], 0, 1),
+    ],
+    ids=["sgd, momentum0 in use", "sgd, two moments", "adamw, one moment", "momentum sgd, none"],
+)
+def test_a_checkpoint_of_another_optimizer_is_refused(request, tmp_path, paths, moments, count, keeps):
+    artifacts = request.getfixturevalue(paths)
+    state = _with_moments(artifacts, tmp_path, moments)
+    module = api.Module(artifacts["training_model"], state)
+    with pytest.raises(ValueError, match=rf"has {count} moment\(s\) for '.*', but the optimizer model keeps {keeps}"):
+        api.Optimizer(artifacts["optimizer_model"], module)
