@@ -14,13 +14,28 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from onnxtrain.autodiff import builtin_registry
-from tests.autodiff import specs_matrix_shape, specs_nn
+from tests.autodiff import (
+    specs_contrib,
+    specs_control_flow,
+    specs_matrix_shape,
+    specs_nn,
+    specs_quantized,
+    specs_recurrent,
+)
 from tests.autodiff.gradcheck import DIM_MODES, build_cached, check, excuse_forward_fault
 from tests.autodiff.specs import SPECS as CORE_SPECS
 from tests.autodiff.specs import Spec
 
 #: Every spec: the core table plus one module per further operator family.
-SPECS: list[Spec] = [*CORE_SPECS, *specs_matrix_shape.SPECS, *specs_nn.SPECS]
+SPECS: list[Spec] = [
+    *CORE_SPECS,
+    *specs_matrix_shape.SPECS,
+    *specs_nn.SPECS,
+    *specs_contrib.SPECS,
+    *specs_recurrent.SPECS,
+    *specs_control_flow.SPECS,
+    *specs_quantized.SPECS,
+]
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=[spec.id for spec in SPECS])

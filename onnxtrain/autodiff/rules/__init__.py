@@ -6,10 +6,35 @@ it; :func:`onnxtrain.autodiff.builtin_registry` returns it.
 
 from __future__ import annotations
 
-from onnxtrain.autodiff.rules import elementwise, matrix, nn, nondifferentiable, reductions, sequence, shape
+from onnxtrain.autodiff.rules import (
+    contrib,
+    control_flow,
+    elementwise,
+    matrix,
+    nn,
+    nondifferentiable,
+    quantized,
+    recurrent,
+    reductions,
+    sequence,
+    shape,
+)
 from onnxtrain.autodiff.rules._builtin import REGISTRY
 
 #: The frozen registry of built-in rules.
 BUILTIN = REGISTRY.freeze()
 
-__all__ = ["BUILTIN", "elementwise", "matrix", "nn", "nondifferentiable", "reductions", "sequence", "shape"]
+__all__ = [
+    "BUILTIN",
+    "contrib",
+    "control_flow",
+    "elementwise",
+    "matrix",
+    "nn",
+    "nondifferentiable",
+    "quantized",
+    "recurrent",
+    "reductions",
+    "sequence",
+    "shape",
+]

@@ -1,0 +1,7 @@
+"""Finite-difference specs of the rules in ``onnxtrain/autodiff/rules/quantized.py`` (see ``specs.py``)."""
+
+from __future__ import annotations
+
+from tests.autodiff.specs import Spec
+
+SPECS: list[Spec] = []
