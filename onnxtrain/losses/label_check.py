@@ -10,14 +10,17 @@ count ``C`` works too::
 
     valid   = (0 <= labels < C) or labels == ignore_index
     bad     = Compress(labels, Not(valid))           # the K labels out of range, shape [K]
-    zero    = ReduceSum(Reshape(bad, [K, C, 2]), keepdims=0)
+    zero    = Reshape(ReduceSum(Reshape(bad, [K, C, 2]), keepdims=1), [])
     checked = Where(valid, labels, zero)
 
-The ``Reshape`` is the check: ``K`` elements take the shape ``[K, C, 2]``
-exactly when ``K`` is 0, so it fails as soon as one label is out of range, on
-every execution provider (a ``Reshape`` checks its shape on the host). With
-``C`` known the shape is the constant ``[0, C, 2]`` (a 0 in a ``Reshape``
-shape keeps the input's dimension, ``K``), else ``Concat(Shape(bad), [C], [2])``.
+The first ``Reshape`` is the check: ``K`` elements take the shape
+``[K, C, 2]`` exactly when ``K`` is 0, so it fails as soon as one label is out
+of range, on every execution provider (a ``Reshape`` checks its shape on the
+host). With ``C`` known the shape is the constant ``[0, C, 2]`` (a 0 in a
+``Reshape`` shape keeps the input's dimension, ``K``), else
+``Concat(Shape(bad), [C], [2])``. The sum keeps its dimensions and is then
+reshaped to a scalar because onnxruntime's CUDA ``ReduceSum`` refuses
+``keepdims=0`` over an axis of size 0 (ONNX defines that sum as 0).
 Both survive onnxruntime's graph optimisations (``ORT_ENABLE_ALL``; tested).
 A check reshaping a constant empty tensor did not: onnxruntime folded it to
 its zero in the generated eval model.
@@ -98,7 +101,7 @@ def checked_labels(b: GraphBuilder, loss: str, labels: str, scores: str, ignore_
     ``C`` is the size of axis 1 of ``scores``: a constant when known, else
     ``Gather(Shape(scores), [1])`` at run time (pass the scores, not the
     ``LogSoftmax`` of them: the log-probabilities' only reader must stay the
-    loss, for the LogSoftmax + NLL gradient to fuse). Adds 8 nodes, 10 with
+    loss, for the LogSoftmax + NLL gradient to fuse). Adds 9 nodes, 11 with
     an ``ignore_index`` that may be out of range, 4 (5 for int32 labels) more
     for a symbolic ``C``: element-wise passes over the labels, and scalars.
     """
@@ -138,7 +141,9 @@ def checked_labels(b: GraphBuilder, loss: str, labels: str, scores: str, ignore_
         )
     )
     b.sync()
-    passed = ops.reduce(b, "ReduceSum", reshaped, None, keepdims=False, hint="label_check")
+    # keepdims, then a Reshape to a scalar: CUDA's ReduceSum refuses keepdims=0 over an axis of size 0
+    summed = ops.reduce(b, "ReduceSum", reshaped, None, keepdims=True, hint="label_check")
+    passed = b.add_node1("Reshape", [summed, ops.int64s(b, [], "scalar_shape")], hint="label_check")
     checked = b.add_node1("Where", [valid, labels, passed], hint=f"{labels}_checked")
     for node in b.model.graph.node[start:]:
         node.doc_string = node.doc_string or f"{PREFIX} of {labels!r} ({loss})"

@@ -107,12 +107,12 @@ def test_the_ignored_label_is_out_of_range_without_ignore_index():
 @pytest.mark.parametrize(
     ("classes", "kwargs", "label_dtype", "expected"),
     [
-        (N_CLASSES, {}, np.int64, 8),
-        (N_CLASSES, {"ignore_index": 2}, np.int64, 8),  # in range: nothing more to compare
-        (N_CLASSES, {"ignore_index": -100}, np.int64, 10),
-        ("classes", {}, np.int64, 12),
-        ("classes", {"ignore_index": -100}, np.int64, 14),
-        ("classes", {"ignore_index": -100}, np.int32, 15),
+        (N_CLASSES, {}, np.int64, 9),
+        (N_CLASSES, {"ignore_index": 2}, np.int64, 9),  # in range: nothing more to compare
+        (N_CLASSES, {"ignore_index": -100}, np.int64, 11),
+        ("classes", {}, np.int64, 13),
+        ("classes", {"ignore_index": -100}, np.int64, 15),
+        ("classes", {"ignore_index": -100}, np.int32, 16),
     ],
 )
 def test_node_count(classes, kwargs, label_dtype, expected):
