@@ -18,12 +18,12 @@ The first ``Reshape`` is the check: ``K`` elements take the shape
 of range, on every execution provider (a ``Reshape`` checks its shape on the
 host). With ``C`` known the shape is the constant ``[0, C, 2]`` (a 0 in a
 ``Reshape`` shape keeps the input's dimension, ``K``), else
-``Concat(Shape(bad), [C], [2])``. The sum keeps its dimensions and is then
-reshaped to a scalar because onnxruntime's CUDA ``ReduceSum`` refuses
-``keepdims=0`` over an axis of size 0 (ONNX defines that sum as 0).
-Both survive onnxruntime's graph optimisations (``ORT_ENABLE_ALL``; tested).
-A check reshaping a constant empty tensor did not: onnxruntime folded it to
-its zero in the generated eval model.
+``Concat(Shape(bad), [C], [2])``. Both survive onnxruntime's graph
+optimisations (``ORT_ENABLE_ALL``; tested). A check reshaping a constant
+empty tensor did not: onnxruntime folded it to its zero in the generated eval
+model. The sum keeps its dimensions and is then reshaped to a scalar because
+onnxruntime's CUDA ``ReduceSum`` refuses ``keepdims=0`` over an axis of size 0
+(ONNX defines that sum as 0).
 
 The loss reads ``checked``, which equals ``labels`` bit for bit whenever the
 check passes: the loss and its gradients are those of the labels, and no
