@@ -9,10 +9,9 @@ the first provider's (``CUDAExecutionProvider`` with ``device_id`` 1 ->
 gradients and optimizer state are kept in the device's memory.
 
 ``device="cuda"`` turns TF32 off (``use_tf32=0``), as PyTorch's matrix
-products have it by default: float32 training then computes in float32
-(with onnxruntime's default, TF32, losses of a transformer layer drifted from
-the CPU's in the 4th digit within five steps). Pass ``providers=`` with
-``use_tf32="1"`` for TF32's speed.
+products have it by default, so that float32 training computes in float32
+(onnxruntime's default is TF32). Pass ``providers=`` with ``use_tf32="1"``
+for TF32's speed.
 """
 
 from __future__ import annotations

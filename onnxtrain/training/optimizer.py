@@ -43,6 +43,7 @@ from onnxtrain.graph import versions
 from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.inplace import unsafe_in_place
@@ -147,12 +148,18 @@ class Optimizer:
             self._slots.append((p, tensors[p]))
             self._slots += [(state_name(p, i), m) for i, m in enumerate(moments[p])]
         self._in_place = not unsafe_in_place(model.proto.graph, {name: updated_name(name) for name, _ in self._slots})
-        # learning rate and step: host OrtValues viewing these arrays, bound once, written in place per step
-        # (as before, onnxruntime copies host inputs to the device where a node needs them there)
+        # learning rate and step, bound once and written in place per step. On the CPU: OrtValues viewing these
+        # arrays. On another device: OrtValues there, each written (one small copy) when its value changes,
+        # because onnxruntime copies a host input to the device when it is bound, not at each run
         self._lr_host = np.zeros(1, np.float32)
         self._step_host = np.zeros(1, np.int64)
-        self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr_host)
-        self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
+        self._on_host = module._device.type == "cpu"
+        if self._on_host:
+            self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr_host)
+            self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
+        else:
+            self._lr_value = values.from_numpy(self._lr_host, module._device)
+            self._step_value = values.from_numpy(self._step_host, module._device)
         # the parities of the gradients and of the parameters (the moments swap with them) pick the binding
         self._parity_tensors = (grads[trainable[0]], tensors[trainable[0]])
         # a module that runs unbound (STRING inputs or outputs) has no fused step: step() runs the update at once
@@ -199,8 +206,16 @@ class Optimizer:
 
     def _write_step_inputs(self) -> None:
         """Write this step's learning rate and number (the state's step + 1) where the bound inputs read them."""
-        self._lr_host[0] = self._record.learning_rate
-        self._step_host[0] = self._record.step + 1
+        rate, step = self._record.learning_rate, self._record.step + 1
+        if self._on_host:
+            self._lr_host[0] = rate
+            self._step_host[0] = step
+            return
+        if self._lr_host[0] != rate:
+            self._lr_host[0] = rate
+            self._lr_value.update_inplace(self._lr_host)
+        self._step_host[0] = step
+        self._step_value.update_inplace(self._step_host)
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """Use ``learning_rate`` from the next step on (a scheduler's next ``step()`` overrides it)."""
