@@ -93,6 +93,12 @@ def _ort_step(module: Any, optimizer: Any, batches: list[tuple[Any, Any]]) -> Ca
     return step
 
 
+def _on(array: np.ndarray, device: str) -> Any:
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(array, device, 0)
+
+
 def _read(loss: Any) -> float:
     return float(np.asarray(loss.numpy() if hasattr(loss, "numpy") and not isinstance(loss, np.ndarray) else loss))
 
@@ -158,6 +164,19 @@ def _counting_host_copies() -> Iterator[Counter[str]]:
             return wrapped
 
         patch(cls, "run", run)
+
+    def update_inplace(f: Any) -> Any:
+        def wrapped(value: Any, array: np.ndarray) -> None:
+            f(value, array)
+            if _device_of(value) != "cpu":  # a host array written into device memory
+                counts["h2d_writes"] += 1
+                counts["h2d_writes_bytes"] += array.nbytes
+
+        return wrapped
+
+    import onnxruntime as ort
+
+    patch(ort.OrtValue, "update_inplace", update_inplace)
     try:
         yield counts
     finally:
@@ -248,7 +267,15 @@ def run_workload(workload: Workload, workdir: Path, args: argparse.Namespace) ->
         for i in range(counted):
             step(i)
         _read(step(counted))  # the loss read back, as a training loop that logs it does
-    result["host_copies_per_step"] = {k: v / (counted + 1) for k, v in counts.items()}
+        result["host_copies_per_step"] = {k: v / (counted + 1) for k, v in counts.items()}
+        on_device = [(_on(a, args.device), _on(b, args.device)) for a, b in host]
+        step = _ort_step(module, optimizer, on_device)
+        _read(step(0))
+        counts.clear()
+        for i in range(counted):
+            step(i)
+        _read(step(counted))
+        result["host_copies_per_step_device_inputs"] = {k: v / (counted + 1) for k, v in counts.items()}
     del state, module, optimizer, step
     gc.collect()  # onnxruntime writes a session's profile when the session goes
     result["profile"] = _memcpy_nodes(folder, args.device)
@@ -260,10 +287,7 @@ def run_workload(workload: Workload, workdir: Path, args: argparse.Namespace) ->
     result["onnxtrain_numpy_step_ms"] = 1e3 * _median_step(
         _ort_step(module, optimizer, host), sync, args.warmup, args.steps, args.repeats
     )
-    on_gpu = [
-        (ort.OrtValue.ortvalue_from_numpy(a, args.device, 0), ort.OrtValue.ortvalue_from_numpy(b, args.device, 0))
-        for a, b in host
-    ]
+    on_gpu = [(_on(a, args.device), _on(b, args.device)) for a, b in host]
     result["onnxtrain_ortvalue_step_ms"] = 1e3 * _median_step(
         _ort_step(module, optimizer, on_gpu), sync, args.warmup, args.steps, args.repeats
     )
