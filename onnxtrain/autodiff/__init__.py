@@ -1,6 +1,7 @@
 """Reverse-mode autodiff over ONNX graphs, emitting standard ONNX operators only.
 
 - :func:`build_gradients` appends the gradient graph to a :class:`GraphBuilder`;
+  :func:`build_vjp` the vector-Jacobian product of several outputs with given cotangents;
 - :class:`GradientRegistry` holds the rules; :func:`builtin_registry` is the
   frozen built-in one (extend a ``copy()`` of it for custom operators);
 - :class:`RuleContext` is what a rule sees.
@@ -9,7 +10,7 @@
 from __future__ import annotations
 
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.engine import MissingGradientError, RuleError, build_gradients, gradient_name
+from onnxtrain.autodiff.engine import MissingGradientError, RuleError, build_gradients, build_vjp, gradient_name
 from onnxtrain.autodiff.registry import CoverageRow, GradientRegistry, Rule, builtin_registry
 
 __all__ = [
@@ -20,6 +21,7 @@ __all__ = [
     "RuleContext",
     "RuleError",
     "build_gradients",
+    "build_vjp",
     "builtin_registry",
     "gradient_name",
 ]

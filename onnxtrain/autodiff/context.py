@@ -9,16 +9,22 @@ other operand's element type, so rules are written once for every float type::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from onnxtrain.autodiff.paths import subgraph_references
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import Dim, GraphBuilder
+from onnxtrain.graph.naming import names_in
+
+if TYPE_CHECKING:
+    from onnxtrain.autodiff.registry import GradientRegistry
+    from onnxtrain.autodiff.subgraph import Subgraph
 
 #: An operand of the algebra helpers: a value name or a Python number.
 Operand = str | float | int
@@ -48,6 +54,55 @@ class OutputRequest:
         while len(outputs) > self.n_outputs and not outputs[-1]:
             outputs.pop()
         self.node.output[:] = outputs
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The forward outputs it declared."""
+        return (self.name,)
+
+    @property
+    def value_infos(self) -> tuple[onnx.ValueInfoProto, ...]:
+        """Their types, for ``graph.value_info``."""
+        return (self.value_info,)
+
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        """Every name it adds to the model."""
+        return (self.name,)
+
+
+@dataclass
+class NodeEdit:
+    """A rewrite of a forward node by a rule (:meth:`RuleContext.extend_forward`): new attributes
+    (e.g. a loop body that also outputs what the backward needs) and outputs appended.
+
+    Like :class:`OutputRequest`, the engine keeps it when the gradient graph reads one of the new
+    outputs, and otherwise puts the node back as it was.
+    """
+
+    node: onnx.NodeProto
+    attributes: tuple[onnx.AttributeProto, ...]  # the node's attributes before the edit
+    n_outputs: int  # how many outputs the node listed before
+    names: tuple[str, ...]  # the outputs appended
+    value_infos: tuple[onnx.ValueInfoProto, ...]
+
+    def undo(self) -> None:
+        """Restore the attributes and drop the appended outputs."""
+        del self.node.attribute[:]
+        self.node.attribute.extend(self.attributes)
+        del self.node.output[self.n_outputs :]
+
+    @property
+    def reserved(self) -> tuple[str, ...]:
+        """Every name it adds to the model: the new outputs and the names inside the new subgraphs."""
+        inner = {name for attr in self.node.attribute for g in _graphs(attr) for name in names_in(g)}
+        return (*self.names, *sorted(inner))
+
+
+def _graphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
+    if attribute.type == onnx.AttributeProto.GRAPH:
+        return [attribute.g]
+    return list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
 
 
 @dataclass(frozen=True)
@@ -85,8 +140,9 @@ class RuleContext:
         opset: int,
         needs: Sequence[bool],
         constants: dict[tuple[Any, ...], str],
-        requests: list[OutputRequest] | None = None,
+        requests: list[OutputRequest | NodeEdit] | None = None,
         view: GraphView | None = None,
+        registry: GradientRegistry | None = None,
     ) -> None:
         self.builder = builder
         self.node = node
@@ -99,10 +155,17 @@ class RuleContext:
         self._hint = f"{node.op_type.lower()}_grad"
         self._requests = requests
         self._view = view
+        self._registry = registry
         #: Gradients this rule gives to values that are not its node's inputs (see :meth:`contribute`).
         self.contributed: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ inspection
+
+    @property
+    def onnx_opset(self) -> int:
+        """The model's ``ai.onnx`` opset: which forms the emitted standard operators may take (``opset`` is
+        the node's own domain's, e.g. ``com.microsoft``'s 1)."""
+        return self.builder.opset
 
     def attr(self, name: str, default: Any = None) -> Any:
         """The value of attribute ``name`` (bytes decoded to str), or ``default``."""
@@ -167,6 +230,10 @@ class RuleContext:
         """Whether ``name`` depends on a value being differentiated (so it wants a gradient)."""
         return self._view is not None and name in self._view.forward
 
+    def captured(self) -> tuple[str, ...]:
+        """The values the node's subgraphs read from the enclosing graph, sorted (``If``, ``Loop``, ``Scan``)."""
+        return tuple(sorted(subgraph_references(self.node)))
+
     def contribute(self, value: str, grad: str) -> None:
         """Give ``grad`` as (a part of) the gradient of ``value``, an upstream value.
 
@@ -174,8 +241,26 @@ class RuleContext:
         (e.g. NegativeLogLikelihoodLoss after LogSoftmax) returns ``None`` for
         that input and contributes to the producer's input instead. Only valid
         when :meth:`read_only_here` holds for the skipped value.
+
+        Control-flow rules give the gradients of the values their subgraphs
+        read (:meth:`captured`) this way too: each is one more use of the value.
         """
         self.contributed.append((value, grad))
+
+    def subgraph(self, graph: onnx.GraphProto, input_types: Sequence[onnx.TypeProto | None] = ()) -> Subgraph:
+        """A copy of subgraph ``graph`` to differentiate (:class:`~onnxtrain.autodiff.subgraph.Subgraph`).
+
+        ``input_types[k]`` overrides the declared type of the subgraph's input
+        ``k`` (``None``: keep it); the values it reads from outside get their
+        types from this graph. Its gradient is built by the engine, with this
+        rule's registry, so every rule (and nested control flow) works inside.
+        """
+        from onnxtrain.autodiff.subgraph import Subgraph
+
+        if self._registry is None:
+            raise RuntimeError(f"subgraph needs the engine's context; {self.node.op_type} was given a bare one")
+        where = f"{self.node.op_type} {self.node.name!r}" if self.node.name else self.node.op_type
+        return Subgraph(self.builder, graph, input_types, self._registry, where)
 
     # --------------------------------------------------------------- emitting
 
@@ -346,6 +431,42 @@ class RuleContext:
         self.outputs = tuple(node.output)
         return name
 
+    def extend_forward(
+        self, attributes: Mapping[str, Any], types: Sequence[onnx.TypeProto], hint: str | None = None
+    ) -> list[str]:
+        """Rewrite the forward node: set ``attributes`` and append one output per type in ``types``.
+
+        For rules whose gradient needs what only the forward pass sees, such as
+        a loop's state at every iteration (a ``Loop``/``Scan`` body given more
+        scan outputs). Returns the new outputs' names. The engine keeps the
+        rewrite only when the gradient graph reads one of them.
+        """
+        node = self.node
+        if self._requests is None:
+            raise RuntimeError(f"extend_forward needs the engine's context; {node.op_type} was given a bare one")
+        before = tuple(_copy_attribute(a) for a in node.attribute)
+        n_outputs = len(node.output)
+        names = [self.builder.names.fresh(hint or f"{node.op_type.lower()}_saved") for _ in types]
+        infos = []
+        for name, type_proto in zip(names, types, strict=True):
+            info = onnx.ValueInfoProto(name=name)
+            info.type.CopyFrom(type_proto)
+            infos.append(info)
+        kept = [a for a in node.attribute if a.name not in attributes]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        node.attribute.extend(helper.make_attribute(key, value) for key, value in attributes.items())
+        node.output.extend(names)
+        edit = NodeEdit(node, before, n_outputs, tuple(names), tuple(infos))
+        self._requests.append(edit)
+        for name in edit.reserved:
+            self.builder.names.reserve(name)
+        self.builder.model.graph.value_info.extend(infos)
+        self.builder.sync()
+        self.outputs = tuple(node.output)
+        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return names
+
     def _infer_output(self, name: str) -> onnx.TypeProto:
         """The type of output ``name`` of the forward node, from the operator's schema."""
         node = self.node
@@ -370,3 +491,9 @@ class RuleContext:
             f"cannot infer the type of output {name!r} added to {node.op_type} {node.name!r} (inputs of unknown "
             f"type: {missing}); declare the types of the node's inputs in graph.value_info"
         )
+
+
+def _copy_attribute(attribute: onnx.AttributeProto) -> onnx.AttributeProto:
+    copy = onnx.AttributeProto()
+    copy.CopyFrom(attribute)
+    return copy

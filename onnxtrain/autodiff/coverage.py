@@ -1,11 +1,26 @@
-"""The gradient coverage table, generated from the registry.
+"""The gradient coverage document: the registry's table, and which torch.nn layers train.
 
-``python -m onnxtrain.autodiff.coverage > docs/gradient-coverage.md``
+``python tools/gradient_coverage.py`` regenerates ``docs/gradient-coverage.md``:
+the registry part (:func:`coverage_markdown`, also printed by
+``python -m onnxtrain.autodiff.coverage``) and, when torch is installed, the
+table of torch.nn layers (:func:`layers_markdown`, one :func:`check_training`
+per exported layer). This module never imports torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
 from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
+
+#: The heading that starts the torch.nn section of the document (everything before it is the registry part).
+LAYERS_HEADING = "## torch.nn layers"
+#: The command that regenerates the whole document.
+COMMAND = "python tools/gradient_coverage.py"
 
 
 def coverage_markdown(registry: GradientRegistry | None = None) -> str:
@@ -17,7 +32,7 @@ def coverage_markdown(registry: GradientRegistry | None = None) -> str:
     lines = [
         "# Gradient coverage",
         "",
-        "Generated from the rule registry by `python -m onnxtrain.autodiff.coverage`; do not edit.",
+        f"Generated from the rule registry by `{COMMAND}`; do not edit.",
         "",
         f"{len({(r.domain, r.op_type) for r in rules})} operators have gradient rules; "
         f"{len(stops)} are declared non-differentiable (they stop the gradient).",
@@ -44,8 +59,182 @@ def coverage_markdown(registry: GradientRegistry | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def split_document(text: str) -> tuple[str, str]:
+    """``(registry part, torch.nn part)`` of the document, which joins them with a blank line before
+    :data:`LAYERS_HEADING` (the torch.nn part is ``""`` when the heading is absent)."""
+    at = text.find("\n\n" + LAYERS_HEADING + "\n")
+    if at < 0:
+        return text, ""
+    return text[: at + 1], text[at + 2 :]
+
+
+# ---------------------------------------------------------------- does a model train
+
+
+@dataclass(frozen=True)
+class TrainingCheck:
+    """What :func:`check_training` found for one model.
+
+    Attributes:
+        operators: the model's distinct operators (``domain::op`` outside ``ai.onnx``), sorted.
+        missing: the operators on the path from ``wrt`` to the outputs that have no gradient rule.
+        error: why the training model did not build or run (``""`` when it did).
+    """
+
+    operators: tuple[str, ...]
+    missing: tuple[str, ...] = ()
+    error: str = ""
+
+    @property
+    def trains(self) -> bool:
+        """A training model builds (and runs, when feeds were given)."""
+        return not self.missing and not self.error
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+
+
+def _float_tensor(value: onnx.ValueInfoProto) -> bool:
+    from onnxtrain.graph import dtypes
+
+    return value.type.HasField("tensor_type") and dtypes.is_float(value.type.tensor_type.elem_type)
+
+
+def check_training(
+    model: onnx.ModelProto,
+    wrt: Sequence[str] | None = None,
+    feeds: Mapping[str, np.ndarray] | None = None,
+    registry: GradientRegistry | None = None,
+) -> TrainingCheck:
+    """Whether a training model builds for ``model``: ``d loss / d wrt`` for ``loss`` = the sum of its float outputs.
+
+    ``wrt`` defaults to every float initializer and float graph input. Every operator on the
+    path from ``wrt`` to the outputs needs a rule (those without are ``missing``); then the
+    gradient graph is built and, given ``feeds``, run once in onnxruntime. When that fails,
+    ``model`` itself is run too, so that a model onnxruntime cannot run is told apart. ``model``
+    is not changed.
+    """
+    from onnxtrain.autodiff.engine import build_gradients
+    from onnxtrain.autodiff.paths import find_path
+    from onnxtrain.graph import GraphBuilder, dtypes
+
+    registry = builtin_registry() if registry is None else registry
+    graph = model.graph
+    operators = tuple(sorted({_label(node) for node in graph.node}))
+    if wrt is None:
+        wrt = [t.name for t in graph.initializer if dtypes.is_float(t.data_type)]
+        wrt += [v.name for v in graph.input if _float_tensor(v) and v.name not in wrt]
+    outputs = [v.name for v in graph.output if _float_tensor(v)]
+    if not outputs:
+        return TrainingCheck(operators, error="no float output")
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    try:
+        builder = GraphBuilder(copy)
+        path = find_path(builder, outputs, list(wrt), registry)
+        missing = tuple(sorted({_label(item.node) for item in path.nodes if item.rule is None}))
+        if missing:
+            return TrainingCheck(operators, missing)
+        terms = [builder.add_node1("ReduceSum", [name], keepdims=0) for name in outputs]
+        terms = [builder.add_node1("Cast", [t], to=onnx.TensorProto.FLOAT) for t in terms]
+        loss = terms[0] if len(terms) == 1 else builder.add_node1("Sum", terms)
+        grads = build_gradients(builder, loss, list(wrt), registry=registry)
+        builder.set_outputs([loss, *grads.values()])
+        trained = builder.finalize()
+    except Exception as error:  # reported, not raised: it is the answer
+        return TrainingCheck(operators, error=_fault(model, feeds) or f"{type(error).__name__}: {error}")
+    if feeds is not None:
+        try:
+            _run(trained, feeds)
+        except Exception as error:  # the same
+            return TrainingCheck(
+                operators, error=_fault(model, feeds) or f"onnxruntime: {type(error).__name__}: {error}"
+            )
+    return TrainingCheck(operators)
+
+
+def _run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
+    """Run ``model`` once in onnxruntime (CPU)."""
+    from onnxtrain.sessions import inference_session
+
+    inference_session(model.SerializeToString()).run(None, dict(feeds))
+
+
+def _fault(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray] | None) -> str:
+    """Why onnxruntime cannot run ``model`` itself on ``feeds`` (``""`` when it can, or without feeds)."""
+    from onnxtrain.graph import versions
+
+    if feeds is None:
+        return ""
+    forward = onnx.ModelProto()
+    forward.CopyFrom(model)
+    versions.stamp_ir_version(forward)  # the IR version its opsets need, which onnxruntime reads
+    try:
+        _run(forward, feeds)
+    except Exception as error:  # the model itself does not run: nothing to train
+        return f"the model itself fails in onnxruntime: {error}"
+    return ""
+
+
+# ---------------------------------------------------------------- the torch.nn table
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    """One row of the torch.nn table: a layer, its export and whether it trains.
+
+    ``check`` is ``None`` when the export failed; ``export_error`` says why.
+    """
+
+    name: str
+    check: TrainingCheck | None
+    export_error: str = ""
+
+
+def _cell(text: str, limit: int = 160) -> str:
+    """``text`` as one table cell: one line, pipes escaped, cut at ``limit`` characters."""
+    line = " ".join(text.split())
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return line.replace("|", "\\|")
+
+
+def layers_markdown(rows: Sequence[LayerRow], source: str, excluded: Mapping[str, str]) -> str:
+    """The torch.nn section: one row per layer; ``source`` names the exporter; ``excluded``: class -> why not."""
+    training = sum(1 for row in rows if row.check is not None and row.check.trains)
+    unexported = sum(1 for row in rows if row.check is None)
+    lines = [
+        LAYERS_HEADING,
+        "",
+        f"Generated by `{COMMAND}` from {source}; do not edit.",
+        "",
+        "Each layer is exported in training mode with small example inputs. It *trains* when a training",
+        "model builds: every operator on the path from its parameters and float inputs to its outputs has",
+        "a rule, the gradient graph is built and runs once in onnxruntime.",
+        "",
+        f"{training} of {len(rows)} layers train; {unexported} do not export (a limit of torch's exporter, not "
+        f"onnxtrain's); {len(rows) - training - unexported} export but do not train.",
+        "",
+        "| Layer | ONNX operators | Trains | Missing rules or error |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        if row.check is None:
+            lines.append(f"| {row.name} | | export fails | {_cell(row.export_error)} |")
+            continue
+        check = row.check
+        verdict = "yes" if check.trains else "no"
+        why = ", ".join(check.missing) if check.missing else _cell(check.error)
+        lines.append(f"| {row.name} | {', '.join(check.operators)} | {verdict} | {why} |")
+    if excluded:
+        lines += ["", "Not in the table (not layers one exports on their own):", ""]
+        lines += [f"- `{name}`: {why}" for name, why in sorted(excluded.items())]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
-    """Print the built-in coverage table."""
+    """Print the registry part of the document (the whole document: ``python tools/gradient_coverage.py``)."""
     print(coverage_markdown(), end="")
 
 

@@ -22,23 +22,40 @@ node reads it; on error, or when unused, the node gets its outputs back.
 
 Integer and bool values never carry gradients; ``wrt`` values the loss does
 not depend on get zeros.
+
+:func:`build_vjp` is the general form: it seeds several outputs with given
+cotangents and returns ``None`` for the values they do not depend on. The
+control-flow rules run it on copies of their subgraphs
+(:mod:`onnxtrain.autodiff.subgraph`); a rule may rewrite its forward node
+(``ctx.extend_forward``: a loop body that also outputs its state at every
+iteration), kept, like ``ensure_output``, only when a surviving gradient node
+reads a new output. Gradient nodes may read values from subgraphs: the
+pruning and renaming below follow those reads.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
 
 from onnxtrain.autodiff.broadcast import unbroadcast
-from onnxtrain.autodiff.context import GraphView, OutputRequest, RuleContext
-from onnxtrain.autodiff.paths import Path, PathNode, find_path, node_label, subgraph_references
+from onnxtrain.autodiff.context import GraphView, NodeEdit, OutputRequest, RuleContext
+from onnxtrain.autodiff.paths import (
+    Path,
+    PathNode,
+    find_path,
+    node_label,
+    rename_references,
+    subgraph_references,
+)
 from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type
+from onnxtrain.graph.naming import names_in
 
 
 class MissingGradientError(ValueError):
@@ -88,7 +105,44 @@ def build_gradients(
             )
     path = find_path(builder, loss, wrt, registry)
     _check_rules(path, wrt, loss)
-    return _Backward(builder, path).run(loss, wrt)
+    return _Backward(builder, path, registry).run(loss, wrt)
+
+
+def build_vjp(
+    builder: GraphBuilder,
+    seeds: Mapping[str, str],
+    wrt: Sequence[str],
+    registry: GradientRegistry | None = None,
+) -> dict[str, str | None]:
+    """Append ``sum_y <seeds[y], d y / d x>`` for every ``x`` in ``wrt`` (a vector-Jacobian product).
+
+    Args:
+        builder: the model being built; the gradient nodes are appended to it.
+        seeds: ``{value: cotangent}``, each cotangent a value of its value's type.
+        wrt: float values of the model.
+        registry: the rules to use; default :func:`builtin_registry`.
+
+    Returns ``{x: gradient value}`` (generated names), ``None`` for an ``x`` no
+    seeded value depends on. On error the model is left as it was.
+    """
+    registry = builtin_registry() if registry is None else registry
+    builder.sync()
+    wrt = _check_wrt(builder, wrt)
+    if not seeds:
+        raise ValueError("seeds is empty: pass {output value: its cotangent} for at least one output")
+    for value, seed in seeds.items():
+        builder.require(value, role="seeded value")
+        builder.require(seed, role=f"cotangent of {value!r}")
+        have, want = _elem_type(builder, seed), _elem_type(builder, value)
+        if have is not None and want is not None and have != want:
+            raise ValueError(
+                f"the cotangent {seed!r} of {value!r} is {dtypes.dtype_name(have)}, the value "
+                f"{dtypes.dtype_name(want)}; a cotangent has its value's element type"
+            )
+    targets = list(seeds)
+    path = find_path(builder, targets, wrt, registry)
+    _check_rules(path, wrt, targets)
+    return _Backward(builder, path, registry).vjp(seeds, wrt)
 
 
 # ---------------------------------------------------------------- checking
@@ -149,7 +203,7 @@ def _check_loss(builder: GraphBuilder, loss: str) -> None:
         )
 
 
-def _check_rules(path: Path, wrt: Sequence[str], loss: str) -> None:
+def _check_rules(path: Path, wrt: Sequence[str], loss: str | Sequence[str]) -> None:
     for item in path.nodes:
         if item.rule is None:
             node = item.node
@@ -179,21 +233,32 @@ class _Replay(Exception):
 class _Backward:
     """One backward pass: accumulates contributions and calls the rules."""
 
-    def __init__(self, builder: GraphBuilder, path: Path) -> None:
+    def __init__(self, builder: GraphBuilder, path: Path, registry: GradientRegistry) -> None:
         self.builder = builder
         self.path = path
+        self.registry = registry
         self.constants: dict[tuple[Any, ...], str] = {}
         self.contributions: dict[str, list[str]] = {}
-        self.requests: list[OutputRequest] = []  # optional forward outputs the rules declared
+        # optional forward outputs and forward rewrites the rules declared
+        self.requests: list[OutputRequest | NodeEdit] = []
         self.view = _graph_view(builder, path)
 
     def run(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
+        """``d loss / d x`` for ``x`` in ``wrt`` (zeros where independent), named ``x_grad``."""
+        results = self._run(lambda: {loss: self._ones_like(loss)}, wrt, complete=True)
+        return {name: grad for name, grad in results.items() if grad is not None}
+
+    def vjp(self, seeds: Mapping[str, str], wrt: Sequence[str]) -> dict[str, str | None]:
+        """The vector-Jacobian product for ``seeds``, under generated names (``None`` where independent)."""
+        return self._run(lambda: dict(seeds), wrt, complete=False)
+
+    def _run(self, seeds: Callable[[], dict[str, str]], wrt: Sequence[str], complete: bool) -> dict[str, str | None]:
         builder = self.builder
         graph = builder.model.graph
         n_nodes, n_inits, n_opsets = len(graph.node), len(graph.initializer), len(builder.model.opset_import)
         try:
             with builder.transaction():
-                results = self._draft(loss, wrt)
+                results = self._draft(seeds(), wrt, complete)
                 nodes = list(graph.node[n_nodes:])
                 inits = list(graph.initializer[n_inits:])
                 opsets = list(builder.model.opset_import[n_opsets:])
@@ -204,25 +269,29 @@ class _Backward:
             for request in reversed(self.requests):
                 request.undo()
             raise
-        return self._commit(results, nodes, inits, opsets)
+        return self._commit(results, nodes, inits, opsets, rename=complete)
 
     # -- draft: every rule's output, some of it unneeded
 
-    def _draft(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
+    def _ones_like(self, loss: str) -> str:
+        """``d loss / d loss``: ones of the loss's shape."""
         b = self.builder
         dims = b.shape(loss)
         if dims is not None:
-            seed = ops.constant(b, np.ones([int(d) for d in dims]), b.elem_type(loss), hint="grad_seed")
-        else:  # a scalar whose rank inference could not tell (e.g. ReduceSum of unknown rank)
-            one = onnx.helper.make_tensor("value", b.elem_type(loss), [1], [1])
-            seed = b.add_node1("ConstantOfShape", [b.add_node1("Shape", [loss])], value=one, hint="grad_seed")
-        self.contributions[loss] = [seed]
+            return ops.constant(b, np.ones([int(d) for d in dims]), b.elem_type(loss), hint="grad_seed")
+        # a scalar whose rank inference could not tell (e.g. ReduceSum of unknown rank)
+        one = onnx.helper.make_tensor("value", b.elem_type(loss), [1], [1])
+        return b.add_node1("ConstantOfShape", [b.add_node1("Shape", [loss])], value=one, hint="grad_seed")
+
+    def _draft(self, seeds: dict[str, str], wrt: Sequence[str], complete: bool) -> dict[str, str | None]:
+        for target, seed in seeds.items():
+            self.contributions.setdefault(target, []).append(seed)
         for item in reversed(self.path.nodes):
             self._differentiate(item)
-        results: dict[str, str] = {}
+        results: dict[str, str | None] = {}
         for name in wrt:
             grad = self._total(name)
-            if grad is None:
+            if grad is None and complete:
                 ctx = self._context(None, [])
                 grad = ctx.zeros_like(name)
             results[name] = grad
@@ -231,7 +300,14 @@ class _Backward:
     def _context(self, item: PathNode | None, needs: Sequence[bool]) -> RuleContext:
         node = item.node if item is not None else onnx.helper.make_node("Identity", [], [], name="zeros")
         return RuleContext(
-            self.builder, node, item.opset if item else 0, needs, self.constants, self.requests, self.view
+            self.builder,
+            node,
+            item.opset if item else 0,
+            needs,
+            self.constants,
+            self.requests,
+            self.view,
+            registry=self.registry,
         )
 
     def _total(self, name: str) -> str | None:
@@ -250,7 +326,7 @@ class _Backward:
             return
         forward = self.path.forward
         needs = [bool(name) and name in forward and rule.differentiable(k) for k, name in enumerate(node.input)]
-        if not any(needs):
+        if not any(needs) and not subgraph_references(node) & forward:
             return
         ctx = self._context(item, needs)
         result = list(rule.fn(ctx, grads))
@@ -287,26 +363,31 @@ class _Backward:
 
     def _commit(
         self,
-        results: dict[str, str],
+        results: dict[str, str | None],
         nodes: list[onnx.NodeProto],
         inits: list[onnx.TensorProto],
         opsets: list[onnx.OperatorSetIdProto],
-    ) -> dict[str, str]:
+        rename: bool,
+    ) -> dict[str, str | None]:
         forward = self.builder.model.graph.node
         nodes, aliases = _merge_duplicates(nodes, forward)
-        results = {value: aliases.get(grad, grad) for value, grad in results.items()}
-        nodes = _fold_transposes(nodes, forward, set(results.values()))
-        needed = set(results.values())
+        results = {value: None if grad is None else aliases.get(grad, grad) for value, grad in results.items()}
+        wanted = {grad for grad in results.values() if grad is not None}
+        nodes = _fold_transposes(nodes, forward, wanted)
+        needed = set(wanted)
         live: list[onnx.NodeProto] = []
         for node in reversed(nodes):
             if any(name in needed for name in node.output):
                 live.append(node)
                 needed.update(name for name in node.input if name)
+                needed.update(subgraph_references(node))
         live.reverse()
         produced = {name for node in live for name in node.output}
         renames: dict[str, str] = {}
         copies: list[tuple[str, str]] = []
         for value, grad in results.items():
+            if not rename or grad is None:
+                continue
             target = gradient_name(value)
             if grad in produced and grad not in renames:
                 renames[grad] = target
@@ -315,20 +396,27 @@ class _Backward:
         builder = self.builder
         graph = builder.model.graph
         for request in reversed(self.requests):  # forward outputs a rule declared: kept where used
-            if request.name in needed:
-                builder.names.reserve(request.name)
-                graph.value_info.append(request.value_info)
+            if any(name in needed for name in request.names):
+                for name in request.reserved:
+                    builder.names.reserve(name)
+                graph.value_info.extend(request.value_infos)
             else:
                 request.undo()
         for node in live:
-            node.input[:] = [renames.get(name, name) for name in node.input]
+            rename_references(node, renames)
             node.output[:] = [renames.get(name, name) for name in node.output]
+            for attribute in node.attribute:  # names inside gradient subgraphs stay taken
+                for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+                    for name in names_in(subgraph):
+                        builder.names.reserve(name)
         graph.node.extend(live)
         graph.initializer.extend(t for t in inits if t.name in needed)
         builder.model.opset_import.extend(opsets)
         builder.sync()
         for grad, target in copies:
             builder.add_node("Identity", [renames.get(grad, grad)], [target], hint="grad")
+        if not rename:
+            return results
         return {value: gradient_name(value) for value in results}
 
 
@@ -374,7 +462,7 @@ def _merge_duplicates(
             seen.setdefault(key, node)
     kept: list[onnx.NodeProto] = []
     for node in nodes:
-        node.input[:] = [aliases.get(name, name) for name in node.input]
+        rename_references(node, aliases)
         key = _pure_key(node)
         if key is None:
             kept.append(node)
@@ -420,7 +508,7 @@ def _fold_transposes(
     aliases: dict[str, str] = {}
     kept: list[onnx.NodeProto] = []
     for node in nodes:
-        node.input[:] = [aliases.get(name, name) for name in node.input]
+        rename_references(node, aliases)
         outer = _perm(node)
         source = producer.get(node.input[0]) if outer is not None else None
         if outer is None or source is None:

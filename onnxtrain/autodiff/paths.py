@@ -8,7 +8,7 @@ loss depends on one of its outputs. Only those nodes are differentiated.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -34,7 +34,13 @@ def _outer_references(graph: onnx.GraphProto) -> set[str]:
     return used - defined
 
 
+def outer_references(graph: onnx.GraphProto) -> list[str]:
+    """The values ``graph`` (a subgraph) reads from the enclosing scopes, sorted."""
+    return sorted(_outer_references(graph))
+
+
 def subgraph_references(node: onnx.NodeProto) -> set[str]:
+    """The values ``node``'s subgraphs (``If`` branches, ``Loop``/``Scan`` bodies) read from the enclosing scopes."""
     refs: set[str] = set()
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -43,6 +49,27 @@ def subgraph_references(node: onnx.NodeProto) -> set[str]:
             for graph in attr.graphs:
                 refs |= _outer_references(graph)
     return refs
+
+
+def rename_references(node: onnx.NodeProto, renames: Mapping[str, str]) -> None:
+    """Rename the values ``node`` reads, in its inputs and in its subgraphs (recursively).
+
+    Value names are unique across a model and its subgraphs, so a name a
+    subgraph reads without defining it is always the enclosing scope's value.
+    """
+    if not renames:
+        return
+    node.input[:] = [renames.get(name, name) for name in node.input]
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for graph in graphs:
+            defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+            defined.update(name for inner in graph.node for name in inner.output)
+            outer = {old: new for old, new in renames.items() if old not in defined}
+            for inner in graph.node:
+                rename_references(inner, outer)
+            for value in graph.output:
+                value.name = outer.get(value.name, value.name)
 
 
 def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
@@ -97,8 +124,12 @@ class Path:
     backward: set[str]
     all_nodes: list[onnx.NodeProto]
 
-    def describe(self, target: int, wrt: Iterable[str], loss: str) -> str:
-        """``'w' -> MatMul 'mm' -> Foo 'f' -> ReduceSum 'r' -> 'loss'``: a route through node ``target``."""
+    def describe(self, target: int, wrt: Iterable[str], loss: str | Sequence[str]) -> str:
+        """``'w' -> MatMul 'mm' -> Foo 'f' -> ReduceSum 'r' -> 'loss'``: a route through node ``target``.
+
+        ``loss`` may be several values (the outputs a vector-Jacobian product seeds).
+        """
+        ends = {loss} if isinstance(loss, str) else set(loss)
         nodes = self.all_nodes
         producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
         consumers: dict[str, list[int]] = collections.defaultdict(list)
@@ -124,7 +155,7 @@ class Path:
             current = nxt
         down: list[str] = []  # from the target on to the loss, through values the loss depends on
         current = target
-        while loss not in nodes[current].output:
+        while not ends & set(nodes[current].output):
             nxt = next(
                 (
                     j
@@ -140,7 +171,8 @@ class Path:
             seen.add(nxt)
             current = nxt
             down.append(node_label(nodes[current], current))
-        return " -> ".join([*reversed(up), *down, repr(loss)])
+        end = next((name for name in nodes[current].output if name in ends), None)
+        return " -> ".join([*reversed(up), *down, repr(end if end is not None else sorted(ends)[0])])
 
 
 def _is_float_or_unknown(builder: GraphBuilder, name: str) -> bool:
@@ -163,8 +195,12 @@ def carries_float(type_proto: onnx.TypeProto | None) -> bool:
     return False
 
 
-def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: GradientRegistry) -> Path:
-    """The nodes to differentiate to get ``d loss / d wrt`` (see the module docstring)."""
+def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[str], registry: GradientRegistry) -> Path:
+    """The nodes to differentiate to get ``d loss / d wrt`` (see the module docstring).
+
+    ``loss`` may be several values: the outputs of a vector-Jacobian product.
+    A node with subgraphs is reached through the values they read, too.
+    """
     model = builder.model
     nodes = list(model.graph.node)
     order = topological_order(nodes)
@@ -178,12 +214,12 @@ def find_path(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: Gr
         rule = registry.lookup(node.op_type, node.domain, opset)
         reached = any(
             name in forward and (rule is None or rule.differentiable(k)) for k, name in enumerate(node.input)
-        ) or (rule is None and bool(subgraph_references(node) & forward))
+        ) or bool(subgraph_references(node) & forward)
         if not reached:
             continue
         candidates.append(PathNode(i, node, opset, rule))
         forward.update(name for name in node.output if name and _is_float_or_unknown(builder, name))
-    backward = {loss}
+    backward = {loss} if isinstance(loss, str) else set(loss)
     for i in reversed(order):
         node = nodes[i]
         if any(name in backward for name in node.output):

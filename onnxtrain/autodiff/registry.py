@@ -235,7 +235,7 @@ class GradientRegistry:
             CoverageRow(
                 rule.domain,
                 rule.op_type,
-                max(rule.since, first_version(rule.domain, rule.op_type) or 1, _oldest(rule.domain)),
+                _first_row_opset(rule),
                 rule.until,
                 self.differentiable_inputs(rule),
                 True,
@@ -248,6 +248,16 @@ class GradientRegistry:
             for domain, op in sorted(self._non_differentiable)
         ]
         return rows
+
+
+def _first_row_opset(rule: Rule) -> int:
+    """The first opset a rule's row shows: from onnxtrain's oldest and the rule's own, and from ONNX's first
+    definition of the operator unless the rule ends before it (ONNX Runtime's LayerNormalization below 17)."""
+    start = max(rule.since, _oldest(rule.domain))
+    defined = first_version(rule.domain, rule.op_type) or 1
+    if rule.until is None or defined <= rule.until:
+        start = max(start, defined)
+    return start
 
 
 def _oldest(domain: str) -> int:

@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.autodiff.engine import build_gradients
+from onnxtrain.autodiff.paths import subgraph_references
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
@@ -125,12 +126,8 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
 
 
 def names_read(node: onnx.NodeProto) -> set[str]:
-    """The values ``node`` reads: its inputs, and those its subgraphs' nodes read (outer values among them)."""
-    read = {name for name in node.input if name}
-    for attribute in node.attribute:
-        for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-            read.update(name for sub in subgraph.node for name in sub.input if name)
-    return read
+    """The values ``node`` reads: its inputs, and the outer values its subgraphs read, at any depth."""
+    return {name for name in node.input if name} | subgraph_references(node)
 
 
 def prune_unused_nodes(model: onnx.ModelProto) -> None:

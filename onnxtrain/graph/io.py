@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import onnx
 from onnx import shape_inference, version_converter
 
 from onnxtrain.graph import dtypes, external, versions
+from onnxtrain.graph.contrib_types import type_contrib_outputs
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -61,9 +63,12 @@ def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
     need (ONNX Runtime accepts any) is converted by onnx's version converter;
     its IR version is raised to 7 first, since the converter needs every
     initializer to be defined and IR 3 lists them as graph inputs. Other
-    domains' imports are kept. ``ValueError`` when the converter cannot.
+    domains' imports are kept, and a domain its nodes use without an import
+    is imported at version 1, as ONNX Runtime reads it.
+    ``ValueError`` when the converter cannot.
     """
     versions.merge_imports(model)
+    versions.import_used_domains(model)
     version = versions.opset_version(model, "")
     if version is None or version >= versions.MIN_OPSET:
         return model
@@ -138,6 +143,9 @@ LONGEST_SHAPE_VECTOR = 4096
 def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """:func:`skeleton` of ``model`` with inferred types, with onnx's data propagation where it is cheap.
 
+    The outputs of ONNX Runtime's contrib operators that onnx cannot type are
+    typed where they follow from an input (:mod:`onnxtrain.graph.contrib_types`).
+
     Data propagation computes the values of the integer vectors that feed
     ``Reshape``, ``Expand`` and the like, for exact shapes; onnx 1.23 keeps
     every element (about 140 bytes each), so an integer vector as long as a
@@ -154,8 +162,29 @@ def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
             and len(tensor.shape.dim) == 1
             and tensor.shape.dim[0].dim_value > LONGEST_SHAPE_VECTOR
         ):
-            return plain
-    return shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+            return type_contrib_outputs(plain, functools.partial(shape_inference.infer_shapes, strict_mode=False))
+    infer = functools.partial(shape_inference.infer_shapes, strict_mode=False, data_prop=True)
+    return type_contrib_outputs(infer(light), infer)
+
+
+#: ONNX Runtime's contrib operators in the default domain, and the opset from which ONNX defines the name itself.
+_RUNTIME_DEFAULT_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
+
+
+def _move_runtime_contrib_nodes(model: onnx.ModelProto) -> None:
+    """Move ``model``'s default-domain nodes of ONNX Runtime's contrib operators (where ONNX has no such
+    operator at the model's opset) to ``com.microsoft``, importing that domain if needed (in place)."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    moved = False
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in _RUNTIME_DEFAULT_DOMAIN_OPS:
+            continue
+        defined_since = _RUNTIME_DEFAULT_DOMAIN_OPS[node.op_type]
+        if defined_since is None or opset < defined_since:
+            node.domain = "com.microsoft"
+            moved = True
+    if moved and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
 
 
 def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -171,10 +200,17 @@ def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     IR lets a tensor type leave it out (unknown rank, e.g. the output of
     ``Squeeze`` without axes on a symbolic shape); such types get an empty
     shape here, in the copy only.
+
+    ONNX Runtime registers a few contrib operators in the default domain
+    (``SimplifiedLayerNormalization``, ``LayerNormalization`` before ONNX
+    defined it at opset 17), which its transformer optimizer writes; the
+    checker knows no such schema, so the copy moves those nodes to
+    ``com.microsoft``, whose operators it does not check.
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph
+    _move_runtime_contrib_nodes(copy)
     for value in (*graph.input, *graph.output):
         if value.type.HasField("tensor_type") and not value.type.tensor_type.HasField("shape"):
             value.type.tensor_type.shape.SetInParent()

@@ -9,6 +9,8 @@ element types it uses). That is the version the widest range of runtimes loads.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import onnx
 from onnx import helper
 
@@ -59,6 +61,30 @@ def merge_imports(model: onnx.ModelProto) -> None:
     if len(newest) != len(model.opset_import):
         del model.opset_import[:]
         model.opset_import.extend(helper.make_opsetid(domain, version) for domain, version in newest.items())
+
+
+def import_used_domains(model: onnx.ModelProto) -> None:
+    """Import at version 1 each non-default domain a node uses but the model does not import; in place.
+
+    ONNX Runtime loads such models (its transformer optimizer writes
+    ``com.microsoft`` nodes without the import at ``opt_level=0``); the gradient
+    rules are looked up by the domain's version, which would otherwise be 0.
+    """
+    imported = {"" if opset.domain == "ai.onnx" else opset.domain for opset in model.opset_import}
+    used: list[str] = []
+    for node in _all_nodes(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain and domain not in imported and domain not in used:
+            used.append(domain)
+    model.opset_import.extend(helper.make_opsetid(domain, 1) for domain in used)
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
+                yield from _all_nodes(subgraph)
 
 
 def _alias(domain: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Literal, get_args
 
@@ -11,6 +12,7 @@ import onnx
 from onnxtrain.blocks import ReduceMean, ReduceSum
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
+from onnxtrain.graph.declared import DeclaredShapeWarning, check_output_shape
 
 Reduction = Literal["mean", "sum", "none"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
@@ -56,7 +58,12 @@ def target_input(
     An existing value of that name is used as it is, when its element type
     fits. Otherwise a graph input is added with ``like``'s shape (symbolic
     dimensions kept; axis ``drop_axis`` removed) and element type ``elem_type``
-    (``like``'s by default).
+    (``like``'s by default). When ``like`` is a graph output, its declared
+    shape is first checked against its graph (:mod:`onnxtrain.graph.declared`):
+    axes the graph contradicts take the inferred size, with a
+    :class:`DeclaredShapeWarning` naming the output; the target input's
+    ``doc_string`` says which output its shape comes from, and which of its
+    axes no inference could check.
     """
     if not isinstance(name, str) or not name:
         raise TypeError(f"{loss} needs the target name as a non-empty str, got {name!r}")
@@ -70,10 +77,46 @@ def target_input(
                 f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
             )
         return name
-    dims: list[Dim] | None = b.shape(like)
+    dims, note = _checked_shape(b, loss, name, like, wanted)
     if dims is not None and drop_axis is not None:
         dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
-    return b.add_input(name, tensor_type(wanted, dims))
+    added = b.add_input(name, tensor_type(wanted, dims))
+    if note:
+        value = next(value for value in b.model.graph.input if value.name == added)
+        value.doc_string = note
+    return added
+
+
+def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str, wanted: int) -> tuple[list[Dim] | None, str]:
+    """``like``'s shape, its declaration checked against the graph when it is a graph output; and the note."""
+    dims: list[Dim] | None = b.shape(like)
+    check = check_output_shape(b.model, like) if dims is not None else None
+    if dims is None or check is None or len(check.declared) != len(dims):
+        return dims, ""
+    source = dtypes.dtype_name(b.elem_type(like))
+    if check.contradicted:
+        corrected = check.corrected(dims)
+        warnings.warn(
+            DeclaredShapeWarning(
+                f"{check.message(source)}. {loss} gives its target {name!r} the shape "
+                f"{describe_type(tensor_type(wanted, corrected))} instead; correct the output's shape in the "
+                "model to silence this (torch.onnx.export: one dynamic_axes name per meaning, a new name for "
+                "an axis whose size is its own)"
+            ),
+            stacklevel=4,
+        )
+        dims = corrected
+    undecided = check.undecided()
+    if not undecided:
+        return dims, ""
+    declared = f"{source}[{', '.join('?' if d is None else str(d) for d in check.declared)}]"
+    axes = ", ".join(str(axis) for axis in undecided)
+    note = (
+        f"shape copied from model output {like!r}, declared {declared}; shape inference could not check "
+        f"axis {axes} of that declaration: if the sizes disagree at run time, the output's declared shape is "
+        "probably wrong (correct it in the model, or give the loss a target input of the right shape)"
+    )
+    return dims, note
 
 
 def dim_size(b: GraphBuilder, x: str, axis: int) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +127,7 @@ class TensorSpec:
     name: str
     dtype: np.dtype
     dims: tuple[Dim, ...] | None
+    note: str = field(default="", compare=False)  # the value's doc_string: where its shape comes from
 
     @classmethod
     def of(cls, value: onnx.ValueInfoProto, model: str) -> TensorSpec:
@@ -138,7 +139,7 @@ class TensorSpec:
         dims = None
         if tensor.HasField("shape"):
             dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim)
-        return cls(value.name, dtypes.to_numpy_dtype(tensor.elem_type), dims)
+        return cls(value.name, dtypes.to_numpy_dtype(tensor.elem_type), dims, value.doc_string)
 
     @property
     def static(self) -> bool:
@@ -334,9 +335,12 @@ class UserInputs:
             size = shape[axis]
             seen = sizes.setdefault(dim, (size, spec.name))
             if seen[0] != size:
+                notes = "".join(
+                    f"; {s.name!r}: {s.note}" for s in self.specs if s.name in (spec.name, seen[1]) and s.note
+                )
                 raise ValueError(
                     f"input {spec.name!r} of the {self._model} has {dim} = {size}, but input {seen[1]!r} has "
-                    f"{dim} = {seen[0]} ({self.signature()})"
+                    f"{dim} = {seen[0]} ({self.signature()}){notes}"
                 )
         return value
 

@@ -10,7 +10,9 @@ finite-difference evaluations.
 
 A spec with ``backend = "onnx.reference"`` (an attribute of a :class:`Spec`
 subclass; plain specs run in onnxruntime) runs in ``onnx.reference`` instead:
-for operators onnxruntime has no kernel for at the spec's opset.
+for operators onnxruntime has no kernel for at the spec's opset. A spec with a
+``subgraphs(case, mode)`` attribute gives the node graph attributes (``If``
+branches, ``Loop`` and ``Scan`` bodies), which a hashable :class:`Case` cannot hold.
 """
 
 from __future__ import annotations
@@ -139,7 +141,11 @@ def forward_model(spec: Spec, case: Case, mode: DimMode) -> Forward:
         else:
             initializers.append(numpy_helper.from_array(value, name))
     outputs = [f"y{u}" for u in range(case.n_outputs)]
-    node = helper.make_node(spec.op_type, node_inputs, outputs, name="op", domain=spec.domain, **dict(case.attrs))
+    attributes = dict(case.attrs)
+    subgraphs = getattr(spec, "subgraphs", None)  # graph attributes (If branches, loop bodies): not hashable
+    if subgraphs is not None:
+        attributes.update(subgraphs(case, mode))
+    node = helper.make_node(spec.op_type, node_inputs, outputs, name="op", domain=spec.domain, **attributes)
     opsets = [helper.make_opsetid("", spec.opset)] + [helper.make_opsetid(d, v) for d, v in spec.extra_opsets]
     nodes = [*(spec.before(case) if spec.before is not None else ()), node]
     projected, used = outputs, case.used_outputs

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import helper, numpy_helper
@@ -290,15 +291,35 @@ def tile_cases(draw: st.DrawFn) -> Case:
 
 
 @st.composite
-def gather_cases(draw: st.DrawFn) -> Case:
-    """Indices of rank 0-2, repeated and negative ones included."""
+def gather_cases(draw: st.DrawFn, leading: bool = False) -> Case:
+    """Indices of rank 0-2, repeated and negative ones included; along axis 0 when ``leading``."""
     shape = draw(_shape(1, 3, 1, 4))
-    axis = draw(st.integers(0, len(shape) - 1))
+    axis = 0 if leading else draw(st.integers(0, len(shape) - 1))
     d = shape[axis]
     idx_shape = draw(_shape(0, 2, 1, 3))
     indices = _rng(draw).integers(-d, d, size=idx_shape)
     extras = (Extra(1, _nested(indices), fed=draw(st.booleans())),)
-    return Case((shape,), _fixed({"axis": _maybe_negative(draw, axis, len(shape))}), extras)
+    attrs = {"axis": 0} if leading else {"axis": _maybe_negative(draw, axis, len(shape))}
+    return Case((shape,), _fixed(attrs), extras)
+
+
+def _rank_hidden(case: Case) -> list[onnx.NodeProto]:
+    """``hidden``: ``x0`` reshaped to its own shape, cut from ``Shape(x0)`` at an end that onnx's shape inference
+    cannot compute (a ``Mod`` of constants, as torch's exporter writes for ``unflatten``): its rank is unknown."""
+    rank = len(case.shapes[0])
+
+    def constant(name: str, value: int) -> onnx.NodeProto:
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array([value]), name))
+
+    return [
+        constant("hide_rank", rank),
+        constant("hide_modulus", rank + 1),
+        constant("hide_start", 0),
+        helper.make_node("Mod", ["hide_rank", "hide_modulus"], ["hide_end"]),
+        helper.make_node("Shape", ["x0"], ["hide_shape"]),
+        helper.make_node("Slice", ["hide_shape", "hide_start", "hide_end"], ["hide_dims"]),
+        helper.make_node("Reshape", ["x0", "hide_dims"], ["hidden"]),
+    ]
 
 
 @st.composite
@@ -354,7 +375,7 @@ def scatter_nd_cases(draw: st.DrawFn, reductions: Sequence[str]) -> Case:
     coords = np.stack(np.unravel_index(cells, data[:depth]), axis=-1).reshape(*inner, depth)
     coords = coords - np.asarray(data[:depth]) * (rng.random(coords.shape) < 0.3)
     updates = (*inner, *data[depth:])
-    attrs = {"reduction": reduction} if len(reductions) > 1 and (reduction != "none" or draw(st.booleans())) else {}
+    attrs = {"reduction": reduction} if reduction != "none" or (len(reductions) > 1 and draw(st.booleans())) else {}
     return Case((data, updates), _fixed(attrs), (Extra(1, _nested(coords), fed=draw(st.booleans())),))
 
 
@@ -395,6 +416,12 @@ def top_k_cases(draw: st.DrawFn) -> Case:
     return Case((shape,), _fixed(attrs), (Extra(1, (k,), fed=draw(st.booleans())),), used_outputs=(0,), n_outputs=2)
 
 
+def _no_close_values(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
+    """No two values of data and updates within 5e-5 (the max/min winners stay under the finite differences)."""
+    values = np.sort(np.concatenate([a.reshape(-1) for a in arrays if a.dtype.kind == "f"]))
+    return bool(np.all(np.diff(values) > 5e-5))
+
+
 def _distinct(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
     """No two entries of the data input closer than 1e-2 (TopK's choice is stable under the finite differences)."""
     values = np.sort(arrays[0].reshape(-1))
@@ -426,9 +453,9 @@ _COORDINATE_MODES = ("half_pixel", "asymmetric", "align_corners", "pytorch_half_
 
 
 @st.composite
-def resize_cases(draw: st.DrawFn, opset: int) -> Case:
+def resize_cases(draw: st.DrawFn, opset: int, modes: Sequence[str] = ("nearest", "linear")) -> Case:
     """Scales (float) or sizes (int) for the last two axes of a 2-D or NCHW input (nearest: or 1-D)."""
-    mode = draw(st.sampled_from(["nearest", "linear"]))
+    mode = draw(st.sampled_from(list(modes)))
     four_d = draw(st.booleans())
     spatial = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
     shape = (draw(st.integers(1, 2)), draw(st.integers(1, 2)), *spatial) if four_d else spatial
@@ -438,12 +465,19 @@ def resize_cases(draw: st.DrawFn, opset: int) -> Case:
     n_resized = min(rank, 2)
     lead = rank - n_resized
     coordinate_modes = _COORDINATE_MODES + (("half_pixel_symmetric",) if opset >= 19 else ())
+    if mode == "cubic":
+        coordinate_modes += ("tf_half_pixel_for_nn",)
     coordinate = draw(st.sampled_from((*coordinate_modes, "tf_crop_and_resize")))
     attrs: dict[str, Any] = {"mode": mode}
     if coordinate != "half_pixel" or draw(st.booleans()):
         attrs["coordinate_transformation_mode"] = coordinate
     if mode == "nearest" and draw(st.booleans()):
         attrs["nearest_mode"] = draw(st.sampled_from(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]))
+    if mode == "cubic":
+        if draw(st.booleans()):
+            attrs["cubic_coeff_a"] = draw(st.sampled_from([-0.75, -0.5]))
+        if draw(st.booleans()):
+            attrs["exclude_outside"] = draw(st.integers(0, 1))
     use_axes = opset >= 18 and four_d and draw(st.booleans())
     n = 2 if use_axes else rank
     if use_axes:
@@ -532,6 +566,15 @@ SPECS: list[Spec] = [
     Spec("Gather", (Arg(),), gather_cases(), opset=13, variant="opset13"),
     Spec("Gather", (Arg(),), gather_cases(), opset=18, variant="opset18"),
     Spec("Gather", (Arg(), _INDEX), gather_fed_cases(), opset=18, variant="random-indices"),
+    Spec(
+        "Gather",
+        (Arg(),),
+        gather_cases(leading=True),
+        opset=18,
+        wiring=("hidden",),
+        before=_rank_hidden,
+        variant="axis0-unknown-rank",
+    ),
     Spec("GatherElements", (Arg(),), gather_elements_cases(), opset=13, variant="opset13"),
     Spec("GatherElements", (Arg(),), gather_elements_cases(), opset=18, variant="opset18"),
     Spec("GatherND", (Arg(),), gather_nd_cases(), opset=13, variant="opset13"),
@@ -556,6 +599,23 @@ SPECS: list[Spec] = [
         wiring=(0, None, 1),
         variant="opset18",
     ),
+    # reductions mul (updates with exact zeros), max and min (no ties)
+    *(
+        Spec(op, (Arg(), Arg("sparse")), cases_of(["mul"]), opset=18, wiring=(0, None, 1), variant="mul")
+        for op, cases_of in (("ScatterND", scatter_nd_cases), ("ScatterElements", scatter_elements_cases))
+    ),
+    *(
+        Spec(
+            op,
+            (Arg(), Arg()),
+            cases_of(["max", "min"]),
+            opset=18,
+            wiring=(0, None, 1),
+            valid=_no_close_values,
+            variant="max-min",
+        )
+        for op, cases_of in (("ScatterND", scatter_nd_cases), ("ScatterElements", scatter_elements_cases))
+    ),
     Spec("TopK", (Arg(),), top_k_cases(), valid=_distinct),
     # triangles and running sums
     Spec("Trilu", (Arg(),), trilu_cases()),
@@ -563,6 +623,8 @@ SPECS: list[Spec] = [
     # resizing (onnxruntime has no double Resize kernel)
     Spec("Resize", (Arg(),), resize_cases(13), opset=13, dtype=_F32, variant="opset13"),
     Spec("Resize", (Arg(),), resize_cases(19), opset=19, dtype=_F32, variant="opset19"),
+    Spec("Resize", (Arg(),), resize_cases(13, ("cubic",)), opset=13, dtype=_F32, variant="cubic-opset13"),
+    Spec("Resize", (Arg(),), resize_cases(19, ("cubic",)), opset=19, dtype=_F32, variant="cubic-opset19"),
     # constants: no differentiable input; the graph around them still differentiates
     Spec("Constant", (Arg(),), constant_cases(), wiring=()),
     Spec("ConstantOfShape", (Arg(),), constant_of_shape_cases(), wiring=()),

@@ -581,7 +581,8 @@ def grid_sample_cases(
     spatial = tuple(size if size is not None else draw(st.integers(1, 4)) for _ in range(n))
     out = tuple(draw(st.integers(1, 3)) for _ in range(n))
     attrs: dict[str, Any] = {}
-    _optional(draw, attrs, "mode", draw(st.sampled_from(list(modes))), modes[0])
+    default = "bilinear" if {"bilinear", "bicubic"} & set(modes) else "linear"  # opsets 16-19 name it bilinear
+    _optional(draw, attrs, "mode", draw(st.sampled_from(list(modes))), default)
     _optional(draw, attrs, "padding_mode", draw(st.sampled_from(list(paddings))), "zeros")
     _optional(draw, attrs, "align_corners", draw(st.integers(0, 1)), 0)
     return Case(((batch, channels, *spatial), (batch, *out, n)), _attrs(attrs))
@@ -596,6 +597,12 @@ def _grid_off_kinks(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> b
         if np.any(np.abs(2 * c - np.round(2 * c)) < 2e-4):
             return False
     return True
+
+
+def _reflectable(arrays: Sequence[np.ndarray], attrs: Mapping[str, Any]) -> bool:
+    """No spatial axis of size 1 under reflection with align_corners (its border range is empty)."""
+    reflecting = attrs.get("padding_mode") == "reflection" and attrs.get("align_corners", 0)
+    return not reflecting or min(arrays[0].shape[2:]) > 1
 
 
 def _grid_kinks(size: int, reach: float = 3.0):
@@ -854,6 +861,24 @@ SPECS += [
         dtype=_F32,
         kinks=_grid_kinks(3, 1.8),
         variant="opset16",
+    ),
+    # bicubic (4-D only in onnxruntime): C1 in the grid, so float64 needs no kinks avoided
+    Spec(
+        "GridSample",
+        (Arg(), Arg((-1.5, 1.5))),
+        grid_sample_cases(["cubic"], ["zeros", "border", "reflection"], (2,), None),
+        22,
+        valid=_reflectable,
+        variant="cubic",
+    ),
+    Spec(
+        "GridSample",
+        (Arg(), Arg((-1.5, 1.5))),
+        grid_sample_cases(["bicubic"], ["zeros", "border", "reflection"], (2,), 3),
+        16,
+        dtype=_F32,  # no double kernel before opset 20
+        kinks=_grid_kinks(3, 1.5),
+        variant="bicubic-opset16",
     ),
     # RoiAlign: the gradient for X (rois and batch_indices are drawn constants or graph inputs)
     Spec("RoiAlign", (Arg(),), roi_align_cases(21, np.float64), 21),

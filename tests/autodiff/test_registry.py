@@ -1,14 +1,26 @@
-"""The rule registry: registration, opset ranges, copies, freezing, and the coverage table."""
+"""The rule registry: registration, opset ranges, copies, freezing, the coverage document and its torch.nn table."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import helper, numpy_helper
 
 from onnxtrain.autodiff import GradientRegistry, RuleContext, builtin_registry
-from onnxtrain.autodiff.coverage import coverage_markdown
+from onnxtrain.autodiff.coverage import (
+    COMMAND,
+    LAYERS_HEADING,
+    LayerRow,
+    TrainingCheck,
+    check_training,
+    coverage_markdown,
+    layers_markdown,
+    split_document,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "gradient-coverage.md"
 
@@ -85,7 +97,7 @@ def test_builtin_declares_non_differentiable_operators() -> None:
 
 
 def test_coverage_rows_name_differentiable_inputs() -> None:
-    rows = {row.op_type: row for row in builtin_registry().coverage()}
+    rows = {row.op_type: row for row in builtin_registry().coverage() if not row.domain}
     assert rows["Where"].inputs == ("X", "Y")
     assert rows["Gelu"].opsets == "20+"
     assert rows["Relu"].opsets == "13+"  # the oldest opset onnxtrain reads
@@ -97,7 +109,78 @@ def test_coverage_rows_name_differentiable_inputs() -> None:
 
 
 def test_committed_coverage_table_is_up_to_date() -> None:
-    """Regenerate with: python -m onnxtrain.autodiff.coverage > docs/gradient-coverage.md"""
-    assert DOCS.read_text() == coverage_markdown(), (
-        "docs/gradient-coverage.md is stale: run `python -m onnxtrain.autodiff.coverage > docs/gradient-coverage.md`"
+    """The registry part of the document; regenerate the whole document with: python tools/gradient_coverage.py"""
+    registry_part, layers_part = split_document(DOCS.read_text())
+    assert registry_part == coverage_markdown(), (
+        f"the rule table of docs/gradient-coverage.md is stale: run `{COMMAND}` (torch keeps the torch.nn part)"
+    )
+    assert layers_part.startswith(LAYERS_HEADING)
+
+
+def test_split_document_finds_the_torch_section() -> None:
+    text = coverage_markdown() + "\n" + LAYERS_HEADING + "\n\nrows\n"
+    assert split_document(text) == (coverage_markdown(), LAYERS_HEADING + "\n\nrows\n")
+    assert split_document("no section\n") == ("no section\n", "")
+
+
+def _model(*nodes: onnx.NodeProto, opset: int = 17) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph(list(nodes), "g", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("my", 1)])
+
+
+def test_check_training_builds_and_runs_a_training_model() -> None:
+    check = check_training(_model(helper.make_node("Tanh", ["x"], ["y"])), feeds={"x": np.ones((2, 3), np.float32)})
+    assert check.trains and check.operators == ("Tanh",) and not check.missing
+
+
+def test_check_training_names_the_operators_without_a_rule() -> None:
+    nodes = (helper.make_node("MyOp", ["x"], ["t"], domain="my"), helper.make_node("Tanh", ["t"], ["y"]))
+    check = check_training(_model(*nodes))
+    assert not check.trains
+    assert check.missing == ("my::MyOp",)
+    assert check.operators == ("Tanh", "my::MyOp")
+
+
+def test_check_training_tells_a_model_onnxruntime_cannot_run_apart() -> None:
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    model = _model(node)
+    model.graph.initializer.append(numpy_helper.from_array(np.array([5, 7], np.int64), "shape"))
+    check = check_training(model, feeds={"x": np.ones((2, 3), np.float32)})
+    assert not check.trains and check.error.startswith("the model itself fails in onnxruntime")
+
+
+def test_layers_markdown_rows() -> None:
+    rows = [
+        LayerRow("Good", TrainingCheck(("Gemm",))),
+        LayerRow("Gap", TrainingCheck(("Foo", "Gemm"), ("Foo",))),
+        LayerRow("Broken", None, "UnsupportedOperatorError: no | way"),
+    ]
+    text = layers_markdown(rows, "torch 0.0", {"Module": "a base class"})
+    assert text.startswith(LAYERS_HEADING)
+    assert "1 of 3 layers train; 1 do not export" in text and "1 export but do not train." in text
+    assert "| Good | Gemm | yes |  |" in text
+    assert "| Gap | Foo, Gemm | no | Foo |" in text
+    assert "| Broken | | export fails | UnsupportedOperatorError: no \\| way |" in text
+    assert "- `Module`: a base class" in text
+
+
+@pytest.mark.slow
+def test_committed_torch_layer_table_is_up_to_date() -> None:
+    """Every torch.nn layer exported and checked again (about 10 s of CPU)."""
+    torch = pytest.importorskip("torch")
+    import onnxruntime
+
+    from tools import gradient_coverage
+
+    _, committed = split_document(DOCS.read_text())
+    torch_version = torch.__version__.split("+")[0]
+    releases = (f"from torch {torch_version} ", f"onnx {onnx.__version__} ", f"onnxruntime {onnxruntime.__version__};")
+    if not all(release in committed for release in releases):
+        pytest.skip("the committed torch.nn table comes from other releases of torch, onnx or onnxruntime")
+    layers = gradient_coverage.catalog()
+    gradient_coverage.check_catalog(layers)
+    assert gradient_coverage.torch_section(layers) == committed, (
+        f"the torch.nn table of docs/gradient-coverage.md is stale: run `{COMMAND}`"
     )

@@ -44,6 +44,7 @@ from onnxtrain.autodiff import sized
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
+from onnxtrain.autodiff.rules.shape import cubic_slopes, cubic_weights
 
 Grads = Sequence["str | None"]
 Result = list["str | None"]
@@ -110,7 +111,7 @@ def _spatial_axes(rank: int) -> list[int]:
 
 def _reduce(ctx: RuleContext, op: str, v: str, axes: Sequence[int], keepdims: int = 1) -> str:
     """ReduceSum / ReduceMean / ReduceMax over ``axes`` (an input from opset 13 / 18, an attribute before)."""
-    if ctx.opset >= (13 if op == "ReduceSum" else 18):
+    if ctx.onnx_opset >= (13 if op == "ReduceSum" else 18):
         return ctx.op(op, v, ctx.int64s(axes), keepdims=keepdims)
     return ctx.op(op, v, axes=list(axes), keepdims=keepdims)
 
@@ -1016,6 +1017,20 @@ def _reflect(ctx: RuleContext, c: str, low: Num, high: Num) -> tuple[str, str]:
     return ctx.where(outside, folded, c), ctx.where(outside, ctx.where(back, ctx.const(-1.0, c), 1.0), 1.0)
 
 
+def _denormalized(ctx: RuleContext, u: str, size: Num, align: bool) -> tuple[str, Num, Num, Num, Num]:
+    """``(c, dc/du, low, high, L - 1)``: the pixel coordinate ``c`` of the normalized ``u`` on an axis of size
+    ``L``, and the range ``[low, high]`` that reflection padding reflects into."""
+    size_f = _as_float(ctx, size, u)
+    last = _num(ctx, "Sub", size_f, 1.0)
+    if align:  # c = (u + 1) / 2 * (L - 1)
+        scale = _num(ctx, "Mul", last, 0.5)
+        return ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u)), scale, 0.0, last, last
+    # c = ((u + 1) * L - 1) / 2
+    scale = _num(ctx, "Mul", size_f, 0.5)
+    c = ctx.sub(ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u)), 0.5)
+    return c, scale, -0.5, _num(ctx, "Sub", size_f, 0.5), last
+
+
 def _grid_axis(
     ctx: RuleContext, u: str, size: Num, align: bool, padding: str, nearest: bool
 ) -> tuple[str, list[tuple[str, str, str]]]:
@@ -1025,16 +1040,7 @@ def _grid_axis(
     border clamp or reflection (which both end in a clamp to ``[0, L-1]``: the corner values
     outside are those of the border). Linear: taps floor(c) and floor(c) + 1; nearest: round(c).
     """
-    size_f = _as_float(ctx, size, u)
-    last = _num(ctx, "Sub", size_f, 1.0)
-    if align:  # c = (u + 1) / 2 * (L - 1)
-        scale = _num(ctx, "Mul", last, 0.5)
-        c = ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u))
-        low, high = 0.0, last
-    else:  # c = ((u + 1) * L - 1) / 2
-        scale = _num(ctx, "Mul", size_f, 0.5)
-        c = ctx.sub(ctx.mul(ctx.add(u, 1.0), _value(ctx, scale, u)), 0.5)
-        low, high = -0.5, _num(ctx, "Sub", size_f, 0.5)
+    c, scale, low, high, last = _denormalized(ctx, u, size, align)
     slope = _value(ctx, scale, u)
     if nearest:
         c = ctx.op("Round", c)  # half to even, as nearbyint
@@ -1068,6 +1074,38 @@ def _grid_axis(
     return slope, taps
 
 
+def _grid_axis_cubic(
+    ctx: RuleContext, u: str, size: Num, align: bool, padding: str
+) -> tuple[str, list[tuple[str, str, str]]]:
+    """One axis of bicubic GridSample, as :func:`_grid_axis`: taps ``floor(c) - 1 + i`` (i = 0..3).
+
+    Keys' weights with ``a = -0.75`` of ``t = c - floor(c)`` (``c`` the pixel coordinate, not clamped),
+    ``dc/du`` the scale of the denormalization; padding applies to each tap: zeros drops taps outside the
+    image, border clamps them, reflection reflects them into the border range then clamps (as onnxruntime).
+    """
+    c, scale, low, high, last = _denormalized(ctx, u, size, align)
+    floor = ctx.op("Floor", c)
+    t = ctx.sub(c, floor)
+    taps = []
+    for i, (weight, dweight) in enumerate(zip(cubic_weights(ctx, t, -0.75), cubic_slopes(ctx, t, -0.75), strict=True)):
+        position = ctx.add(floor, float(i - 1))
+        if padding == "zeros":  # taps outside the image read zeros
+            valid = ctx.cast_like(
+                ctx.op(
+                    "And",
+                    ctx.compare("GreaterOrEqual", position, 0.0),
+                    ctx.compare("LessOrEqual", position, _value(ctx, last, position)),
+                ),
+                u,
+            )
+            weight, dweight = ctx.mul(valid, weight), ctx.mul(valid, dweight)
+        elif padding == "reflection":
+            position, _ = _reflect(ctx, position, low, high)
+        index = ctx.cast(_clamp(ctx, position, 0.0, last), TensorProto.INT64)
+        taps.append((index, weight, dweight))
+    return _value(ctx, scale, u), taps
+
+
 def _full(ctx: RuleContext, v: str | float, like: str) -> str:
     """``v`` (a tensor shaped like ``like``, or a number) as a tensor shaped like ``like``."""
     return v if isinstance(v, str) else ctx.expand_to(ctx.const(v, like), like)
@@ -1088,13 +1126,13 @@ def _product(ctx: RuleContext, factors: Sequence[str]) -> str:
 
 
 def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
-    """Gradients of GridSample with ``mode`` "linear" or "nearest" (opset 20 names)."""
+    """Gradients of GridSample with ``mode`` "linear", "nearest" or "cubic" (opset 20 names)."""
     (g,) = grads
     x, grid = ctx.inputs[:2]
-    if mode not in ("linear", "nearest"):
+    if mode not in ("linear", "nearest", "cubic"):
         raise ValueError(
-            f"GridSample node {ctx.node.name!r} has mode={ctx.attr('mode')!r}; onnxtrain differentiates the "
-            "linear (bilinear) and nearest modes only. Export the model with mode='bilinear' or 'nearest'"
+            f"GridSample node {ctx.node.name!r} has mode={ctx.attr('mode')!r}; onnx defines linear (bilinear), "
+            "nearest and cubic (bicubic): fix the model's attribute"
         )
     padding = ctx.attr("padding_mode", "zeros")
     if padding not in ("zeros", "border", "reflection"):
@@ -1109,8 +1147,12 @@ def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
     axes = []
     for a in range(n):
         u = ctx.op("Gather", components, ctx.int64s([n - 1 - a]), axis=1)  # [N, 1, Q]
-        axes.append(_grid_axis(ctx, ctx.op("Squeeze", u, ctx.int64s([1])), sizes[a], align, padding, mode == "nearest"))
-    # corner tensors [N, 1, 2, ..., 2, Q] (one tap axis per spatial axis), then [N, 1, K, Q]
+        u = ctx.op("Squeeze", u, ctx.int64s([1]))
+        if mode == "cubic":
+            axes.append(_grid_axis_cubic(ctx, u, sizes[a], align, padding))
+        else:
+            axes.append(_grid_axis(ctx, u, sizes[a], align, padding, mode == "nearest"))
+    # tap tensors [N, 1, T, ..., T, Q] (one tap axis per spatial axis; T = 2, 4 or 1), then [N, 1, K, Q]
     weights = [_corner_stack(ctx, [w for _, w, _ in taps], a, n) for a, (_, taps) in enumerate(axes)]
     flat_index: str | None = None
     stride: Num = 1
@@ -1120,7 +1162,7 @@ def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
         flat_index = term if flat_index is None else ctx.add(flat_index, term)
         stride = _num(ctx, "Mul", stride, sizes[a])
     assert flat_index is not None
-    k = len(axes[0][1]) ** n  # corners: 2^n (linear) or 1 (nearest)
+    k = len(axes[0][1]) ** n  # corners: 2^n (linear), 4^n (cubic) or 1 (nearest)
     corners = ctx.int64s([0, 1, k, -1])
     flat_index = ctx.op("Reshape", flat_index, corners)
     x_flat = ctx.op("Reshape", x, ctx.int64s([0, 0, -1]))  # [N, C, P]
@@ -1135,7 +1177,7 @@ def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
         zeros = ctx.zeros_like(x_flat)
         dx = ctx.op("ScatterElements", zeros, index_c, update, axis=2, reduction="add")
         dx = ctx.op("Reshape", dx, ctx.shape_of(x))
-    if ctx.needs(1) and mode == "linear":
+    if ctx.needs(1) and mode != "nearest":
         values = ctx.op("Reshape", ctx.op("GatherElements", x_flat, index_c, axis=2), ctx.int64s([0, 0, k, -1]))
         seen = ctx.cast_like(ctx.op("ReduceSum", ctx.mul(g_flat, values), ctx.int64s([1]), keepdims=1), grid)
         per_axis = []
@@ -1150,7 +1192,7 @@ def _grid_sample(ctx: RuleContext, grads: Grads, mode: str) -> Result:
 
 @registry.rule("GridSample", opsets=(16, 19), inputs=(0, 1))
 def grid_sample_16(ctx: RuleContext, grads: Grads) -> Result:
-    """bilinear: dx = scatter-add(g w), dgrid = sum_C g sum_corners x dw/dc dc/dgrid; nearest: dgrid = 0"""
+    """bilinear/bicubic: dx = scatter-add(g w), dgrid = sum_C g sum_taps x dw/dc dc/dgrid; nearest: dgrid = 0"""
     # Opsets 16-19 name the modes bilinear, nearest and bicubic; 4-D inputs only.
     mode = {"bilinear": "linear", "bicubic": "cubic"}.get(ctx.attr("mode", "bilinear"), ctx.attr("mode", "bilinear"))
     return _grid_sample(ctx, grads, mode)
@@ -1158,9 +1200,10 @@ def grid_sample_16(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("GridSample", opsets=(20, None), inputs=(0, 1))
 def grid_sample(ctx: RuleContext, grads: Grads) -> Result:
-    """linear: dx = scatter-add(g w), dgrid = sum_C g sum_corners x dw/dc dc/dgrid; nearest: dgrid = 0"""
-    # w_corner = prod_axes (1 - frac or frac); c = the pixel coordinate, clamped (border) or
+    """linear/cubic: dx = scatter-add(g w), dgrid = sum_C g sum_taps x dw/dc dc/dgrid; nearest: dgrid = 0"""
+    # linear: w_corner = prod_axes (1 - frac or frac); c = the pixel coordinate, clamped (border) or
     # reflected then clamped (reflection); zeros padding drops corners outside the image.
+    # cubic: 4 taps per axis with Keys' weights (a = -0.75) of frac(c); padding applies to each tap.
     return _grid_sample(ctx, grads, ctx.attr("mode", "linear"))
 
 

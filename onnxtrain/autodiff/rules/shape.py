@@ -7,12 +7,10 @@ Most rules are the transpose of a data movement: a reshape goes back with
 ``Reshape``, a permutation with the inverse permutation, a gather with a
 scatter that *adds* (indices may repeat). ``ScatterND``/``ScatterElements``
 add only from opset 16 (``reduction="add"``); below that, the updates of
-each distinct index are added up first, by a one-hot product over the
-distinct indices (``Unique``, then ``Equal`` against ``Range`` and
-``Einsum``: memory (number of indices) x (distinct indices), whatever the
-size of ``x``), and the sums scattered without a reduction. GatherElements
-below opset 16 still takes a one-hot product along its axis: (number of
-indices) x (axis length).
+each distinct index are added up first (sorted by index with ``TopK``, a
+running ``CumSum`` in float64, and its differences at the ends of the runs of
+equal indices: memory linear in the number of indices), and the sums
+scattered without a reduction.
 
 Where a movement is easiest to describe by where each output element comes
 from (``Slice`` with any steps, ``Pad`` in edge/reflect/wrap mode), the rule
@@ -23,7 +21,9 @@ Resize in nearest and linear mode is separable: along each resized axis
 ``a``, ``y = W_a x`` for an (out x in) interpolation matrix ``W_a``. The rule
 rebuilds each ``W_a`` from the coordinate transformation, in float32 and in
 the order of operations onnxruntime uses (so that nearest-neighbour choices
-agree), and returns ``dx = W_a^T g`` along every such axis in one ``Einsum``. Cubic mode, antialiasing and
+agree), and returns ``dx = W_a^T g`` along every such axis in one ``Einsum``. In cubic mode each row of
+``W_a`` holds Keys' four weights (``cubic_coeff_a``) at the taps around the source coordinate, clamped to
+the edges or, with ``exclude_outside``, dropped and the rest renormalized. Antialiasing and
 ``keep_aspect_ratio_policy`` other than ``stretch`` are refused with an error.
 
 DFT and STFT are linear, ``y = W x``: the gradient is the adjoint ``W^H g``,
@@ -34,7 +34,7 @@ itself a DFT (``L`` times the inverse DFT of ``g``, or the forward DFT over
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,18 +110,30 @@ def _letters(n: int, skip: str = "") -> list[str]:
 
 def _sums_by_key(ctx: RuleContext, keys: str, values: str) -> tuple[str, str]:
     """``(distinct, sums)``: the distinct values of the 1-D int64 ``keys`` (``Unique``, sorted), and for each the
-    sum of the rows of ``values`` (``[len(keys), ...]``) whose key it is: a one-hot product over the distinct keys,
-    of ``len(keys) x len(distinct)``, however large the keys' range."""
-    distinct, _, inverse, _ = ctx.op_n("Unique", 4, keys, sorted=1)
-    hot = _one_hot(ctx, inverse, ctx.op("Size", distinct), values)
-    return distinct, ctx.op("Einsum", hot, values, equation="tu,t...->u...")
+    sum of the rows of ``values`` (``[len(keys), ...]``) whose key it is.
+
+    The rows sorted by key (``TopK``), their running sums (``CumSum``, inclusive and exclusive, in float64 so
+    that the differences keep their precision), and for each run of equal keys the inclusive sum at its last
+    row minus the exclusive sum at its first (``CumSum(counts)``): memory linear in ``values``, time
+    ``T log T`` for ``T`` keys.
+    """
+    distinct, _, _, counts = ctx.op_n("Unique", 4, keys, sorted=1)
+    count = ctx.op("Reshape", ctx.op("Size", keys), ctx.int64s([1]))
+    _, order = ctx.op_n("TopK", 2, keys, count, axis=0, largest=0, sorted=1)
+    ordered = ctx.cast(ctx.op("Gather", values, order, axis=0), onnx.TensorProto.DOUBLE)
+    zero = _i64(ctx, 0)
+    through = ctx.op(
+        "Gather", ctx.op("CumSum", ordered, zero), ctx.op("Sub", ctx.op("CumSum", counts, zero), _i64(ctx, 1))
+    )
+    before = ctx.op("Gather", ctx.op("CumSum", ordered, zero, exclusive=1), ctx.op("CumSum", counts, zero, exclusive=1))
+    return distinct, ctx.cast_like(ctx.op("Sub", through, before), values)
 
 
 def scatter_add_flat(ctx: RuleContext, positions: str, updates: str, like: str) -> str:
     """``dx`` shaped like ``like`` with ``dx.flat[k] = sum(updates.flat[j] for positions.flat[j] == k)``."""
     flat_pos = ctx.op("Reshape", positions, ctx.int64s([-1]))
     flat_upd = ctx.op("Reshape", updates, ctx.int64s([-1]))
-    if ctx.opset >= _SCATTER_ADD_SINCE:
+    if ctx.onnx_opset >= _SCATTER_ADD_SINCE:
         flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), flat_pos, flat_upd, axis=0, reduction="add")
     else:  # no adding scatter: add up per position first, then scatter the sums, each to a position of its own
         distinct, sums = _sums_by_key(ctx, flat_pos, flat_upd)
@@ -150,7 +162,7 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str, lik
     else:
         shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest(), axis=0)
     zeros = ctx.zeros_shaped(shape, updates, like)
-    if ctx.opset >= _SCATTER_ADD_SINCE:
+    if ctx.onnx_opset >= _SCATTER_ADD_SINCE:
         return ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", rows, ctx.int64s([-1])), updates, reduction="add")
     # no adding scatter: add up the updates of each distinct row first, then scatter the sums, one per row
     flat_rows = ctx.op("Reshape", rows, ctx.int64s([-1]))
@@ -363,6 +375,9 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)"""
     (g,) = grads
     x, indices = ctx.inputs
+    if int(ctx.attr("axis", 0)) == 0:  # no axis to move: x's rank may stay unknown
+        n = _dim(ctx, x, 0)
+        return [scatter_add_rows(ctx, _wrap(ctx, indices, n), g, n, x), None]
     rank = ctx.known_rank(x)
     q = ctx.known_rank(indices)
     axis = int(ctx.attr("axis", 0)) % rank
@@ -378,7 +393,7 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("GatherElements", inputs=_DATA)
 def gather_elements(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = ScatterElements(zeros(x), idx, g, axis, reduction=add)"""
+    """dx = ScatterElements(zeros(x), idx, g, axis, reduction=add)  (below opset 16: sums per flat position first)"""
     (g,) = grads
     x, indices = ctx.inputs
     rank = ctx.known_rank(x)
@@ -386,17 +401,9 @@ def gather_elements(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.opset >= _SCATTER_ADD_SINCE:
         dx = ctx.op("ScatterElements", ctx.zeros_like(x), indices, g, axis=axis, reduction="add")
         return [dx, None]
-    n = _dim(ctx, x, axis)
-    hot = _one_hot(ctx, _wrap(ctx, indices, n), n, x)  # idx.shape + [n]
-    letters = _letters(rank, skip="z")
-    out = [*letters[:axis], "z", *letters[axis + 1 :]]
-    summed = ctx.op("Einsum", g, hot, equation=f"{''.join(letters)},{''.join(letters)}z->{''.join(out)}")
-    # the indices may cover less than x along the other axes: pad with zeros at the end
-    if ctx.static_shape(summed) is None or ctx.static_shape(summed) != ctx.static_shape(x):
-        missing = ctx.op("Sub", ctx.op("Shape", x), ctx.op("Shape", summed))
-        pads = ctx.op("Concat", ctx.int64s([0] * rank), missing, axis=0)
-        summed = ctx.op("Pad", summed, pads, mode="constant")
-    return [summed, None]
+    # no adding scatter: the flat position in x of each gathered element, then the sums per position
+    sources = ctx.op("GatherElements", _positions(ctx, x), indices, axis=axis)
+    return [scatter_add_flat(ctx, sources, g, x), None]
 
 
 def _strides(ctx: RuleContext, x: str, count: int) -> list[str]:
@@ -450,43 +457,93 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
 
 def _check_reduction(ctx: RuleContext) -> str:
     reduction = ctx.attr("reduction", "none")
-    if reduction not in ("none", "add"):
+    if reduction not in ("none", "add", "mul", "max", "min"):
         raise ValueError(
-            f"{ctx.node.op_type} node {ctx.node.name!r} has reduction={reduction!r}; onnxtrain differentiates "
-            "reduction='none' and 'add' only (with 'mul', 'max' and 'min' the gradient depends on which "
-            "update wins): rewrite the model with 'none' or 'add', or keep its inputs out of wrt"
+            f"{ctx.node.op_type} node {ctx.node.name!r} has reduction={reduction!r}; onnx defines 'none', 'add', "
+            "'mul', 'max' and 'min': fix the model's attribute"
         )
     return reduction
 
 
-@registry.rule("ScatterND", inputs=(0, 2))
-def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
-    """ddata = g with the written slices zeroed (none) or g (add); dupdates = GatherND(g, idx)"""
-    (g,) = grads
-    _, indices, updates = ctx.inputs
+#: ``scatter(data, updates, reduction)`` and ``gather(t)`` at the node's indices (ScatterND or ScatterElements).
+Scatter = Callable[[str, str, str], str]
+Gather = Callable[[str], str]
+
+
+def _scatter_grads(ctx: RuleContext, g: str, scatter: Scatter, gather: Gather) -> Result:
+    """``[ddata, None, dupdates]`` of ``y = scatter(data, updates, reduction)`` (see :func:`scatter_nd`)."""
+    data, _, updates = ctx.inputs
     reduction = _check_reduction(ctx)
     ddata = dupd = None
-    if ctx.needs(0):
-        ddata = g if reduction == "add" else ctx.op("ScatterND", g, indices, ctx.zeros_like(updates))
-    if ctx.needs(2):
-        dupd = ctx.op("GatherND", g, indices)
+    if reduction in ("none", "add"):
+        if ctx.needs(0):
+            ddata = g if reduction == "add" else scatter(g, ctx.zeros_like(updates), "none")
+        if ctx.needs(2):
+            dupd = gather(g)
+    elif reduction == "mul":  # y = data * prod(u), each product kept apart from the zero updates
+        is_zero = ctx.compare("Equal", updates, 0.0)
+        ones = ctx.expand_to(ctx.const(1.0, data), data)
+        if ctx.needs(0):
+            ddata = ctx.mul(g, scatter(ones, updates, "mul"))
+        if ctx.needs(2):
+            zeros = gather(scatter(ctx.zeros_like(data), ctx.cast_like(is_zero, updates), "add"))
+            nonzero = gather(scatter(ones, ctx.where(is_zero, 1.0, updates), "mul"))
+            others = ctx.where(
+                is_zero,
+                ctx.where(ctx.compare("Equal", zeros, 1.0), nonzero, 0.0),
+                ctx.where(ctx.compare("Equal", zeros, 0.0), ctx.div(nonzero, ctx.where(is_zero, 1.0, updates)), 0.0),
+            )
+            dupd = ctx.mul(gather(ctx.mul(g, data)), others)
+    else:  # max, min: the winners share g equally (torch's scatter_reduce amax/amin)
+        y = ctx.outputs[0]
+        data_wins = ctx.compare("Equal", data, y)
+        update_wins = ctx.compare("Equal", updates, gather(y))
+        count = scatter(ctx.cast_like(data_wins, data), ctx.cast_like(update_wins, updates), "add")
+        share = ctx.div(g, count)
+        if ctx.needs(0):
+            ddata = ctx.where(data_wins, share, 0.0)
+        if ctx.needs(2):
+            dupd = ctx.where(update_wins, gather(share), 0.0)
     return [ddata, None, dupd]
+
+
+@registry.rule("ScatterND", inputs=(0, 2))
+def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
+    """none: ddata = g masked, du = GatherND(g); add: g, GatherND(g); mul: g P, GatherND(g x) P/u; max/min: g to winners
+
+    "g masked": g with the written slices zeroed. P is the product of the updates at a position
+    (P / u: the product of the others, zeros counted apart, so a zero update divides nothing).
+    max/min: the winners of a position are data and the updates equal to y there; they share g
+    equally, as torch's ``scatter_reduce`` with amax/amin does (onnxruntime keeps the tied value,
+    whichever won).
+    """
+    (g,) = grads
+    indices = ctx.inputs[1]
+
+    def scatter(data: str, updates: str, reduction: str) -> str:
+        extra = {} if reduction == "none" else {"reduction": reduction}
+        return ctx.op("ScatterND", data, indices, updates, **extra)
+
+    return _scatter_grads(ctx, g, scatter, lambda t: ctx.op("GatherND", t, indices))
 
 
 @registry.rule("ScatterElements", inputs=(0, 2))
 def scatter_elements(ctx: RuleContext, grads: Grads) -> Result:
-    """ddata = g with the written elements zeroed (none) or g (add); dupdates = GatherElements(g, idx, axis)"""
+    """As ScatterND with GatherElements: mul: ddata = g P, du = GatherElements(g x) P/u; max/min: g to winners
+
+    none: ddata = g with the written elements zeroed, du = GatherElements(g, idx); add: ddata = g. P is the
+    product of the updates at an element; max/min: the winners (data and the updates equal to y there)
+    share g equally, as in torch's ``scatter_reduce`` with amax/amin.
+    """
     (g,) = grads
-    _, indices, updates = ctx.inputs
-    reduction = _check_reduction(ctx)
+    indices = ctx.inputs[1]
     axis = int(ctx.attr("axis", 0))
-    ddata = dupd = None
-    if ctx.needs(0):
-        zeros = ctx.zeros_like(updates)
-        ddata = g if reduction == "add" else ctx.op("ScatterElements", g, indices, zeros, axis=axis)
-    if ctx.needs(2):
-        dupd = ctx.op("GatherElements", g, indices, axis=axis)
-    return [ddata, None, dupd]
+
+    def scatter(data: str, updates: str, reduction: str) -> str:
+        extra = {} if reduction == "none" else {"reduction": reduction}
+        return ctx.op("ScatterElements", data, indices, updates, axis=axis, **extra)
+
+    return _scatter_grads(ctx, g, scatter, lambda t: ctx.op("GatherElements", t, indices, axis=axis))
 
 
 @registry.rule("TopK", inputs=_DATA)
@@ -628,7 +685,7 @@ def _interpolation_matrix(ctx: RuleContext, axis: int, k: int, rank: int, same: 
             raise ValueError(f"Resize node {ctx.node.name!r}: unknown nearest_mode {rounding!r}")
         clamped = ctx.op("Min", ctx.op("Max", nearest, ctx.const(0.0, nearest)), last)
         weights = _one_hot(ctx, ctx.cast(clamped, onnx.TensorProto.INT64), n_in_int, out)
-    else:
+    elif ctx.attr("mode") == "linear":
         clamped = ctx.op("Min", ctx.op("Max", source, ctx.const(0.0, source)), last)
         low = ctx.op("Floor", clamped)
         high = ctx.op("Min", ctx.add(low, 1.0), last)
@@ -637,24 +694,79 @@ def _interpolation_matrix(ctx: RuleContext, axis: int, k: int, rank: int, same: 
         hot_low = _one_hot(ctx, ctx.cast(low, int64), n_in_int, out)
         hot_high = _one_hot(ctx, ctx.cast(high, int64), n_in_int, out)
         weights = ctx.add(ctx.mul(hot_low, ctx.sub(1.0, frac)), ctx.mul(hot_high, frac))
+    else:
+        weights = _cubic_weights(ctx, source, n_in_int, last)
     if ctx.attr("coordinate_transformation_mode") == "tf_crop_and_resize":  # outside the roi: extrapolated
         inside = ctx.op("And", ctx.compare("GreaterOrEqual", source, 0.0), ctx.compare("LessOrEqual", source, last))
         weights = ctx.mul(weights, ctx.op("Unsqueeze", ctx.cast_like(inside, weights), ctx.int64s([1])))
     return ctx.cast_like(weights, x)
 
 
+def cubic_weights(ctx: RuleContext, t: str, a: float) -> list[str]:
+    """Keys' cubic convolution weights of the taps at offsets -1, 0, 1, 2 from ``floor(s)``, ``t = s - floor(s)``.
+
+    ``k(t + 1), k(t), k(1 - t), k(2 - t)`` with ``k(d) = (a + 2)|d|^3 - (a + 3)|d|^2 + 1`` for ``|d| <= 1`` and
+    ``a|d|^3 - 5a|d|^2 + 8a|d| - 4a`` for ``1 < |d| < 2``.
+    """
+
+    def near(d: str) -> str:
+        return ctx.add(ctx.mul(ctx.square(d), ctx.sub(ctx.mul(d, a + 2.0), a + 3.0)), 1.0)
+
+    def far(d: str) -> str:
+        return ctx.sub(ctx.mul(ctx.add(ctx.mul(ctx.sub(ctx.mul(d, a), 5.0 * a), d), 8.0 * a), d), 4.0 * a)
+
+    return [far(ctx.add(t, 1.0)), near(t), near(ctx.sub(1.0, t)), far(ctx.sub(2.0, t))]
+
+
+def cubic_slopes(ctx: RuleContext, t: str, a: float) -> list[str]:
+    """``d/dt`` of :func:`cubic_weights`: ``k'(t + 1), k'(t), -k'(1 - t), -k'(2 - t)``."""
+
+    def near(d: str) -> str:  # 3(a + 2) d^2 - 2(a + 3) d
+        return ctx.mul(d, ctx.sub(ctx.mul(d, 3.0 * (a + 2.0)), 2.0 * (a + 3.0)))
+
+    def far(d: str) -> str:  # 3a d^2 - 10a d + 8a
+        return ctx.add(ctx.mul(d, ctx.sub(ctx.mul(d, 3.0 * a), 10.0 * a)), 8.0 * a)
+
+    return [far(ctx.add(t, 1.0)), near(t), ctx.neg(near(ctx.sub(1.0, t))), ctx.neg(far(ctx.sub(2.0, t)))]
+
+
+def _cubic_weights(ctx: RuleContext, source: str, n_in: str, last: str) -> str:
+    """The (out x in) cubic interpolation weights at the source coordinates ``source`` (float32).
+
+    :func:`cubic_weights` (``a = cubic_coeff_a``) at the taps ``floor(s) - 1 + i``; taps outside the input
+    read its edge, or with ``exclude_outside`` weigh 0, the others renormalized to sum to 1 (as onnxruntime).
+    """
+    base = ctx.op("Floor", source)
+    t = ctx.op("Unsqueeze", ctx.sub(source, base), ctx.int64s([1]))  # [out, 1]
+    coefficients = cubic_weights(ctx, t, float(ctx.attr("cubic_coeff_a", -0.75)))
+    weights: str | None = None
+    total: str | None = None
+    for i, coefficient in enumerate(coefficients):
+        tap = ctx.op("Unsqueeze", ctx.add(base, float(i - 1)), ctx.int64s([1]))
+        if ctx.attr("exclude_outside", 0):
+            inside = ctx.op("And", ctx.compare("GreaterOrEqual", tap, 0.0), ctx.compare("LessOrEqual", tap, last))
+            coefficient = ctx.mul(coefficient, ctx.cast_like(inside, coefficient))
+            total = coefficient if total is None else ctx.add(total, coefficient)
+        clamped = ctx.op("Min", ctx.op("Max", tap, ctx.const(0.0, tap)), last)
+        hot = _one_hot(ctx, ctx.op("Squeeze", ctx.cast(clamped, onnx.TensorProto.INT64), ctx.int64s([1])), n_in, t)
+        term = ctx.mul(hot, coefficient)
+        weights = term if weights is None else ctx.add(weights, term)
+    assert weights is not None
+    return weights if total is None else ctx.div(weights, total)
+
+
 @registry.rule("Resize", inputs=_DATA)
 def resize(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g contracted with W_a^T on each resized axis a, where y = x contracted with W_a (nearest/linear weights)"""
+    """dx = g contracted with W_a^T on each resized axis a, where y = x contracted with W_a (nearest/linear/cubic)"""
     (g,) = grads
     mode = ctx.attr("mode", "nearest")
     if (
-        mode not in ("nearest", "linear")
+        mode not in ("nearest", "linear", "cubic")
         or ctx.attr("antialias", 0)
         or (ctx.attr("keep_aspect_ratio_policy", "stretch") != "stretch")
     ):
         raise ValueError(
-            f"Resize node {ctx.node.name!r}: onnxtrain differentiates mode 'nearest' and 'linear' without "
+            f"Resize node {ctx.node.name!r}: onnxtrain differentiates mode 'nearest', 'linear' and 'cubic' without "
             f"antialias and with keep_aspect_ratio_policy='stretch', not mode={mode!r}, "
             f"antialias={ctx.attr('antialias', 0)}, keep_aspect_ratio_policy="
             f"{ctx.attr('keep_aspect_ratio_policy', 'stretch')!r}; use one of those, or keep its input out of wrt"

@@ -1,0 +1,73 @@
+"""Types of ONNX Runtime's contrib operators' outputs, where onnx's shape inference gives none.
+
+onnx knows no schema of ONNX Runtime's ``com.microsoft`` operators (nor of
+the few it registers in the default domain), so its inference leaves their
+outputs untyped, and with them every value after them: a model fused by ONNX
+Runtime's transformer optimizer would have almost no types. For the
+operators whose main outputs have the type and shape of their first input
+(the GELUs, the fused and simplified layer normalizations, the rotary
+embedding), :func:`type_contrib_outputs` declares those outputs and runs the
+inference again, until nothing more gets typed. Operators whose output
+shapes depend on more (attention, ``FusedMatMul``) are left untyped: run
+ONNX Runtime's ``SymbolicShapeInference`` on such a model first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import onnx
+
+MS_DOMAIN = "com.microsoft"
+
+#: ``(domain, operator) -> outputs`` that have the type and shape of input 0.
+SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
+    (MS_DOMAIN, "Gelu"): (0,),
+    (MS_DOMAIN, "FastGelu"): (0,),
+    (MS_DOMAIN, "BiasGelu"): (0,),
+    (MS_DOMAIN, "QuickGelu"): (0,),
+    (MS_DOMAIN, "BiasAdd"): (0,),
+    (MS_DOMAIN, "RotaryEmbedding"): (0,),
+    (MS_DOMAIN, "SkipLayerNormalization"): (0, 3),
+    (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 3),
+    ("", "SimplifiedLayerNormalization"): (0,),
+    ("", "LayerNormalization"): (0,),  # ONNX Runtime's, below opset 17 (ONNX's own is typed by onnx)
+}
+
+
+def _key(node: onnx.NodeProto) -> tuple[str, str]:
+    return ("" if node.domain in ("", "ai.onnx") else node.domain, node.op_type)
+
+
+def _known_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    types = {value.name: value.type for value in (*graph.input, *graph.value_info, *graph.output)}
+    for tensor in graph.initializer:
+        types.setdefault(tensor.name, onnx.helper.make_tensor_type_proto(tensor.data_type, list(tensor.dims)))
+    return {name: t for name, t in types.items() if t.HasField("tensor_type") and t.tensor_type.elem_type}
+
+
+def type_contrib_outputs(
+    model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
+) -> onnx.ModelProto:
+    """``model`` (already inferred by ``infer``) with the outputs of :data:`SAME_AS_FIRST_INPUT` operators
+    declared in ``value_info``, and ``infer`` run again after each round that declared some."""
+    for _ in range(len(model.graph.node) + 1):
+        known = _known_types(model.graph)
+        declared = []
+        for node in model.graph.node:
+            outputs = SAME_AS_FIRST_INPUT.get(_key(node))
+            if outputs is None or not node.input or node.input[0] not in known:
+                continue
+            for index in outputs:
+                if index < len(node.output) and node.output[index] and node.output[index] not in known:
+                    value = onnx.helper.make_value_info(node.output[index], known[node.input[0]])
+                    declared.append(value)
+                    known[value.name] = value.type
+        if not declared:
+            return model
+        model.graph.value_info.extend(declared)
+        model = infer(model)
+    return model
+
+
+__all__ = ["SAME_AS_FIRST_INPUT", "type_contrib_outputs"]

@@ -1,0 +1,221 @@
+"""A graph output's declared shape, checked against the graph that computes it.
+
+Exporters can declare an output's shape wrongly. torch's TorchScript exporter
+names each axis listed in ``dynamic_axes`` as told, so one name reused for two
+meanings (``{"y": {0: "N", 1: "N"}}``) declares a flattened decoder output
+``[N, N]`` whose second axis really is ``C * H * W``. A loss that copies the
+output's shape into its target input (:func:`onnxtrain.losses._common.target_input`)
+then ties the target's second axis to the batch size, and the first step fails.
+
+:func:`check_output_shape` infers the output's shape from the graph alone (the
+declarations of the graph outputs and ``value_info`` removed), twice:
+
+1. **symbolic**: onnx shape inference over the graph inputs' own dimensions
+   (names such as ``batch`` propagate; data propagation computes shape vectors);
+2. **counterexample**: the same with every symbolic input dimension set to
+   its own size (distinct primes from 17 on): a declaration is a claim for
+   all input sizes, so one size assignment under which the graph computes
+   another size disproves it, where the symbolic pass only knows "unknown"
+   (e.g. ``Resize`` by scales, then ``Flatten``, of a symbolic height and width).
+
+An axis is *contradicted* when either pass gives a size (or a graph-input
+dimension name) other than the declared one, unless the symbolic pass
+confirms the declaration; an unbound declared name (one no graph input uses)
+claims nothing and is never contradicted. A contradicted axis
+takes the symbolic pass's value (``None``, unknown, where it has none). Axes
+that no pass can decide keep the declaration. A graph that clamps a size
+(``Slice`` of a table shorter than the size given to its input) can show the
+counterexample pass a contradiction that is none; the target then merely
+loses that axis's name, and a warning says so.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import onnx
+from onnx import shape_inference
+
+from onnxtrain.graph.builder import Dim
+from onnxtrain.graph.io import inferred_skeleton, skeleton
+
+#: The prefix of the dimension names onnx's shape inference makes up for unknown sizes.
+GENERATED_PREFIX = "unk__"
+#: The smallest size given to a symbolic input dimension in the counterexample pass.
+FIRST_SIZE = 17
+
+
+class DeclaredShapeWarning(UserWarning):
+    """A model output's declared shape contradicts the shape its graph computes."""
+
+
+@dataclass(frozen=True)
+class OutputShapeCheck:
+    """A graph output's declared dimensions against those inferred from the graph.
+
+    Attributes:
+        output: the output's name.
+        declared: its declared dimensions.
+        inferred: the symbolic pass's dimensions (``None`` per unknown axis).
+        sizes: the counterexample pass's size of each graph-input dimension name.
+        at_sizes: the output's dimensions in the counterexample pass.
+        contradicted: the axes whose declaration the graph contradicts.
+        bound: the dimension names the graph inputs use.
+    """
+
+    output: str
+    declared: tuple[Dim, ...]
+    inferred: tuple[Dim, ...] | None
+    sizes: Mapping[str, int]
+    at_sizes: tuple[Dim, ...] | None
+    contradicted: tuple[int, ...]
+    bound: frozenset[str]
+
+    def corrected(self, dims: Sequence[Dim]) -> list[Dim]:
+        """``dims`` with each contradicted axis replaced by the symbolic pass's value."""
+        inferred = self.inferred or (None,) * len(dims)
+        return [inferred[axis] if axis in self.contradicted else d for axis, d in enumerate(dims)]
+
+    def undecided(self) -> tuple[int, ...]:
+        """The axes declared with a graph-input dimension name that neither pass could confirm or refute."""
+        confirmed = {
+            axis
+            for axis, d in enumerate(self.declared)
+            if (self.inferred is not None and self.inferred[axis] == d)
+            or (self.at_sizes is not None and isinstance(d, str) and self.at_sizes[axis] == self.sizes.get(d))
+        }
+        return tuple(
+            axis
+            for axis, d in enumerate(self.declared)
+            if isinstance(d, str) and d in self.bound and axis not in confirmed and axis not in self.contradicted
+        )
+
+    def message(self, elem_type: str = "") -> str:
+        """What is wrong with the declaration, for a warning."""
+        axes, at_sizes = [], False
+        for axis in self.contradicted:
+            declared = self.declared[axis]
+            if self.inferred is not None and _contradicts(declared, self.inferred[axis], self.bound):
+                axes.append(f"axis {axis} is {self.inferred[axis]}, not {declared}")
+            else:
+                at_sizes = True
+                size = self.at_sizes[axis] if self.at_sizes is not None else None
+                claimed = f"{declared} = {self.sizes[declared]}" if isinstance(declared, str) else str(declared)
+                axes.append(f"axis {axis} is {size}, not {claimed}")
+        where = " when " + ", ".join(f"{k} = {v}" for k, v in self.sizes.items()) if at_sizes else ""
+        return (
+            f"output {self.output!r} of the model is declared {_shape(elem_type, self.declared)}, but its graph "
+            f"computes another shape{where}: {'; '.join(axes)}"
+        )
+
+
+def _shape(elem_type: str, dims: Sequence[Dim]) -> str:
+    return f"{elem_type}[{', '.join('?' if d is None else str(d) for d in dims)}]"
+
+
+def _at(declared: Dim, sizes: Mapping[str, int]) -> Dim:
+    """The declared dimension under the counterexample sizes (``None``: it claims no size)."""
+    if isinstance(declared, str):
+        return sizes.get(declared)
+    return declared
+
+
+def _contradicts(declared: Dim, inferred: Dim, bound: frozenset[str]) -> bool:
+    """Whether ``inferred`` (a size or a graph-input dimension name) refutes ``declared``."""
+    if inferred is None or declared is None or declared == inferred:
+        return False
+    if isinstance(declared, str) and declared not in bound:
+        return False  # a name of its own claims nothing
+    if isinstance(inferred, int):
+        return True
+    return isinstance(declared, str)  # two graph-input names; a size declared for a name only refines it
+
+
+def _dims_of(value: onnx.ValueInfoProto, *, keep_generated: bool = False) -> tuple[Dim, ...] | None:
+    """The dimensions of a tensor value; onnx's made-up names count as unknown unless ``keep_generated``."""
+    tensor = value.type.tensor_type
+    if not value.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return None
+    dims: list[Dim] = []
+    for dim in tensor.shape.dim:
+        if dim.HasField("dim_value"):
+            dims.append(dim.dim_value)
+        elif dim.HasField("dim_param") and (keep_generated or not dim.dim_param.startswith(GENERATED_PREFIX)):
+            dims.append(dim.dim_param)
+        else:
+            dims.append(None)
+    return tuple(dims)
+
+
+def _primes(start: int) -> Iterator[int]:
+    for n in itertools.count(start):
+        if all(n % k for k in range(2, int(n**0.5) + 1)):
+            yield n
+
+
+def _graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    return [value for value in model.graph.input if value.name not in initializers]
+
+
+def _undeclared(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A light copy of ``model`` without the shapes of its outputs and without ``value_info``."""
+    light = skeleton(model)
+    for value in light.graph.output:
+        if value.type.HasField("tensor_type"):
+            value.type.tensor_type.ClearField("shape")
+    del light.graph.value_info[:]
+    return light
+
+
+def _inferred(model: onnx.ModelProto, output: str) -> tuple[Dim, ...] | None:
+    try:
+        graph = inferred_skeleton(model).graph
+    except (shape_inference.InferenceError, onnx.checker.ValidationError):
+        return None
+    for value in (*graph.output, *graph.value_info):
+        if value.name == output:
+            return _dims_of(value)
+    return None
+
+
+def check_output_shape(model: onnx.ModelProto, output: str) -> OutputShapeCheck | None:
+    """``output``'s declared shape against its graph (module docstring); ``None`` when it declares none."""
+    declared_value = next((value for value in model.graph.output if value.name == output), None)
+    declared = None if declared_value is None else _dims_of(declared_value, keep_generated=True)
+    if declared is None:
+        return None
+    light = _undeclared(model)
+    inputs = _graph_inputs(light)
+    bound = frozenset(d.dim_param for value in inputs for d in value.type.tensor_type.shape.dim if d.dim_param)
+    inferred = _inferred(light, output)
+    sizes: dict[str, int] = {}
+    at_sizes = None
+    if bound:
+        sizes = dict(zip(sorted(bound), _primes(FIRST_SIZE), strict=False))
+        for value in inputs:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param:
+                    dim.dim_value = sizes[dim.dim_param]
+        at_sizes = _inferred(light, output)
+    contradicted = []
+    for axis, d in enumerate(declared):
+        by_name = inferred is not None and len(inferred) == len(declared) and _contradicts(d, inferred[axis], bound)
+        confirmed = inferred is not None and len(inferred) == len(declared) and inferred[axis] == d
+        by_size = (
+            not confirmed  # a size clamped by the graph (Slice of a table) must not outvote a proof by name
+            and at_sizes is not None
+            and len(at_sizes) == len(declared)
+            and at_sizes[axis] is not None
+            and _at(d, sizes) is not None
+            and at_sizes[axis] != _at(d, sizes)
+        )
+        if by_name or by_size:
+            contradicted.append(axis)
+    if inferred is not None and len(inferred) != len(declared):
+        inferred = None
+    if at_sizes is not None and len(at_sizes) != len(declared):
+        at_sizes = None
+    return OutputShapeCheck(output, declared, inferred, sizes, at_sizes, tuple(contradicted), bound)

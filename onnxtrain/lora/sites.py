@@ -1,0 +1,189 @@
+"""Where an adapter can go: weights that are the second input of a matrix product, and only that.
+
+A *site* is one product reading a weight initializer ``W`` as its right operand:
+
+- ``MatMul(x, W)``, ``W: [in, out]``;
+- ``Gemm(x, W)``, ``W: [in, out]`` (``transB=0``) or ``[out, in]`` (``transB=1``);
+- ``MatMul(x, DequantizeLinear(W, ...))`` (or Gemm), ``W`` an integer ``[in, out]``
+  initializer (the weight named is the quantized one);
+- ``com.microsoft::MatMulNBits(x, W, scales, ...)``, ``in = K``, ``out = N``.
+
+Only the top-level graph is searched. A weight also read by anything else
+(a ``Gather`` of tied embeddings, the left operand of a product) has no site:
+an adapter beside it would change one reader and not the others.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx
+from onnx import helper
+
+from onnxtrain.graph import dtypes
+
+#: What kind of product reads the weight.
+SiteKind = Literal["MatMul", "Gemm", "DequantizeLinear", "MatMulNBits"]
+
+
+@dataclass(frozen=True)
+class Site:
+    """One product whose right operand is the weight ``weight``.
+
+    Attributes:
+        weight: the initializer's name.
+        node: index of the product node in ``graph.node``.
+        kind: ``MatMul``, ``Gemm``, ``DequantizeLinear`` (``MatMul``/``Gemm`` of a
+            dequantized weight) or ``MatMulNBits``.
+        fan_in, fan_out: the logical ``[in, out]`` of the product.
+        elem_type: the float type the product computes in (the adapter's).
+        transposed: whether the float weight is stored ``[out, in]`` (Gemm ``transB=1``).
+    """
+
+    weight: str
+    node: int
+    kind: SiteKind
+    fan_in: int
+    fan_out: int
+    elem_type: int
+    transposed: bool = False
+
+
+def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return int(helper.get_attribute_value(attribute))
+    return default
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[int, int]]]:
+    """``{value: [(node index, input index), ...]}`` for the top-level graph."""
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, node in enumerate(graph.node):
+        for j, name in enumerate(node.input):
+            if name:
+                readers.setdefault(name, []).append((k, j))
+    return readers
+
+
+def _describe(graph: onnx.GraphProto, k: int, j: int) -> str:
+    node = graph.node[k]
+    return f"{node.op_type} node {node.name or f'#{k}'!r} as input {j}"
+
+
+def find_sites(graph: onnx.GraphProto) -> tuple[dict[str, list[Site]], dict[str, str]]:
+    """The sites of every adaptable weight, and why each other initializer is not adaptable.
+
+    Returns ``({weight: [site, ...]}, {initializer: reason})``.
+    """
+    initializers = {tensor.name: tensor for tensor in graph.initializer}
+    readers = _readers(graph)
+    outputs = {value.name for value in graph.output}
+    sites: dict[str, list[Site]] = {}
+    reasons: dict[str, str] = {}
+    for name, tensor in initializers.items():
+        found: list[Site] = []
+        problems: list[str] = []
+        if name in outputs:
+            problems.append("it is a graph output")
+        for k, j in readers.get(name, []):
+            site = _site(graph, name, tensor, k, j, readers, outputs)
+            if isinstance(site, Site):
+                found.append(site)
+            else:
+                problems.append(site)
+        if found and not problems:
+            sites[name] = found
+        else:
+            reasons[name] = "; ".join(problems) if problems else "no node reads it"
+    return sites, reasons
+
+
+def _site(
+    graph: onnx.GraphProto,
+    name: str,
+    tensor: onnx.TensorProto,
+    k: int,
+    j: int,
+    readers: dict[str, list[tuple[int, int]]],
+    outputs: set[str],
+) -> Site | str:
+    """The site of reader ``(k, j)`` of initializer ``name``, or why it is none."""
+    node = graph.node[k]
+    where = _describe(graph, k, j)
+    dims = list(tensor.dims)
+    standard = node.domain in ("", "ai.onnx")
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and j == 1:
+        scales = graph.node[k].input[2]
+        elem = _elem_type_of(graph, scales)
+        return Site(name, k, "MatMulNBits", _attr(node, "K", 0), _attr(node, "N", 0), elem)
+    if standard and node.op_type == "DequantizeLinear" and j == 0:
+        product = node.output[0]
+        users = readers.get(product, [])
+        if product in outputs or len(users) != 1 or len(dims) != 2:
+            return f"read by {where}, whose output is not the right operand of exactly one MatMul/Gemm"
+        (pk, pj) = users[0]
+        inner = _product(graph, pk, pj, dims)
+        if isinstance(inner, str):
+            return f"dequantized by {where}, then {inner}"
+        fan_in, fan_out, transposed = inner
+        elem = _elem_type_of(graph, node.input[1])
+        return Site(name, pk, "DequantizeLinear", fan_in, fan_out, elem, transposed)
+    if not dtypes.is_float(tensor.data_type):
+        return f"read by {where} (an integer weight must feed DequantizeLinear or MatMulNBits)"
+    inner = _product(graph, k, j, dims)
+    if isinstance(inner, str):
+        return inner
+    fan_in, fan_out, transposed = inner
+    kind: SiteKind = "Gemm" if node.op_type == "Gemm" else "MatMul"
+    return Site(name, k, kind, fan_in, fan_out, tensor.data_type, transposed)
+
+
+def _product(graph: onnx.GraphProto, k: int, j: int, dims: Sequence[int]) -> tuple[int, int, bool] | str:
+    """``(in, out, transposed)`` when node ``k`` is a MatMul/Gemm reading a 2-D weight as input ``j == 1``."""
+    node = graph.node[k]
+    where = _describe(graph, k, j)
+    if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or j != 1:
+        return f"read by {where}, not as the second input of a MatMul or Gemm"
+    if len(dims) != 2:
+        return f"read by {where} with rank {len(dims)}; adapters need a 2-D weight"
+    if node.op_type == "Gemm" and _attr(node, "transB", 0):
+        return dims[1], dims[0], True
+    return dims[0], dims[1], False
+
+
+def _elem_type_of(graph: onnx.GraphProto, name: str) -> int:
+    """The element type of initializer ``name`` (float32 when it is not one)."""
+    for tensor in graph.initializer:
+        if tensor.name == name:
+            return tensor.data_type
+    return onnx.TensorProto.FLOAT
+
+
+def select(patterns: Sequence[str], sites: dict[str, list[Site]], reasons: dict[str, str]) -> list[str]:
+    """The adaptable weights matched by the glob ``patterns``, in initializer order.
+
+    ``ValueError`` for a pattern that matches no adaptable weight, naming what
+    it matched instead (and why that is not adaptable) or the weights there are.
+    """
+    chosen: set[str] = set()
+    for pattern in patterns:
+        hits = {name for name in sites if fnmatch.fnmatchcase(name, pattern)}
+        if not hits:
+            others = sorted(name for name in reasons if fnmatch.fnmatchcase(name, pattern))
+            if others:
+                why = "; ".join(f"{name!r}: {reasons[name]}" for name in others[:5])
+                raise ValueError(
+                    f"target pattern {pattern!r} matches no weight an adapter can go beside: it matches {why}. "
+                    "Adapters go beside a weight that is the second input of a MatMul or Gemm (or of "
+                    f"MatMulNBits, or dequantized into one) and nothing else; those here: {sorted(sites)}"
+                )
+            raise ValueError(
+                f"target pattern {pattern!r} matches no initializer (patterns are globs over the whole name, "
+                f"as fnmatch: '*', '?', '[...]'); the weights adapters can go beside: {sorted(sites)}"
+            )
+        chosen |= hits
+    return [name for name in sites if name in chosen]

@@ -1,0 +1,87 @@
+"""Bad input to add_adapters and merge_adapters: clear errors, and the caller's model left as it was."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from onnxtrain.checkpoint import CheckpointState
+from onnxtrain.lora import adapters_of, add_adapters, merge_adapters
+from tests.lora.helpers import small_model
+
+
+def test_a_pattern_matching_nothing_names_the_weights() -> None:
+    with pytest.raises(ValueError, match=re.escape("matches no initializer")) as error:
+        add_adapters(small_model(), ["W1", "attn*"], 2, 4)
+    assert "['W1', 'W2']" in str(error.value) and "'attn*'" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("target", "reader"), [("E", "Gather node '#0' as input 0"), ("b", "Gemm node '#2' as input 2")]
+)
+def test_a_weight_that_is_not_the_second_input_of_a_product(target: str, reader: str) -> None:
+    with pytest.raises(ValueError, match="not as the second input of a MatMul or Gemm") as error:
+        add_adapters(small_model(), target, 2, 4)
+    assert reader in str(error.value)
+
+
+def test_a_weight_also_read_elsewhere_is_refused() -> None:
+    model = small_model()
+    model.graph.node.append(helper.make_node("Identity", ["W1"], ["w1_copy"]))
+    model.graph.output.append(helper.make_tensor_value_info("w1_copy", TensorProto.FLOAT, [4, 3]))
+    with pytest.raises(ValueError, match=re.escape("'W1': read by Identity node '#3' as input 0")):
+        add_adapters(model, "W1", 2, 4)
+
+
+@pytest.mark.parametrize("rank", [0, -1, 1.5, True])
+def test_rank_must_be_a_positive_integer(rank: object) -> None:
+    with pytest.raises(ValueError, match="rank must be a positive integer"):
+        add_adapters(small_model(), "W1", rank, 4)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"alpha": float("nan")}, "alpha must be a finite number"),
+        ({"dropout": 1.0}, "dropout must be a probability"),
+        ({"dropout": -0.1}, "dropout must be a probability"),
+        ({"targets": []}, "targets must be a glob pattern"),
+        ({"init": "xavier"}, "init must be 'kaiming' or 'gaussian'"),
+    ],
+)
+def test_other_bad_arguments(kwargs: dict[str, object], message: str) -> None:
+    arguments: dict[str, object] = {"targets": "W1", "rank": 2, "alpha": 4.0, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        add_adapters(small_model(), **arguments)  # type: ignore[arg-type]
+
+
+def test_adapters_twice_on_one_weight() -> None:
+    adapted, _ = add_adapters(small_model(), "W1", 2, 4)
+    with pytest.raises(ValueError, match=re.escape("weights ['W1'] have adapters already")):
+        add_adapters(adapted, "W*", 2, 4)
+    again, names = add_adapters(adapted, "W2", 2, 4)  # another weight: fine
+    assert names == ["W2.lora_A", "W2.lora_B"]
+    assert [adapter.weight for adapter in adapters_of(again)] == ["W1", "W2"]
+
+
+def test_merge_needs_the_adapters_in_the_checkpoint(tmp_path: Path) -> None:
+    model = small_model()
+    adapted, names = add_adapters(model, ["W1", "W2"], 2, 4)
+    before = adapted.SerializeToString()
+    partial = CheckpointState(trainable={"W1.lora_A": np.zeros((4, 2), np.float32)})
+    with pytest.raises(ValueError, match=re.escape("the checkpoint lacks the adapters ['W1.lora_B', 'W2.lora_A'")):
+        merge_adapters(adapted, partial)
+    assert adapted.SerializeToString() == before
+    with pytest.raises(ValueError, match=re.escape("no onnxtrain.lora record")):
+        merge_adapters(model, partial)
+    with pytest.raises(ValueError, match="no checkpoint at"):
+        merge_adapters(adapted, tmp_path / "missing")
+    with pytest.raises(TypeError, match="checkpoint_state must be"):
+        merge_adapters(adapted, {"W1.lora_A": 0})  # type: ignore[arg-type]
+    wrong = CheckpointState(trainable={name: np.zeros((3, 3), np.float32) for name in names})
+    with pytest.raises(ValueError, match="belongs to another adapted model"):
+        merge_adapters(adapted, wrong)

@@ -1,0 +1,1 @@
+"""Hugging Face transformers (tiny, random weights) trained by onnxtrain against torch autograd."""

@@ -1,0 +1,76 @@
+"""Hugging Face transformers, exported by torch, train with torch's gradients.
+
+Each model of :mod:`tests.transformers.models` (BERT, DistilBERT, GPT-2,
+Llama) is exported with symbolic batch and sequence axes; ``generate_artifacts``
+(``requires_grad``: every parameter, cross-entropy on the logits, AdamW)
+writes its artifacts once per session, and ``onnxtrain.api`` runs train steps
+at two sequence lengths. The loss and the gradient of *every* parameter must
+equal torch autograd's on the same batch, and AdamW steps must move every
+parameter and lower the loss.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from tests.transformers import models, train
+from tests.transformers.models import LENGTHS, NAMES
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("transformers")
+
+
+@functools.cache
+def _artifacts(name: str, directory: Path) -> dict[str, Path]:
+    ex = models.exported(name)
+    return train.write_artifacts(models.save(ex.model, directory, name), ex.parameters, directory / "artifacts")
+
+
+def _trained(name: str, directory: Path) -> train.Trained:
+    return train.load(_artifacts(name, directory / name))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_gradient_matches_torch_at_two_sequence_lengths(name: str, directory: Path) -> None:
+    trained = _trained(name, directory)
+    ex = models.exported(name)
+    trainable = {p for p, parameter in trained.state.parameters if parameter.requires_grad}
+    assert trainable == set(ex.parameters), f"{name}: trainable {sorted(trainable)}, torch {sorted(ex.parameters)}"
+    ids = onnx.load(trained.paths["training_model"], load_external_data=False).graph.input[0]
+    dims = [d.dim_param for d in ids.type.tensor_type.shape.dim]
+    assert dims == ["batch", "seq"], f"{name}: {ids.name} is {dims}, not (batch, seq)"
+    rng = np.random.default_rng(7)
+    for length in LENGTHS:
+        data = models.batch(name, rng, length)
+        loss = train.step(trained, data)
+        want = models.torch_reference(ex, data)
+        np.testing.assert_allclose(loss, want.loss, rtol=1e-5, err_msg=f"{name}, length {length}: loss")
+        got = train.gradients(trained, ex.parameters)
+        for param in ex.parameters:
+            models.assert_grad_close(got[param], want.grads[param], f"{name}, length {length}: d loss / d {param}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_adamw_steps_move_every_parameter_and_lower_the_loss(name: str, directory: Path) -> None:
+    trained = _trained(name, directory)
+    parameters = models.exported(name).parameters
+    data = models.batch(name, np.random.default_rng(3), LENGTHS[-1])
+    before = {p: trained.state.parameters[p].data.copy() for p in parameters}
+    first = train.step(trained, data)
+    trained.optimizer.step()
+    unchanged = [p for p, v in before.items() if np.array_equal(trained.state.parameters[p].data, v)]
+    assert not unchanged, f"{name}: AdamW left {unchanged} unchanged"
+    for _ in range(3):
+        train.step(trained, data)
+        trained.optimizer.step()
+    assert train.step(trained, data) < first, f"{name}: four AdamW steps on one batch did not lower the loss"

@@ -1,0 +1,1 @@
+"""Maintenance scripts: generators of the committed documents (run them from the repository root)."""
