@@ -36,10 +36,8 @@ ONNX Runtime's symbolic shape inference: onnxtrain types those of the
 normalizations and GELUs itself (and imports ``com.microsoft``, which
 ``opt_level=0`` leaves out), but not those of the attention operators
 (``test_the_optimizers_own_output_trains_without_preparation`` trains the
-optimizer's own output where it has none). A variant whose fused operators lack gradient rules is an
-expected failure (strict, and only with the missing-rule error) naming them;
-a variant that onnxtrain itself stops (``Variant.gap``) is a strict expected
-failure with that error. Either runs as a plain test once the cause is gone.
+optimizer's own output where it has none). A variant whose fusions an older
+onnxruntime does not make is skipped there, saying so.
 """
 
 from __future__ import annotations
@@ -54,8 +52,6 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxtrain.autodiff import builtin_registry
-from onnxtrain.autodiff.engine import MissingGradientError
 from tests.transformers import fused, models, train
 from tests.transformers.models import LENGTHS
 
@@ -67,11 +63,7 @@ MS = "com.microsoft"
 
 @dataclass(frozen=True)
 class Variant:
-    """A model, the optimizer's arguments, and the fused operators it must write: ``(domain, op, count)``.
-
-    ``gap``: where onnxtrain itself (not a missing gradient rule) stops the variant for now, the
-    exceptions it raises and why; the gradient test is then a strict expected failure with that exception.
-    """
+    """A model, the optimizer's arguments, and the fused operators it must write: ``(domain, op, count)``."""
 
     id: str
     model: str
@@ -79,7 +71,6 @@ class Variant:
     opt_level: int
     fused: tuple[tuple[str, str, int], ...]
     options: tuple[str, ...] = ()  # FusionOptions flags set to True ("!flag": to False)
-    gap: tuple[tuple[type[Exception], ...], str] | None = None
     symbolic_shapes: bool = True  # whether ONNX Runtime's symbolic shape inference succeeds on the optimized model
     since: tuple[int, int] = (1, 23)  # the oldest onnxruntime whose optimizer is known to make these fusions
 
@@ -88,14 +79,6 @@ class Variant:
         return {(domain, op): count for domain, op, count in self.fused}
 
 
-#: onnx's shape inference loses the rank of the values that ONNX Runtime's level-2 rewrite leaves before the final
-#: SimplifiedLayerNormalization (and ONNX Runtime's symbolic shape inference fails on this graph), so that rule
-#: cannot tell its normalized axes.
-RANK_GAP = (
-    (ValueError,),
-    "onnx's shape inference loses the rank of the input of the last SimplifiedLayerNormalization after "
-    "ONNX Runtime's level-2 rewrite",
-)
 #: onnxruntime 1.23.2 fuses no attention (nor the embedding) in these exports; 1.32 does. Releases between
 #: were not tried: the attention variants skip on any release older than the one they were recorded with.
 ATTENTION_SINCE = (1, 32)
@@ -145,15 +128,9 @@ VARIANTS = (
         "gpt2",
         2,
         ((MS, "QuickGelu", 2), ("", "SimplifiedLayerNormalization", 5)),
-        gap=RANK_GAP,
         symbolic_shapes=False,
     ),
 )
-
-
-def _missing_rules(variant: Variant) -> list[str]:
-    registry = builtin_registry()
-    return [f"{domain or 'ai.onnx'}.{op}" for domain, op, _ in variant.fused if registry.lookup(op, domain) is None]
 
 
 def _ort_version() -> tuple[int, int]:
@@ -163,21 +140,11 @@ def _ort_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _with_xfail(variant: Variant) -> object:
-    """``variant``, a strict expected failure while a rule is missing (or onnxtrain has a recorded gap)."""
+def _param(variant: Variant) -> object:
+    """``variant``, skipped where onnxruntime is older than the fusions it records."""
     if _ort_version() < variant.since:
         since = ".".join(map(str, variant.since))
         mark = pytest.mark.skip(reason=f"onnxruntime < {since} does not make the fusions of {variant.id}")
-        return pytest.param(variant, id=variant.id, marks=mark)
-    missing = _missing_rules(variant)
-    if missing:
-        mark = pytest.mark.xfail(
-            strict=True, raises=MissingGradientError, reason=f"no gradient rule yet for {', '.join(missing)}"
-        )
-        return pytest.param(variant, id=variant.id, marks=mark)
-    if variant.gap is not None:
-        errors, reason = variant.gap
-        mark = pytest.mark.xfail(strict=True, raises=errors, reason=reason)
         return pytest.param(variant, id=variant.id, marks=mark)
     return pytest.param(variant, id=variant.id)
 
@@ -257,7 +224,7 @@ def test_the_optimizer_fuses_what_the_variant_records(variant: Variant, director
     )
 
 
-@pytest.mark.parametrize("variant", [_with_xfail(v) for v in VARIANTS])
+@pytest.mark.parametrize("variant", [_param(v) for v in VARIANTS])
 def test_every_gradient_matches_torch_after_the_optimizer(variant: Variant, directory: Path) -> None:
     path, model = _prepared(variant, directory)
     params = _params(variant.model)

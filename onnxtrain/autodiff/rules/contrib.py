@@ -246,8 +246,13 @@ def embed_layer_norm(ctx: RuleContext, grads: Grads) -> Result:
 
 
 def _normalized_axes(ctx: RuleContext, x: str) -> list[int]:
+    """The normalized axes, ``axis`` to the last: counted from the end when ``axis`` is negative and the rank
+    of ``x`` unknown (onnx's inference can lose it in graphs ONNX Runtime rewrote), else from the start."""
+    axis = int(ctx.attr("axis", -1))
+    if axis < 0 and ctx.rank(x) is None:
+        return list(range(axis, 0))
     rank = ctx.known_rank(x)
-    return list(range(int(ctx.attr("axis", -1)) % rank, rank))
+    return list(range(axis % rank, rank))
 
 
 def _inverse_size(ctx: RuleContext, x: str, axes: list[int]) -> str | float:
