@@ -6,7 +6,8 @@ outputs untyped, and with them every value after them: a model fused by ONNX
 Runtime's transformer optimizer would have almost no types. For the
 operators whose main outputs have the type and shape of their first input
 (the GELUs, the fused and simplified layer normalizations, the rotary
-embedding), :func:`type_contrib_outputs` declares those outputs and runs the
+embedding; ``BiasSplitGelu`` with its last axis halved),
+:func:`type_contrib_outputs` declares those outputs and runs the
 inference again, until nothing more gets typed. Operators whose output
 shapes depend on more (attention, ``FusedMatMul``) are left untyped: run
 ONNX Runtime's ``SymbolicShapeInference`` on such a model first.
@@ -35,6 +36,43 @@ SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
 }
 
 
+#: ``(domain, operator)`` whose output 0 has input 0's type with the last axis halved (a gated GELU).
+HALF_LAST_AXIS: frozenset[tuple[str, str]] = frozenset({(MS_DOMAIN, "BiasSplitGelu")})
+
+
+def _halved(type_proto: onnx.TypeProto) -> onnx.TypeProto:
+    """``type_proto`` with the size of its last axis halved (left unknown when it is not a number)."""
+    halved = onnx.TypeProto()
+    halved.CopyFrom(type_proto)
+    shape = halved.tensor_type.shape
+    if halved.tensor_type.HasField("shape") and shape.dim:
+        last = shape.dim[-1]
+        size = last.dim_value if last.HasField("dim_value") else None
+        last.Clear()
+        if size is not None:
+            last.dim_value = size // 2
+    return halved
+
+
+def _declarable(node: onnx.NodeProto, known: dict[str, onnx.TypeProto]) -> list[onnx.ValueInfoProto]:
+    """Declarations of the outputs of ``node`` that follow from its first input's type, where not known."""
+    key = _key(node)
+    if not node.input or node.input[0] not in known:
+        return []
+    source = known[node.input[0]]
+    if key in HALF_LAST_AXIS:
+        outputs, type_proto = (0,), _halved(source)
+    elif key in SAME_AS_FIRST_INPUT:
+        outputs, type_proto = SAME_AS_FIRST_INPUT[key], source
+    else:
+        return []
+    return [
+        onnx.helper.make_value_info(node.output[index], type_proto)
+        for index in outputs
+        if index < len(node.output) and node.output[index] and node.output[index] not in known
+    ]
+
+
 def _key(node: onnx.NodeProto) -> tuple[str, str]:
     return ("" if node.domain in ("", "ai.onnx") else node.domain, node.op_type)
 
@@ -55,14 +93,9 @@ def type_contrib_outputs(
         known = _known_types(model.graph)
         declared = []
         for node in model.graph.node:
-            outputs = SAME_AS_FIRST_INPUT.get(_key(node))
-            if outputs is None or not node.input or node.input[0] not in known:
-                continue
-            for index in outputs:
-                if index < len(node.output) and node.output[index] and node.output[index] not in known:
-                    value = onnx.helper.make_value_info(node.output[index], known[node.input[0]])
-                    declared.append(value)
-                    known[value.name] = value.type
+            for value in _declarable(node, known):
+                declared.append(value)
+                known[value.name] = value.type
         if not declared:
             return model
         model.graph.value_info.extend(declared)
@@ -70,4 +103,4 @@ def type_contrib_outputs(
     return model
 
 
-__all__ = ["SAME_AS_FIRST_INPUT", "type_contrib_outputs"]
+__all__ = ["HALF_LAST_AXIS", "SAME_AS_FIRST_INPUT", "type_contrib_outputs"]

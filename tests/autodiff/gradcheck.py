@@ -58,11 +58,17 @@ class _Output:
     name: str
 
 
+def reference_ops(spec: Spec) -> tuple[type, ...]:
+    """The spec's ``reference_ops``: ``onnx.reference`` implementations of operators onnx lacks (a
+    ``com.microsoft`` operator with no onnxruntime CPU kernel, checked against its definition)."""
+    return tuple(getattr(spec, "reference_ops", ()))
+
+
 class ReferenceSession:
     """``onnx.reference.ReferenceEvaluator`` behind the two methods of an InferenceSession used here."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
-        self._evaluator = ReferenceEvaluator(model)
+    def __init__(self, model: onnx.ModelProto, new_ops: Sequence[type] = ()) -> None:
+        self._evaluator = ReferenceEvaluator(model, new_ops=list(new_ops) or None)
         self._outputs = [_Output(value.name) for value in model.graph.output]
 
     def get_outputs(self) -> list[_Output]:
@@ -72,9 +78,11 @@ class ReferenceSession:
         return [np.asarray(v) for v in self._evaluator.run(None if names is None else list(names), dict(feeds))]
 
 
-def _session(model: onnx.ModelProto, backend: Backend) -> ort.InferenceSession | ReferenceSession:
+def _session(
+    model: onnx.ModelProto, backend: Backend, new_ops: Sequence[type] = ()
+) -> ort.InferenceSession | ReferenceSession:
     if backend == "onnx.reference":
-        return ReferenceSession(model)
+        return ReferenceSession(model, new_ops)
     return inference_session(model.SerializeToString(), _session_options())
 
 
@@ -162,7 +170,7 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     """The model for ``spec`` and ``case``: the op, the projected loss and our gradients."""
     forward = forward_model(spec, case, mode)
     model, args, extras, projected, used = forward.model, forward.args, forward.extras, forward.projected, forward.used
-    _declare_uninferred(model, args, case, mode, backend_of(spec))
+    _declare_uninferred(model, args, case, mode, backend_of(spec), reference_ops(spec))
     builder = GraphBuilder(model)
     projections = []
     terms = []
@@ -180,7 +188,8 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     grads = build_gradients(builder, loss, wrt, registry=registry)
     builder.set_outputs([loss, *projected, *(grads[name] for name in wrt)])
     final = builder.finalize()
-    return Compiled(_session(final, backend_of(spec)), final, args, extras, projections, wrt, len(projected))
+    session = _session(final, backend_of(spec), reference_ops(spec))
+    return Compiled(session, final, args, extras, projections, wrt, len(projected))
 
 
 def _declare_uninferred(
@@ -189,6 +198,7 @@ def _declare_uninferred(
     case: Case,
     mode: DimMode,
     backend: Backend = "onnxruntime",
+    new_ops: Sequence[type] = (),
 ) -> None:
     """Declare in ``value_info`` the outputs onnx's shape inference cannot type (operators defined
     by a function, such as GroupNormalization; BatchNormalization's training outputs before
@@ -205,7 +215,7 @@ def _declare_uninferred(
     probe.CopyFrom(model)
     probe.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in missing)
     versions.stamp_ir_version(probe)
-    session = _session(probe, backend)
+    session = _session(probe, backend, new_ops)
     feeds = {name: np.zeros(shape, dtype) for name, _, shape, dtype in args}
     feeds.update({f"extra{e.index}": np.asarray(e.value, e.dtype or np.int64) for e in case.extras if e.fed})
     for name, value in zip(missing, session.run(missing, feeds), strict=True):
@@ -383,7 +393,7 @@ def forward_fault(spec: Spec, case: Case, mode: DimMode, seed: int) -> tuple[str
     model.graph.output.extend(helper.make_value_info(name, onnx.TypeProto()) for name in outputs)
     versions.stamp_ir_version(model)
     try:
-        session = _session(model, backend)
+        session = _session(model, backend, reference_ops(spec))
     except Exception as error:
         return f"{_runs_on(backend)} cannot load {what}: {error}", True
     values = _draw_values(spec, case, forward.args, np.random.default_rng(seed))

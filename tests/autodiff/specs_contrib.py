@@ -10,6 +10,7 @@ differences and its float32 tolerance. Attention's mask and sequence layouts are
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,8 +20,10 @@ import onnxruntime as ort
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
+from onnx.reference.op_run import OpRun
 
 from onnxtrain.graph import versions
+from tests.autodiff.models import Erf
 from tests.autodiff.specs import Arg, Case, Extra, Spec, _fixed, cases
 
 _F32 = np.float32
@@ -28,10 +31,32 @@ MS = "com.microsoft"
 _MS_OPSET = ((MS, 1),)
 
 
-def _ms(op_type: str, args: tuple[Arg, ...], strategy: st.SearchStrategy[Case], **kw: Any) -> Spec:
+def _ms(
+    op_type: str, args: tuple[Arg, ...], strategy: st.SearchStrategy[Case], spec_class: type[Spec] = Spec, **kw: Any
+) -> Spec:
     """A spec of a ``com.microsoft`` operator (the model imports the domain)."""
     kw.setdefault("dtype", _F32)
-    return Spec(op_type, args, strategy, domain=MS, extra_opsets=_MS_OPSET, **kw)
+    return spec_class(op_type, args, strategy, domain=MS, extra_opsets=_MS_OPSET, **kw)
+
+
+class BiasSplitGelu(OpRun):  # onnx.reference finds it by its class name
+    """``com.microsoft::BiasSplitGelu`` for ``onnx.reference``, from its definition (the fusion ONNX Runtime
+    makes of ``u = X + bias``, two halves of the last axis, ``y = a * Gelu(b)``, Gelu with erf)."""
+
+    op_domain = MS
+
+    def _run(self, x: np.ndarray, bias: np.ndarray) -> tuple[np.ndarray]:
+        a, b = np.split(x + bias, 2, axis=-1)
+        erf = np.vectorize(math.erf, otypes=[b.dtype])
+        return (a * b * 0.5 * (1.0 + erf(b / math.sqrt(2.0))),)
+
+
+class ReferenceContribSpec(Spec):
+    """A spec of a ``com.microsoft`` operator with no onnxruntime CPU kernel, run in ``onnx.reference``
+    with an implementation from the operator's definition (BiasSplitGelu: CUDA only)."""
+
+    backend = "onnx.reference"
+    reference_ops = (BiasSplitGelu, Erf)  # onnx.reference's own Erf computes in float32
 
 
 # ------------------------------------------------------------ normalizations
@@ -186,6 +211,17 @@ SPECS: list[Spec] = [
         "BiasGelu",
         (Arg("real2"), Arg()),
         st.builds(lambda n, h: Case(((*n, h), (h,))), st.lists(st.integers(1, 3), max_size=2), st.integers(1, 4)),
+    ),
+    _ms(
+        "BiasSplitGelu",
+        (Arg("real2"), Arg()),
+        st.builds(
+            lambda n, h: Case(((*n, 2 * h), (2 * h,))),
+            st.lists(st.integers(1, 3), min_size=1, max_size=2),
+            st.integers(1, 3),
+        ),
+        spec_class=ReferenceContribSpec,
+        dtype=np.float64,
     ),
     _ms("FastGelu", (Arg("real2"),), cases(1), dtype=np.float64, variant="no-bias"),
     _ms(

@@ -359,3 +359,27 @@ def test_a_contrib_operator_after_an_untyped_one_gets_a_clear_error() -> None:
     model.graph.value_info.append(helper.make_tensor_value_info("y", FLOAT, [2, 4]))
     with pytest.raises(TypeError, match=r"FastGelu node 'n': the type of its input 'h' is unknown.*SymbolicShapeInf"):
         build_gradients(GraphBuilder(model), "loss", ["x"])
+
+
+@pytest.mark.skipif(
+    "CUDAExecutionProvider" not in ort.get_available_providers(),
+    reason="BiasSplitGelu has a CUDA kernel only (its spec checks the rule against the definition on the CPU)",
+)
+def test_the_bias_split_gelu_definition_is_onnxruntimes_cuda_kernel() -> None:
+    """The ``onnx.reference`` implementation that the BiasSplitGelu spec differentiates against computes
+    what onnxruntime's CUDA kernel computes."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tests.autodiff.specs_contrib import BiasSplitGelu
+    from tests.helpers import make_model
+
+    node = helper.make_node("BiasSplitGelu", ["x", "bias"], ["y"], domain="com.microsoft")
+    model = make_model(
+        {"x": (F32, [2, 3, 8]), "bias": (F32, [8])}, [node], {"y": (F32, [2, 3, 4])}, extra_opsets={"com.microsoft": 1}
+    )
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.normal(size=(2, 3, 8)).astype(np.float32), "bias": rng.normal(size=8).astype(np.float32)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
+    (y,) = session.run(None, feeds)
+    (expected,) = ReferenceEvaluator(model, new_ops=[BiasSplitGelu]).run(None, feeds)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)

@@ -332,6 +332,24 @@ def bias_gelu(ctx: RuleContext, grads: Grads) -> Result:
     return [d, d]
 
 
+@_rule("BiasSplitGelu", domain=MS, inputs=(0, 1))
+def bias_split_gelu(ctx: RuleContext, grads: Grads) -> Result:
+    """u = X + bias = [a, b] (halves of the last axis), y = a Gelu(b): dX = dbias = [g Gelu(b), g a (Phi(b) + b phi(b))]"""  # noqa: E501
+    # ONNX Runtime's fusion of Add, two Slices, Gelu (erf) and Mul (a GEGLU); its kernel is CUDA's only
+    u = ctx.add(ctx.inputs[0], ctx.inputs[1])
+    if ctx.onnx_opset >= 18:
+        a, b = ctx.op_n("Split", 2, u, axis=-1, num_outputs=2)
+    else:
+        a, b = ctx.op_n("Split", 2, u, axis=-1)
+    cdf = ctx.mul(ctx.add(ctx.op("Erf", ctx.mul(b, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
+    pdf = ctx.mul(ctx.op("Exp", ctx.mul(ctx.square(b), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
+    g = grads[0]
+    da = ctx.mul(g, ctx.mul(b, cdf))
+    db = ctx.mul(ctx.mul(g, a), ctx.add(cdf, ctx.mul(b, pdf)))
+    d = ctx.op("Concat", da, db, axis=-1)  # X's shape; the bias's gradient sums it over the leading axes
+    return [d, unbroadcast(ctx, d, ctx.inputs[1]) if ctx.needs(1) else None]
+
+
 @_rule("FastGelu", domain=MS, inputs=(0, 1), broadcasting=True)
 def fast_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dX = dbias = g ((1 + t) / 2 + u (1 - t^2) (a + 3 b u^2) / 2), t = tanh(a u + b u^3), u = X + bias, a = 0.797885, b = 0.035677"""  # noqa: E501
