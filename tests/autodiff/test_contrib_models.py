@@ -373,12 +373,17 @@ def test_the_bias_split_gelu_definition_is_onnxruntimes_cuda_kernel() -> None:
     from tests.autodiff.specs_contrib import BiasSplitGelu
     from tests.helpers import make_model
 
+    hidden = 2560  # the kernel takes 2560, 5120, 6144, 10240 or 12288 (the sizes of diffusion UNets)
     node = helper.make_node("BiasSplitGelu", ["x", "bias"], ["y"], domain="com.microsoft")
     model = make_model(
-        {"x": (F32, [2, 3, 8]), "bias": (F32, [8])}, [node], {"y": (F32, [2, 3, 4])}, extra_opsets={"com.microsoft": 1}
+        {"x": (F32, [2, 3, hidden]), "bias": (F32, [hidden])},
+        [node],
+        {"y": (F32, [2, 3, hidden // 2])},
+        extra_opsets={"com.microsoft": 1},
     )
     rng = np.random.default_rng(3)
-    feeds = {"x": rng.normal(size=(2, 3, 8)).astype(np.float32), "bias": rng.normal(size=8).astype(np.float32)}
+    x, bias = rng.normal(size=(2, 3, hidden)), rng.normal(size=hidden)
+    feeds = {"x": x.astype(np.float32), "bias": bias.astype(np.float32)}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CUDAExecutionProvider"])
     (y,) = session.run(None, feeds)
     (expected,) = ReferenceEvaluator(model, new_ops=[BiasSplitGelu]).run(None, feeds)
