@@ -29,7 +29,14 @@ from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import RuleFn
 from onnxtrain.autodiff.rules import elementwise
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-from onnxtrain.autodiff.rules.nn import _dims, _heads, _reduce, _standardize, _standardize_grad
+from onnxtrain.autodiff.rules.nn import (
+    _dims,
+    _heads,
+    _rms_scale,
+    _rms_scale_grad,
+    _standardize,
+    _standardize_grad,
+)
 from onnxtrain.autodiff.rules.shape import scatter_add_rows
 
 Grads = Sequence["str | None"]
@@ -136,18 +143,10 @@ def _layer_norm_last(
     the output, the mean, the inverse deviation and ``s``."""
     gamma = ctx.inputs[gamma_index]
     g, g_mean, g_inv, g_sum = [*grads, None, None, None][:4]
-    xc = ctx.sub(s, _reduce(ctx, "ReduceMean", s, [-1]))
-    inv = ctx.op(
-        "Reciprocal",
-        ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(xc), [-1]), ctx.attr("epsilon", 1e-12))),
-    )
-    xhat = ctx.mul(xc, inv)
+    xhat, inv = _standardize(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
     terms = []
     if g is not None:
-        gh = ctx.mul(g, gamma)
-        centered = ctx.sub(gh, _reduce(ctx, "ReduceMean", gh, [-1]))
-        projected = ctx.mul(xhat, _reduce(ctx, "ReduceMean", ctx.mul(gh, xhat), [-1]))
-        terms.append(ctx.mul(inv, ctx.sub(centered, projected)))
+        terms.append(_standardize_grad(ctx, ctx.mul(g, gamma), xhat, inv, [-1]))
     if g_mean is not None or g_inv is not None:
         terms += _statistics_terms(ctx, s, xhat, inv, g_mean, g_inv, _last_size_inverse(ctx, s))
     if g_sum is not None:
@@ -169,15 +168,10 @@ def _rms_norm_last(ctx: RuleContext, s: str, grads: Grads) -> tuple[str | None, 
             f"{ctx.node.op_type} node {ctx.node.name!r}: its mean output (output 1) is not computed by the RMS "
             "normalization; keep it off the path to the loss"
         )
-    r = ctx.op(
-        "Reciprocal",
-        ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(s), [-1]), ctx.attr("epsilon", 1e-12))),
-    )
-    xh = ctx.mul(s, r)
+    xh, r = _rms_scale(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
     terms = []
     if g is not None:
-        gh = ctx.mul(g, gamma)
-        terms.append(ctx.mul(r, ctx.sub(gh, ctx.mul(xh, _reduce(ctx, "ReduceMean", ctx.mul(gh, xh), [-1])))))
+        terms.append(_rms_scale_grad(ctx, ctx.mul(g, gamma), xh, r, [-1]))
     if g_inv is not None:
         terms += _statistics_terms(ctx, s, xh, r, None, g_inv, _last_size_inverse(ctx, s))
     if g_sum is not None:
@@ -289,13 +283,10 @@ def simplified_layer_norm(ctx: RuleContext, grads: Grads) -> Result:
     x, scale = ctx.inputs[:2]
     axes = _normalized_axes(ctx, x)
     g, g_inv = [*grads, None][:2]
-    mean_sq = _reduce(ctx, "ReduceMean", ctx.square(x), axes)
-    r = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(mean_sq, ctx.attr("epsilon", 1e-5))))
-    xh = ctx.mul(x, r)
+    xh, r = _rms_scale(ctx, x, axes, float(ctx.attr("epsilon", 1e-5)))
     terms = []
     if g is not None:
-        gh = ctx.mul(g, scale)
-        terms.append(ctx.mul(r, ctx.sub(gh, ctx.mul(xh, _reduce(ctx, "ReduceMean", ctx.mul(gh, xh), axes)))))
+        terms.append(_rms_scale_grad(ctx, ctx.mul(g, scale), xh, r, axes))
     if g_inv is not None:
         terms += _statistics_terms(ctx, x, xh, r, None, g_inv, _inverse_size(ctx, x, axes))
     dx = _sum_of(ctx, terms) if terms and ctx.needs(0) else None

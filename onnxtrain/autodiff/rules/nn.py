@@ -135,6 +135,17 @@ def _standardize_grad(ctx: RuleContext, gh: str, xhat: str, inv: str, axes: Sequ
     return ctx.mul(inv, ctx.sub(centered, projected))
 
 
+def _rms_scale(ctx: RuleContext, x: str, axes: Sequence[int], eps: float) -> tuple[str, str]:
+    """``xh = x * r`` and ``r = 1 / sqrt(mean(x^2) + eps)`` over ``axes`` (kept as size 1): RMS normalization."""
+    r = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(x), axes), eps)))
+    return ctx.mul(x, r), r
+
+
+def _rms_scale_grad(ctx: RuleContext, gh: str, xh: str, r: str, axes: Sequence[int]) -> str:
+    """d/dx of ``xh`` given ``gh = dL/dxh``: ``r * (gh - xh * mean(gh * xh))``."""
+    return ctx.mul(r, ctx.sub(gh, ctx.mul(xh, _reduce(ctx, "ReduceMean", ctx.mul(gh, xh), axes))))
+
+
 def _data_only(ctx: RuleContext, dx: str | None) -> Result:
     return [dx] + [None] * (len(ctx.inputs) - 1)
 
@@ -912,13 +923,10 @@ def rms_normalization(ctx: RuleContext, grads: Grads) -> Result:
     x, scale = ctx.inputs[:2]
     rank = ctx.known_rank(x)
     axes = list(range(int(ctx.attr("axis", -1)) % rank, rank))
-    eps = float(ctx.attr("epsilon", 1e-5))
-    r = ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(_reduce(ctx, "ReduceMean", ctx.square(x), axes), eps)))
-    xh = ctx.mul(x, r)
+    xh, r = _rms_scale(ctx, x, axes, float(ctx.attr("epsilon", 1e-5)))
     dx = dscale = None
     if ctx.needs(0):
-        gh = ctx.mul(g, scale)  # type: ignore[arg-type]
-        dx = ctx.mul(r, ctx.sub(gh, ctx.mul(xh, _reduce(ctx, "ReduceMean", ctx.mul(gh, xh), axes))))
+        dx = _rms_scale_grad(ctx, ctx.mul(g, scale), xh, r, axes)  # type: ignore[arg-type]
     if ctx.needs(1):
         dscale = unbroadcast(ctx, ctx.mul(g, xh), scale, shaped_like=ctx.outputs[0])  # type: ignore[arg-type]
     return [dx, dscale]
@@ -1060,18 +1068,21 @@ def _grid_axis(
     taps = []
     for position, weight, dweight in corners:
         if padding == "zeros":  # corners outside the image read zeros
-            valid = ctx.cast_like(
-                ctx.op(
-                    "And",
-                    ctx.compare("GreaterOrEqual", position, 0.0),
-                    ctx.compare("LessOrEqual", position, _value(ctx, last, position)),
-                ),
-                u,
-            )
+            valid = _within(ctx, position, last, u)
             weight, dweight = ctx.mul(valid, weight), ctx.mul(valid, dweight)
         index = ctx.cast(_clamp(ctx, position, 0.0, last), TensorProto.INT64)
         taps.append((index, _full(ctx, weight, u), _full(ctx, dweight, u)))
     return slope, taps
+
+
+def _within(ctx: RuleContext, position: str, last: Num, like: str) -> str:
+    """``1`` where ``0 <= position <= last`` (a tap inside the image), else ``0``, in ``like``'s type."""
+    inside = ctx.op(
+        "And",
+        ctx.compare("GreaterOrEqual", position, 0.0),
+        ctx.compare("LessOrEqual", position, _value(ctx, last, position)),
+    )
+    return ctx.cast_like(inside, like)
 
 
 def _grid_axis_cubic(
@@ -1090,14 +1101,7 @@ def _grid_axis_cubic(
     for i, (weight, dweight) in enumerate(zip(cubic_weights(ctx, t, -0.75), cubic_slopes(ctx, t, -0.75), strict=True)):
         position = ctx.add(floor, float(i - 1))
         if padding == "zeros":  # taps outside the image read zeros
-            valid = ctx.cast_like(
-                ctx.op(
-                    "And",
-                    ctx.compare("GreaterOrEqual", position, 0.0),
-                    ctx.compare("LessOrEqual", position, _value(ctx, last, position)),
-                ),
-                u,
-            )
+            valid = _within(ctx, position, last, u)
             weight, dweight = ctx.mul(valid, weight), ctx.mul(valid, dweight)
         elif padding == "reflection":
             position, _ = _reflect(ctx, position, low, high)
