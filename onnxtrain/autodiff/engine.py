@@ -56,6 +56,7 @@ from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type
 from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.walk import subgraphs
 
 
 class MissingGradientError(ValueError):
@@ -405,10 +406,9 @@ class _Backward:
         for node in live:
             rename_references(node, renames)
             node.output[:] = [renames.get(name, name) for name in node.output]
-            for attribute in node.attribute:  # names inside gradient subgraphs stay taken
-                for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                    for name in names_in(subgraph):
-                        builder.names.reserve(name)
+            for subgraph in subgraphs(node):  # names inside gradient subgraphs stay taken
+                for name in names_in(subgraph):
+                    builder.names.reserve(name)
         graph.node.extend(live)
         graph.initializer.extend(t for t in inits if t.name in needed)
         builder.model.opset_import.extend(opsets)

@@ -7,13 +7,13 @@ are needed, so a model of many gigabytes is described without loading it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
 
 from onnxtrain.cli.common import size_text
 from onnxtrain.cli.table import elements, number, shape_text, table
+from onnxtrain.graph.walk import all_nodes
 
 
 def model_report(path: Path) -> list[str]:
@@ -77,24 +77,12 @@ def _initializers(graph: onnx.GraphProto) -> list[str]:
     return [f"initializers ({len(graph.initializer)}):", *table(rows, right=[3]), summary]
 
 
-def _nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs (the bodies of If, Loop, Scan)."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            if attribute.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(attribute.g)
-            elif attribute.type == onnx.AttributeProto.GRAPHS:
-                for subgraph in attribute.graphs:
-                    yield from _nodes(subgraph)
-
-
 def _operators(model: onnx.ModelProto) -> list[str]:
     from onnxtrain.autodiff import builtin_registry
     from onnxtrain.graph.versions import opset_version
     from onnxtrain.sklearn.converted import converter_hints
 
-    counts = Counter((node.domain, node.op_type) for node in _nodes(model.graph))
+    counts = Counter((node.domain, node.op_type) for node in all_nodes(model.graph))
     rows = [[op if not domain else f"{domain}::{op}", number(n)] for (domain, op), n in counts.most_common()]
     total = sum(counts.values())
     lines = [f"operators ({number(total)} node{'' if total == 1 else 's'}):", *table(rows, right=[1])]

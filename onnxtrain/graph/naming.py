@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterable
 
 import onnx
 
+from onnxtrain.graph.walk import subgraphs
+
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.:/-]+")
 
 
@@ -27,9 +29,8 @@ def names_in(graph: onnx.GraphProto) -> set[str]:
         names.update(node.output)
         if node.name:
             names.add(node.name)
-        for attribute in node.attribute:
-            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                names.update(names_in(subgraph))
+        for subgraph in subgraphs(node):
+            names.update(names_in(subgraph))
     names.discard("")
     return names
 

@@ -9,10 +9,10 @@ element types it uses). That is the version the widest range of runtimes loads.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import onnx
 from onnx import helper
+
+from onnxtrain.graph.walk import all_nodes
 
 #: The default ``ai.onnx`` opset of models built from scratch (``empty_base``).
 #: Opset 21 is loaded by every onnxruntime since 1.20 and needs only IR 10.
@@ -72,19 +72,11 @@ def import_used_domains(model: onnx.ModelProto) -> None:
     """
     imported = {"" if opset.domain == "ai.onnx" else opset.domain for opset in model.opset_import}
     used: list[str] = []
-    for node in _all_nodes(model.graph):
+    for node in all_nodes(model.graph):
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain and domain not in imported and domain not in used:
             used.append(domain)
     model.opset_import.extend(helper.make_opsetid(domain, 1) for domain in used)
-
-
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                yield from _all_nodes(subgraph)
 
 
 def _alias(domain: str) -> str:

@@ -31,6 +31,7 @@ from onnxtrain.blocks import Abs, Add, Block, Clip, Div, ForwardBlock, Log, Mul,
 from onnxtrain.graph import base, dtypes, empty_base, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.graph.walk import subgraphs
 from onnxtrain.losses import NLLLoss
 from onnxtrain.losses._common import target_input
 
@@ -346,9 +347,8 @@ def _rename_values(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
     for node in graph.node:
         node.input[:] = [renames.get(name, name) for name in node.input]
         node.output[:] = [renames.get(name, name) for name in node.output]
-        for attribute in node.attribute:
-            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                _rename_values(subgraph, renames)
+        for subgraph in subgraphs(node):
+            _rename_values(subgraph, renames)
     for value in (*graph.output, *graph.value_info):
         value.name = renames.get(value.name, value.name)
 

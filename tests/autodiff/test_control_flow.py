@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import io
 import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,20 +29,12 @@ from onnx import TensorProto, helper
 from onnxtrain.autodiff import MissingGradientError, build_gradients, builtin_registry
 from onnxtrain.autodiff.engine import build_vjp
 from onnxtrain.graph import GraphBuilder
+from onnxtrain.graph.walk import all_nodes
 from tests.autodiff.models import Runner, training_block
 
 OPSET = 17
 HIDDEN, FEATURES, OUTPUTS = 5, 3, 2
 LIMIT = 3  # the steps after which EarlyStop's loop stops
-
-
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    """Every node of ``graph`` and of its subgraphs."""
-    for node in graph.node:
-        yield node
-        for attribute in node.attribute:
-            for subgraph in (*attribute.graphs, *([attribute.g] if attribute.HasField("g") else [])):
-                yield from _all_nodes(subgraph)
 
 
 # ---------------------------------------------------------------- torch models
@@ -172,7 +163,7 @@ def test_gradients_match_torch_autograd(name: str, batch: int, steps: int, sign:
     torch = pytest.importorskip("torch")
     module, _ = _exported(name)
     training, runner, trainable = _training(name)
-    assert all(node.domain in ("", "ai.onnx") for node in _all_nodes(training.graph)), "only standard operators"
+    assert all(node.domain in ("", "ai.onnx") for node in all_nodes(training.graph)), "only standard operators"
     data = _data(name, batch, steps, sign, seed=batch * 10 + steps)
     params = {k: v.detach().numpy().copy() for k, v in module.named_parameters()}
     inputs = [value.name for value in training.graph.input]
