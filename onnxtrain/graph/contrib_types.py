@@ -21,6 +21,10 @@ import onnx
 
 MS_DOMAIN = "com.microsoft"
 
+#: ONNX Runtime's contrib operators in the default domain, and the opset from which ONNX defines the name
+#: itself (``None``: never).
+RUNTIME_DEFAULT_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
+
 #: ``(domain, operator) -> outputs`` that have the type and shape of input 0.
 SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
     (MS_DOMAIN, "Gelu"): (0,),
@@ -31,8 +35,8 @@ SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
     (MS_DOMAIN, "RotaryEmbedding"): (0,),
     (MS_DOMAIN, "SkipLayerNormalization"): (0, 3),
     (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 3),
-    ("", "SimplifiedLayerNormalization"): (0,),
-    ("", "LayerNormalization"): (0,),  # ONNX Runtime's, below opset 17 (ONNX's own is typed by onnx)
+    # below opset 17, LayerNormalization is ONNX Runtime's; from 17, onnx types ONNX's own
+    **{("", op): (0,) for op in RUNTIME_DEFAULT_DOMAIN_OPS},
 }
 
 
@@ -103,4 +107,4 @@ def type_contrib_outputs(
     return model
 
 
-__all__ = ["HALF_LAST_AXIS", "SAME_AS_FIRST_INPUT", "type_contrib_outputs"]
+__all__ = ["HALF_LAST_AXIS", "RUNTIME_DEFAULT_DOMAIN_OPS", "SAME_AS_FIRST_INPUT", "type_contrib_outputs"]

@@ -10,7 +10,7 @@ import onnx
 from onnx import shape_inference, version_converter
 
 from onnxtrain.graph import dtypes, external, versions
-from onnxtrain.graph.contrib_types import type_contrib_outputs
+from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -167,19 +167,15 @@ def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return type_contrib_outputs(infer(light), infer)
 
 
-#: ONNX Runtime's contrib operators in the default domain, and the opset from which ONNX defines the name itself.
-_RUNTIME_DEFAULT_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
-
-
 def _move_runtime_contrib_nodes(model: onnx.ModelProto) -> None:
     """Move ``model``'s default-domain nodes of ONNX Runtime's contrib operators (where ONNX has no such
     operator at the model's opset) to ``com.microsoft``, importing that domain if needed (in place)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     moved = False
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in _RUNTIME_DEFAULT_DOMAIN_OPS:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in RUNTIME_DEFAULT_DOMAIN_OPS:
             continue
-        defined_since = _RUNTIME_DEFAULT_DOMAIN_OPS[node.op_type]
+        defined_since = RUNTIME_DEFAULT_DOMAIN_OPS[node.op_type]
         if defined_since is None or opset < defined_since:
             node.domain = "com.microsoft"
             moved = True
