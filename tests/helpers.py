@@ -133,3 +133,42 @@ def tolerance(dtype: Any) -> dict[str, float]:
     if dtype == np.float16:
         return {"rtol": 1e-3, "atol": 1e-3}
     return {"rtol": 1e-5, "atol": 1e-6}
+
+
+def export_for_training(
+    module: Any,
+    args: tuple[Any, ...],
+    input_names: Sequence[str],
+    output_names: Sequence[str],
+    *,
+    opset: int,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+) -> onnx.ModelProto:
+    """``module`` as torch's TorchScript exporter writes it for training: ``dynamo=False``,
+    ``training=TrainingMode.TRAINING``, no constant folding, its deprecation notices silenced.
+
+    The TorchScript exporter honours ``training`` (BatchNormalization and Dropout in training mode)
+    and keeps the parameters as initializers named as in ``named_parameters()``; torch 2.13's default
+    exporter does neither and needs ``onnxscript``.
+    """
+    import io
+    import warnings
+
+    import torch
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, tracer warnings
+        torch.onnx.export(
+            module,
+            args,
+            buffer,
+            dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            opset_version=opset,
+            input_names=list(input_names),
+            output_names=list(output_names),
+            dynamic_axes=None if dynamic_axes is None else {k: dict(v) for k, v in dynamic_axes.items()},
+        )
+    return onnx.load_from_string(buffer.getvalue())

@@ -29,9 +29,7 @@ them to about 1e-3, so :class:`Erf` and :class:`Gelu` replace them.
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -46,6 +44,7 @@ from onnx.reference.op_run import OpRun
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain.graph import dtypes
 from onnxtrain.sessions import inference_session
+from tests.helpers import export_for_training
 
 #: The ``ai.onnx`` opset of every test model (Gelu is an operator from opset 20 on).
 OPSET = 20
@@ -496,22 +495,9 @@ def export_torch(module: Any, name: str) -> onnx.ModelProto:
     example = batch_data(name, np.random.default_rng(0), 3, np.float32)
     input_name = "ids" if name == "transformer" else "x"
     args = (torch.from_numpy(example[input_name]),)
-    buffer = io.BytesIO()
     module.train()
     state = {k: v.clone() for k, v in module.state_dict().items()}  # tracing runs forward: BatchNorm updates its stats
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(
-            module,
-            args,
-            buffer,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=OPSET,
-            input_names=[input_name],
-            output_names=["y"],
-            dynamic_axes={input_name: {0: "batch"}, "y": {0: "batch"}},
-        )
+    axes = {input_name: {0: "batch"}, "y": {0: "batch"}}
+    model = export_for_training(module, args, [input_name], ["y"], opset=OPSET, dynamic_axes=axes)
     module.load_state_dict(state)
-    return onnx.load_from_string(buffer.getvalue())
+    return model

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import io
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +33,7 @@ from onnx import helper, numpy_helper
 from packaging.version import Version
 
 from tests.autodiff import models
+from tests.helpers import export_for_training
 
 HIDDEN, HEADS, FEED_FORWARD, SEQ = 8, 2, 16, 5
 EPSILON = 1e-5
@@ -110,22 +109,8 @@ def _export(module: Any, kind: str) -> onnx.ModelProto:
     torch = pytest.importorskip("torch")
     names = ["x"] if kind == "llama" else ["x", "mask"]
     args = (torch.zeros(2, SEQ, HIDDEN), torch.ones(2, SEQ, dtype=torch.int64))[: len(names)]
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(
-            module,
-            args,
-            buffer,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=14,
-            input_names=names,
-            output_names=["y"],
-            dynamic_axes={**{name: {0: "batch"} for name in names}, "y": {0: "batch"}},
-        )
-    return onnx.load_from_string(buffer.getvalue())
+    axes = {**{name: {0: "batch"} for name in names}, "y": {0: "batch"}}
+    return export_for_training(module, args, names, ["y"], opset=14, dynamic_axes=axes)
 
 
 def _fuse(model: onnx.ModelProto, kind: str) -> onnx.ModelProto:

@@ -22,8 +22,6 @@
 from __future__ import annotations
 
 import functools
-import io
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,6 +41,7 @@ from onnxtrain.sessions import inference_session
 from tests.autodiff import gradcheck, models, specs_recurrent
 from tests.autodiff.models import Runner
 from tests.autodiff.specs import Arg, Case, Extra
+from tests.helpers import export_for_training
 
 NAMES = ("rnn", "gru", "lstm")
 FEATURES, HIDDEN, CLASSES = 3, 4, 3
@@ -102,22 +101,9 @@ def _export(module: Any, name: str) -> onnx.ModelProto:
 
     example = torch.from_numpy(_data(name, 4, 2, 0)["x"])
     axes = {0: "batch", 1: "steps"} if _batch_first(name) else {0: "steps", 1: "batch"}
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
-        torch.onnx.export(
-            module,
-            (example,),
-            buffer,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=models.OPSET,
-            input_names=["x"],
-            output_names=["y"],
-            dynamic_axes={"x": axes, "y": {0: "batch"}},
-        )
-    return onnx.load_from_string(buffer.getvalue())
+    return export_for_training(
+        module, (example,), ["x"], ["y"], opset=models.OPSET, dynamic_axes={"x": axes, "y": {0: "batch"}}
+    )
 
 
 @dataclass(frozen=True)

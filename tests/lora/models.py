@@ -14,13 +14,13 @@ Dropout nodes); the logits are ``[batch * seq, vocab]`` for the cross-entropy.
 
 from __future__ import annotations
 
-import io
 import math
-import warnings
 from typing import Any
 
 import numpy as np
 import onnx
+
+from tests.helpers import export_for_training
 
 VOCAB, SEQ, EMBED, HEADS, HIDDEN = 12, 8, 16, 2, 32
 
@@ -104,26 +104,8 @@ def export(module: Any, batch: int) -> onnx.ModelProto:
     """``module`` exported for ``input_ids: int64[batch, SEQ]`` in training mode, opset 17."""
     import torch
 
-    buffer = io.BytesIO()
     ids = torch.zeros((batch, SEQ), dtype=torch.int64)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter and its training argument are deprecated
-        _export(torch, module, ids, buffer)
-    return onnx.load_from_string(buffer.getvalue())
-
-
-def _export(torch: Any, module: Any, ids: Any, buffer: io.BytesIO) -> None:
-    torch.onnx.export(
-        module,
-        (ids,),
-        buffer,
-        dynamo=False,
-        input_names=["input_ids"],
-        output_names=["logits"],
-        opset_version=17,
-        training=torch.onnx.TrainingMode.TRAINING,
-        do_constant_folding=False,
-    )
+    return export_for_training(module, (ids,), ["input_ids"], ["logits"], opset=17)
 
 
 def toy_task(n: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

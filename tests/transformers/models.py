@@ -28,7 +28,6 @@ training mode, without constant folding, with symbolic ``batch`` and ``seq``.
 from __future__ import annotations
 
 import functools
-import io
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from typing import Any, Literal
 import numpy as np
 import onnx
 import pytest
+
+from tests.helpers import export_for_training
 
 NAMES = ("bert", "distilbert", "gpt2", "llama")
 VOCAB, HIDDEN, HEADS, KV_HEADS, LAYERS, INTERMEDIATE, POSITIONS, CLASSES = 100, 32, 4, 2, 2, 64, 64, 3
@@ -130,22 +131,8 @@ def export(module: Any, name: str) -> onnx.ModelProto:
     ids = torch.from_numpy(batch(name, np.random.default_rng(0), 5)["ids"])
     seq_axis = 1 if KINDS[name] == "classifier" else 2
     y_axes = {0: "batch"} if KINDS[name] == "classifier" else {0: "batch", seq_axis: "seq"}
-    buffer = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice, tracer warnings
-        torch.onnx.export(
-            module,
-            (ids,),
-            buffer,
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=OPSET,
-            input_names=["ids"],
-            output_names=["y"],
-            dynamic_axes={"ids": {0: "batch", 1: "seq"}, "y": y_axes},
-        )
-    return onnx.load_from_string(buffer.getvalue())
+    axes = {"ids": {0: "batch", 1: "seq"}, "y": y_axes}
+    return export_for_training(module, (ids,), ["ids"], ["y"], opset=OPSET, dynamic_axes=axes)
 
 
 @dataclass(frozen=True)
