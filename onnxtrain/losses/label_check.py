@@ -167,10 +167,11 @@ def label_error(
     names), to list the offending labels; ``step`` says which step failed.
     """
     message = str(error)
-    match = _NODE_NAME.search(message)
-    check = None if match is None else label_checks(models).get(match.group(1))
-    if match is None or check is None:
+    checks = label_checks(models)  # the failing node's name, after those of the nodes holding it (a Scan's)
+    node = next((name for name in _NODE_NAME.findall(message) if name in checks), None)
+    if node is None:
         return None
+    check = checks[node]
     requested = _REQUESTED.search(message)
     count = int(requested.group(1)) if requested else None
     classes = int(requested.group(2)) if requested else check.classes
@@ -188,7 +189,7 @@ def label_error(
     return ValueError(
         f"{step}: {how_many} out of range in {check.labels!r} for {check.loss} on {check.scores!r} "
         f"({classes if classes is not None else 'C'} classes){listed}. {allowed}. Fix the labels, or give the "
-        f"loss ignore_index=<label> for a label to skip (onnxruntime: node {match.group(1)!r} failed)"
+        f"loss ignore_index=<label> for a label to skip (onnxruntime: node {node!r} failed)"
     )
 
 

@@ -289,25 +289,21 @@ class OrtGradientOptimizer:
         with Progress(self.max_iter, "fit", enabled=self.verbose > 0, leave=True) as bar:
             for iteration in range(self.max_iter):
                 order = rng.permutation(n)
-                shuffled = [array[order] for array in data]  # one gather per iteration: the batches are views
+                shuffled = [array[order] for array in data]  # one gather per iteration
                 eta = learning_rate.value
-                total = 0.0
-                rate = math.nan
-                for batch, start in enumerate(range(0, n, self.batch_size)):
-                    inputs = [array[start : start + self.batch_size] for array in shuffled]
-                    if rate != (rate := eta / len(inputs[0]) if per_sample else eta):
-                        optimizer.set_learning_rate(rate)
-                    value = float(np.asarray(module(*inputs)))
-                    if not math.isfinite(value):
-                        self._diverged(state, last_good)
-                        raise ConvergenceError(
-                            f"the loss became NaN or infinite ({value}) at iteration {iteration + 1} of "
-                            f"{self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the weights are "
-                            f"those after iteration {iteration}; lower the learning rate or scale the features"
-                        )
-                    optimizer.step()
-                    module.lazy_reset_grad()
-                    total += value
+                sizes = np.minimum(self.batch_size, n - np.arange(0, n, self.batch_size))
+                rates = eta / sizes if per_sample else np.full(len(sizes), eta)
+                # the whole iteration in one onnxruntime call (Module.train_epoch), the per-step loop's results
+                batch_losses = module.train_epoch(optimizer, shuffled, None, self.batch_size, learning_rates=rates)
+                if not np.all(np.isfinite(batch_losses)):
+                    batch = int(np.argmin(np.isfinite(batch_losses)))
+                    self._diverged(state, last_good)
+                    raise ConvergenceError(
+                        f"the loss became NaN or infinite ({batch_losses[batch]}) at iteration {iteration + 1} of "
+                        f"{self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the weights are "
+                        f"those after iteration {iteration}; lower the learning rate or scale the features"
+                    )
+                total = float(np.sum(batch_losses))
                 weights = _snapshot(state)
                 if not all(np.isfinite(array).all() for array in weights.values()):
                     self._diverged(state, last_good)

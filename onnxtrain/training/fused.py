@@ -48,7 +48,15 @@ Updated = tuple[str, "StateTensor", str]
 class FusedStep:
     """The fused session of one optimizer over its module; see the module docstring."""
 
-    def __init__(self, fused: FusedModel, session: BoundSession, optimizer: Optimizer, in_place: list[Updated]) -> None:
+    def __init__(
+        self,
+        fused: FusedModel,
+        model: LoadedModel,
+        session: BoundSession,
+        optimizer: Optimizer,
+        in_place: list[Updated],
+    ) -> None:
+        self.model = model  # the fused model, which the epoch step loops over (onnxtrain.training.epoch)
         self.session = session
         self.optimizer = optimizer
         self.in_place = in_place
@@ -71,7 +79,7 @@ class FusedStep:
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
         session = BoundSession(model, "fused training step", module._fused_options, module._providers, module._device)
-        return cls(fused, session, optimizer, in_place)
+        return cls(fused, model, session, optimizer, in_place)
 
     def bind(self) -> None:
         """Bind the optimizer's inputs and each updated tensor as both input and output (the module binds the rest)."""

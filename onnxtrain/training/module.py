@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -46,11 +46,15 @@ from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device, ProviderSpec, resolve
+from onnxtrain.training.epoch import EpochStep
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
 from onnxtrain.training.options import default_session_options
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import StateTensor, TrainingState
+
+if TYPE_CHECKING:
+    from onnxtrain.training.optimizer import Optimizer
 
 _HOST = Device("cpu")
 
@@ -137,6 +141,7 @@ class Module:
         self._accumulate = False
         self._train_steps = 0
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
+        self._epochs: dict[tuple[FusedStep, tuple[tuple[int, ...], ...]], EpochStep] = {}  # per batch shapes
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
         tensors, grads = state._tensors, state._grads
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
@@ -338,6 +343,200 @@ class Module:
         arrays = tuple(results[:user])
         return arrays[0] if len(arrays) == 1 else arrays
 
+    def train_epoch(
+        self,
+        optimizer: Optimizer,
+        inputs: np.ndarray | Sequence[np.ndarray],
+        labels: np.ndarray | None,
+        batch_size: int,
+        shuffle: bool = False,
+        seed: int | None = None,
+        *,
+        learning_rates: Sequence[float] | np.ndarray | None = None,
+    ) -> np.ndarray:
+        """One pass over in-memory data, in one onnxruntime run; the loss of every batch, ``[batches]``.
+
+        The same as the per-step loop (the same losses and parameters)::
+
+            order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+            for b in range(ceil(n / batch_size)):
+                rows = order[b * batch_size : (b + 1) * batch_size]   # the last batch may be shorter
+                loss = module(*[a[rows] for a in (*inputs, labels)])
+                optimizer.step()
+                scheduler.step()            # where a scheduler is attached to the optimizer
+                module.lazy_reset_grad()
+
+        ``inputs``: the array of the model's first user input, or the arrays of
+        its user inputs before the labels; ``labels``: the array of the last
+        one (``None`` when ``inputs`` gives them all). All have the same number
+        of rows ``n``. ``learning_rates`` (one per batch) sets each batch's
+        rate instead of the optimizer's (or its scheduler's). A loss that is
+        not one number counts by its mean.
+
+        The batches run as an ONNX ``Loop`` over the fused step
+        (:mod:`onnxtrain.artifacts.epoch`), one onnxruntime call; the first
+        batch runs as its own step when no update is recorded yet (the first
+        epoch), and every batch does where the optimizer has no fused step.
+        The last batch's update is left recorded, as ``optimizer.step()``
+        leaves it. With ``check_finite``, a batch whose loss is not finite stops
+        the pass and raises ``FloatingPointError`` with the state as the
+        per-step loop leaves it; any other error of the run leaves the state as
+        it was before the run.
+        """
+        from onnxtrain.training.optimizer import Optimizer  # optimizer.py imports this module
+
+        if not isinstance(optimizer, Optimizer) or optimizer._module is not self:
+            raise TypeError("train_epoch needs the Optimizer made over this module: Optimizer(optimizer_uri, module)")
+        data = self._epoch_data(inputs, labels)
+        rows = len(data[0])
+        size = _count(batch_size, "batch_size")
+        self._check_epoch_batches(data, size)
+        self._check_loaded("Cannot perform TrainStep with a nominal state.")
+        order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
+        batches = -(-rows // size)
+        given = None
+        if learning_rates is not None:
+            given = np.asarray(learning_rates, dtype=np.float64).reshape(-1)
+            if given.size != batches:
+                raise ValueError(f"learning_rates has {given.size} values; the pass has {batches} batches")
+        full = rows // size
+        epoch = self._epoch_step(optimizer, [array[:0].reshape(0, size, *array.shape[1:]) for array in data])
+        state = self._state
+        # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
+        # records one) and a last, shorter batch; the others in one run of the epoch model
+        first = 0
+        if epoch is None or not full:
+            first = full = batches
+        elif self._accumulate or state._grad_status == "ready" or state._pending is not optimizer:
+            first = 1
+        losses = [self._epoch_batch_by_step(optimizer, data, order, size, given, b) for b in range(first)]
+        if first < full:
+            shuffled = [array[order[first * size : full * size]] for array in data]
+            batched = [array.reshape(full - first, size, *array.shape[1:]) for array in shuffled]
+            losses += self._epoch_batches_in_loop(epoch, optimizer, batched, given, first)
+        losses += [self._epoch_batch_by_step(optimizer, data, order, size, given, b) for b in range(full, batches)]
+        return np.asarray(losses, dtype=np.float64)
+
+    def _epoch_data(self, inputs: Any, labels: Any) -> list[np.ndarray]:
+        """The arrays of the user inputs, in model order, with as many rows each (``ValueError`` otherwise)."""
+        names = self._io.inputs.names
+        given = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
+        if labels is not None:
+            given.append(labels)
+        if len(given) != len(names):
+            raise TypeError(
+                f"train_epoch: the training model takes {len(names)} user input(s) {list(names)}; got {len(given)} "
+                "array(s) (inputs, then labels)"
+            )
+        arrays = []
+        for name, value in zip(names, given, strict=True):
+            if not isinstance(value, np.ndarray) or value.ndim == 0:
+                raise TypeError(f"train_epoch: the data of input {name!r} must be a numpy.ndarray of rows")
+            arrays.append(np.ascontiguousarray(value))
+        counts = {name: len(array) for name, array in zip(names, arrays, strict=True)}
+        if len(set(counts.values())) != 1 or not arrays[0].shape[0]:
+            raise ValueError(f"train_epoch: every input needs the same number of rows (at least 1); got {counts}")
+        return arrays
+
+    def _check_epoch_batches(self, data: Sequence[np.ndarray], size: int) -> None:
+        """Check a full batch and the last batch against the model's inputs, as a train step would."""
+        rows = len(data[0])
+        for count in dict.fromkeys((min(size, rows), rows % size or size)):
+            self._io.inputs.collect([array[:count] for array in data], {})
+
+    def _epoch_step(self, optimizer: Optimizer, batches: Sequence[np.ndarray]) -> EpochStep | None:
+        """The epoch step over ``optimizer``'s fused step for batches of the shapes of ``batches`` (made on first
+        use); ``None`` without a fused step."""
+        fused = optimizer._fused
+        if fused is None or self._unbound:
+            return None
+        shapes = {name: tuple(array.shape[1:]) for name, array in zip(self._io.inputs.names, batches, strict=True)}
+        key = (fused, tuple(shapes.values()))
+        epoch = self._epochs.get(key)
+        if epoch is None:
+            tensors, trainable, statistics = self._state._tensors, set(self._io.trainable), self._io.statistics
+            frozen = {n: tensors[n] for n in self._io.parameters if n not in trainable and n not in statistics}
+            epoch = self._epochs[key] = EpochStep.create(
+                fused,
+                shapes,
+                self._io.outputs[0],
+                {p: (out, tensors[p]) for p, out in statistics.items()},
+                frozen,
+                self._fused_options,
+                self._providers,
+                self._device,
+            )
+        return epoch
+
+    def _epoch_batch_by_step(
+        self,
+        optimizer: Optimizer,
+        data: list[np.ndarray],
+        order: np.ndarray,
+        size: int,
+        given: np.ndarray | None,
+        index: int,
+    ) -> float:
+        """Batch ``index`` of ``train_epoch`` as the per-step loop runs it; its loss (a per-sample one's mean)."""
+        rows = order[index * size : (index + 1) * size]
+        outputs = self._train_step([array[rows] for array in data], {})
+        loss = outputs[0] if isinstance(outputs, tuple) else outputs
+        _set_epoch_rate(optimizer, given, index)
+        optimizer.step()
+        if given is None and optimizer._scheduler is not None:
+            optimizer._scheduler.step()
+        self.lazy_reset_grad()
+        return float(np.asarray(loss, dtype=np.float64).mean())
+
+    def _epoch_batches_in_loop(
+        self,
+        epoch: EpochStep,
+        optimizer: Optimizer,
+        batched: list[np.ndarray],
+        given: np.ndarray | None,
+        first: int,
+    ) -> list[float]:
+        """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input) in one
+        run of the epoch model."""
+        state, record = self._state, optimizer._record
+        batches = len(batched[0])
+        first_step = int(optimizer._step_host[0])  # the recorded update's
+        rates = np.empty(batches, np.float32)
+        rates[0] = optimizer._lr_host[0]
+        scheduler = optimizer._scheduler if given is None else None
+        for j in range(1, batches):  # iteration j applies the update of batch first + j - 1
+            if given is not None:
+                rates[j] = given[first + j - 1]
+            elif scheduler is not None:
+                rates[j] = scheduler.lr_at(first_step + j - 1)
+            else:
+                rates[j] = record.learning_rate
+        try:
+            losses = epoch.run(batched, rates, first_step)
+        except Exception as error:  # onnxruntime's own exception types
+            where = f"train_epoch, batches {first + 1}-{first + batches}"
+            self._raise_if_labels_out_of_range(error, self._io.inputs.names, batched, where)
+            raise
+        failed = self._check_finite and not bool(np.all(np.isfinite(losses)))
+        trained = int(np.argmin(np.isfinite(losses))) if failed else batches
+        bad = losses[trained : trained + 1]
+        if failed and trained:  # again, up to the batch before the failed one: the state a per-step loop keeps
+            losses = epoch.run([array[:trained] for array in batched], rates[:trained], first_step)
+        if trained:
+            epoch.commit()
+            state._pending = None  # the run's first iteration applied it
+            record.step = first_step + trained - 1  # the updates the run applied
+            self._train_steps += trained
+            state._grad_status = "ready"  # the last batch's: its optimizer step records its update
+            _set_epoch_rate(optimizer, given, first + trained - 1)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            self.lazy_reset_grad()
+        if failed:  # the state is as after the batches before (the recorded update still to apply)
+            self._raise_if_not_finite(bad, self._train_steps + 1)
+        return [float(value) for value in losses]
+
     def _raise_if_not_finite(self, loss: ort.OrtValue | np.ndarray, step: int) -> None:
         value = loss if isinstance(loss, np.ndarray) else values.to_numpy(loss, copy=False)
         if not np.all(np.isfinite(value)):
@@ -536,6 +735,22 @@ def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
         return results[0] if len(results) == 1 else tuple(results)
     arrays = tuple(values.to_numpy(value, copy=False) for value in results)
     return arrays[0] if len(arrays) == 1 else arrays
+
+
+def _set_epoch_rate(optimizer: Optimizer, given: np.ndarray | None, batch: int) -> None:
+    """Before batch ``batch``'s optimizer step: the given rate, or the scheduler's for the step count."""
+    if given is not None:
+        optimizer.set_learning_rate(float(given[batch]))
+    elif optimizer._scheduler is not None:
+        optimizer._scheduler.step()
+
+
+def _count(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{what} must be >= 1, not {value}")
+    return int(value)
 
 
 def _host_array(value: Any, what: str) -> np.ndarray:

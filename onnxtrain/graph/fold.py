@@ -1,0 +1,132 @@
+"""Fold the shape computations of a graph whose input shapes are fixed into constants.
+
+A training graph built for any batch size computes sizes at run time: the
+mean's divisor is ``Cast(Size(x))``, its gradient ``Expand``s to ``Shape(x)``.
+Where the shapes are fixed (the epoch model's batches,
+:mod:`onnxtrain.artifacts.epoch`), each of those nodes runs once per step for
+a value known in advance; onnxruntime folds ``Shape`` but not ``Size`` or what
+follows. :func:`fold_static_shapes` infers the shapes (``onnx.shape_inference``),
+turns ``Shape`` and ``Size`` of a fully known shape into initializers, then
+evaluates every node of :data:`FOLDABLE` whose inputs are all initializers and
+whose output is small, with ONNX's reference implementation: the same IEEE
+arithmetic (one operation, correctly rounded) onnxruntime computes at run time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: Operators folded where all their inputs are constants: cheap, exact, deterministic.
+FOLDABLE = frozenset(
+    {"Add", "Cast", "Concat", "Div", "Equal", "Expand", "Gather", "Mul", "Neg", "Reshape", "Squeeze", "Sub"}
+    | {"Unsqueeze", "Identity", "Reciprocal", "Sqrt", "ConstantOfShape", "Range", "Slice", "Max", "Min"}
+)
+#: The most elements a folded value may have (it becomes an initializer of every session of the model).
+MAX_ELEMENTS = 1 << 16
+
+
+def fold_static_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+    """A copy of ``model`` with inputs ``shapes`` fixed and the computations that then become constant folded.
+
+    Nodes inside subgraphs, and nodes of other domains, are left as they are.
+    """
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    for value in graph.input:
+        if value.name in shapes:
+            _set_shape(value, shapes[value.name])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
+    except Exception:  # onnx's inference errors for operators it does not know: fold nothing
+        return copy
+    known = {
+        value.name: value.type.tensor_type
+        for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
+        if value.type.HasField("tensor_type")
+    }
+    constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    opset = next((entry.version for entry in copy.opset_import if entry.domain in ("", "ai.onnx")), None)
+    outputs = {value.name for value in graph.output}
+    kept = []
+    for node in graph.node:
+        value = None if outputs.intersection(node.output) else _folded(node, known, constants, opset)
+        if value is None:
+            kept.append(node)
+            continue
+        constants[node.output[0]] = value
+        graph.initializer.append(numpy_helper.from_array(value, node.output[0]))
+    del graph.node[:]
+    graph.node.extend(kept)
+    drop_unread_initializers(graph)
+    return copy
+
+
+def _folded(
+    node: onnx.NodeProto,
+    known: Mapping[str, onnx.TypeProto.Tensor],
+    constants: Mapping[str, np.ndarray],
+    opset: int | None,
+) -> np.ndarray | None:
+    """The constant value of ``node``'s one output, or ``None`` where it is not known before running."""
+    if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or opset is None:
+        return None
+    if node.op_type in ("Shape", "Size"):
+        dims = _static_dims(known.get(node.input[0]))
+        if dims is None:
+            return None
+        if node.op_type == "Size":
+            return np.array(math.prod(dims), np.int64)
+        attrs = {a.name: a.i for a in node.attribute}
+        start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+        return np.array(dims, np.int64)[slice(start, end)]
+    if node.op_type not in FOLDABLE or any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+    ):
+        return None
+    inputs = [name for name in node.input if name]
+    if not all(name in constants for name in inputs):
+        return None
+    dims = _static_dims(known.get(node.output[0]))
+    if dims is None or math.prod(dims) > MAX_ELEMENTS:
+        return None
+    from onnx.reference import ReferenceEvaluator  # loads only when something folds
+
+    values = [numpy_helper.from_array(constants[name], name) for name in inputs]
+    single = helper.make_graph(
+        [node], "fold", [], [helper.make_empty_tensor_value_info(node.output[0])], initializer=values
+    )
+    result = ReferenceEvaluator(helper.make_model(single, opset_imports=[helper.make_opsetid("", opset)])).run(None, {})
+    return np.asarray(result[0])
+
+
+def _static_dims(tensor: onnx.TypeProto.Tensor | None) -> list[int] | None:
+    if tensor is None or not tensor.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+    return None if any(d < 0 for d in dims) else dims
+
+
+def _set_shape(value: onnx.ValueInfoProto, shape: Sequence[int]) -> None:
+    dims = value.type.tensor_type.shape.dim
+    del dims[:]
+    for size in shape:
+        dims.add().dim_value = int(size)
+
+
+def drop_unread_initializers(graph: onnx.GraphProto) -> None:
+    """Remove initializers no node, subgraph or output reads (the inputs of folded nodes)."""
+    from onnxtrain.autodiff.training import names_read  # autodiff imports the graph layer
+
+    read = {name for node in graph.node for name in names_read(node)} | {value.name for value in graph.output}
+    kept = [tensor for tensor in graph.initializer if tensor.name in read]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+
+
+__all__ = ["FOLDABLE", "MAX_ELEMENTS", "drop_unread_initializers", "fold_static_shapes"]

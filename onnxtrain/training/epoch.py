@@ -1,0 +1,98 @@
+"""The epoch step: many train and optimizer steps in one onnxruntime run (:mod:`onnxtrain.artifacts.epoch`).
+
+:class:`EpochStep` holds the session of the epoch model built from a fused
+step (:class:`~onnxtrain.training.fused.FusedStep`) for one shape of batch,
+and runs it over batches in memory. The tensors the scan carries (parameters,
+moments, gradients, running statistics) are its inputs; their new values are
+written into the tensors' spares, which :meth:`EpochStep.commit` swaps in. A
+run that fails, or whose result the module discards (a loss that is not
+finite, with ``check_finite``), leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxtrain.artifacts.epoch import EpochModel, epoch_scan_model
+from onnxtrain.training import values
+from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.device import Device, ProviderSpec
+from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.state import StateTensor
+
+_HOST = Device("cpu")
+
+
+class EpochStep:
+    """The epoch model's session over one fused step's tensors; see the module docstring."""
+
+    def __init__(
+        self,
+        epoch: EpochModel,
+        session: BoundSession,
+        carried: Sequence[StateTensor],
+        frozen: Mapping[str, StateTensor],
+    ) -> None:
+        self.epoch = epoch
+        self.session = session
+        self.carried = list(zip(epoch.carried, carried, strict=True))
+        self.frozen = dict(frozen)
+
+    @classmethod
+    def create(
+        cls,
+        fused: FusedStep,
+        batches: Mapping[str, Sequence[int]],
+        loss: str,
+        statistics: Mapping[str, tuple[str, StateTensor]],
+        frozen: Mapping[str, StateTensor],
+        session_options: ort.SessionOptions,
+        providers: list[ProviderSpec],
+        device: Device,
+    ) -> EpochStep:
+        """The epoch step over ``fused`` for batches of the shapes ``batches`` (``{user input: shape}``);
+        ``statistics``: ``{parameter: (the output of its new value, its tensor)}``."""
+        carried = [(name, out) for name, _, out in fused.in_place]
+        tensors = [tensor for _, tensor, _ in fused.in_place]
+        for name, (out, tensor) in statistics.items():
+            carried.append((name, out))
+            tensors.append(tensor)
+        epoch = epoch_scan_model(fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step)
+        model = LoadedModel(epoch.model, epoch.model.SerializeToString())
+        session = BoundSession(model, "epoch model", session_options, providers, device)
+        used = {value.name for value in epoch.model.graph.input}
+        return cls(epoch, session, tensors, {name: t for name, t in frozen.items() if name in used})
+
+    def run(self, batches: Sequence[np.ndarray], learning_rates: np.ndarray, first_step: int) -> np.ndarray:
+        """Train on batch ``j`` of each user input's ``batches`` (``[M, B, ...]``, in model order) in iteration
+        ``j``, after the update of step ``first_step + j`` with ``learning_rates[j]``; the losses, ``[M]``.
+
+        The new state is in the spares until :meth:`commit`.
+        """
+        epoch, session = self.epoch, self.session
+        session.bind_output(epoch.losses, _HOST)  # first: the only output read back
+        for name, array in zip(epoch.data.values(), batches, strict=True):
+            session.bind_input(name, array)
+        session.bind_input(epoch.learning_rates, np.ascontiguousarray(learning_rates.reshape(-1)))
+        if epoch.steps is not None:
+            steps = np.arange(first_step, first_step + len(learning_rates), dtype=np.int64)
+            session.bind_input(epoch.steps, steps)
+        for name, tensor in self.frozen.items():
+            session.bind_value(name, tensor.value)
+        for (before, after), tensor in self.carried:
+            session.bind_value(before, tensor.value)
+            session.bind_output_into(after, tensor.spare())
+        session.run()
+        return values.to_numpy(session.outputs(1)[0])
+
+    def commit(self) -> None:
+        """Swap in the state the last run wrote."""
+        for _, tensor in self.carried:
+            tensor.swap()
+
+
+__all__ = ["EpochStep"]

@@ -1,0 +1,69 @@
+"""``fold_static_shapes``: shape computations of fixed shapes become constants, with the values onnxruntime computes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxtrain.graph.fold import MAX_ELEMENTS, fold_static_shapes
+from onnxtrain.sessions import inference_session
+from tests.helpers import FLOAT, make_model
+
+
+def _mean_gradient_model() -> onnx.ModelProto:
+    """What the autodiff emits for ``ReduceMean``'s gradient: ``Expand(Cast(Size(y)) / Cast(Size(x)), Shape(x))``."""
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["m"], keepdims=0),
+        helper.make_node("Size", ["x"], ["n"]),
+        helper.make_node("Cast", ["n"], ["nf"], to=FLOAT),
+        helper.make_node("Size", ["m"], ["k"]),
+        helper.make_node("Cast", ["k"], ["kf"], to=FLOAT),
+        helper.make_node("Div", ["kf", "nf"], ["scale"]),
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Expand", ["scale", "shape"], ["scales"]),
+        helper.make_node("Mul", ["scales", "x"], ["y"]),
+    ]
+    return make_model({"x": (FLOAT, ["batch", 3])}, nodes, {"y": (FLOAT, ["batch", 3]), "m": (FLOAT, [])})
+
+
+def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
+    return inference_session(model.SerializeToString()).run(None, {"x": x})
+
+
+def test_fixed_shapes_fold_the_computations_into_constants() -> None:
+    model = _mean_gradient_model()
+    folded = fold_static_shapes(model, {"x": [7, 3]})
+    assert [node.op_type for node in folded.graph.node] == ["ReduceMean", "Mul"]
+    onnx.checker.check_model(folded, full_check=True)
+    x = np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32)
+    for got, expected in zip(_run(folded, x), _run(model, x), strict=True):
+        np.testing.assert_array_equal(got, expected)  # the same bits as computed at run time
+    assert {t.name for t in folded.graph.initializer} == {"scales"}  # the folded nodes' inputs are dropped
+
+
+def test_unknown_sizes_stay_computed() -> None:
+    model = _mean_gradient_model()
+    folded = fold_static_shapes(model, {})  # the batch size unknown: only the scalar mean's size is
+    assert [node.op_type for node in folded.graph.node] == [
+        "ReduceMean",
+        "Size",
+        "Cast",
+        "Div",
+        "Shape",
+        "Expand",
+        "Mul",
+    ]
+    assert len(model.graph.node) == 9  # the input is not changed
+    x = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
+    for got, expected in zip(_run(folded, x), _run(model, x), strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_graph_outputs_and_large_values_stay_computed() -> None:
+    model = _mean_gradient_model()
+    model.graph.output.append(helper.make_tensor_value_info("scale", FLOAT, []))
+    rows = MAX_ELEMENTS  # `scales` would have 3 * MAX_ELEMENTS elements
+    folded = fold_static_shapes(model, {"x": [rows, 3]})
+    kept = [node.op_type for node in folded.graph.node]
+    assert "Div" in kept and "Expand" in kept and "Size" not in kept and "Shape" not in kept

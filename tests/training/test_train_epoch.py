@@ -1,0 +1,313 @@
+"""``Module.train_epoch``: the per-step loop's losses and state, from one onnxruntime call per epoch.
+
+Every test runs the same data through ``train_epoch`` and through the loop
+its docstring spells out (``module(batch); optimizer.step(); scheduler.step();
+module.lazy_reset_grad()``), on two modules opened from the same artifacts,
+and compares every loss and everything the state holds (parameters, running
+statistics, gradients, moments, the step count).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxtrain import api, optim
+from onnxtrain.artifacts import LossType, OptimType
+from onnxtrain.training.binding import BoundSession
+from tests.helpers import DOUBLE
+from tests.training import models
+from tests.training.helpers import classifier_batch, open_module, snapshot
+
+Scheduler = Callable[[Any], Any]
+
+ROWS, BATCH = 45, 8  # five full batches and a last one of five rows
+
+
+def _per_step(
+    module: Any,
+    optimizer: Any,
+    data: Sequence[np.ndarray],
+    batch_size: int,
+    *,
+    shuffle: bool = False,
+    seed: int | None = None,
+    scheduler: Any = None,
+    rates: Sequence[float] | None = None,
+) -> np.ndarray:
+    """The loop ``train_epoch`` stands for; the loss of every batch (a per-sample loss by its mean)."""
+    rows = len(data[0])
+    order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
+    out = []
+    for b in range(-(-rows // batch_size)):
+        picked = order[b * batch_size : (b + 1) * batch_size]
+        loss = module(*[array[picked] for array in data])
+        out.append(float(np.mean(loss[0] if isinstance(loss, tuple) else loss)))
+        if rates is not None:
+            optimizer.set_learning_rate(rates[b])
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        module.lazy_reset_grad()
+    return np.array(out)
+
+
+def _assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray], rtol: float) -> None:
+    assert sorted(a) == sorted(b)
+    for name, value in a.items():
+        np.testing.assert_allclose(b[name], value, rtol=rtol, atol=0, err_msg=name)
+
+
+def _compare(
+    paths: dict[str, Path],
+    data: Sequence[np.ndarray],
+    *,
+    epochs: int = 2,
+    batch_size: int = BATCH,
+    rtol: float = 1e-6,
+    scheduler: Scheduler | None = None,
+    rates: Sequence[float] | None = None,
+    **module_options: Any,
+) -> tuple[Any, Any]:
+    """``train_epoch`` against the per-step loop over ``epochs`` shuffled epochs; the two states."""
+    runs = []
+    for by_epoch in (False, True):
+        state, module, optimizer = open_module(paths, **module_options)
+        optimizer.set_learning_rate(0.05)
+        sched = scheduler(optimizer) if scheduler is not None else None
+        seen = []
+        for epoch in range(epochs):
+            if by_epoch:
+                inputs, labels = list(data[:-1]), data[-1]
+                seen.append(
+                    module.train_epoch(
+                        optimizer, inputs, labels, batch_size, shuffle=True, seed=epoch, learning_rates=rates
+                    )
+                )
+            else:
+                seen.append(
+                    _per_step(
+                        module, optimizer, data, batch_size, shuffle=True, seed=epoch, scheduler=sched, rates=rates
+                    )
+                )
+        runs.append((np.concatenate(seen), snapshot(state), state, module, optimizer))
+    (losses_a, state_a, *_), (losses_b, state_b, *_) = runs
+    np.testing.assert_allclose(losses_b, losses_a, rtol=rtol, atol=0)
+    _assert_same(state_a, state_b, rtol)
+    assert runs[0][3].train_step_count == runs[1][3].train_step_count
+    assert runs[0][4].get_learning_rate() == runs[1][4].get_learning_rate()
+    return runs[0][2], runs[1][2]
+
+
+def _mlp_for(loss: LossType, elem_type: int = onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    """The 4-8-3 MLP, ending in a sigmoid for the losses that take probabilities."""
+    model = models.mlp((4, 8, 3), elem_type=elem_type)
+    if loss is LossType.BCELoss:
+        model.graph.node[-1].output[0] = "logits"
+        model.graph.node.append(helper.make_node("Sigmoid", ["logits"], ["y"]))
+    return model
+
+
+def _data(loss: LossType, rng: np.random.Generator, dtype: type = np.float32) -> list[np.ndarray]:
+    """``[x, labels or target]`` of ``ROWS`` rows that ``loss`` takes."""
+    x = rng.normal(size=(ROWS, 4)).astype(dtype)
+    if loss in (LossType.CrossEntropyLoss, LossType.NLLLoss):
+        return [x, rng.integers(0, 3, size=ROWS).astype(np.int64)]
+    if loss is LossType.KLDivLoss:
+        t = rng.uniform(0.1, 1.0, size=(ROWS, 3))
+        return [x, (t / t.sum(axis=1, keepdims=True)).astype(dtype)]
+    low = 0.0 if loss in (LossType.BCELoss, LossType.BCEWithLogitsLoss) else -1.0
+    return [x, rng.uniform(low, 1.0, size=(ROWS, 3)).astype(dtype)]
+
+
+@pytest.mark.parametrize("loss", list(LossType), ids=lambda loss: loss.name)
+def test_every_loss(tmp_path: Path, loss: LossType) -> None:
+    paths = models.generate(tmp_path, _mlp_for(loss), loss=loss, optimizer=OptimType.AdamW)
+    _compare(paths, _data(loss, np.random.default_rng(3)))
+
+
+OPTIMIZERS: dict[str, Callable[[], Any]] = {
+    **{kind.name: (lambda kind=kind: kind) for kind in OptimType},
+    "SGD-momentum-nesterov": lambda: optim.SGD(momentum=0.9, nesterov=True),
+    "AdamW-amsgrad-clip": lambda: optim.AdamW(amsgrad=True, clip_grad=optim.ClipGradNorm(0.5)),
+    "SGD-clip": lambda: optim.SGD(clip_grad=optim.ClipGradNorm(0.1)),
+}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+def test_every_optimizer(tmp_path: Path, optimizer: str, dtype: type) -> None:
+    elem_type = DOUBLE if dtype is np.float64 else onnx.TensorProto.FLOAT
+    model = _mlp_for(LossType.MSELoss, elem_type)
+    paths = models.generate(tmp_path, model, loss=LossType.MSELoss, optimizer=OPTIMIZERS[optimizer]())
+    rtol = 1e-12 if dtype is np.float64 else 1e-6
+    _compare(paths, _data(LossType.MSELoss, np.random.default_rng(5), dtype), rtol=rtol)
+
+
+SCHEDULERS: dict[str, Scheduler] = {
+    "linear": lambda opt: api.LinearLRScheduler(opt, 3, 10, 0.05),
+    "cosine": lambda opt: api.CosineLRScheduler(opt, 2, 9, 0.05, min_lr=0.001),
+    "step": lambda opt: api.StepLRScheduler(opt, 4, 0.05, gamma=0.5),
+    "exponential": lambda opt: api.ExponentialLRScheduler(opt, 0.05, 0.8),
+}
+
+
+@pytest.mark.parametrize("scheduler", list(SCHEDULERS))
+def test_schedulers_set_each_step_rate(classifier: dict[str, Path], scheduler: str) -> None:
+    x, labels = classifier_batch(np.random.default_rng(8), ROWS)
+    _compare(classifier, [x, labels], epochs=3, scheduler=SCHEDULERS[scheduler])
+
+
+def test_given_learning_rates(classifier: dict[str, Path]) -> None:
+    x, labels = classifier_batch(np.random.default_rng(9), ROWS)
+    rates = [0.1, 0.05, 0.02, 0.3, 0.01, 0.07]
+    _compare(classifier, [x, labels], rates=rates)
+
+
+def test_batchnorm_running_statistics(batchnorm: dict[str, Path]) -> None:
+    rng = np.random.default_rng(10)
+    state, _ = _compare(
+        batchnorm, [rng.normal(size=(ROWS, 4)).astype(np.float32), rng.normal(size=(ROWS, 3)).astype(np.float32)]
+    )
+    assert not np.array_equal(state.parameters["bn.mean"].data, np.zeros(3, np.float32))  # they moved
+
+
+def test_frozen_parameters_and_mixed_dtypes(momentum: dict[str, Path], mixed: dict[str, Path]) -> None:
+    rng = np.random.default_rng(11)
+    _compare(momentum, [rng.normal(size=(ROWS, 4)).astype(np.float32), rng.normal(size=(ROWS, 3)).astype(np.float32)])
+    _compare(mixed, [rng.normal(size=(ROWS, 3)).astype(np.float32), rng.normal(size=(ROWS, 2))])
+
+
+def test_additional_outputs_and_sum_reduction(regression: dict[str, Path]) -> None:
+    rng = np.random.default_rng(12)
+    _compare(regression, [rng.normal(size=(ROWS, 4)).astype(np.float32), rng.normal(size=(ROWS, 3)).astype(np.float32)])
+
+
+def test_without_the_fused_step_every_batch_is_a_step(classifier: dict[str, Path]) -> None:
+    x, labels = classifier_batch(np.random.default_rng(13), ROWS)
+    _compare(classifier, [x, labels], fuse=False)
+
+
+@pytest.mark.parametrize(("rows", "batch_size"), [(1, 8), (8, 8), (9, 8), (40, 1), (45, 45), (45, 100)])
+def test_batch_counts(classifier: dict[str, Path], rows: int, batch_size: int) -> None:
+    x, labels = classifier_batch(np.random.default_rng(14), rows)
+    _compare(classifier, [x, labels], batch_size=batch_size)
+
+
+def test_after_accumulated_train_steps(classifier: dict[str, Path]) -> None:
+    """Train steps that accumulated before the call: its first batch adds to them, as a step would."""
+    x, labels = classifier_batch(np.random.default_rng(15), ROWS)
+    states = []
+    for by_epoch in (False, True):
+        state, module, optimizer = open_module(classifier)
+        module(x[:3], labels[:3])
+        module(x[3:7], labels[3:7])
+        got = (
+            module.train_epoch(optimizer, x, labels, BATCH)
+            if by_epoch
+            else _per_step(module, optimizer, [x, labels], BATCH)
+        )
+        states.append((got, snapshot(state)))
+    np.testing.assert_allclose(states[1][0], states[0][0], rtol=1e-6)
+    _assert_same(states[0][1], states[1][1], 1e-6)
+
+
+def _count_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count every onnxruntime run of every session of the runtime."""
+    runs = [0]
+    original = BoundSession.run
+
+    def counted(self: BoundSession) -> None:
+        runs[0] += 1
+        original(self)
+
+    monkeypatch.setattr(BoundSession, "run", counted)
+    return runs
+
+
+def test_one_onnxruntime_call_per_epoch(classifier: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    x, labels = classifier_batch(np.random.default_rng(16), 48)
+    _, module, optimizer = open_module(classifier)
+    runs = _count_runs(monkeypatch)
+    module.train_epoch(optimizer, x, labels, BATCH)
+    assert runs[0] == 2  # the first batch records the first update, then the other five in one run
+    for expected in (3, 4, 5):
+        module.train_epoch(optimizer, x, labels, BATCH, shuffle=True, seed=expected)
+        assert runs[0] == expected
+    module.train_epoch(optimizer, x[:45], labels[:45], BATCH)  # and a shorter last batch: one step more
+    assert runs[0] == 7
+
+
+def test_one_onnxruntime_call_per_steady_step(classifier: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    x, labels = classifier_batch(np.random.default_rng(17), BATCH)
+    _, module, optimizer = open_module(classifier)
+    module(x, labels)
+    optimizer.step()
+    module.lazy_reset_grad()
+    runs = _count_runs(monkeypatch)
+    for step in range(1, 6):
+        module(x, labels)
+        optimizer.step()
+        module.lazy_reset_grad()
+        assert runs[0] == step  # the fused step: the recorded update and the train step in one run
+
+
+def test_check_finite_stops_where_the_per_step_loop_raises(tmp_path: Path) -> None:
+    paths = models.generate(tmp_path, _mlp_for(LossType.MSELoss), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
+    x, target = _data(LossType.MSELoss, np.random.default_rng(18))
+    x[3 * BATCH + 2, 1] = np.inf  # batch 4 of each epoch gives an infinite loss
+    results = []
+    for by_epoch in (False, True):
+        state, module, optimizer = open_module(paths, check_finite=True)
+        module.train_epoch(optimizer, x[: 3 * BATCH], target[: 3 * BATCH], BATCH)  # a first, clean epoch
+        with pytest.raises(FloatingPointError, match="train step 7"):
+            if by_epoch:
+                module.train_epoch(optimizer, x, target, BATCH)
+            else:
+                _per_step(module, optimizer, [x, target], BATCH)
+        results.append((snapshot(state), module.train_step_count))
+    _assert_same(results[0][0], results[1][0], 1e-6)
+    assert results[0][1] == results[1][1] == 6
+
+
+def test_an_error_in_the_run_leaves_the_state_as_before_it(classifier: dict[str, Path]) -> None:
+    x, labels = classifier_batch(np.random.default_rng(19), 48)
+    bad = labels.copy()
+    bad[4 * BATCH + 1] = 7  # the classifier has 4 classes
+    expected = []
+    for fails in (False, True):
+        state, module, optimizer = open_module(classifier)
+        module.train_epoch(optimizer, x, labels, BATCH)
+        if fails:
+            with pytest.raises(ValueError, match="label"):
+                module.train_epoch(optimizer, x, bad, BATCH)
+        expected.append((snapshot(state), module.train_step_count, optimizer._record.step))
+    _assert_same(expected[0][0], expected[1][0], 0)
+    assert expected[0][1:] == expected[1][1:]
+
+
+def test_bad_arguments(classifier: dict[str, Path], regression: dict[str, Path]) -> None:
+    x, labels = classifier_batch(np.random.default_rng(20), 16)
+    _, module, optimizer = open_module(classifier)
+    _, _, other = open_module(classifier)
+    with pytest.raises(TypeError, match="Optimizer made over this module"):
+        module.train_epoch(other, x, labels, 4)
+    with pytest.raises(ValueError, match="same number of rows"):
+        module.train_epoch(optimizer, x, labels[:-1], 4)
+    with pytest.raises(ValueError, match="batch_size must be >= 1"):
+        module.train_epoch(optimizer, x, labels, 0)
+    with pytest.raises(TypeError, match="batch_size must be an int"):
+        module.train_epoch(optimizer, x, labels, 4.0)
+    with pytest.raises(TypeError, match="cast it"):
+        module.train_epoch(optimizer, x.astype(np.float64), labels, 4)
+    with pytest.raises(TypeError, match="takes 2 user input"):
+        module.train_epoch(optimizer, [x, x], labels, 4)
+    with pytest.raises(ValueError, match="learning_rates has 3 values; the pass has 4 batches"):
+        module.train_epoch(optimizer, x, labels, 4, learning_rates=[0.1, 0.1, 0.1])
+    assert module.train_step_count == 0
