@@ -1,5 +1,8 @@
 """The epoch step: many train and optimizer steps in one onnxruntime run (:mod:`onnxtrain.artifacts.epoch`).
 
+``Module.train_epoch`` drives it: :class:`EpochOptimizer` is what it needs of
+the optimizer, :class:`EpochRates` the learning rate of each batch's step.
+
 :class:`EpochStep` holds the session of the epoch model built from a fused
 step (:class:`~onnxtrain.training.fused.FusedStep`) for one shape of batch,
 and runs it over batches in memory. The tensors the scan carries (parameters,
@@ -11,18 +14,18 @@ finite, with ``check_finite``), leaves the state as it was.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
-import onnxruntime as ort
 
 from onnxtrain.artifacts.epoch import EpochModel, epoch_scan_model
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
-from onnxtrain.training.device import Device, ProviderSpec
+from onnxtrain.training.device import Device
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.interface import LoadedModel
-from onnxtrain.training.state import StateTensor
+from onnxtrain.training.store import StateTensor
 
 _HOST = Device("cpu")
 
@@ -50,12 +53,11 @@ class EpochStep:
         loss: str,
         statistics: Mapping[str, tuple[str, StateTensor]],
         frozen: Mapping[str, StateTensor],
-        session_options: ort.SessionOptions,
-        providers: list[ProviderSpec],
-        device: Device,
+        open_session: Callable[[LoadedModel, str], BoundSession],
     ) -> EpochStep:
         """The epoch step over ``fused`` for batches of the shapes ``batches`` (``{user input: shape}``);
-        ``statistics``: ``{parameter: (the output of its new value, its tensor)}``."""
+        ``statistics``: ``{parameter: (the output of its new value, its tensor)}``; ``open_session(model, what)``
+        makes the session."""
         carried = [(name, out) for name, _, out in fused.in_place]
         tensors = [tensor for _, tensor, _ in fused.in_place]
         for name, (out, tensor) in statistics.items():
@@ -63,7 +65,7 @@ class EpochStep:
             tensors.append(tensor)
         epoch = epoch_scan_model(fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step)
         model = LoadedModel(epoch.model, epoch.model.SerializeToString())
-        session = BoundSession(model, "epoch model", session_options, providers, device)
+        session = open_session(model, "epoch model")
         used = {value.name for value in epoch.model.graph.input}
         return cls(epoch, session, tensors, {name: t for name, t in frozen.items() if name in used})
 
@@ -95,4 +97,74 @@ class EpochStep:
             tensor.swap()
 
 
-__all__ = ["EpochStep"]
+class Schedule(Protocol):
+    """A learning-rate scheduler (:mod:`onnxtrain.training.schedulers`), as an optimizer holds it."""
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate after ``step`` optimizer steps."""
+
+    def step(self) -> None:
+        """Set the optimizer's learning rate for its current step count."""
+
+
+class EpochOptimizer(Protocol):
+    """What ``Module.train_epoch`` uses of an ``Optimizer`` (all public there)."""
+
+    @property
+    def module(self) -> object: ...
+
+    @property
+    def fused_step(self) -> FusedStep | None: ...
+
+    @property
+    def scheduler(self) -> Schedule | None: ...
+
+    def recorded_update(self) -> tuple[float, int]: ...
+
+    def record_applied(self, count: int) -> None: ...
+
+    def step(self) -> None: ...
+
+    def set_learning_rate(self, learning_rate: float) -> None: ...
+
+    def get_learning_rate(self) -> float: ...
+
+
+class EpochRates:
+    """The learning rate of each batch's optimizer step in ``train_epoch``, as the per-step loop sets it.
+
+    Given per batch (``optimizer.set_learning_rate`` before the step), else
+    the scheduler's for the step count before the step (``scheduler.step()``
+    after each step), else the optimizer's rate when the pass starts.
+    """
+
+    def __init__(self, optimizer: EpochOptimizer, given: Sequence[float] | np.ndarray | None, batches: int) -> None:
+        self._optimizer = optimizer
+        self._given = None if given is None else np.asarray(given, dtype=np.float64).reshape(-1)
+        if self._given is not None and self._given.size != batches:
+            raise ValueError(f"learning_rates has {self._given.size} values; the pass has {batches} batches")
+        self._scheduler = optimizer.scheduler if given is None else None
+        self._fixed = optimizer.get_learning_rate()
+
+    def of(self, batch: int, step_count: int) -> float:
+        """The rate of batch ``batch``'s step, taken after ``step_count`` optimizer steps."""
+        if self._given is not None:
+            return float(self._given[batch])
+        if self._scheduler is not None:
+            return self._scheduler.lr_at(step_count)
+        return self._fixed
+
+    def before_step(self, batch: int) -> None:
+        """Set the optimizer's rate for batch ``batch``'s step."""
+        if self._given is not None:
+            self._optimizer.set_learning_rate(float(self._given[batch]))
+        elif self._scheduler is not None:
+            self._scheduler.step()  # for the step count now (a run may have applied steps since the last)
+
+    def after_step(self) -> None:
+        """What the per-step loop does after the optimizer step: the scheduler's step."""
+        if self._scheduler is not None:
+            self._scheduler.step()
+
+
+__all__ = ["EpochOptimizer", "EpochRates", "EpochStep", "Schedule"]

@@ -14,7 +14,7 @@ needed.
 A recorded update is applied (by the optimizer model alone, in place) before
 anything else sees the state: reading or writing a parameter, saving, exporting,
 an eval step, a train step that accumulates or runs in another module, a second
-optimizer step (:meth:`TrainingState._settle`). The results are those of
+optimizer step (:meth:`StateStore.settle <onnxtrain.training.store.StateStore.settle>`). The results are those of
 running each step when it is called.
 
 If onnxruntime fails during a fused run (a label out of range, say), the update
@@ -25,7 +25,9 @@ train step. The gradients are then reset, as after any failed train step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+
+import onnxruntime as ort
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
@@ -34,74 +36,91 @@ from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import LoadedModel
-
-if TYPE_CHECKING:
-    from onnxtrain.training.module import Module
-    from onnxtrain.training.optimizer import Optimizer
-    from onnxtrain.training.state import StateTensor
-
+from onnxtrain.training.store import RecordedUpdate, StateStore, StateTensor
 
 #: ``(input, tensor, output)``: a tensor the fused step reads from ``input`` and writes in place as ``output``.
-Updated = tuple[str, "StateTensor", str]
+Updated = tuple[str, StateTensor, str]
 
 
 class FusedStep:
-    """The fused session of one optimizer over its module; see the module docstring."""
+    """The fused session of one optimizer over its module; see the module docstring.
+
+    ``update``: the optimizer whose recorded update the fused step applies
+    (a train step runs it where the state's recorded update is this one);
+    ``learning_rate`` and ``step``: the OrtValues holding the recorded rate
+    and step number, written by the optimizer, bound as they are.
+    """
 
     def __init__(
         self,
         fused: FusedModel,
         model: LoadedModel,
         session: BoundSession,
-        optimizer: Optimizer,
+        update: RecordedUpdate,
         in_place: list[Updated],
+        values: tuple[ort.OrtValue, ort.OrtValue],
     ) -> None:
-        self.model = model  # the fused model, which the epoch step loops over (onnxtrain.training.epoch)
+        self.model = model  # the fused model, which the epoch step scans over (onnxtrain.training.epoch)
         self.session = session
-        self.optimizer = optimizer
+        self.update = update
         self.in_place = in_place
         self.learning_rate = fused.name_of(LEARNING_RATE)
         self.step = fused.name_of(STEP)
+        self._values = values
 
     @classmethod
-    def create(cls, module: Module, optimizer_model: LoadedModel, optimizer: Optimizer) -> FusedStep | None:
-        """The fused step, or ``None`` where the two models cannot be merged or updated in place."""
-        training = module._train_model.with_data()
-        optimizing = optimizer_model.with_data()
-        if training.ByteSize() + optimizing.ByteSize() > PROTOBUF_LIMIT:
+    def create(
+        cls,
+        training: LoadedModel,
+        optimizer_model: LoadedModel,
+        trainable: Sequence[str],
+        store: StateStore,
+        moments: Mapping[str, Sequence[StateTensor]],
+        update: RecordedUpdate,
+        values: tuple[ort.OrtValue, ort.OrtValue],
+        open_session: Callable[[LoadedModel, str], BoundSession],
+    ) -> FusedStep | None:
+        """The fused step, or ``None`` where the two models cannot be merged or updated in place.
+
+        ``values``: the learning rate's and the step number's OrtValues;
+        ``open_session(model, what)`` makes the session.
+        """
+        training_proto, optimizer_proto = training.with_data(), optimizer_model.with_data()
+        if training_proto.ByteSize() + optimizer_proto.ByteSize() > PROTOBUF_LIMIT:
             return None  # one serialized model would pass protobuf's limit
         try:
-            fused = fuse_update_and_train(training, optimizing, module._io.trainable)
+            fused = fuse_update_and_train(training_proto, optimizer_proto, trainable)
         except FusionError:
             return None
-        in_place = _updated_tensors(fused, module, optimizer)
+        in_place = _updated_tensors(fused, trainable, store, moments)
         if unsafe_in_place(fused.model.graph, {name: out for name, _, out in in_place}):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
-        session = BoundSession(model, "fused training step", module._fused_options, module._providers, module._device)
-        return cls(fused, model, session, optimizer, in_place)
+        return cls(fused, model, open_session(model, "fused training step"), update, in_place, values)
 
     def bind(self) -> None:
-        """Bind the optimizer's inputs and each updated tensor as both input and output (the module binds the rest)."""
-        optimizer, session = self.optimizer, self.session
-        session.bind_value(self.learning_rate, optimizer._lr_value)
-        session.bind_value(self.step, optimizer._step_value)
+        """Bind the recorded rate and step and each updated tensor as both input and output (the module binds
+        the rest)."""
+        session = self.session
+        session.bind_value(self.learning_rate, self._values[0])
+        session.bind_value(self.step, self._values[1])
         for name, tensor, out in self.in_place:
             session.bind_value(name, tensor.value)
             session.bind_output_into(out, tensor.value)
 
 
-def _updated_tensors(fused: FusedModel, module: Module, optimizer: Optimizer) -> list[Updated]:
+def _updated_tensors(
+    fused: FusedModel, trainable: Sequence[str], store: StateStore, moments: Mapping[str, Sequence[StateTensor]]
+) -> list[Updated]:
     """The parameters, moments and gradients the fused model updates, with its names for each."""
-    tensors, grads, moments = module._state._tensors, module._state._grads, optimizer._record.moments
     updated: list[Updated] = []
-    for p in module._io.trainable:
-        updated.append((p, tensors[p], fused.name_of(updated_name(p))))
+    for p in trainable:
+        updated.append((p, store.tensors[p], fused.name_of(updated_name(p))))
         for i, moment in enumerate(moments[p]):
             name = state_name(p, i)
             updated.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
-        updated.append((fused.name_of(grad_name(p)), grads[p], fused.gradients[p]))
+        updated.append((fused.name_of(grad_name(p)), store.gradients[p], fused.gradients[p]))
     return updated
 
 
-__all__ = ["FusedStep"]
+__all__ = ["FusedStep", "Updated"]

@@ -16,6 +16,38 @@ update, and the next train step that starts from reset gradients runs the
 fused step instead (:mod:`onnxtrain.training.fused`): the update, then the
 train step, in one run and in place; the same outputs and gradients.
 
+**The paths of a step**, and what each reads and writes of the state
+(:class:`~onnxtrain.training.store.StateStore`: parameters P, running
+statistics S, gradients G and their status, moments M, the recorded update
+R; "spare": written into the tensor's second buffer, swapped in once the run
+succeeds). Every path gives the results of the plain training model and
+optimizer model run one after the other, bit for bit
+(``tests/training/test_fused_step.py``, ``test_reset_step.py``,
+``test_train_epoch.py``).
+
+============ ======================================== ================= ========================= ==================
+path         taken when                               runs              writes                    a failed run
+============ ======================================== ================= ========================= ==================
+reset        train step, G reset or none, no R of     reset session     G in place, S to spares   G stays reset; S,
+             this module's optimizer (first step)     (no accumulation) status ready              P as before
+accumulating train step, G ready (no lazy_reset_grad) R applied first,  G and S to spares         nothing changes
+                                                      training session
+fused        train step, G reset, R is this module's  fused session     P, M, G in place, S to    R applied; G
+             optimizer's (the usual loop)             (update, train)   spares; R cleared         reset
+recorded     ``optimizer.step()`` with a fused step   nothing           R, rate and step inputs,  (raises before:
+                                                                        step count                no G ready)
+settled      R set, and anything reads or writes P,   optimizer session P, M in place (spares     (onnxruntime
+             M or G other than the fused step;                          where in place is unsafe) errors only)
+             ``optimizer.step()`` without fused step
+epoch        ``train_epoch``: full batches after R    epoch session     P, M, G, S to spares,     nothing changes
+             (:mod:`onnxtrain.training.epoch`)        (Scan of fused)   swapped; then R recorded
+unbound      STRING user inputs or outputs            R applied first,  G, S copied in after the  nothing changes
+                                                      ``session.run``   run
+============ ======================================== ================= ========================= ==================
+
+A train step whose loss is not finite (``check_finite``) is a failed run on
+every path: it is discarded as the table says.
+
 Beyond ONNX Runtime: running statistics are carried from step to step;
 parameters may be of any float dtype; ``check_finite=True`` makes a
 non-finite loss raise ``FloatingPointError`` naming the step, and the step is
@@ -33,7 +65,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -46,15 +78,21 @@ from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device, ProviderSpec, resolve
-from onnxtrain.training.epoch import EpochStep
+from onnxtrain.training.epoch import EpochOptimizer, EpochRates, EpochStep
 from onnxtrain.training.fused import FusedStep
-from onnxtrain.training.interface import EvalModelIO, LoadedModel, ModelSource, eval_io, load_model, training_io
+from onnxtrain.training.interface import (
+    EvalModelIO,
+    LoadedModel,
+    ModelSource,
+    TrainingModelIO,
+    eval_io,
+    load_model,
+    training_io,
+)
 from onnxtrain.training.options import default_session_options
 from onnxtrain.training.reset import ResetStep
-from onnxtrain.training.state import StateTensor, TrainingState
-
-if TYPE_CHECKING:
-    from onnxtrain.training.optimizer import Optimizer
+from onnxtrain.training.state import TrainingState
+from onnxtrain.training.store import StateTensor
 
 _HOST = Device("cpu")
 
@@ -114,7 +152,8 @@ class Module:
         # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
         fused_defaults = default_session_options(spinning=True, update_first=True, shared_cpu_arena=shared)
         self._fused_options = session_options if session_options is not None else fused_defaults
-        infos = state._infos()
+        store = state.store
+        infos = store.parameter_infos()
         train = load_model(train_model_uri, "train_model_uri")
         self._io = training_io(train.proto, infos)
         self._eval_model: LoadedModel | None = None
@@ -123,19 +162,20 @@ class Module:
             self._eval_model = load_model(eval_model_uri, "eval_model_uri")
             self._eval_io = eval_io(self._eval_model.proto, infos)
         self._train_model = train
-        self._train_session = self._session(train, "training model")
+        self._train_session = self.open_session(train, "training model")
         # STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind: each step then runs the
         # training (eval) model with InferenceSession.run, without the reset and fused steps (_unbound_train_step)
         self._unbound = self._io.strings
         self._unbound_eval = self._eval_io is not None and self._eval_io.strings
         # the steps from reset gradients, which write them in place (None: the training session runs those too)
-        self._reset = None if self._unbound else ResetStep.create(train, self._io.trainable, self._session)
-        self._eval_session = None if self._eval_model is None else self._session(self._eval_model, "eval model")
+        self._reset = None if self._unbound else ResetStep.create(train, self._io.trainable, self.open_session)
+        self._eval_session = None if self._eval_model is None else self.open_session(self._eval_model, "eval model")
         # everything checked: only now does the state move
-        state._place(self._device)
-        state._ensure_gradients(self._io.trainable)
-        state._grad_status = "none"
+        store.place(self._device)
+        store.ensure_gradients(self._io.trainable)
+        store.gradient_status = "none"
         self._state = state
+        self._store = store
         self.training = True
         self._check_finite = bool(check_finite)
         self._accumulate = False
@@ -143,7 +183,7 @@ class Module:
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
         self._epochs: dict[tuple[FusedStep, tuple[tuple[int, ...], ...]], EpochStep] = {}  # per batch shapes
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
-        tensors, grads = state._tensors, state._grads
+        tensors, grads = store.tensors, store.gradients
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
         self._grad_slots = [(self._io.buffers[p], self._io.gradients[p], grads[p]) for p in self._io.trainable]
         self._stat_slots = [(out, tensors[p]) for p, out in self._io.statistics.items()]
@@ -164,8 +204,14 @@ class Module:
             if group
         )
 
-    def _session(self, model: LoadedModel, what: str) -> BoundSession:
-        return BoundSession(model, what, self._options, self._providers, self._device)
+    def open_session(self, model: LoadedModel, what: str, *, alone: bool = False) -> BoundSession:
+        """A session for ``model`` (``what`` names it in errors) on this module's device, with its options.
+
+        ``alone``: a session that runs once per step with no other between
+        (the fused step's, the epoch step's), whose threads spin by default.
+        """
+        options = self._fused_options if alone else self._options
+        return BoundSession(model, what, options, self._providers, self._device)
 
     # --------------------------------------------------------------- steps
 
@@ -193,32 +239,32 @@ class Module:
     def lazy_reset_grad(self) -> None:
         """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
         self._accumulate = False
-        if self._state._grad_status == "ready":
-            self._state._grad_status = "reset"
+        if self._store.gradient_status == "ready":
+            self._store.gradient_status = "reset"
 
     def _check_loaded(self, sentence: str) -> None:
         """``NominalStateError`` starting with ``sentence`` (ONNX Runtime's) while parameters of a nominal
         state hold no values; the steps need every parameter (ONNX Runtime: the whole state loaded)."""
-        if self._state._unloaded:
-            self._state._check_loaded(self._state._tensors, sentence)
+        if self._store.unloaded:
+            self._store.check_loaded(self._store.tensors, sentence)
 
     def _train_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
         io = self._io
         feeds = io.inputs.collect(args, kwargs)
-        if self._state._unloaded:
+        if self._store.unloaded:
             self._check_loaded("Cannot perform TrainStep with a nominal state.")
         if self._unbound:
             return self._unbound_train_step(feeds)
-        state = self._state
+        store = self._store
         # a step from reset gradients that nothing can observe any more writes the new ones in place: the fused
         # step when its optimizer recorded an update (it reads the old gradients before it writes them), else
         # the reset step; any other train step accumulates into spares, after the recorded update is applied
-        in_place = not self._accumulate and state._grad_status != "ready"
+        in_place = not self._accumulate and store.gradient_status != "ready"
         fused = self._fused if in_place else None
-        if fused is not None and state._pending is not fused.optimizer:
+        if fused is not None and store.recorded_update is not fused.update:
             fused = None
         if fused is None:
-            state._settle()
+            store.settle()
         reset = self._reset if in_place and fused is None else None
         session = fused.session if fused is not None else reset.session if reset is not None else self._train_session
         on_device = (
@@ -233,7 +279,7 @@ class Module:
             raise
         finally:
             if fused is not None:  # the update ran first (see onnxtrain.training.fused), even where the step failed
-                state._pending = None
+                store.recorded_update = None
         results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
         if self._check_finite and results:
@@ -244,7 +290,7 @@ class Module:
         for _, tensor in self._stat_slots:
             tensor.swap()
         self._accumulate = True
-        state._grad_status = "ready"
+        store.gradient_status = "ready"
         self._train_steps = step
         if host_outputs is None:
             return _pack(results, on_device)
@@ -292,7 +338,7 @@ class Module:
             # them reset), so they need no spare
             fused.bind()
         elif reset is not None:  # the same: a failed step leaves them reset, or absent
-            reset.bind(self._state._grads)
+            reset.bind(self._store.gradients)
         else:
             for buffer, out, grad in self._grad_slots:
                 session.bind_value(buffer, grad.value)
@@ -314,8 +360,8 @@ class Module:
         them as they were. The same results as the bound steps: the training
         model with ``lazy_reset_grad`` true is the reset step's computation.
         """
-        io, state = self._io, self._state
-        state._settle()
+        io, store = self._io, self._store
+        store.settle()
         inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
         for name, tensor in self._param_slots:
             inputs[name] = tensor.value
@@ -338,14 +384,14 @@ class Module:
         for (out, tensor), array in zip(self._stat_slots, new[len(self._grad_slots) :], strict=True):
             values.write(tensor.value, array, f"running statistic {out!r}")
         self._accumulate = True
-        state._grad_status = "ready"
+        store.gradient_status = "ready"
         self._train_steps = step
         arrays = tuple(results[:user])
         return arrays[0] if len(arrays) == 1 else arrays
 
     def train_epoch(
         self,
-        optimizer: Optimizer,
+        optimizer: EpochOptimizer,
         inputs: np.ndarray | Sequence[np.ndarray],
         labels: np.ndarray | None,
         batch_size: int,
@@ -356,7 +402,7 @@ class Module:
     ) -> np.ndarray:
         """One pass over in-memory data, in one onnxruntime run; the loss of every batch, ``[batches]``.
 
-        The same as the per-step loop (the same losses and parameters)::
+        The same as the per-step loop (the same losses and state)::
 
             order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
             for b in range(ceil(n / batch_size)):
@@ -370,22 +416,20 @@ class Module:
         its user inputs before the labels; ``labels``: the array of the last
         one (``None`` when ``inputs`` gives them all). All have the same number
         of rows ``n``. ``learning_rates`` (one per batch) sets each batch's
-        rate instead of the optimizer's (or its scheduler's). A loss that is
-        not one number counts by its mean.
+        rate instead of the optimizer's (or its scheduler's), as
+        ``optimizer.set_learning_rate`` before its step would.
 
-        The batches run as an ONNX ``Loop`` over the fused step
-        (:mod:`onnxtrain.artifacts.epoch`), one onnxruntime call; the first
-        batch runs as its own step when no update is recorded yet (the first
-        epoch), and every batch does where the optimizer has no fused step.
-        The last batch's update is left recorded, as ``optimizer.step()``
-        leaves it. With ``check_finite``, a batch whose loss is not finite stops
-        the pass and raises ``FloatingPointError`` with the state as the
-        per-step loop leaves it; any other error of the run leaves the state as
-        it was before the run.
+        The full batches run as an ONNX ``Scan`` over the fused step
+        (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
+        runs as a step of its own where no update is recorded yet (the first
+        batch of the first epoch), where the last batch is shorter, and
+        everywhere when the optimizer has no fused step. The last batch's
+        update is left recorded, as ``optimizer.step()`` leaves it. With
+        ``check_finite``, a batch whose loss is not finite raises
+        ``FloatingPointError`` with the state the per-step loop leaves; any
+        other error of the run leaves the state as it was before the run.
         """
-        from onnxtrain.training.optimizer import Optimizer  # optimizer.py imports this module
-
-        if not isinstance(optimizer, Optimizer) or optimizer._module is not self:
+        if getattr(optimizer, "module", None) is not self:
             raise TypeError("train_epoch needs the Optimizer made over this module: Optimizer(optimizer_uri, module)")
         data = self._epoch_data(inputs, labels)
         rows = len(data[0])
@@ -394,27 +438,25 @@ class Module:
         self._check_loaded("Cannot perform TrainStep with a nominal state.")
         order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
         batches = -(-rows // size)
-        given = None
-        if learning_rates is not None:
-            given = np.asarray(learning_rates, dtype=np.float64).reshape(-1)
-            if given.size != batches:
-                raise ValueError(f"learning_rates has {given.size} values; the pass has {batches} batches")
-        full = rows // size
-        epoch = self._epoch_step(optimizer, [array[:0].reshape(0, size, *array.shape[1:]) for array in data])
-        state = self._state
+        rates = EpochRates(optimizer, learning_rates, batches)
+        full = rows // size  # the batches of `size` rows
+        epoch = self._epoch_step(optimizer.fused_step, [(size, *array.shape[1:]) for array in data])
         # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
         # records one) and a last, shorter batch; the others in one run of the epoch model
         first = 0
         if epoch is None or not full:
             first = full = batches
-        elif self._accumulate or state._grad_status == "ready" or state._pending is not optimizer:
+        elif self._accumulate or self._store.gradient_status == "ready" or self._store.recorded_update is not optimizer:
             first = 1
-        losses = [self._epoch_batch_by_step(optimizer, data, order, size, given, b) for b in range(first)]
+        losses = [
+            self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b) for b in range(first)
+        ]
         if first < full:
             shuffled = [array[order[first * size : full * size]] for array in data]
             batched = [array.reshape(full - first, size, *array.shape[1:]) for array in shuffled]
-            losses += self._epoch_batches_in_loop(epoch, optimizer, batched, given, first)
-        losses += [self._epoch_batch_by_step(optimizer, data, order, size, given, b) for b in range(full, batches)]
+            losses += self._epoch_batches_in_one_run(epoch, optimizer, batched, rates, first)
+        for b in range(full, batches):
+            losses.append(self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b))
         return np.asarray(losses, dtype=np.float64)
 
     def _epoch_data(self, inputs: Any, labels: Any) -> list[np.ndarray]:
@@ -444,75 +486,51 @@ class Module:
         for count in dict.fromkeys((min(size, rows), rows % size or size)):
             self._io.inputs.collect([array[:count] for array in data], {})
 
-    def _epoch_step(self, optimizer: Optimizer, batches: Sequence[np.ndarray]) -> EpochStep | None:
-        """The epoch step over ``optimizer``'s fused step for batches of the shapes of ``batches`` (made on first
-        use); ``None`` without a fused step."""
-        fused = optimizer._fused
+    def _epoch_step(self, fused: FusedStep | None, shapes: Sequence[tuple[int, ...]]) -> EpochStep | None:
+        """The epoch step over ``fused`` for batches of ``shapes`` (one per user input; made on first use);
+        ``None`` without a fused step."""
         if fused is None or self._unbound:
             return None
-        shapes = {name: tuple(array.shape[1:]) for name, array in zip(self._io.inputs.names, batches, strict=True)}
-        key = (fused, tuple(shapes.values()))
+        key = (fused, tuple(shapes))
         epoch = self._epochs.get(key)
         if epoch is None:
-            tensors, trainable, statistics = self._state._tensors, set(self._io.trainable), self._io.statistics
+            tensors, trainable, statistics = self._store.tensors, set(self._io.trainable), self._io.statistics
             frozen = {n: tensors[n] for n in self._io.parameters if n not in trainable and n not in statistics}
             epoch = self._epochs[key] = EpochStep.create(
                 fused,
-                shapes,
+                dict(zip(self._io.inputs.names, shapes, strict=True)),
                 self._io.outputs[0],
                 {p: (out, tensors[p]) for p, out in statistics.items()},
                 frozen,
-                self._fused_options,
-                self._providers,
-                self._device,
+                lambda model, what: self.open_session(model, what, alone=True),
             )
         return epoch
 
     def _epoch_batch_by_step(
-        self,
-        optimizer: Optimizer,
-        data: list[np.ndarray],
-        order: np.ndarray,
-        size: int,
-        given: np.ndarray | None,
-        index: int,
+        self, optimizer: EpochOptimizer, data: list[np.ndarray], rows: np.ndarray, rates: EpochRates, index: int
     ) -> float:
-        """Batch ``index`` of ``train_epoch`` as the per-step loop runs it; its loss (a per-sample one's mean)."""
-        rows = order[index * size : (index + 1) * size]
+        """Batch ``index`` (``rows`` of ``data``) of ``train_epoch`` as the per-step loop runs it; its loss."""
         outputs = self._train_step([array[rows] for array in data], {})
         loss = outputs[0] if isinstance(outputs, tuple) else outputs
-        _set_epoch_rate(optimizer, given, index)
+        rates.before_step(index)
         optimizer.step()
-        if given is None and optimizer._scheduler is not None:
-            optimizer._scheduler.step()
+        rates.after_step()
         self.lazy_reset_grad()
         return float(np.asarray(loss, dtype=np.float64).mean())
 
-    def _epoch_batches_in_loop(
-        self,
-        epoch: EpochStep,
-        optimizer: Optimizer,
-        batched: list[np.ndarray],
-        given: np.ndarray | None,
-        first: int,
+    def _epoch_batches_in_one_run(
+        self, epoch: EpochStep, optimizer: EpochOptimizer, batched: list[np.ndarray], rates: EpochRates, first: int
     ) -> list[float]:
         """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input) in one
-        run of the epoch model."""
-        state, record = self._state, optimizer._record
+        run of the epoch model, after the update the optimizer recorded."""
+        store = self._store
         batches = len(batched[0])
-        first_step = int(optimizer._step_host[0])  # the recorded update's
-        rates = np.empty(batches, np.float32)
-        rates[0] = optimizer._lr_host[0]
-        scheduler = optimizer._scheduler if given is None else None
-        for j in range(1, batches):  # iteration j applies the update of batch first + j - 1
-            if given is not None:
-                rates[j] = given[first + j - 1]
-            elif scheduler is not None:
-                rates[j] = scheduler.lr_at(first_step + j - 1)
-            else:
-                rates[j] = record.learning_rate
+        first_rate, first_step = optimizer.recorded_update()
+        # iteration j applies the recorded update (j = 0), then that of batch first + j - 1
+        applied = np.array([first_rate, *(rates.of(first + j - 1, first_step + j - 1) for j in range(1, batches))])
+        applied = applied.astype(np.float32)
         try:
-            losses = epoch.run(batched, rates, first_step)
+            losses = epoch.run(batched, applied, first_step)
         except Exception as error:  # onnxruntime's own exception types
             where = f"train_epoch, batches {first + 1}-{first + batches}"
             self._raise_if_labels_out_of_range(error, self._io.inputs.names, batched, where)
@@ -521,19 +539,18 @@ class Module:
         trained = int(np.argmin(np.isfinite(losses))) if failed else batches
         bad = losses[trained : trained + 1]
         if failed and trained:  # again, up to the batch before the failed one: the state a per-step loop keeps
-            losses = epoch.run([array[:trained] for array in batched], rates[:trained], first_step)
+            losses = epoch.run([array[:trained] for array in batched], applied[:trained], first_step)
         if trained:
             epoch.commit()
-            state._pending = None  # the run's first iteration applied it
-            record.step = first_step + trained - 1  # the updates the run applied
+            store.recorded_update = None  # the run's first iteration applied it
+            optimizer.record_applied(trained - 1)  # and the updates of all but the last batch after it
             self._train_steps += trained
-            state._grad_status = "ready"  # the last batch's: its optimizer step records its update
-            _set_epoch_rate(optimizer, given, first + trained - 1)
+            store.gradient_status = "ready"  # the last batch's: its optimizer step records its update
+            rates.before_step(first + trained - 1)
             optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
+            rates.after_step()
             self.lazy_reset_grad()
-        if failed:  # the state is as after the batches before (the recorded update still to apply)
+        if failed:  # the state is as after the batches before (the last one's update recorded)
             self._raise_if_not_finite(bad, self._train_steps + 1)
         return [float(value) for value in losses]
 
@@ -542,7 +559,7 @@ class Module:
         if not np.all(np.isfinite(value)):
             shown = value.item() if value.size == 1 else value
             raise FloatingPointError(
-                f"train step {step} (after {self._state.step} optimizer steps): the loss is {shown}; the step "
+                f"train step {step} (after {self._store.step} optimizer steps): the loss is {shown}; the step "
                 "was discarded (gradients and running statistics are as before it). Lower the learning rate or "
                 "check the inputs"
             )
@@ -553,7 +570,7 @@ class Module:
         io = self._eval_io
         feeds = io.inputs.collect(args, kwargs)
         self._check_loaded("Cannot perform EvalStep with a nominal state.")
-        self._state._settle()
+        self._store.settle()
         session = self._eval_session
         if self._unbound_eval:  # STRING inputs or outputs: InferenceSession.run (see _unbound_train_step)
             inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
@@ -599,7 +616,7 @@ class Module:
         return list(self._io.trainable) if trainable_only else list(self._io.parameters)
 
     def _tensors(self, trainable_only: bool) -> list[tuple[str, StateTensor]]:
-        return [(name, self._state._tensors[name]) for name in self._names(trainable_only)]
+        return [(name, self._store.tensors[name]) for name in self._names(trainable_only)]
 
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """The number of elements of the (trainable) parameters."""
@@ -612,9 +629,7 @@ class Module:
         raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
         """
         tensors = self._tensors(trainable_only)
-        self._state._check_loaded(
-            self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state."
-        )
+        self._store.check_loaded(self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state.")
         kinds = list(dict.fromkeys(str(t.dtype) for _, t in tensors))
         if len(kinds) > 1:
             raise TypeError(
@@ -630,10 +645,8 @@ class Module:
 
         ``NominalStateError`` while some of these parameters hold no value (a nominal state not yet loaded).
         """
-        self._state._check_loaded(
-            self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state."
-        )
-        self._state._settle()
+        self._store.check_loaded(self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state.")
+        self._store.settle()
         groups: dict[str, list[np.ndarray]] = {}
         for _, tensor in self._tensors(trainable_only):
             groups.setdefault(str(tensor.dtype), []).append(tensor.numpy().ravel())
@@ -678,12 +691,12 @@ class Module:
                     f"the buffer has {array.size} {kind} elements, but the {which} have {expected} "
                     f"(get_parameters_size(trainable_only={trainable_only}))"
                 )
-        self._state._settle()
+        self._store.settle()
         for kind, members in groups.items():  # all checked: now write
             flat, offset = given[kind].reshape(-1), 0
             for name, tensor in members:
                 tensor.write(flat[offset : offset + tensor.size].reshape(tensor.shape), f"parameter {name!r}")
-                self._state._unloaded.discard(name)
+                self._store.unloaded.discard(name)
                 offset += tensor.size
 
     # --------------------------------------------------------------- export
@@ -695,7 +708,7 @@ class Module:
         if self._eval_model is None or self._eval_io is None:
             raise RuntimeError("export needs the eval model: pass eval_model_uri when creating the Module")
         self._check_loaded("Cannot export the model with a nominal state.")
-        self._state._settle()
+        self._store.settle()
         names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
         model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names)
@@ -725,6 +738,38 @@ class Module:
         return self._device
 
     @property
+    def state(self) -> TrainingState:
+        """The state this module trains (its ``store`` holds the tensors on the device)."""
+        return self._state
+
+    @property
+    def io(self) -> TrainingModelIO:
+        """The training model's inputs and outputs: user inputs, parameters, gradients, statistics."""
+        return self._io
+
+    @property
+    def train_model(self) -> LoadedModel:
+        """The training model as loaded."""
+        return self._train_model
+
+    @property
+    def runs_unbound(self) -> bool:
+        """Whether train steps run without IOBinding (STRING user inputs or outputs): no fused or epoch step."""
+        return self._unbound
+
+    def use_fused_step(self, fused: FusedStep | None) -> None:
+        """Run train steps that follow a recorded update of ``fused.update`` as ``fused`` (the Optimizer sets it)."""
+        self._fused = fused
+
+    def train_step(self, *user_inputs: Any, **named_inputs: Any) -> Outputs:
+        """A train step whatever the mode (``module(...)`` in training mode); ``Ort::TrainingSession::TrainStep``."""
+        return self._train_step(user_inputs, named_inputs)
+
+    def eval_step(self, *user_inputs: Any, **named_inputs: Any) -> Outputs:
+        """An eval step whatever the mode (``module(...)`` in eval mode); ``Ort::TrainingSession::EvalStep``."""
+        return self._eval_step(user_inputs, named_inputs)
+
+    @property
     def train_step_count(self) -> int:
         """Train steps run by this module (discarded ones not counted)."""
         return self._train_steps
@@ -735,14 +780,6 @@ def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
         return results[0] if len(results) == 1 else tuple(results)
     arrays = tuple(values.to_numpy(value, copy=False) for value in results)
     return arrays[0] if len(arrays) == 1 else arrays
-
-
-def _set_epoch_rate(optimizer: Optimizer, given: np.ndarray | None, batch: int) -> None:
-    """Before batch ``batch``'s optimizer step: the given rate, or the scheduler's for the step count."""
-    if given is not None:
-        optimizer.set_learning_rate(float(given[batch]))
-    elif optimizer._scheduler is not None:
-        optimizer._scheduler.step()
 
 
 def _count(value: Any, what: str) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -44,15 +44,13 @@ from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training import values
-from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.epoch import Schedule
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import LoadedModel, ModelSource, ParameterInfo, load_model, optimizer_io
 from onnxtrain.training.module import Module
-from onnxtrain.training.state import OPTIMIZER_STATE_DROPPED, OptimizerRecord, StateTensor, TrainingState
-
-if TYPE_CHECKING:
-    from onnxtrain.training.schedulers import LRScheduler
+from onnxtrain.training.state import OPTIMIZER_STATE_DROPPED, TrainingState
+from onnxtrain.training.store import OptimizerRecord, StateTensor
 
 
 class OptimizerStateWarning(UserWarning):
@@ -68,11 +66,11 @@ def _warn_if_resuming(state: TrainingState, initial_values: tuple[float, ...]) -
     (``OPTIMIZER_STATE_DROPPED``); other properties are a user's, which ONNX
     Runtime's examples set while training.
     """
-    if state._optimizer is not None or not initial_values:
+    if state.store.optimizer is not None or not initial_values:
         return
-    loaded = state._loaded_properties
+    loaded = state.loaded_properties
     if OPTIMIZER_STATE_DROPPED in loaded:
-        steps = state._properties[OPTIMIZER_STATE_DROPPED]
+        steps = state.properties[OPTIMIZER_STATE_DROPPED]
         why = f"it was saved after {steps} optimizer step{'' if steps == 1 else 's'} without it"
     else:
         names = sorted(name for name in loaded if not name.startswith("onnxtrain."))
@@ -129,19 +127,20 @@ class Optimizer:
     def __init__(self, optimizer_uri: ModelSource, module: Module, *, fuse: bool = True) -> None:
         if not isinstance(module, Module):
             raise TypeError(f"module must be an onnxtrain Module, not {type(module).__name__}")
-        state = module._state
+        state, store = module.state, module.state.store
         model = load_model(optimizer_uri, "optimizer_uri")
-        trainable = module._io.trainable
+        trainable = module.io.trainable
         if not trainable:
             raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
-        model = _per_tensor(model, trainable, state._infos())
-        self._io = optimizer_io(model.proto, trainable, state._infos())
-        self._session = BoundSession(model, "optimizer model", module._options, module._providers, module._device)
+        model = _per_tensor(model, trainable, store.parameter_infos())
+        self._io = optimizer_io(model.proto, trainable, store.parameter_infos())
+        self._session = module.open_session(model, "optimizer model")
         _warn_if_resuming(state, self._io.initial_values)
-        self._record: OptimizerRecord = state._ensure_optimizer(trainable, self._io.initial_values)
+        self._record: OptimizerRecord = store.ensure_optimizer(trainable, self._io.initial_values)
         self._module = module
-        self._scheduler: LRScheduler | None = None
-        tensors, grads, moments = state._tensors, state._grads, self._record.moments
+        self._store = store
+        self._scheduler: Schedule | None = None
+        tensors, grads, moments = store.tensors, store.gradients, self._record.moments
         self._slots: list[tuple[str, StateTensor]] = []  # (input name, tensor) a step updates
         self._grad_slots = [(grad_name(p), grads[p]) for p in trainable]
         for p in trainable:
@@ -153,18 +152,29 @@ class Optimizer:
         # because onnxruntime copies a host input to the device when it is bound, not at each run
         self._lr_host = np.zeros(1, np.float32)
         self._step_host = np.zeros(1, np.int64)
-        self._on_host = module._device.type == "cpu"
+        self._on_host = module.device.type == "cpu"
         if self._on_host:
             self._lr_value = ort.OrtValue.ortvalue_from_numpy(self._lr_host)
             self._step_value = ort.OrtValue.ortvalue_from_numpy(self._step_host)
         else:
-            self._lr_value = values.from_numpy(self._lr_host, module._device)
-            self._step_value = values.from_numpy(self._step_host, module._device)
+            self._lr_value = values.from_numpy(self._lr_host, module.device)
+            self._step_value = values.from_numpy(self._step_host, module.device)
         # the parities of the gradients and of the parameters (the moments swap with them) pick the binding
         self._parity_tensors = (grads[trainable[0]], tensors[trainable[0]])
         # a module that runs unbound (STRING inputs or outputs) has no fused step: step() runs the update at once
-        self._fused = FusedStep.create(module, model, self) if fuse and not module._unbound else None
-        module._fused = self._fused
+        self._fused = None
+        if fuse and not module.runs_unbound:
+            self._fused = FusedStep.create(
+                module.train_model,
+                model,
+                trainable,
+                store,
+                moments,
+                self,
+                (self._lr_value, self._step_value),
+                lambda fused, what: module.open_session(fused, what, alone=True),
+            )
+        module.use_fused_step(self._fused)
 
     def step(self) -> None:
         """One optimizer step with the accumulated gradients; the state's step count goes up by one.
@@ -172,24 +182,27 @@ class Optimizer:
         With the fused step, the update is recorded here and applied by the
         next train step (or before anything reads the state).
         """
-        state = self._module._state
-        if state._unloaded:
-            state._check_loaded(state._tensors, "The optimizer state cannot be constructed.")
-        if state._grad_status != "ready":
-            when = "after lazy_reset_grad()" if state._grad_status == "reset" else "before any train step"
+        store = self._store
+        if store.unloaded:
+            store.check_loaded(store.tensors, "The optimizer state cannot be constructed.")
+        if store.gradient_status != "ready":
+            when = "after lazy_reset_grad()" if store.gradient_status == "reset" else "before any train step"
             raise RuntimeError(
                 f"Optimizer.step() {when}: there are no gradients to apply; run a train step (module(...)) first"
             )
-        state._settle()  # an earlier step still recorded is applied first
+        store.settle()  # an earlier step still recorded is applied first
         self._write_step_inputs()
         if self._fused is not None:
-            state._pending = self
+            store.recorded_update = self
         else:
-            self._apply()
+            self.apply()
         self._record.step += 1
 
-    def _apply(self) -> None:
-        """Run the optimizer model on the gradients, with the learning rate and step number written by ``step()``."""
+    def apply(self) -> None:
+        """Run the optimizer model on the gradients, with the learning rate and step number written by ``step()``.
+
+        (The state calls it to apply a recorded update: :meth:`StateStore.settle`.)
+        """
         session = self._session
         session.select(tuple(tensor.flips & 1 for tensor in self._parity_tensors))
         session.bind_value(LEARNING_RATE, self._lr_value)
@@ -228,7 +241,12 @@ class Optimizer:
         """The learning rate the next step uses."""
         return self._record.learning_rate
 
-    # ------------------------------------------------------- for schedulers
+    # ------------------------------------------- for schedulers and train_epoch
+
+    @property
+    def module(self) -> Module:
+        """The module whose state this optimizer updates."""
+        return self._module
 
     @property
     def step_count(self) -> int:
@@ -239,12 +257,33 @@ class Optimizer:
     def initial_learning_rate(self) -> float:
         return self._record.initial_learning_rate
 
-    def _attach(self, scheduler: LRScheduler, initial_lr: float) -> None:
+    @property
+    def scheduler(self) -> Schedule | None:
+        """The scheduler that sets the learning rate after each step, if one is attached."""
+        return self._scheduler
+
+    @property
+    def fused_step(self) -> FusedStep | None:
+        """The fused step (the recorded update and a train step in one run), where the models allow it."""
+        return self._fused
+
+    def recorded_update(self) -> tuple[float, int]:
+        """The learning rate and the step number of the update recorded by the last ``step()``."""
+        return float(self._lr_host[0]), int(self._step_host[0])
+
+    def record_applied(self, count: int) -> None:
+        """Count ``count`` updates applied by a run that applied them itself (``Module.train_epoch``): the step
+        count goes up by ``count``."""
+        self._record.step += count
+
+    def attach_scheduler(self, scheduler: Schedule, initial_lr: float) -> None:
+        """Let ``scheduler`` set the learning rate, from ``initial_lr`` (the scheduler's constructor calls it)."""
         self._record.initial_learning_rate = _learning_rate(initial_lr)
         self._record.learning_rate = self._record.initial_learning_rate
         self._scheduler = scheduler
 
-    def _schedule(self, learning_rate: float) -> None:
+    def schedule_learning_rate(self, learning_rate: float) -> None:
+        """Set the learning rate of the next step, as the scheduler computed it (the initial rate stays)."""
         self._record.learning_rate = _learning_rate(learning_rate)
 
 

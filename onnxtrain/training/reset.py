@@ -23,7 +23,7 @@ from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.autodiff.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.interface import LoadedModel
-from onnxtrain.training.state import StateTensor
+from onnxtrain.training.store import StateTensor
 
 
 class ResetStep:

@@ -87,8 +87,13 @@ class LRScheduler(ABC):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"optimizer must be an onnxtrain Optimizer, not {type(optimizer).__name__}")
         self._optimizer = optimizer
-        optimizer._attach(self, _rate(initial_lr, "initial_lr"))
+        optimizer.attach_scheduler(self, _rate(initial_lr, "initial_lr"))
         self.step()
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer whose learning rate this scheduler sets."""
+        return self._optimizer
 
     @property
     def initial_lr(self) -> float:
@@ -100,7 +105,7 @@ class LRScheduler(ABC):
 
     def step(self) -> None:
         """Set the optimizer's learning rate for its current step count."""
-        self._optimizer._schedule(self.lr_at(self._optimizer.step_count))
+        self._optimizer.schedule_learning_rate(self.lr_at(self._optimizer.step_count))
 
 
 class LinearLRScheduler(LRScheduler):

@@ -62,7 +62,7 @@ class TrainingSession:
 
     @property
     def state(self) -> TrainingState:
-        return self.module._state
+        return self.module.state
 
     def _optimizer(self, call: str) -> Optimizer:
         if self.optimizer is None:
@@ -73,7 +73,7 @@ class TrainingSession:
 
     def train_step(self, input_values: Sequence[Value]) -> list[Value]:
         """``TrainStep``: the training model's user outputs (loss first); gradients accumulate on the device."""
-        return _as_list(self.module._train_step(list(input_values), {}))
+        return _as_list(self.module.train_step(*input_values))
 
     def lazy_reset_grad(self) -> None:
         """``LazyResetGrad``: the next train step overwrites the gradients instead of adding to them."""
@@ -81,7 +81,7 @@ class TrainingSession:
 
     def eval_step(self, input_values: Sequence[Value]) -> list[Value]:
         """``EvalStep``: the eval model's user outputs."""
-        return _as_list(self.module._eval_step(list(input_values), {}))
+        return _as_list(self.module.eval_step(*input_values))
 
     def set_learning_rate(self, learning_rate: float) -> None:
         """``SetLearningRate``."""
@@ -99,7 +99,7 @@ class TrainingSession:
 
     def register_lr_scheduler(self, scheduler: LRScheduler) -> None:
         """Use any scheduler of :mod:`onnxtrain.training.schedulers` made on ``self.optimizer``."""
-        if not isinstance(scheduler, LRScheduler) or scheduler._optimizer is not self.optimizer:
+        if not isinstance(scheduler, LRScheduler) or scheduler.optimizer is not self.optimizer:
             raise ValueError("register a scheduler made on this session's optimizer (session.optimizer)")
         self.scheduler = scheduler
 

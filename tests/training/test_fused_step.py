@@ -69,12 +69,12 @@ def _ort_loop(state, module, optimizer, i, batch):
 @pytest.mark.parametrize("fixture", STEP_FIXTURES)
 def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_called(request, fixture):
     apart, (_, module_b, optimizer_b) = _trajectory(request, fixture, _ort_loop, fuse=False, snapshots=False)
-    assert optimizer_b._fused is None and module_b._fused is None
+    assert optimizer_b.fused_step is None and module_b._fused is None
     paths = request.getfixturevalue(fixture)
     state, module, optimizer = open_module(paths)
-    assert optimizer._fused is not None and module._fused is optimizer._fused
+    assert optimizer.fused_step is not None and module._fused is optimizer.fused_step
     runs = {
-        "fused": count_runs(optimizer._fused.session),
+        "fused": count_runs(optimizer.fused_step.session),
         "training": count_runs(module._train_session),
         "reset": count_runs(module._reset.session),
         "optimizer": count_runs(optimizer._session),
@@ -95,9 +95,9 @@ def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_cal
 def test_the_fused_step_updates_in_place_and_allocates_no_spares(classifier, rng):
     state, module, optimizer = open_module(classifier)
     _ort_loop(state, module, optimizer, 0, classifier_batch(rng))  # the first step trains alone
-    tensors = {f"param {n}": t for n, t in state._tensors.items()}
-    tensors.update({f"grad {n}": g for n, g in state._grads.items()})
-    tensors.update({f"m{i} {n}": m for n, ms in optimizer._record.moments.items() for i, m in enumerate(ms)})
+    tensors = {f"param {n}": t for n, t in state.store.tensors.items()}
+    tensors.update({f"grad {n}": g for n, g in state.store.gradients.items()})
+    tensors.update({f"m{i} {n}": m for n, ms in optimizer.module.state.store.optimizer.moments.items() for i, m in enumerate(ms)})
     values = {name: tensor.value for name, tensor in tensors.items()}
     for _ in range(4):
         _ort_loop(state, module, optimizer, 0, classifier_batch(rng))
@@ -207,7 +207,7 @@ def test_whatever_happens_between_the_steps_the_results_are_those_of_steps_run_w
 
 def test_a_recorded_update_runs_only_when_something_needs_the_state(regression, rng):
     state, module, optimizer = open_module(regression)
-    fused_runs = count_runs(optimizer._fused.session)
+    fused_runs = count_runs(optimizer.fused_step.session)
     optimizer_runs = count_runs(optimizer._session)
     batch = regression_batch(rng)
     module(*batch)
@@ -259,7 +259,7 @@ def _run_with_a_discarded_step(regression, fuse: bool) -> dict[str, np.ndarray]:
     bad[0, 0] = np.nan
     with pytest.raises(FloatingPointError, match="train step 2"):
         module(bad, t)  # with the fused step, this run applied the update recorded above
-    assert state._pending is None
+    assert state.store.recorded_update is None
     with pytest.raises(RuntimeError, match="no gradients"):
         optimizer.step()  # the discarded step left the gradients reset
     module(*regression_batch(rng))
@@ -308,7 +308,7 @@ def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier,
         module.lazy_reset_grad()
         with pytest.raises(Exception, match=r"(?i)out of|invalid|range|bound"):
             module(*bad)  # onnxruntime fails (an index out of range) after the fused run applied the update
-        assert state._pending is None
+        assert state.store.recorded_update is None
         with pytest.raises(RuntimeError, match="no gradients"):
             optimizer.step()
         module(*good)
@@ -320,7 +320,7 @@ def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier,
 def test_a_second_optimizer_over_the_module_takes_over_the_fast_path(regression, rng):
     state, module, first = open_module(regression)
     second = api.Optimizer(regression["optimizer_model"], module)
-    assert module._fused is second._fused is not None
+    assert module._fused is second.fused_step is not None
     first_runs = count_runs(first._session)
     batch = regression_batch(rng)
     expected = {name: p.data for name, p in state.parameters}
@@ -330,7 +330,7 @@ def test_a_second_optimizer_over_the_module_takes_over_the_fast_path(regression,
     module.lazy_reset_grad()
     module(*batch)
     assert first_runs[0] == 1
-    assert state._pending is None
+    assert state.store.recorded_update is None
     lr = np.float32(first.get_learning_rate())
     for name, parameter in state.parameters:  # the update, then a train step: parameters as after the update
         np.testing.assert_allclose(parameter.data, expected[name] - lr * grads[name], rtol=1e-6)
@@ -344,7 +344,7 @@ def test_models_that_cannot_be_fused_run_apart(regression, rng, tmp_path):
     state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
     module = api.Module(regression["training_model"], state)
     optimizer = api.Optimizer(path, module)
-    assert optimizer._fused is None and module._fused is None
+    assert optimizer.fused_step is None and module._fused is None
     before = {name: p.data for name, p in state.parameters}
     module(*regression_batch(rng))
     optimizer.step()
@@ -366,4 +366,4 @@ def test_gradients_another_module_left_are_not_overwritten_by_a_failed_step(regr
         second(bad, t)  # the second module starts from reset gradients of its own
     for name, parameter in state.parameters:
         np.testing.assert_array_equal(parameter.grad, grads[name])
-    assert optimizer._fused is not None and state._pending is None
+    assert optimizer.fused_step is not None and state.store.recorded_update is None

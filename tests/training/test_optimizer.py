@@ -121,8 +121,8 @@ def _run_steps(paths, fuse: bool, steps: int = 4) -> tuple[Any, Any]:
 def test_an_optimizer_step_writes_the_parameters_and_moments_in_place(classifier):
     state, optimizer = _run_steps(classifier, fuse=False)
     assert optimizer._in_place
-    moments = [m for ms in optimizer._record.moments.values() for m in ms]
-    assert all(t._spare is None and t.flips == 0 for t in [*state._tensors.values(), *moments])
+    moments = [m for ms in optimizer.module.state.store.optimizer.moments.values() for m in ms]
+    assert all(t._spare is None and t.flips == 0 for t in [*state.store.tensors.values(), *moments])
 
 
 def test_an_optimizer_model_that_cannot_update_in_place_writes_spares_with_the_same_results(classifier, monkeypatch):
@@ -130,7 +130,7 @@ def test_an_optimizer_model_that_cannot_update_in_place_writes_spares_with_the_s
     monkeypatch.setattr(optimizer_module, "unsafe_in_place", lambda graph, pairs: {next(iter(pairs)): "forced"})
     state, optimizer = _run_steps(classifier, fuse=False)
     assert not optimizer._in_place
-    assert all(t.flips == 4 for t in state._tensors.values())
+    assert all(t.flips == 4 for t in state.store.tensors.values())
     for name, value in parameters(state).items():
         np.testing.assert_array_equal(value, expected[name])
 

@@ -22,7 +22,7 @@ def _config(options: ort.SessionOptions, key: str) -> str | None:
 
 def _sessions(module: Any, optimizer: Any) -> dict[str, Any]:
     sessions = {"training": module._train_session, "reset": module._reset.session, "eval": module._eval_session}
-    sessions.update({"optimizer": optimizer._session, "fused": optimizer._fused.session})
+    sessions.update({"optimizer": optimizer._session, "fused": optimizer.fused_step.session})
     return sessions
 
 

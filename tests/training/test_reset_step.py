@@ -54,17 +54,17 @@ def test_steps_from_reset_give_what_the_training_model_gives(request, fixture, f
 def test_a_loop_that_never_accumulates_never_runs_the_training_model_nor_makes_gradient_spares(regression, rng):
     state, module, optimizer = open_module(regression, fuse=False)
     runs = {"training": count_runs(module._train_session), "reset": count_runs(module._reset.session)}
-    values = {name: grad.value for name, grad in state._grads.items()}
+    values = {name: grad.value for name, grad in state.store.gradients.items()}
     for _ in range(4):
         module(*regression_batch(rng))
         optimizer.step()
         module.lazy_reset_grad()
     assert {k: v[0] for k, v in runs.items()} == {"training": 0, "reset": 4}
-    assert all(grad._spare is None and grad.value is values[name] for name, grad in state._grads.items())
+    assert all(grad._spare is None and grad.value is values[name] for name, grad in state.store.gradients.items())
     module(*regression_batch(rng))
     module(*regression_batch(rng))  # accumulates: the training model, into spares
     assert {k: v[0] for k, v in runs.items()} == {"training": 1, "reset": 5}
-    assert all(grad._spare is not None for grad in state._grads.values())
+    assert all(grad._spare is not None for grad in state.store.gradients.values())
 
 
 def test_two_steps_from_reset_on_the_halves_of_a_batch_sum_to_the_whole_batch(regression, rng):

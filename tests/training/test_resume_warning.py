@@ -88,7 +88,7 @@ def test_saving_with_optimizer_state_drops_the_record(classifier, tmp_path):
     dropped = trained(classifier, tmp_path)
     with pytest.warns(OptimizerStateWarning):
         optimizer = resume(classifier, dropped)
-    state = optimizer._module._state
+    state = optimizer.module.state
     assert state.properties[OPTIMIZER_STATE_DROPPED] == 2  # as loaded
     full = tmp_path / "full"
     api.CheckpointState.save_checkpoint(state, full, include_optimizer_state=True)

@@ -81,8 +81,8 @@ def test_strings_train_exactly_as_their_codes(encoder, codes, kind, rng):
     state_f, module_f, opt_f = _open(codes)
     assert module_s.input_names() == module_f.input_names() == ["x", "target"]
     # the premise: strings run unbound and unfused, the codes on the bound fast path (reset and fused steps)
-    assert module_s._unbound and opt_s._fused is None
-    assert not module_f._unbound and opt_f._fused is not None and module_f._reset is not None
+    assert module_s.runs_unbound and opt_s.fused_step is None
+    assert not module_f.runs_unbound and opt_f.fused_step is not None and module_f._reset is not None
     batches = _batches(rng, 9)
 
     def both(words: np.ndarray, target: np.ndarray) -> None:

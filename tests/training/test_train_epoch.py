@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import helper
 
@@ -287,7 +288,7 @@ def test_an_error_in_the_run_leaves_the_state_as_before_it(classifier: dict[str,
         if fails:
             with pytest.raises(ValueError, match="label"):
                 module.train_epoch(optimizer, x, bad, BATCH)
-        expected.append((snapshot(state), module.train_step_count, optimizer._record.step))
+        expected.append((snapshot(state), module.train_step_count, optimizer.step_count))
     _assert_same(expected[0][0], expected[1][0], 0)
     assert expected[0][1:] == expected[1][1:]
 
@@ -311,3 +312,13 @@ def test_bad_arguments(classifier: dict[str, Path], regression: dict[str, Path])
     with pytest.raises(ValueError, match="learning_rates has 3 values; the pass has 4 batches"):
         module.train_epoch(optimizer, x, labels, 4, learning_rates=[0.1, 0.1, 0.1])
     assert module.train_step_count == 0
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
+def test_on_cuda_the_epoch_keeps_the_state_on_the_device(classifier: dict[str, Path]) -> None:
+    x, labels = classifier_batch(np.random.default_rng(22), ROWS)
+    state_gpu, _ = _compare(classifier, [x, labels], rtol=1e-5, device="cuda")
+    assert all(t.value.device_name().lower() == "cuda" for t in state_gpu.store.tensors.values())
+    state_cpu, _ = _compare(classifier, [x, labels])
+    for name, parameter in state_cpu.parameters:
+        np.testing.assert_allclose(state_gpu.parameters[name].data, parameter.data, rtol=1e-4, atol=1e-6)

@@ -106,8 +106,8 @@ def test_cuda_keeps_the_state_on_the_device_and_matches_the_cpu(classifier):
             module.lazy_reset_grad()
         trajectories[device] = losses
         if device == "cuda":
-            assert all(t.value.device_name().lower() == "cuda" for t in state._tensors.values())
-            assert all(g.value.device_name().lower() == "cuda" for g in state._grads.values())
+            assert all(t.value.device_name().lower() == "cuda" for t in state.store.tensors.values())
+            assert all(g.value.device_name().lower() == "cuda" for g in state.store.gradients.values())
             device_inputs = [ort.OrtValue.ortvalue_from_numpy(a, "cuda", 0) for a in batches[0]]
             loss = module(*device_inputs)
             assert isinstance(loss, ort.OrtValue) and loss.device_name().lower() == "cuda"
