@@ -53,7 +53,9 @@ PREFIX = "onnxtrain label check"
 #: Starts the JSON part of the check ``Reshape``'s ``doc_string``.
 MARKER = "onnxtrain.label_check:"
 _NODE_NAME = re.compile(r"Name:'([^']*)'")
-_REQUESTED = re.compile(r"requested shape:\{(\d+),(-?\d+),2\}")
+#: onnxruntime's message for the check's ``Reshape``: ``[K, C, 2]`` (``-1`` for ``K`` where its optimizer rewrote
+#: the shape's 0 with the input's rank known, as it does in a model whose input shapes are fixed)
+_REQUESTED = re.compile(r"requested shape:\{(-?\d+),(-?\d+),2\}")
 _SHOWN = 5  # offending labels listed in a message
 
 
@@ -173,7 +175,7 @@ def label_error(
         return None
     check = checks[node]
     requested = _REQUESTED.search(message)
-    count = int(requested.group(1)) if requested else None
+    count = int(requested.group(1)) if requested and int(requested.group(1)) >= 0 else None
     classes = int(requested.group(2)) if requested else check.classes
     found = _offending(value_of(check.labels), classes, check.ignore_index)
     listed = ""

@@ -31,6 +31,7 @@ import onnxruntime as ort
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+from onnxtrain.graph.fold import fold_static_shapes
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.binding import BoundSession
@@ -49,24 +50,36 @@ class FusedStep:
     (a train step runs it where the state's recorded update is this one);
     ``learning_rate`` and ``step``: the OrtValues holding the recorded rate
     and step number, written by the optimizer, bound as they are.
+
+    Two sessions: :attr:`session` over the fused model as built, for user
+    inputs of any shape, and, made at the first step, one over the model
+    with the shapes of that step's inputs fixed and the shape computations
+    that then become constant folded (:mod:`onnxtrain.graph.fold`), which
+    runs every step of those shapes (:meth:`session_for`): a steady loop's.
+    The same arithmetic, fewer nodes (the linear regression's step: 15
+    instead of 22).
     """
 
     def __init__(
         self,
         fused: FusedModel,
         model: LoadedModel,
-        session: BoundSession,
+        user_inputs: Sequence[str],
+        open_session: Callable[[LoadedModel, str], BoundSession],
         update: RecordedUpdate,
         in_place: list[Updated],
         values: tuple[ort.OrtValue, ort.OrtValue],
     ) -> None:
         self.model = model  # the fused model, which the epoch step scans over (onnxtrain.training.epoch)
-        self.session = session
+        self.session = open_session(model, "fused training step")
         self.update = update
         self.in_place = in_place
         self.learning_rate = fused.name_of(LEARNING_RATE)
         self.step = fused.name_of(STEP)
         self._values = values
+        self._user_inputs = tuple(user_inputs)
+        self._open_session = open_session
+        self._fixed: tuple[tuple[tuple[int, ...], ...], BoundSession] | None = None
 
     @classmethod
     def create(
@@ -74,6 +87,7 @@ class FusedStep:
         training: LoadedModel,
         optimizer_model: LoadedModel,
         trainable: Sequence[str],
+        user_inputs: Sequence[str],
         store: StateStore,
         moments: Mapping[str, Sequence[StateTensor]],
         update: RecordedUpdate,
@@ -83,7 +97,7 @@ class FusedStep:
         """The fused step, or ``None`` where the two models cannot be merged or updated in place.
 
         ``values``: the learning rate's and the step number's OrtValues;
-        ``open_session(model, what)`` makes the session.
+        ``open_session(model, what)`` makes the sessions.
         """
         training_proto, optimizer_proto = training.with_data(), optimizer_model.with_data()
         if training_proto.ByteSize() + optimizer_proto.ByteSize() > PROTOBUF_LIMIT:
@@ -96,12 +110,25 @@ class FusedStep:
         if unsafe_in_place(fused.model.graph, {name: out for name, _, out in in_place}):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
-        return cls(fused, model, open_session(model, "fused training step"), update, in_place, values)
+        return cls(fused, model, user_inputs, open_session, update, in_place, values)
 
-    def bind(self) -> None:
-        """Bind the recorded rate and step and each updated tensor as both input and output (the module binds
-        the rest)."""
-        session = self.session
+    def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
+        """The session for a step whose user inputs have ``shapes``: its own for the first shapes seen (made
+        now), the general one for any other."""
+        if self._fixed is None:
+            folded = fold_static_shapes(self.model.proto, dict(zip(self._user_inputs, shapes, strict=True)))
+            model = LoadedModel(folded, folded.SerializeToString())
+            self._fixed = (shapes, self._open_session(model, f"fused training step for inputs of shapes {shapes}"))
+        fixed, session = self._fixed
+        return session if shapes == fixed else self.session
+
+    def sessions(self) -> list[BoundSession]:
+        """The sessions made so far: the general one, then the one for fixed shapes."""
+        return [self.session] + ([self._fixed[1]] if self._fixed is not None else [])
+
+    def bind(self, session: BoundSession) -> None:
+        """Bind, in ``session`` (one of :meth:`sessions`), the recorded rate and step and each updated tensor as
+        both input and output (the module binds the rest)."""
         session.bind_value(self.learning_rate, self._values[0])
         session.bind_value(self.step, self._values[1])
         for name, tensor, out in self.in_place:

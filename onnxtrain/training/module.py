@@ -266,7 +266,11 @@ class Module:
         if fused is None:
             store.settle()
         reset = self._reset if in_place and fused is None else None
-        session = fused.session if fused is not None else reset.session if reset is not None else self._train_session
+        if fused is not None:
+            shapes = tuple([f.shape if f.__class__ is np.ndarray else tuple(f.shape()) for f in feeds])
+            session = fused.session_for(shapes)
+        else:
+            session = reset.session if reset is not None else self._train_session
         on_device = (
             bool(feeds) and feeds[0].__class__ is not np.ndarray and all([isinstance(f, ort.OrtValue) for f in feeds])
         )
@@ -336,7 +340,7 @@ class Module:
             # in place, gradients included: the fused step starts from reset gradients, whose old values only
             # the update reads, before they are written; nothing else can observe them (a failed step leaves
             # them reset), so they need no spare
-            fused.bind()
+            fused.bind(session)
         elif reset is not None:  # the same: a failed step leaves them reset, or absent
             reset.bind(self._store.gradients)
         else:

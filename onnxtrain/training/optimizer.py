@@ -168,6 +168,7 @@ class Optimizer:
                 module.train_model,
                 model,
                 trainable,
+                module.io.inputs.names,
                 store,
                 moments,
                 self,

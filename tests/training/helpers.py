@@ -73,6 +73,30 @@ def snapshot(state: Any) -> dict[str, np.ndarray]:
     return values
 
 
+def count_fused_runs(fused: Any) -> list[int]:
+    """Count the runs of a fused step's sessions (the general one and the one for fixed shapes, made at its
+    first step); the count is the list's one item."""
+    runs = [0]
+    counted: set[int] = set()
+    session_for = fused.session_for
+
+    def counting(shapes: Any) -> Any:
+        session = session_for(shapes)
+        if id(session) not in counted:
+            counted.add(id(session))
+            run = session.run
+
+            def run_counted() -> None:
+                runs[0] += 1
+                run()
+
+            session.run = run_counted
+        return session
+
+    fused.session_for = counting
+    return runs
+
+
 def count_runs(session: Any) -> list[int]:
     """Wrap ``session.run`` (of this one object) to count its calls; the count is the list's one item."""
     runs = [0]

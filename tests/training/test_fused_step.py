@@ -17,6 +17,7 @@ from tests.training import models
 from tests.training.helpers import (
     STEP_FIXTURES,
     classifier_batch,
+    count_fused_runs,
     count_runs,
     fixture_batch,
     open_module,
@@ -74,7 +75,7 @@ def test_the_usual_loop_runs_one_session_per_step_and_matches_steps_run_when_cal
     state, module, optimizer = open_module(paths)
     assert optimizer.fused_step is not None and module._fused is optimizer.fused_step
     runs = {
-        "fused": count_runs(optimizer.fused_step.session),
+        "fused": count_fused_runs(optimizer.fused_step),
         "training": count_runs(module._train_session),
         "reset": count_runs(module._reset.session),
         "optimizer": count_runs(optimizer._session),
@@ -97,7 +98,9 @@ def test_the_fused_step_updates_in_place_and_allocates_no_spares(classifier, rng
     _ort_loop(state, module, optimizer, 0, classifier_batch(rng))  # the first step trains alone
     tensors = {f"param {n}": t for n, t in state.store.tensors.items()}
     tensors.update({f"grad {n}": g for n, g in state.store.gradients.items()})
-    tensors.update({f"m{i} {n}": m for n, ms in optimizer.module.state.store.optimizer.moments.items() for i, m in enumerate(ms)})
+    tensors.update(
+        {f"m{i} {n}": m for n, ms in optimizer.module.state.store.optimizer.moments.items() for i, m in enumerate(ms)}
+    )
     values = {name: tensor.value for name, tensor in tensors.items()}
     for _ in range(4):
         _ort_loop(state, module, optimizer, 0, classifier_batch(rng))
@@ -207,7 +210,7 @@ def test_whatever_happens_between_the_steps_the_results_are_those_of_steps_run_w
 
 def test_a_recorded_update_runs_only_when_something_needs_the_state(regression, rng):
     state, module, optimizer = open_module(regression)
-    fused_runs = count_runs(optimizer.fused_step.session)
+    fused_runs = count_fused_runs(optimizer.fused_step)
     optimizer_runs = count_runs(optimizer._session)
     batch = regression_batch(rng)
     module(*batch)
@@ -367,3 +370,22 @@ def test_gradients_another_module_left_are_not_overwritten_by_a_failed_step(regr
     for name, parameter in state.parameters:
         np.testing.assert_array_equal(parameter.grad, grads[name])
     assert optimizer.fused_step is not None and state.store.recorded_update is None
+
+
+def test_steps_of_other_shapes_run_the_general_session_with_the_same_results(classifier):
+    """The first fused step's shapes get a session with the shape computations folded; others the general one."""
+    sizes = [16, 16, 5, 16, 7, 16]
+    results = []
+    for fuse in (False, True):
+        state, module, optimizer = open_module(classifier, fuse=fuse)
+        general = count_runs(optimizer.fused_step.session) if fuse else [0]
+        rng = np.random.default_rng(3)
+        losses = [_ort_loop(state, module, optimizer, i, classifier_batch(rng, n)) for i, n in enumerate(sizes)]
+        results.append((losses, snapshot(state)))
+        if fuse:
+            fixed = optimizer.fused_step.sessions()
+            assert len(fixed) == 2 and general[0] == 2  # the batches of 5 and 7 rows (the first step is the reset)
+            assert len(fixed[1].session.get_inputs()[0].shape) == 2 and fixed[1].session.get_inputs()[0].shape[0] == 16
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    for name, value in results[0][1].items():
+        np.testing.assert_array_equal(value, results[1][1][name], err_msg=name)

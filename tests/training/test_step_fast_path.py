@@ -32,7 +32,7 @@ def test_a_steady_loop_rebinds_no_state(regression, rng, fuse):
         optimizer.set_learning_rate(0.05)  # as a scheduler does: after the step, before the next train step
         module.lazy_reset_grad()
     sessions = [module._train_session, module._reset.session, optimizer._session]
-    sessions += [optimizer.fused_step.session] if fuse else []
+    sessions += [optimizer.fused_step.sessions()[-1]] if fuse else []  # the one for the batches' fixed shapes
     kept = [len(session._layouts) for session in sessions]
     # the layout made with each session, and one per parity of the sessions that run; every step starts from
     # reset gradients and writes everything in place, so one parity: apart, the reset step and the optimizer
