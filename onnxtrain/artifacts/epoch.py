@@ -34,12 +34,14 @@ each batch's loss, its mean where the loss is not one number.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, pack_updates
 from onnxtrain.graph.fold import drop_unread_initializers, fold_static_shapes
 from onnxtrain.graph.naming import keep_or_tag, names_in
 
@@ -59,6 +61,10 @@ class EpochModel:
     losses: str
 
 
+#: Element-wise operators that a per-iteration scalar computation may be made of to be hoisted out of the body.
+HOISTABLE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Cast", "Neg", "Reciprocal", "Exp", "Log"})
+
+
 def epoch_scan_model(
     fused: onnx.ModelProto,
     carried: Sequence[Carried],
@@ -66,6 +72,7 @@ def epoch_scan_model(
     loss: str,
     learning_rate: str,
     step: str,
+    updates: Sequence[ParameterUpdate] = (),
 ) -> EpochModel:
     """A ``Scan`` over batches whose body is ``fused`` (see the module docstring).
 
@@ -73,55 +80,76 @@ def epoch_scan_model(
     keys of ``batches``, each with the shape of one batch), the carried
     tensors' inputs, ``learning_rate`` and ``step`` (both ``[1]``) and the
     frozen parameters. Its computations that depend only on the shapes, now
-    fixed, are folded into constants (:mod:`onnxtrain.graph.fold`). ``fused``
-    is not changed.
+    fixed, are folded into constants (:mod:`onnxtrain.graph.fold`), and those
+    that depend only on the step number and the learning rate (an update's
+    bias corrections and step size) are computed for every iteration at once,
+    before the ``Scan``, and scanned in. The chains of ``updates`` (the
+    optimizer's per-parameter updates) that are the same element-wise
+    computation run once on packed tensors (:mod:`onnxtrain.artifacts.vectorize`),
+    packed before the ``Scan`` and unpacked after it. ``fused`` is not changed.
     """
-    source = fold_static_shapes(fused, batches).graph
+    folded = fold_static_shapes(fused, batches)
+    unique = keep_or_tag(names_in(folded.graph), "epoch")
+    packed_model, packs = pack_updates(folded, updates, unique) if updates else (folded, [])
+    source = packed_model.graph
+    packed_members = {member for pack in packs for member in pack.members}
+    outer_carried = list(carried)  # the model's inputs and outputs: one per tensor
+    carried = [pair for pair in carried if pair not in packed_members] + [pack.carried for pack in packs]
     types = {value.name: value.type for value in (*source.input, *source.output)}
-    unique = keep_or_tag(names_in(source), "epoch")
     read = {name for node in source.node for name in node.input}
     per_step = {*batches, *(name for name, _ in carried), learning_rate, step}
     frozen = [value for value in source.input if value.name not in per_step]
     numbers = [learning_rate, *([step] if step in read else [])]  # per iteration, [1] each
     squeezes = {name: _only_squeeze(source, name) for name in numbers}
+    skipped = {id(node) for node in squeezes.values() if node is not None}
+    # per iteration, as the body reads it: [1], or the scalar its only Squeeze made
+    scalars = {name: (name if squeezes[name] is None else squeezes[name].output[0]) for name in numbers}
+    elem_types = {scalars[name]: types[name].tensor_type.elem_type for name in numbers}
+    nodes = [node for node in source.node if id(node) not in skipped]
+    constants = {t.name: t for t in source.initializer}
+    rank0 = {scalars[name] for name in numbers if squeezes[name] is not None}
+    hoisted, nodes = _hoistable(nodes, rank0, constants, elem_types)
 
     body = onnx.GraphProto()
     body.name = f"{source.name or 'fused'}_epoch_body"
     body.input.extend([helper.make_value_info(name, types[name]) for name, _ in carried])
     for name, shape in batches.items():
         body.input.append(helper.make_tensor_value_info(name, types[name].tensor_type.elem_type, shape))
-    for name in numbers:
-        squeeze = squeezes[name]
-        elem = types[name].tensor_type.elem_type
-        body.input.append(
-            helper.make_tensor_value_info(
-                name if squeeze is None else squeeze.output[0], elem, [1] if squeeze is None else []
-            )
-        )
-    skipped = {id(node) for node in squeezes.values() if node is not None}
-    body.node.extend(node for node in source.node if id(node) not in skipped)
+    still_read = {name for node in nodes for name in node.input} | {out for _, out in carried} | {loss}
+    hoisted_outputs = [node.output[0] for node in hoisted]  # scalars, as the squeezed rate and step
+    per_iteration = [name for name in (*scalars.values(), *hoisted_outputs) if name in still_read]
+    for name in per_iteration:
+        rank0_or_1 = [] if name in rank0 or name in hoisted_outputs else [1]
+        body.input.append(helper.make_tensor_value_info(name, elem_types[name], rank0_or_1))
+    body.node.extend(nodes)
     body.initializer.extend(source.initializer)
     body.sparse_initializer.extend(source.sparse_initializer)
     loss_type = types[loss].tensor_type
-    batch_loss = unique("batch_loss")
-    # [] or [1] -> [] (exact: a mean of one number); a loss of several numbers counts by its mean
-    body.node.append(helper.make_node("ReduceMean", [loss], [batch_loss], name=unique("epoch_loss"), keepdims=0))
+    if loss_type.HasField("shape") and not loss_type.shape.dim:
+        batch_loss = loss  # a scalar already
+    else:  # [1] -> [] (exact: a mean of one number); a loss of several numbers counts by its mean
+        batch_loss = unique("batch_loss")
+        body.node.append(helper.make_node("ReduceMean", [loss], [batch_loss], name=unique("epoch_loss"), keepdims=0))
     body.output.extend([helper.make_value_info(out, types[name]) for name, out in carried])
     body.output.append(helper.make_tensor_value_info(batch_loss, loss_type.elem_type, []))
-    drop_unread_initializers(body)  # the axes of the squeezes skipped
+    drop_unread_initializers(body)  # the axes of the squeezes skipped, the constants hoisted
 
     graph = onnx.GraphProto()
     graph.name = f"{source.name or 'fused'}_epoch"
-    pairs = [(unique(f"{name}.before"), unique(f"{name}.after")) for name, _ in carried]
-    for (name, _), (before, after) in zip(carried, pairs, strict=True):
-        graph.input.append(helper.make_value_info(before, types[name]))
-        graph.output.append(helper.make_value_info(after, types[name]))
+    tensor_types = {value.name: value.type for value in (*folded.graph.input, *folded.graph.output)}
+    pairs = [(unique(f"{name}.before"), unique(f"{name}.after")) for name, _ in outer_carried]
+    for (name, _), (before, after) in zip(outer_carried, pairs, strict=True):
+        graph.input.append(helper.make_value_info(before, tensor_types[name]))
+        graph.output.append(helper.make_value_info(after, tensor_types[name]))
+    outer_of = dict(zip(outer_carried, pairs, strict=True))
+    states = [outer_of[pair] for pair in carried if pair in outer_of]
+    unpacking = [_pack_before(graph, pack, outer_of, states, unique) for pack in packs]
     data = {name: unique(f"{name}.batches") for name in batches}
     for name, shape in batches.items():
         elem = types[name].tensor_type.elem_type
         graph.input.append(helper.make_tensor_value_info(data[name], elem, ["batches", *shape]))
     sequences = {name: unique("learning_rates" if name == learning_rate else "steps") for name in numbers}
-    scan_inputs = list(data.values())
+    outer: dict[str, str] = {}  # a per-iteration value of the body -> its sequence over the iterations
     for name, sequence in sequences.items():
         graph.input.append(helper.make_tensor_value_info(sequence, types[name].tensor_type.elem_type, ["batches"]))
         if squeezes[name] is None:  # the body takes [1]: [M] -> [M, 1] once
@@ -129,26 +157,123 @@ def epoch_scan_model(
             graph.initializer.append(helper.make_tensor(axes, TensorProto.INT64, [1], [1]))
             column = unique(f"{sequence}.column")
             graph.node.append(helper.make_node("Unsqueeze", [sequence, axes], [column], name=unique("epoch_column")))
-            scan_inputs.append(column)
+            outer[name] = column
         else:
-            scan_inputs.append(sequence)
+            outer[scalars[name]] = sequence
+    for node in hoisted:  # the same element-wise operations, on [M] instead of []
+        inputs = []
+        for name in node.input:
+            if name not in outer:
+                copy = graph.initializer.add()
+                copy.CopyFrom(constants[name])
+                copy.name = outer[name] = unique(f"{name}.hoisted")
+            inputs.append(outer[name])
+        outer[node.output[0]] = unique(f"{node.output[0]}.per_batch")
+        graph.node.append(
+            helper.make_node(
+                node.op_type,
+                inputs,
+                [outer[node.output[0]]],
+                name=unique(f"{node.name or node.op_type}.hoisted"),
+                domain=node.domain,
+            )
+        )
+        graph.node[-1].attribute.extend(node.attribute)
+    scan_inputs = [*data.values(), *(outer[name] for name in per_iteration)]
     graph.input.extend(frozen)
     losses = unique("losses")
     graph.output.append(helper.make_tensor_value_info(losses, loss_type.elem_type, ["batches"]))
     graph.node.append(
         helper.make_node(
             "Scan",
-            [*(before for before, _ in pairs), *scan_inputs],
-            [*(after for _, after in pairs), losses],
+            [*(before for before, _ in states), *scan_inputs],
+            [*(after for _, after in states), losses],
             name=unique("epoch_scan"),
             body=body,
             num_scan_inputs=len(scan_inputs),
         )
     )
+    for nodes in unpacking:  # after the Scan: the packed tensors back into one output per tensor
+        graph.node.extend(nodes)
     model = helper.make_model(graph, opset_imports=list(fused.opset_import))
     model.ir_version = fused.ir_version
     model.functions.extend(fused.functions)
     return EpochModel(model, tuple(pairs), data, sequences[learning_rate], sequences.get(step), losses)
+
+
+def _pack_before(
+    graph: onnx.GraphProto,
+    pack: Pack,
+    outer_of: Mapping[Carried, tuple[str, str]],
+    states: list[tuple[str, str]],
+    unique: Callable[[str], str],
+) -> list[onnx.NodeProto]:
+    """Pack the members' inputs into the pack's state before the ``Scan`` (nodes added to ``graph``, the state
+    to ``states``); the nodes that unpack its final value into the members' outputs, to add after it."""
+    flat = unique("flat_shape")
+    graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [-1]))
+    pieces = []
+    for member, shape in zip(pack.members, pack.shapes, strict=True):
+        before = outer_of[member][0]
+        if len(shape) == 1:
+            pieces.append(before)
+        else:
+            pieces.append(unique(f"{before}.flat"))
+            graph.node.append(helper.make_node("Reshape", [before, flat], [pieces[-1]], name=unique("epoch_flatten")))
+    packed_before, packed_after = unique(f"{pack.carried[0]}.before"), unique(f"{pack.carried[0]}.after")
+    graph.node.append(helper.make_node("Concat", pieces, [packed_before], name=unique("epoch_pack"), axis=0))
+    states.append((packed_before, packed_after))
+    sizes = unique("pack_sizes")
+    graph.initializer.append(
+        helper.make_tensor(sizes, TensorProto.INT64, [len(pack.shapes)], [math.prod(s) for s in pack.shapes])
+    )
+    unpack, outputs = [], []
+    for member, shape in zip(pack.members, pack.shapes, strict=True):
+        after = outer_of[member][1]
+        if len(shape) == 1:
+            outputs.append(after)
+        else:
+            outputs.append(unique(f"{after}.flat"))
+            dims = unique(f"{after}.shape")
+            graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
+            unpack.append(helper.make_node("Reshape", [outputs[-1], dims], [after], name=unique("epoch_unflatten")))
+    split = helper.make_node("Split", [packed_after, sizes], outputs, name=unique("epoch_unpack"), axis=0)
+    return [split, *unpack]
+
+
+def _hoistable(
+    nodes: Sequence[onnx.NodeProto],
+    scalars: set[str],
+    constants: Mapping[str, onnx.TensorProto],
+    elem_types: dict[str, int],
+) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto]]:
+    """``(hoisted, kept)``: the nodes of :data:`HOISTABLE` computing a scalar from ``scalars`` (per-iteration
+    scalars) and scalar constants only, in order, and the others. Records the hoisted outputs' element types
+    in ``elem_types``."""
+    hoisted, kept = [], []
+    per_iteration = set(scalars)
+    for node in nodes:
+        inputs = [name for name in node.input if name]
+        takes = all(name in per_iteration or (name in constants and not constants[name].dims) for name in inputs)
+        if (
+            node.op_type in HOISTABLE
+            and node.domain in ("", "ai.onnx")
+            and len(node.output) == 1
+            and takes
+            and any(name in per_iteration for name in inputs)
+        ):
+            hoisted.append(node)
+            per_iteration.add(node.output[0])
+            first = inputs[0]
+            cast_to = next((a.i for a in node.attribute if a.name == "to"), None)
+            elem_types[node.output[0]] = (
+                cast_to
+                if cast_to is not None
+                else elem_types.get(first, constants[first].data_type if first in constants else 0)
+            )
+        else:
+            kept.append(node)
+    return hoisted, kept
 
 
 def _only_squeeze(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:

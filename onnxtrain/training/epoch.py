@@ -63,7 +63,9 @@ class EpochStep:
         for name, (out, tensor) in statistics.items():
             carried.append((name, out))
             tensors.append(tensor)
-        epoch = epoch_scan_model(fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step)
+        epoch = epoch_scan_model(
+            fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step, fused.updates
+        )
         model = LoadedModel(epoch.model, epoch.model.SerializeToString())
         session = open_session(model, "epoch model")
         used = {value.name for value in epoch.model.graph.input}

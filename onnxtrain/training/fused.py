@@ -31,6 +31,7 @@ import onnxruntime as ort
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+from onnxtrain.artifacts.vectorize import ParameterUpdate
 from onnxtrain.graph.fold import fold_static_shapes
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
@@ -68,12 +69,16 @@ class FusedStep:
         open_session: Callable[[LoadedModel, str], BoundSession],
         update: RecordedUpdate,
         in_place: list[Updated],
+        updates: list[ParameterUpdate],
         values: tuple[ort.OrtValue, ort.OrtValue],
     ) -> None:
         self.model = model  # the fused model, which the epoch step scans over (onnxtrain.training.epoch)
         self.session = open_session(model, "fused training step")
         self.update = update
         self.in_place = in_place
+        #: Per trainable parameter, the fused model's names for it, its moments and its gradient, as read and
+        #: written (what the epoch model packs, onnxtrain.artifacts.vectorize).
+        self.updates = updates
         self.learning_rate = fused.name_of(LEARNING_RATE)
         self.step = fused.name_of(STEP)
         self._values = values
@@ -106,11 +111,11 @@ class FusedStep:
             fused = fuse_update_and_train(training_proto, optimizer_proto, trainable)
         except FusionError:
             return None
-        in_place = _updated_tensors(fused, trainable, store, moments)
+        in_place, updates = _updated_tensors(fused, trainable, store, moments)
         if unsafe_in_place(fused.model.graph, {name: out for name, _, out in in_place}):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())
-        return cls(fused, model, user_inputs, open_session, update, in_place, values)
+        return cls(fused, model, user_inputs, open_session, update, in_place, updates, values)
 
     def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
         """The session for a step whose user inputs have ``shapes``: its own for the first shapes seen (made
@@ -138,16 +143,22 @@ class FusedStep:
 
 def _updated_tensors(
     fused: FusedModel, trainable: Sequence[str], store: StateStore, moments: Mapping[str, Sequence[StateTensor]]
-) -> list[Updated]:
-    """The parameters, moments and gradients the fused model updates, with its names for each."""
+) -> tuple[list[Updated], list[ParameterUpdate]]:
+    """The parameters, moments and gradients the fused model updates, with its names for each; and the same
+    per parameter."""
     updated: list[Updated] = []
+    updates: list[ParameterUpdate] = []
     for p in trainable:
-        updated.append((p, store.tensors[p], fused.name_of(updated_name(p))))
-        for i, moment in enumerate(moments[p]):
-            name = state_name(p, i)
-            updated.append((fused.name_of(name), moment, fused.name_of(updated_name(name))))
-        updated.append((fused.name_of(grad_name(p)), store.gradients[p], fused.gradients[p]))
-    return updated
+        param = (p, store.tensors[p], fused.name_of(updated_name(p)))
+        kept = [
+            (fused.name_of(state_name(p, i)), moment, fused.name_of(updated_name(state_name(p, i))))
+            for i, moment in enumerate(moments[p])
+        ]
+        gradient = (fused.name_of(grad_name(p)), store.gradients[p], fused.gradients[p])
+        updated += [param, *kept, gradient]
+        pairs = tuple((name, out) for name, _, out in kept)
+        updates.append(ParameterUpdate((p, param[2]), pairs, (gradient[0], gradient[2]), store.tensors[p].shape))
+    return updated, updates
 
 
 __all__ = ["FusedStep", "Updated"]

@@ -1,0 +1,280 @@
+"""One update for many parameters: an optimizer's per-parameter chains of element-wise nodes run on packed tensors.
+
+An optimizer model updates each parameter with its own chain of nodes: AdamW
+reads ``p``, its gradient ``g`` and moments ``m``, ``v`` and writes ``p'``,
+``m'``, ``v'`` in 12 element-wise nodes, the same 12 for every parameter, with
+the same scalars (the step size, the bias corrections). onnxruntime spends
+about 0.3 µs on each node however small its tensors, so a small model's step
+costs its node count. :func:`pack_updates` finds the parameters whose chains
+are the same element-wise computation (the same operators, attributes and
+shared scalars, one dtype) and runs one chain for all of them on flat tensors
+holding the parameters one after the other: the same arithmetic on each
+element, so the same bits, in fewer nodes.
+
+The packed tensors are inputs and outputs of the model (the epoch model's
+``Scan`` carries them from iteration to iteration, :mod:`onnxtrain.artifacts.epoch`):
+per group and role (the parameters, each moment, the gradients) one flat
+tensor replaces the members' inputs and outputs. Inside, the updated
+parameters are split back (``Split``, ``Reshape``) for the nodes that read
+them, and the new gradients are flattened and concatenated into the packed
+gradient output.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import onnx
+from onnx import TensorProto, helper
+
+from onnxtrain.autodiff.training import names_read
+
+#: Element-wise operators a chain may be made of (each element of the result depends on the same element of
+#: each input, and on scalars).
+ELEMENTWISE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Abs", "Sign", "Reciprocal", "Exp", "Log", "Cast"}
+    | {"Max", "Min", "Where", "Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or"}
+    | {"Identity", "Clip"}
+)
+
+#: ``(input, output)``: a tensor the model reads and writes a new value of.
+Carried = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class ParameterUpdate:
+    """One trainable parameter's update: the parameter, its moments and its gradient, each as read and written."""
+
+    parameter: Carried
+    moments: tuple[Carried, ...]
+    gradient: Carried
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One flat tensor standing for a role (the parameters, a moment, the gradients) of a group of parameters.
+
+    ``carried``: its input and output; ``members``: the per-parameter
+    ``(input, output)`` it stands for, in order, with their ``shapes``.
+    """
+
+    carried: Carried
+    members: tuple[Carried, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    elem_type: int
+
+
+def pack_updates(
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], unique: Callable[[str], str]
+) -> tuple[onnx.ModelProto, list[Pack]]:
+    """``model`` with the identical chains of ``updates`` run once per group on packed tensors, and the packs.
+
+    A group is packed where it saves nodes; chains that are not purely
+    element-wise over the parameter's own tensors and scalars (gradient
+    clipping reads all gradients) are left as they are. ``unique(hint)``
+    gives new names. ``model`` is not changed.
+    """
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph  # the chains are found in the copy, whose nodes are then replaced
+    inferred = onnx.shape_inference.infer_shapes(model)
+    sizes = _element_counts(inferred)
+    elem_types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
+    chains = {}
+    for update in updates:
+        chain = _chain(graph, update, sizes, elem_types.get(update.parameter[0], 0))
+        if chain is not None:
+            chains[update.parameter[0]] = chain
+    groups: dict[tuple, list[ParameterUpdate]] = {}
+    for update in updates:
+        found = chains.get(update.parameter[0])
+        if found is not None:
+            groups.setdefault(found[1], []).append(update)
+    packs: list[Pack] = []
+    for signature, members in groups.items():
+        chain_length = len(signature) - 1  # the last item is the dtype
+        reshapes = sum(2 for m in members if len(m.shape) != 1)
+        if len(members) < 2 or chain_length * (len(members) - 1) <= reshapes + 2:
+            continue  # packing would not save nodes
+        packs += _pack_group(copy.graph, members, [chains[m.parameter[0]][0] for m in members], unique)
+    return copy, packs
+
+
+def _element_counts(model: onnx.ModelProto) -> dict[str, int | None]:
+    """Elements per value where its shape is known (inputs, outputs, initializers, inferred values)."""
+    counts: dict[str, int | None] = {}
+    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        known = tensor.HasField("shape") and all(d is not None for d in dims)
+        counts[value.name] = math.prod(dims) if known else None  # type: ignore[arg-type]
+    for tensor in model.graph.initializer:
+        counts[tensor.name] = math.prod(tensor.dims)
+    return counts
+
+
+def _chain(
+    graph: onnx.GraphProto, update: ParameterUpdate, sizes: dict[str, int | None], elem_type: int
+) -> tuple[list[onnx.NodeProto], tuple] | None:
+    """The nodes from ``update``'s tensors to its new parameter and moments, and their canonical form; ``None``
+    where they are not an element-wise chain over those tensors and scalars."""
+    roles = {update.parameter[0]: 0, update.gradient[0]: 1}
+    roles.update({m[0]: 2 + k for k, m in enumerate(update.moments)})
+    ends = {update.parameter[1], *(m[1] for m in update.moments)}
+    downstream = set(roles)
+    for node in graph.node:
+        if any(name in downstream for name in node.input):
+            downstream.update(node.output)
+    upstream = set(ends)
+    for node in reversed(graph.node):
+        if any(name in upstream for name in node.output):
+            upstream.update(name for name in node.input if name)
+    chain = [n for n in graph.node if any(o in downstream and o in upstream for o in n.output)]
+    made = {name for node in chain for name in node.output}
+    if not ends <= made:
+        return None
+    position = {name: (i, k) for i, node in enumerate(chain) for k, name in enumerate(node.output)}
+    in_chain = {id(node) for node in chain}
+    readers_outside = {name for node in graph.node if id(node) not in in_chain for name in names_read(node)}
+    outputs = {value.name for value in graph.output}
+    signature: list[tuple] = []
+    for node in chain:
+        if node.op_type not in ELEMENTWISE or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+            return None
+        if node.output[0] not in ends and (node.output[0] in readers_outside or node.output[0] in outputs):
+            return None  # an intermediate read elsewhere would have to be unpacked too
+        refs = []
+        for name in node.input:
+            if name in roles:
+                refs.append(("role", roles[name]))
+            elif name in position:
+                refs.append(("node", position[name]))
+            elif sizes.get(name) in (0, 1):
+                refs.append(("shared", name))  # a scalar: broadcasts over the packed tensor alike
+            else:
+                return None
+        ending = (
+            "param"
+            if node.output[0] == update.parameter[1]
+            else next((f"moment{k}" for k, m in enumerate(update.moments) if m[1] == node.output[0]), "")
+        )
+        attrs = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
+        signature.append((node.op_type, attrs, tuple(refs), ending))
+    for name in roles:  # the update's tensors are read by its chain only
+        if name in readers_outside or name in outputs:
+            return None
+    return chain, (*signature, (len(update.moments), elem_type))
+
+
+def _pack_group(
+    graph: onnx.GraphProto,
+    members: list[ParameterUpdate],
+    chains: list[list[onnx.NodeProto]],
+    unique: Callable[[str], str],
+) -> list[Pack]:
+    """Replace the chains of ``members`` by one chain on packed tensors (see the module docstring)."""
+    inputs = {value.name: value for value in graph.input}
+    elem_type = inputs[members[0].parameter[0]].type.tensor_type.elem_type
+    sizes = [math.prod(m.shape) for m in members]
+    shapes = tuple(m.shape for m in members)
+    total = sum(sizes)
+    head = members[0].parameter[0]
+    roles: list[list[Carried]] = [[m.parameter for m in members], [m.gradient for m in members]]
+    roles += [[m.moments[k] for m in members] for k in range(len(members[0].moments))]
+    names = ["parameters", "gradients", *(f"moment{k}" for k in range(len(roles) - 2))]
+    packed = [(unique(f"{head}.packed_{n}"), unique(f"{head}.packed_{n}.updated")) for n in names]
+
+    template = chains[0]
+    renamed: dict[str, str] = {members_of_role[0][0]: packed[r][0] for r, members_of_role in enumerate(roles)}
+    outputs_of_role = {members_of_role[0][1]: packed[r][1] for r, members_of_role in enumerate(roles) if r != 1}
+    new_nodes = []
+    for node in template:  # the first member's chain, on the packed tensors
+        clone = onnx.NodeProto()
+        clone.CopyFrom(node)
+        clone.name = unique(f"{node.name or node.op_type}.packed")
+        clone.input[:] = [renamed.get(name, name) for name in node.input]
+        out = node.output[0]
+        renamed[out] = outputs_of_role.get(out) or unique(f"{out}.packed")
+        clone.output[:] = [renamed[out]]
+        new_nodes.append(clone)
+    # the new parameters, split back for the nodes that read them
+    split_sizes = unique(f"{head}.packed_sizes")
+    graph.initializer.append(helper.make_tensor(split_sizes, TensorProto.INT64, [len(sizes)], sizes))
+    pieces = []
+    for m in members:
+        pieces.append(m.parameter[1] if len(m.shape) == 1 else unique(f"{m.parameter[1]}.flat"))
+    new_nodes.append(
+        helper.make_node("Split", [packed[0][1], split_sizes], pieces, name=unique(f"{head}.unpack"), axis=0)
+    )
+    for m, piece in zip(members, pieces, strict=True):
+        if piece != m.parameter[1]:
+            shape = unique(f"{m.parameter[1]}.shape")
+            graph.initializer.append(helper.make_tensor(shape, TensorProto.INT64, [len(m.shape)], list(m.shape)))
+            new_nodes.append(
+                helper.make_node("Reshape", [piece, shape], [m.parameter[1]], name=unique(f"{piece}.reshape"))
+            )
+    # the new gradients, packed
+    flat = unique(f"{head}.flat_shape")
+    graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [-1]))
+    grad_pieces = []
+    for m in members:
+        if len(m.shape) == 1:
+            grad_pieces.append(m.gradient[1])
+        else:
+            grad_pieces.append(unique(f"{m.gradient[1]}.flat"))
+            new_nodes.append(
+                helper.make_node(
+                    "Reshape", [m.gradient[1], flat], [grad_pieces[-1]], name=unique(f"{m.gradient[1]}.reshape")
+                )
+            )
+    new_nodes.append(
+        helper.make_node("Concat", grad_pieces, [packed[1][1]], name=unique(f"{head}.pack_gradients"), axis=0)
+    )
+
+    dropped = {id(node) for chain in chains for node in chain}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    known |= {name for name, _ in packed}
+    ordered = _topological([*kept, *new_nodes], known)
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+    member_names = {name for members_of_role in roles for pair in members_of_role for name in pair}
+    kept_inputs = [value for value in graph.input if value.name not in member_names]
+    kept_outputs = [value for value in graph.output if value.name not in member_names]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    graph.input.extend(helper.make_tensor_value_info(name, elem_type, [total]) for name, _ in packed)
+    del graph.output[:]
+    graph.output.extend(kept_outputs)
+    graph.output.extend(helper.make_tensor_value_info(out, elem_type, [total]) for _, out in packed)
+    return [
+        Pack(carried, tuple(members_of_role), shapes, elem_type)
+        for carried, members_of_role in zip(packed, roles, strict=True)
+    ]
+
+
+def _topological(nodes: Sequence[onnx.NodeProto], known: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` in an order where each runs after what it reads (subgraphs' outer reads included), keeping
+    their given order wherever it already is one."""
+    available = set(known) | {""}
+    waiting = list(nodes)
+    ordered: list[onnx.NodeProto] = []
+    while waiting:
+        still = []
+        for node in waiting:
+            if names_read(node) <= available:
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                still.append(node)
+        if len(still) == len(waiting):
+            raise ValueError(f"nodes read values nothing computes: {sorted(names_read(still[0]) - available)}")
+        waiting = still
+    return ordered
+
+
+__all__ = ["ELEMENTWISE", "Pack", "ParameterUpdate", "pack_updates"]
