@@ -44,6 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, pack_updates
 from onnxtrain.graph.fold import drop_unread_initializers, fold_static_shapes
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.losses.label_check import LabelCheck, strip_label_checks
 
 #: ``(body input, body output)``: a tensor the fused step reads and writes a new value of, carried by the scan.
 Carried = tuple[str, str]
@@ -59,6 +60,7 @@ class EpochModel:
     learning_rates: str
     steps: str | None  # None: the update does not read its step number
     losses: str
+    label_checks: tuple[LabelCheck, ...] = ()  # taken out of the body: the caller checks those labels first
 
 
 #: Element-wise operators that a per-iteration scalar computation may be made of to be hoisted out of the body.
@@ -86,9 +88,12 @@ def epoch_scan_model(
     before the ``Scan``, and scanned in. The chains of ``updates`` (the
     optimizer's per-parameter updates) that are the same element-wise
     computation run once on packed tensors (:mod:`onnxtrain.artifacts.vectorize`),
-    packed before the ``Scan`` and unpacked after it. ``fused`` is not changed.
+    packed before the ``Scan`` and unpacked after it. The label checks of
+    losses over the scanned labels (:mod:`onnxtrain.losses.label_check`) are
+    taken out: :attr:`EpochModel.label_checks`, for the caller to run on the
+    whole data first. ``fused`` is not changed.
     """
-    folded = fold_static_shapes(fused, batches)
+    folded, checks = strip_label_checks(fold_static_shapes(fused, batches), batches)
     unique = keep_or_tag(names_in(folded.graph), "epoch")
     packed_model, packs = pack_updates(folded, updates, unique) if updates else (folded, [])
     source = packed_model.graph
@@ -198,7 +203,8 @@ def epoch_scan_model(
     model = helper.make_model(graph, opset_imports=list(fused.opset_import))
     model.ir_version = fused.ir_version
     model.functions.extend(fused.functions)
-    return EpochModel(model, tuple(pairs), data, sequences[learning_rate], sequences.get(step), losses)
+    steps = sequences.get(step)
+    return EpochModel(model, tuple(pairs), data, sequences[learning_rate], steps, losses, tuple(checks))
 
 
 def _pack_before(

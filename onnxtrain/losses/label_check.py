@@ -181,6 +181,17 @@ def label_error(
     listed = ""
     if found is not None:
         count, listed = found
+    return _error(check, classes, count, listed, step, f"onnxruntime: node {node!r} failed")
+
+
+def labels_out_of_range(check: LabelCheck, labels: np.ndarray, step: str) -> ValueError | None:
+    """The ``ValueError`` :func:`label_error` gives when some of ``labels`` fail ``check`` (of a known class
+    count), found on the host before running; ``None`` when all pass."""
+    count, listed = _offending(labels, check.classes, check.ignore_index) or (0, "")
+    return _error(check, check.classes, count, listed, step, "checked before running") if count else None
+
+
+def _error(check: LabelCheck, classes: int | None, count: int | None, listed: str, step: str, how: str) -> ValueError:
     how_many = "some labels are" if count is None else "1 label is" if count == 1 else f"{count} labels are"
     span = f"[0, {classes})" if classes is not None else f"[0, C), C the size of axis 1 of {check.scores!r}"
     allowed = (
@@ -191,8 +202,44 @@ def label_error(
     return ValueError(
         f"{step}: {how_many} out of range in {check.labels!r} for {check.loss} on {check.scores!r} "
         f"({classes if classes is not None else 'C'} classes){listed}. {allowed}. Fix the labels, or give the "
-        f"loss ignore_index=<label> for a label to skip (onnxruntime: node {node!r} failed)"
+        f"loss ignore_index=<label> for a label to skip ({how})"
     )
+
+
+def strip_label_checks(model: onnx.ModelProto, inputs: Iterable[str]) -> tuple[onnx.ModelProto, list[LabelCheck]]:
+    """A copy of ``model`` without the checks of labels that are among its ``inputs`` and whose class count is
+    known, and those checks: a caller that runs the model on labels it checked itself (with
+    :func:`labels_out_of_range`) saves their nodes. The loss then reads the labels themselves, which is what
+    it read through the check whenever the check passed."""
+    given = set(inputs)
+    checks = [c for c in label_checks([model]).values() if c.labels in given and c.classes is not None]
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    if not checks:
+        return copy, []
+    graph = copy.graph
+    stripped = {check.labels for check in checks}
+    owned = [n for n in graph.node if is_label_check(n) and _checked_labels(n) in stripped]
+    renamed = {}
+    for node in owned:
+        if node.op_type == "Where" and node.input[1] in stripped:
+            renamed[node.output[0]] = node.input[1]  # the checked labels: the labels
+    dropped = {id(node) for node in owned}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    for node in kept:
+        node.input[:] = [renamed.get(name, name) for name in node.input]
+    del graph.node[:]
+    graph.node.extend(kept)
+    return copy, checks
+
+
+def _checked_labels(node: onnx.NodeProto) -> str | None:
+    """The labels a check node belongs to, from its ``doc_string``."""
+    check = LabelCheck.of_node(node)
+    if check is not None:
+        return check.labels
+    match = re.match(rf"{re.escape(PREFIX)} of '([^']*)'", node.doc_string)
+    return match.group(1) if match else None
 
 
 def _offending(labels: np.ndarray | None, classes: int | None, ignore_index: int | None) -> tuple[int, str] | None:
@@ -220,4 +267,14 @@ def label_checks(models: Iterable[onnx.ModelProto]) -> Mapping[str, LabelCheck]:
     return found
 
 
-__all__ = ["MARKER", "PREFIX", "LabelCheck", "checked_labels", "is_label_check", "label_checks", "label_error"]
+__all__ = [
+    "MARKER",
+    "PREFIX",
+    "LabelCheck",
+    "checked_labels",
+    "is_label_check",
+    "label_checks",
+    "label_error",
+    "labels_out_of_range",
+    "strip_label_checks",
+]

@@ -74,7 +74,7 @@ import onnxruntime as ort
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.losses.label_check import label_error
+from onnxtrain.losses.label_check import label_error, labels_out_of_range
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device, ProviderSpec, resolve
@@ -445,6 +445,12 @@ class Module:
         rates = EpochRates(optimizer, learning_rates, batches)
         full = rows // size  # the batches of `size` rows
         epoch = self._epoch_step(optimizer.fused_step, [(size, *array.shape[1:]) for array in data])
+        if epoch is not None:  # the labels its model does not check, checked here, before any batch runs
+            by_name = dict(zip(self._io.inputs.names, data, strict=True))
+            for check in epoch.epoch.label_checks:
+                error = labels_out_of_range(check, by_name[check.labels], "train_epoch")
+                if error is not None:
+                    raise error
         # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
         # records one) and a last, shorter batch; the others in one run of the epoch model
         first = 0

@@ -22,7 +22,7 @@ from onnx import helper
 from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.training.binding import BoundSession
-from tests.helpers import DOUBLE
+from tests.helpers import DOUBLE, INT64, make_model
 from tests.training import models
 from tests.training.helpers import classifier_batch, open_module, snapshot
 
@@ -277,7 +277,8 @@ def test_check_finite_stops_where_the_per_step_loop_raises(tmp_path: Path) -> No
     assert results[0][1] == results[1][1] == 6
 
 
-def test_an_error_in_the_run_leaves_the_state_as_before_it(classifier: dict[str, Path]) -> None:
+def test_labels_out_of_range_raise_before_any_batch_runs(classifier: dict[str, Path]) -> None:
+    """The epoch model leaves out the loss's label check; the labels are checked on the host first."""
     x, labels = classifier_batch(np.random.default_rng(19), 48)
     bad = labels.copy()
     bad[4 * BATCH + 1] = 7  # the classifier has 4 classes
@@ -286,8 +287,44 @@ def test_an_error_in_the_run_leaves_the_state_as_before_it(classifier: dict[str,
         state, module, optimizer = open_module(classifier)
         module.train_epoch(optimizer, x, labels, BATCH)
         if fails:
-            with pytest.raises(ValueError, match="label"):
+            with pytest.raises(ValueError, match=r"train_epoch: 1 label is out of range in 'labels'.*7 at \[33\]"):
                 module.train_epoch(optimizer, x, bad, BATCH)
+        expected.append((snapshot(state), module.train_step_count, optimizer.step_count))
+    _assert_same(expected[0][0], expected[1][0], 0)
+    assert expected[0][1:] == expected[1][1:]
+    epoch = next(iter(module._epochs.values())).epoch
+    assert [check.labels for check in epoch.label_checks] == ["labels"]
+
+
+def _embedding_model() -> onnx.ModelProto:
+    """``y = Gather(E, ids) + x @ W``: an index out of range fails inside onnxruntime."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["e"]),
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["e", "xw"], ["y"]),
+    ]
+    initializers = [
+        ("E", rng.normal(size=(5, 2)).astype(np.float32)),
+        ("W", rng.normal(size=(3, 2)).astype(np.float32)),
+    ]
+    inputs = {"ids": (INT64, ["batch"]), "x": (onnx.TensorProto.FLOAT, ["batch", 3])}
+    return make_model(inputs, nodes, {"y": (onnx.TensorProto.FLOAT, ["batch", 2])}, initializers)
+
+
+def test_an_error_in_the_run_leaves_the_state_as_before_it(tmp_path: Path) -> None:
+    paths = models.generate(tmp_path, _embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
+    rng = np.random.default_rng(23)
+    ids, x, target = rng.integers(0, 5, 48), rng.normal(size=(48, 3)).astype(np.float32), np.zeros((48, 2), np.float32)
+    bad = ids.copy()
+    bad[5 * BATCH - 1] = 99  # the last batch's
+    expected = []
+    for fails in (False, True):
+        state, module, optimizer = open_module(paths)
+        module.train_epoch(optimizer, [ids, x], target, BATCH)
+        if fails:
+            with pytest.raises(Exception, match=r"(?i)out of|invalid|range|bound"):
+                module.train_epoch(optimizer, [bad, x], target, BATCH)
         expected.append((snapshot(state), module.train_step_count, optimizer.step_count))
     _assert_same(expected[0][0], expected[1][0], 0)
     assert expected[0][1:] == expected[1][1:]
