@@ -148,13 +148,13 @@ class EpochRates:
         self._scheduler = optimizer.scheduler if given is None else None
         self._fixed = optimizer.get_learning_rate()
 
-    def of(self, batch: int, step_count: int) -> float:
-        """The rate of batch ``batch``'s step, taken after ``step_count`` optimizer steps."""
+    def of_batches(self, first: int, count: int, step_count: int) -> np.ndarray:
+        """The rates of batches ``first .. first + count - 1``, the first's taken after ``step_count`` steps."""
         if self._given is not None:
-            return float(self._given[batch])
+            return self._given[first : first + count]
         if self._scheduler is not None:
-            return self._scheduler.lr_at(step_count)
-        return self._fixed
+            return np.array([self._scheduler.lr_at(step_count + j) for j in range(count)])
+        return np.full(count, self._fixed)
 
     def before_step(self, batch: int) -> None:
         """Set the optimizer's rate for batch ``batch``'s step."""

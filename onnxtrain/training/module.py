@@ -95,6 +95,8 @@ from onnxtrain.training.state import TrainingState
 from onnxtrain.training.store import StateTensor
 
 _HOST = Device("cpu")
+#: The epoch steps a module keeps (one per shape of batch, the most recent).
+_EPOCH_SESSIONS = 4
 
 Outputs = np.ndarray | ort.OrtValue | tuple[np.ndarray, ...] | tuple[ort.OrtValue, ...]
 #: A contiguous parameter buffer: one array/OrtValue, or ``{dtype name: buffer}`` for mixed dtypes.
@@ -421,7 +423,9 @@ class Module:
         one (``None`` when ``inputs`` gives them all). All have the same number
         of rows ``n``. ``learning_rates`` (one per batch) sets each batch's
         rate instead of the optimizer's (or its scheduler's), as
-        ``optimizer.set_learning_rate`` before its step would.
+        ``optimizer.set_learning_rate`` before its step would. The batches
+        are train steps whatever the mode (``module.eval()`` included), as
+        :meth:`train_step`'s are.
 
         The full batches run as an ONNX ``Scan`` over the fused step
         (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
@@ -444,7 +448,8 @@ class Module:
         batches = -(-rows // size)
         rates = EpochRates(optimizer, learning_rates, batches)
         full = rows // size  # the batches of `size` rows
-        epoch = self._epoch_step(optimizer.fused_step, [(size, *array.shape[1:]) for array in data])
+        shapes = [(size, *array.shape[1:]) for array in data]
+        epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
         if epoch is not None:  # the labels its model does not check, checked here, before any batch runs
             by_name = dict(zip(self._io.inputs.names, data, strict=True))
             for check in epoch.epoch.label_checks:
@@ -454,20 +459,21 @@ class Module:
         # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
         # records one) and a last, shorter batch; the others in one run of the epoch model
         first = 0
-        if epoch is None or not full:
+        if epoch is None:
             first = full = batches
         elif self._accumulate or self._store.gradient_status == "ready" or self._store.recorded_update is not optimizer:
             first = 1
-        losses = [
+        by_step = [
             self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b) for b in range(first)
         ]
-        if first < full:
-            shuffled = [array[order[first * size : full * size]] for array in data]
-            batched = [array.reshape(full - first, size, *array.shape[1:]) for array in shuffled]
-            losses += self._epoch_batches_in_one_run(epoch, optimizer, batched, rates, first)
+        scanned = np.zeros(0)
+        if epoch is not None and first < full:
+            rows_of = order[first * size : full * size] if shuffle else slice(first * size, full * size)  # a view
+            batched = [array[rows_of].reshape(full - first, *shape) for array, shape in zip(data, shapes, strict=True)]
+            scanned = self._epoch_batches_in_one_run(epoch, optimizer, batched, rates, first)
         for b in range(full, batches):
-            losses.append(self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b))
-        return np.asarray(losses, dtype=np.float64)
+            by_step.append(self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b))
+        return np.concatenate([by_step[:first], scanned, by_step[first:]]).astype(np.float64)
 
     def _epoch_data(self, inputs: Any, labels: Any) -> list[np.ndarray]:
         """The arrays of the user inputs, in model order, with as many rows each (``ValueError`` otherwise)."""
@@ -504,6 +510,8 @@ class Module:
         key = (fused, tuple(shapes))
         epoch = self._epochs.get(key)
         if epoch is None:
+            if len(self._epochs) >= _EPOCH_SESSIONS:  # batches of yet another shape: forget the oldest
+                del self._epochs[next(iter(self._epochs))]
             tensors, trainable, statistics = self._store.tensors, set(self._io.trainable), self._io.statistics
             frozen = {n: tensors[n] for n in self._io.parameters if n not in trainable and n not in statistics}
             epoch = self._epochs[key] = EpochStep.create(
@@ -530,15 +538,16 @@ class Module:
 
     def _epoch_batches_in_one_run(
         self, epoch: EpochStep, optimizer: EpochOptimizer, batched: list[np.ndarray], rates: EpochRates, first: int
-    ) -> list[float]:
+    ) -> np.ndarray:
         """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input) in one
         run of the epoch model, after the update the optimizer recorded."""
         store = self._store
         batches = len(batched[0])
         first_rate, first_step = optimizer.recorded_update()
         # iteration j applies the recorded update (j = 0), then that of batch first + j - 1
-        applied = np.array([first_rate, *(rates.of(first + j - 1, first_step + j - 1) for j in range(1, batches))])
-        applied = applied.astype(np.float32)
+        applied = np.empty(batches, np.float32)
+        applied[0] = first_rate
+        applied[1:] = rates.of_batches(first, batches - 1, first_step)
         try:
             losses = epoch.run(batched, applied, first_step)
         except Exception as error:  # onnxruntime's own exception types
@@ -562,7 +571,7 @@ class Module:
             self.lazy_reset_grad()
         if failed:  # the state is as after the batches before (the last one's update recorded)
             self._raise_if_not_finite(bad, self._train_steps + 1)
-        return [float(value) for value in losses]
+        return losses
 
     def _raise_if_not_finite(self, loss: ort.OrtValue | np.ndarray, step: int) -> None:
         value = loss if isinstance(loss, np.ndarray) else values.to_numpy(loss, copy=False)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
+import pytest
+from onnx import helper, numpy_helper
 
-from onnxtrain.graph.fold import MAX_ELEMENTS, fold_static_shapes
+from onnxtrain.graph.fold import MAX_ELEMENTS, evaluate_constant, fold_static_shapes
 from onnxtrain.sessions import inference_session
 from tests.helpers import FLOAT, make_model
 
@@ -67,3 +68,39 @@ def test_graph_outputs_and_large_values_stay_computed() -> None:
     folded = fold_static_shapes(model, {"x": [rows, 3]})
     kept = [node.op_type for node in folded.graph.node]
     assert "Div" in kept and "Expand" in kept and "Size" not in kept and "Shape" not in kept
+
+
+CASES = {
+    "Add": ([np.float32([1.5, 2.25]), np.float32(3.0)], {}),
+    "Sub": ([np.float64([1.0, -2.0]), np.float64([0.5, 0.25])], {}),
+    "Mul": ([np.int64([3, 4]), np.int64([5, 6])], {}),
+    "Div": ([np.float32([1.0, 2.0]), np.float32([3.0, 7.0])], {}),
+    "Neg": ([np.float32([1.0, -2.0])], {}),
+    "Sqrt": ([np.float32([2.0, 3.0])], {}),
+    "Reciprocal": ([np.float32([3.0, 7.0])], {}),
+    "Identity": ([np.int64([1, 2])], {}),
+    "Cast": ([np.int64([7, 32])], {"to": onnx.TensorProto.FLOAT}),
+    "Concat": ([np.int64([1]), np.int64([2, 3])], {"axis": 0}),
+    "Expand": ([np.float32(0.25), np.int64([3, 1])], {}),
+    "Gather": ([np.int64([4, 5, 6]), np.int64([-1, 0])], {"axis": 0}),
+    "Reshape": ([np.arange(6, dtype=np.float32).reshape(2, 3), np.int64([0, -1])], {}),
+    "Unsqueeze": ([np.float32([1.0, 2.0]), np.int64([0, -1])], {}),
+    "Squeeze": ([np.float32([[1.0, 2.0]]), np.int64([0])], {}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_each_foldable_operator_computes_what_onnx_defines(op: str) -> None:
+    from onnx.reference import ReferenceEvaluator
+
+    inputs, attrs = CASES[op]
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = helper.make_node(op, names, ["out"], **attrs)
+    graph = helper.make_graph(
+        [node], "one", [], [helper.make_empty_tensor_value_info("out")],
+        [numpy_helper.from_array(np.asarray(v), n) for n, v in zip(names, inputs, strict=True)],
+    )  # fmt: skip
+    expected = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])).run(None, {})
+    got = evaluate_constant(node, [np.asarray(v) for v in inputs], 17)
+    assert got is not None and got.dtype == expected[0].dtype
+    np.testing.assert_array_equal(got, expected[0])
