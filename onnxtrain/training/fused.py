@@ -52,13 +52,13 @@ class FusedStep:
     ``learning_rate`` and ``step``: the OrtValues holding the recorded rate
     and step number, written by the optimizer, bound as they are.
 
-    Two sessions: :attr:`session` over the fused model as built, for user
-    inputs of any shape, and, made at the first step, one over the model
-    with the shapes of that step's inputs fixed and the shape computations
-    that then become constant folded (:mod:`onnxtrain.graph.fold`), which
-    runs every step of those shapes (:meth:`session_for`): a steady loop's.
-    The same arithmetic, fewer nodes (the linear regression's step: 15
-    instead of 22).
+    Two sessions, each made when first needed: :attr:`session` over the
+    fused model as built, for user inputs of any shape, and one over the
+    model with the shapes of the first step's inputs fixed and the shape
+    computations that then become constant folded (:mod:`onnxtrain.graph.fold`),
+    which runs every step of those shapes (:meth:`session_for`): a steady
+    loop's. The same arithmetic in fewer nodes (the linear regression's step:
+    15 instead of 22), and a steady loop makes the second only.
     """
 
     def __init__(
@@ -73,7 +73,7 @@ class FusedStep:
         values: tuple[ort.OrtValue, ort.OrtValue],
     ) -> None:
         self.model = model  # the fused model, which the epoch step scans over (onnxtrain.training.epoch)
-        self.session = open_session(model, "fused training step")
+        self._general: BoundSession | None = None
         self.update = update
         self.in_place = in_place
         #: Per trainable parameter, the fused model's names for it, its moments and its gradient, as read and
@@ -117,6 +117,13 @@ class FusedStep:
         model = LoadedModel(fused.model, fused.model.SerializeToString())
         return cls(fused, model, user_inputs, open_session, update, in_place, updates, values)
 
+    @property
+    def session(self) -> BoundSession:
+        """The session over the fused model as built, for inputs of any shape (made on first use)."""
+        if self._general is None:
+            self._general = self._open_session(self.model, "fused training step")
+        return self._general
+
     def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
         """The session for a step whose user inputs have ``shapes``: its own for the first shapes seen (made
         now), the general one for any other."""
@@ -129,7 +136,8 @@ class FusedStep:
 
     def sessions(self) -> list[BoundSession]:
         """The sessions made so far: the general one, then the one for fixed shapes."""
-        return [self.session] + ([self._fixed[1]] if self._fixed is not None else [])
+        made = [self._general] if self._general is not None else []
+        return made + ([self._fixed[1]] if self._fixed is not None else [])
 
     def bind(self, session: BoundSession) -> None:
         """Bind, in ``session`` (one of :meth:`sessions`), the recorded rate and step and each updated tensor as

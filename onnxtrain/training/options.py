@@ -23,7 +23,7 @@ import onnxruntime as ort
 
 
 def default_session_options(
-    *, spinning: bool = False, update_first: bool = False, shared_cpu_arena: bool = False
+    *, spinning: bool = False, update_first: bool = False, shared_cpu_arena: bool = False, threads: int = 0
 ) -> ort.SessionOptions:
     """All graph optimizations, default thread counts; intra-op threads spin only with ``spinning``.
 
@@ -35,11 +35,14 @@ def default_session_options(
     onnxruntime's priority-based execution order, which runs the nodes listed
     first before the others wherever both are ready: the fused model's update
     (onnxtrain.training.fused). ``shared_cpu_arena``: allocate CPU memory from
-    the arena all such sessions share (see the module docstring).
+    the arena all such sessions share (see the module docstring). ``threads``:
+    the intra-op thread count (0: onnxruntime's default, the physical cores).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    if threads:
+        options.intra_op_num_threads = threads
     if update_first:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     if shared_cpu_arena and _register_shared_cpu_arena():

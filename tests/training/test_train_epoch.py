@@ -359,3 +359,20 @@ def test_on_cuda_the_epoch_keeps_the_state_on_the_device(classifier: dict[str, P
     state_cpu, _ = _compare(classifier, [x, labels])
     for name, parameter in state_cpu.parameters:
         np.testing.assert_allclose(state_gpu.parameters[name].data, parameter.data, rtol=1e-4, atol=1e-6)
+
+
+def test_small_models_run_alone_on_one_thread(classifier: dict[str, Path]) -> None:
+    """The fused and epoch sessions of a model whose every input of a step is small: one intra-op thread."""
+    x, labels = classifier_batch(np.random.default_rng(24), 48)
+    _, module, optimizer = open_module(classifier)
+    module.train_epoch(optimizer, x, labels, BATCH)
+    module(x[:BATCH], labels[:BATCH])  # a fused step: its session for these shapes
+    epoch = next(iter(module._epochs.values()))
+    fixed = optimizer.fused_step.sessions()[-1]
+    for session in (epoch.session, fixed):
+        assert session.session.get_session_options().intra_op_num_threads == 1
+    assert optimizer.fused_step.session.session.get_session_options().intra_op_num_threads == 0  # any shape
+    options = ort.SessionOptions()
+    _, module, optimizer = open_module(classifier, session_options=options)  # the user's options: as they are
+    module.train_epoch(optimizer, x, labels, BATCH)
+    assert next(iter(module._epochs.values())).session.session.get_session_options().intra_op_num_threads == 0
