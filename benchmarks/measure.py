@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -30,6 +31,10 @@ READY = "BENCHMARK-READY"
 REPEAT_PREFIX = "BENCHMARK-REPEAT "
 GO = "GO"
 FINISH = "FINISH"
+#: ``--spinning``: each runtime's own defaults, or every session's intra-op threads spinning, or none.
+SPINNING = ("default", "on", "off")
+#: The session config entry that lets intra-op threads spin.
+SPINNING_ENTRY = "session.intra_op.allow_spinning"
 
 
 def _status_mib(field: str) -> float | None:
@@ -108,23 +113,35 @@ class Control:
 
 
 def time_steps(
-    step: Callable[[int], Any], warmup: int, steps: int, repeats: int, control: Control | None = None
+    step: Callable[[int], Any],
+    warmup: int,
+    steps: int,
+    repeats: int,
+    control: Control | None = None,
+    *,
+    per_call: int = 1,
 ) -> dict[str, Any]:
-    """Run ``warmup`` steps, then ``repeats`` times ``steps`` timed steps; per-step times in microseconds.
+    """Run ``warmup`` calls, then ``repeats`` times ``steps`` timed calls; per-step times in microseconds.
 
-    ``step(i)`` runs training step ``i`` (counted from 0 over warm-up and all
-    repeats, so each step sees the next batch) and returns the loss. The
-    result has the median (the figure reported) and the minimum over the
-    repeats, and the losses of the first :data:`CHECKED_STEPS` steps. With a
-    ``control``, each repeat waits for the parent's word (:class:`Control`).
+    ``step(i)`` runs call ``i`` (counted from 0 over warm-up and all repeats,
+    so each call sees the next batch) and returns its loss: one training step,
+    or with ``per_call`` > 1 that many (a pass over the data), returning their
+    losses. The time per step is a repeat's time over its ``steps * per_call``
+    steps. The result has the median (the figure reported) and the minimum
+    over the repeats, the losses of the first :data:`CHECKED_STEPS` steps and
+    ``next_call``, the index of the first call not made. With a ``control``,
+    each repeat waits for the parent's word (:class:`Control`).
     """
-    if warmup < CHECKED_STEPS or steps < 1 or repeats < 1:
-        raise ValueError(f"need warmup >= {CHECKED_STEPS}, steps >= 1, repeats >= 1; got {warmup}, {steps}, {repeats}")
-    losses = []
+    if warmup < 1 or warmup * per_call < CHECKED_STEPS or steps < 1 or repeats < 1 or per_call < 1:
+        raise ValueError(
+            f"need warm-up steps >= {CHECKED_STEPS}, steps >= 1, repeats >= 1; "
+            f"got {warmup} x {per_call}, {steps}, {repeats}"
+        )
+    losses: list[float] = []
     for i in range(warmup):
         loss = step(i)
-        if i < CHECKED_STEPS:
-            losses.append(_scalar(loss))
+        if len(losses) < CHECKED_STEPS:
+            losses += _losses(loss)[: CHECKED_STEPS - len(losses)]
     per_step = []
     i = warmup
     clock = time.perf_counter
@@ -136,7 +153,7 @@ def time_steps(
         start = clock()
         for j in range(i, i + steps):
             step(j)
-        per_step.append((clock() - start) / steps * 1e6)
+        per_step.append((clock() - start) / (steps * per_call) * 1e6)
         if control is not None:
             control.repeat_done(per_step[-1])
         i += steps
@@ -149,8 +166,20 @@ def time_steps(
         "us_per_step_repeats": per_step,
         "steps_per_s": 1e6 / median,
         "first_losses": losses,
-        "final_loss": _scalar(step(i)),
+        "final_loss": _losses(step(i))[-1],
+        "next_call": i + 1,
     }
+
+
+def _losses(value: Any) -> list[float]:
+    """The loss or losses ``value`` holds, flattened (a step's loss, a pass's losses, or the first output)."""
+    if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:
+        return [float(v) for v in _flat(value.tolist())]
+    return [_scalar(value)]
+
+
+def _flat(values: Any) -> list[Any]:
+    return [x for v in values for x in _flat(v)] if isinstance(values, list) else [values]
 
 
 def _scalar(value: Any) -> float:
@@ -159,6 +188,83 @@ def _scalar(value: Any) -> float:
     if isinstance(value, (list, tuple)):
         return _scalar(value[0])
     return float(value)
+
+
+class RunCounter:
+    """Counts the calls into onnxruntime that run a model, by label, and the wall time spent inside them.
+
+    :meth:`wrap` times a callable with ``perf_counter`` around it; only the
+    counted pass (:func:`counted_pass`) runs wrapped calls, never the timed
+    repeats. :meth:`calibrate` measures the wrapper's own time outside the
+    timed span, which :func:`counted_pass` takes off the time outside.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.inside_s = 0.0
+        self.wrapper_s = 0.0  # per call: the wrapper's time outside its own timed span
+
+    def record(self, label: str, seconds: float) -> None:
+        self.calls[label] = self.calls.get(label, 0) + 1
+        self.inside_s += seconds
+
+    def wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, counted under ``label`` and timed."""
+        clock, record = time.perf_counter, self.record
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                record(label, clock() - start)
+
+        return counted
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.inside_s = 0.0
+
+    def calibrate(self, calls: int = 20000) -> None:
+        """Measure :attr:`wrapper_s` on a wrapped no-op (the best of 5 rounds)."""
+        noop = self.wrap("calibration", lambda: None)
+        best = math.inf
+        for _ in range(5):
+            self.reset()
+            start = time.perf_counter()
+            for _ in range(calls):
+                noop()
+            best = min(best, (time.perf_counter() - start - self.inside_s) / calls)
+        self.wrapper_s = max(0.0, best)
+        self.reset()
+
+
+def counted_pass(
+    step: Callable[[int], Any], first: int, calls: int, counter: RunCounter, *, per_call: int = 1
+) -> dict[str, Any]:
+    """Run ``step(first)``, ... ``step(first + calls - 1)`` (``per_call`` steps each) with ``counter``'s wrappers
+    installed; per step: the model runs by label, all of them, the µs inside them and the µs outside them.
+
+    Outside: the pass's wall time less the time inside the runs and the
+    wrappers' own overhead, that is the Python (and whatever else is not a
+    model run) of a step.
+    """
+    counter.reset()
+    start = time.perf_counter()
+    for i in range(first, first + calls):
+        step(i)
+    wall = time.perf_counter() - start
+    steps = calls * per_call
+    runs = sum(counter.calls.values())
+    outside = wall - counter.inside_s - runs * counter.wrapper_s
+    return {
+        "counted_steps": steps,
+        "runs_per_step": runs / steps,
+        "runs_by_label": {label: count / steps for label, count in sorted(counter.calls.items())},
+        "us_inside_runs_per_step": counter.inside_s / steps * 1e6,
+        "us_outside_runs_per_step": outside / steps * 1e6,
+        "us_counted_step": wall / steps * 1e6,
+    }
 
 
 def worker_arguments(description: str) -> argparse.ArgumentParser:
@@ -175,6 +281,12 @@ def worker_arguments(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--interleaved", action="store_true", help="train: pace the repeats by lines on stdin (see measure.Control)"
+    )
+    parser.add_argument(
+        "--spinning",
+        choices=SPINNING,
+        default="default",
+        help="intra-op threads spin (on), sleep (off), or as each runtime's defaults have it",
     )
     return parser
 

@@ -7,7 +7,7 @@ For a workload ``w`` the folder ``<workdir>/<w.name>/`` receives
   onnxruntime-training 1.19.2 loads (<= 10);
 - ``weights.npz``: the torch state dict (PyTorch's starting point; the
   ONNX initializers hold the same values);
-- ``data.npz``: ``x`` and ``y``, ``[batches, batch, ...]``;
+- ``data.npz``: ``x`` and ``y``, ``[batches, batch, ...]`` (the workload's ``data_batches``);
 - ``spec.json``: what the workers need (:class:`Spec`), readable without torch or onnx.
 """
 
@@ -20,14 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.workloads import ADAMW, Workload
+from benchmarks.workloads import ADAMW, STEP_BATCHES, Workload
 
 #: ONNX Runtime 1.19.2 loads IR version <= 10 and opsets <= 21.
 MAX_IR_VERSION = 10
 MAX_OPSET = 21
 OPSET = 17
-#: Batches cycled through by the timed steps.
-BATCHES = 4
+#: Batches cycled through by the timed steps of the per-step workloads.
+BATCHES = STEP_BATCHES
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Spec:
     requires_grad: list[str]
     adamw: dict[str, object] = field(default_factory=dict)
     batches: int = BATCHES
+    epoch: bool = False  # onnxtrain times whole passes (Module.train_epoch) over the batches
 
     @classmethod
     def load(cls, folder: Path) -> Spec:
@@ -62,7 +63,7 @@ def prepare(workload: Workload, workdir: Path) -> Path:
     example = torch.zeros((workload.batch, *workload.input_shape))
     with torch.no_grad():
         output_shape = tuple(model(example).shape)
-    x, y = workload.batches(BATCHES, output_shape)
+    x, y = workload.batches(workload.data_batches, output_shape)
     path = folder / "model.onnx"
     with warnings.catch_warnings():  # the TorchScript exporter's deprecation notices: chosen on purpose
         warnings.simplefilter("ignore")
@@ -101,6 +102,8 @@ def prepare(workload: Workload, workdir: Path) -> Path:
         output_name=proto.graph.output[0].name,
         requires_grad=[name for name in initializers if name in parameters],
         adamw={"betas": list(ADAMW["betas"]), "eps": ADAMW["eps"], "weight_decay": ADAMW["weight_decay"]},
+        batches=workload.data_batches,
+        epoch=workload.epoch,
     )
     (folder / "spec.json").write_text(json.dumps(asdict(spec), indent=1))
     return folder

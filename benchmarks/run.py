@@ -35,7 +35,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ort_venv, report
-from benchmarks.measure import FINISH, GO, READY, REPEAT_PREFIX, RESULT_PREFIX, parse_result, physical_cores
+from benchmarks.measure import (
+    FINISH,
+    GO,
+    READY,
+    REPEAT_PREFIX,
+    RESULT_PREFIX,
+    SPINNING,
+    SPINNING_ENTRY,
+    parse_result,
+    physical_cores,
+)
 from benchmarks.workloads import WORKLOADS, Workload
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +69,7 @@ class Settings:
     steps: int | None  # None: the workload's own
     quick: bool
     threads: int
+    spinning: str = "default"  # one of measure.SPINNING
 
     def steps_for(self, workload: Workload) -> int:
         if self.steps is not None:
@@ -76,6 +87,13 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, help="timed steps per repeat (default: per workload)")
     parser.add_argument(
         "--threads", type=int, default=0, help="intra-op threads for all (default 0: onnxruntime's own default)"
+    )
+    parser.add_argument(
+        "--spinning",
+        choices=SPINNING,
+        default="default",
+        help="intra-op threads of every onnxruntime session spin (on) or not (off); default: onnxtrain's "
+        "(only its fused and epoch steps spin) and onnxruntime-training's (all spin)",
     )
     parser.add_argument("--ort-python", type=Path, help="Python of an onnxruntime-training 1.19.2 environment")
     parser.add_argument("--ort-venv", type=Path, default=ort_venv.DEFAULT_VENV, help="created when missing")
@@ -146,6 +164,8 @@ def _argv(
         str(settings.repeats),
         "--threads",
         str(settings.threads),
+        "--spinning",
+        settings.spinning,
     ]
 
 
@@ -425,6 +445,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps=args.steps,
         quick=args.quick,
         threads=args.threads,
+        spinning=args.spinning,
     )
     pythons: dict[str, Path | str] = {report.ONNXTRAIN: Path(sys.executable), report.TORCH: Path(sys.executable)}
     if report.ORT in frameworks:
@@ -444,11 +465,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"after {load_average()}.",
         f"Python {platform.python_version()}; {_versions(results)}; onnxtrain at commit {revision()}.",
         f"Threads: intra-op {threads} for onnxruntime and onnxruntime-training; "
-        f"torch.set_num_threads({settings.threads or physical_cores()}). Each runtime keeps its own session "
-        "options otherwise (onnxtrain's fused step spins its threads, its other sessions do not).",
+        f"torch.set_num_threads({settings.threads or physical_cores()}). {_spinning(settings)}",
         f"Each figure: the median over {settings.repeats} repeats of N timed steps after {settings.warmup} warm-up "
         "steps, the frameworks' repeats taken in turns (order rotated each repeat); peak RSS of the training "
-        "process (imports included).",
+        "process (imports included). Epoch workloads: onnxtrain's repeat is whole passes (train_epoch) over the "
+        "data, about N steps' worth, after at least 3 warm-up passes, and its figure is per batch.",
     ]
     if args.quick:
         header.insert(0, "**Quick mode (smoke test): the figures are not measurements.**\n")
@@ -459,6 +480,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
+
+
+def _spinning(settings: Settings) -> str:
+    """The header's sentence on the spinning of intra-op threads (``--spinning``)."""
+    spinning = settings.spinning
+    if spinning == "default" and settings.threads:
+        return (
+            "onnxtrain gets onnxruntime's default session options with that thread count (all its sessions "
+            "spin), as onnxruntime-training does."
+        )
+    if spinning == "default":
+        return (
+            "Each runtime keeps its own session options otherwise (onnxtrain's fused and epoch steps spin their "
+            "threads, its other sessions do not; onnxruntime-training's sessions spin)."
+        )
+    state = "spin" if spinning == "on" else "do not spin"
+    return (
+        f"--spinning {spinning}: the intra-op threads of every session of onnxtrain and of onnxruntime-training "
+        f"(whose Module takes session options, shared by its Optimizer) {state} ({SPINNING_ENTRY} = "
+        f"{'1' if spinning == 'on' else '0'}); onnxtrain's other defaults kept. PyTorch as it is."
+    )
 
 
 def _versions(results: Sequence[dict[str, Any]]) -> str:

@@ -1,9 +1,14 @@
-"""The four workloads: a torch model, its data, its loss and optimizer, and how long to time it.
+"""The workloads: a torch model, its data, its loss and optimizer, and how long to time it.
 
 Every framework trains the same model from the same initial weights on the
 same batches: the model is built once in torch (seeded), exported to ONNX for
 onnxtrain and onnxruntime-training, and its state dict is saved for PyTorch.
 torch is imported inside the functions, so that this module loads without it.
+
+The ``*-epoch`` workloads (``epoch=True``) hold a whole data set of
+``data_batches`` batches in memory: onnxtrain times ``Module.train_epoch`` over
+it (one onnxruntime call per pass) and reports the pass's time per batch; the
+other frameworks run their usual per-step loop over the same batches.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ if TYPE_CHECKING:
 
 Loss = Literal["mse", "ce"]
 Optim = Literal["sgd", "adamw"]
+Dataset = Literal["random", "digits"]
+#: Batches of the per-step workloads, cycled through by the timed steps.
+STEP_BATCHES = 4
 
 #: AdamW as ONNX Runtime's ``OptimType.AdamW`` and onnxtrain's default build it;
 #: torch's AdamW is configured the same way (its own defaults differ: eps=1e-8, weight_decay=0.01).
@@ -31,6 +39,9 @@ class Workload:
     ``input_shape`` excludes the batch axis; ``classes`` is the number of
     classes for cross-entropy (labels int64[batch]); for MSE the target has
     the model output's shape. ``steps`` is the number of timed steps per repeat.
+    ``data_batches`` is the number of batches in the data (cycled by the steps);
+    ``dataset`` where they come from; ``epoch``: onnxtrain times whole passes
+    over them with ``train_epoch`` (see the module docstring).
     """
 
     name: str
@@ -43,6 +54,9 @@ class Workload:
     steps: int
     quick_steps: int
     classes: int = 0
+    data_batches: int = STEP_BATCHES
+    dataset: Dataset = "random"
+    epoch: bool = False
 
     def build(self) -> torch.nn.Module:
         """The torch model, with deterministic initial weights."""
@@ -53,6 +67,8 @@ class Workload:
 
     def batches(self, count: int, output_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
         """``count`` batches: inputs ``[count, batch, *input_shape]`` float32 and targets (labels or values)."""
+        if self.dataset == "digits":
+            return _digits(count, self.batch)
         rng = np.random.default_rng(1234)
         x = rng.standard_normal((count, self.batch, *self.input_shape), dtype=np.float32)
         if self.loss == "ce":
@@ -60,6 +76,25 @@ class Workload:
         else:
             y = rng.standard_normal((count, *output_shape), dtype=np.float32)
         return x, y
+
+
+def _digits(count: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (8x8 images scaled to [0, 1], labels 0-9): the first ``count * batch`` rows as
+    ``[count, batch, 64]`` float32 and ``[count, batch]`` int64; random data of that shape without scikit-learn."""
+    rows = count * batch
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        rng = np.random.default_rng(1234)
+        x = rng.random((rows, 64), dtype=np.float32)
+        y = rng.integers(0, 10, size=rows, dtype=np.int64)
+    else:
+        digits = load_digits()
+        if len(digits.data) < rows:
+            raise ValueError(f"digits has {len(digits.data)} rows, fewer than {count} batches of {batch}")
+        x = (digits.data[:rows] / 16.0).astype(np.float32)
+        y = digits.target[:rows].astype(np.int64)
+    return x.reshape(count, batch, 64), y.reshape(count, batch)
 
 
 def _linear() -> torch.nn.Module:
@@ -78,6 +113,12 @@ def _mlp() -> torch.nn.Module:
         torch.nn.ReLU(),
         torch.nn.Linear(512, 10),
     )
+
+
+def _digits_mlp() -> torch.nn.Module:
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 
 def _cnn() -> torch.nn.Module:
@@ -146,7 +187,9 @@ def _transformer_layer_norm_as_ops() -> torch.nn.Module:
 
 _BUILDERS = {
     "linreg": _linear,
+    "linreg-epoch": _linear,
     "mlp": _mlp,
+    "digits-mlp-epoch": _digits_mlp,
     "cnn": _cnn,
     "transformer": _transformer,
     "transformer-lnops": _transformer_layer_norm_as_ops,
@@ -194,6 +237,36 @@ WORKLOADS: dict[str, Workload] = {
             1e-4,
             60,
             3,
+        ),
+        # whole passes over a data set in memory: onnxtrain's train_epoch against the peers' per-step loops
+        Workload(
+            "linreg-epoch",
+            "linreg's model on 200 batches of 32 rows; onnxtrain: train_epoch over all 200, time per batch",
+            32,
+            (10,),
+            "mse",
+            "sgd",
+            0.01,
+            6000,
+            400,
+            data_batches=200,
+            epoch=True,
+        ),
+        Workload(
+            "digits-mlp-epoch",
+            "MLP 64-32-10 on scikit-learn's digits (1792 rows: 56 batches of 32), AdamW, CE; onnxtrain: train_epoch "
+            "over all 56, time per batch",
+            32,
+            (64,),
+            "ce",
+            "adamw",
+            1e-3,
+            2240,
+            112,
+            classes=10,
+            data_batches=56,
+            dataset="digits",
+            epoch=True,
         ),
     )
 }

@@ -1,4 +1,10 @@
-"""What every worker reads from a prepared workload, and the ORT-style step they time (NumPy only)."""
+"""What every worker reads from a prepared workload, and the ORT-style step they time (NumPy only).
+
+After its timed repeats, a worker of an ONNX framework runs one more repeat's
+worth of steps as a counted pass (:func:`count_runs`): its model runs wrapped,
+counted and timed, so that the report can give the runs per step and the time
+per step outside them. The timed repeats run nothing wrapped.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import control, rss_mib, time_steps
+from benchmarks.measure import RunCounter, control, counted_pass, rss_mib, time_steps
+
+#: Wraps a framework's model runs with the counter's wrappers (``RunCounter.wrap``).
+Instrument = Callable[[RunCounter], None]
 
 
 def load_spec(folder: Path) -> dict[str, Any]:
@@ -24,6 +33,24 @@ def load_batches(folder: Path) -> list[tuple[np.ndarray, np.ndarray]]:
     with np.load(folder / "data.npz") as data:
         x, y = data["x"], data["y"]
     return [(np.ascontiguousarray(x[i]), np.ascontiguousarray(y[i])) for i in range(len(x))]
+
+
+def load_rows(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The data as one data set: ``x`` ``[batches * batch, ...]`` and ``y`` alike, batch after batch."""
+    with np.load(folder / "data.npz") as data:
+        x, y = data["x"], data["y"]
+    return np.ascontiguousarray(x.reshape(-1, *x.shape[2:])), np.ascontiguousarray(y.reshape(-1, *y.shape[2:]))
+
+
+def count_runs(
+    step: Callable[[int], Any], first: int, calls: int, instrument: Instrument, *, per_call: int = 1
+) -> dict[str, Any]:
+    """The counted pass: ``calls`` calls of ``step`` from call ``first`` on, with ``instrument`` wrapping the
+    model runs (for good: run it after the timed repeats); see :func:`benchmarks.measure.counted_pass`."""
+    counter = RunCounter()
+    counter.calibrate()
+    instrument(counter)
+    return counted_pass(step, first, calls, counter, per_call=per_call)
 
 
 class Stopwatch:
@@ -61,19 +88,23 @@ def time_ort_style_training(
     module: Any,
     optimizer: Any,
     versions: dict[str, str],
+    instrument: Instrument,
 ) -> dict[str, Any]:
-    """Set the workload's learning rate, time :func:`ort_style_step` (``measure.time_steps``), and return the
-    worker's result; the same for onnxtrain and onnxruntime-training, whose APIs share these names."""
+    """Set the workload's learning rate, time :func:`ort_style_step` (``measure.time_steps``), count its runs
+    (:func:`count_runs`, with ``instrument``), and return the worker's result; the same for onnxtrain and
+    onnxruntime-training, whose APIs share these names."""
     optimizer.set_learning_rate(spec["learning_rate"])
     module.train()
     watch.mark("setup")
-    timing = time_steps(
-        ort_style_step(module, optimizer, batches), args.warmup, args.steps, args.repeats, control(args)
-    )
+    step = ort_style_step(module, optimizer, batches)
+    timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
+    counted = count_runs(step, timing.pop("next_call"), args.steps, instrument)
     return {
         "workload": spec["name"],
         "versions": versions,
         "threads": args.threads or "onnxruntime default",
+        "spinning": args.spinning,
         **watch.marks,
         **timing,
+        "counted": counted,
     }

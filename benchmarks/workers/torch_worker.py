@@ -4,6 +4,8 @@ The model is the workload's torch module with the exported initial weights
 (``weights.npz``); AdamW is configured as ONNX Runtime's (eps 1e-6, no weight
 decay). ``torch.set_num_threads`` gets ``--threads``, or the number of
 physical cores: the size of onnxruntime's default intra-op thread pool.
+On the epoch workloads too, the timed step is one step (``--spinning`` does
+not apply to torch).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         return loss
 
     timing = time_steps(step, args.warmup, args.steps, args.repeats, control(args))
+    timing.pop("next_call")
     return {
         "framework": "pytorch",
         "workload": spec["name"],

@@ -55,3 +55,42 @@ def test_without_repeats_or_without_the_peer_there_is_no_paired_ratio():
     assert report.paired_ratio([ours, theirs], "mlp", report.ORT) is None
     failed = {"framework": report.ORT, "workload": "mlp", "error": "could not generate"}
     assert report.paired_ratio([ours, failed], "mlp", report.ORT) is None
+
+
+def test_the_steady_step_targets_are_listed_apart_from_the_issue_and_cover_the_epoch_workloads():
+    workloads = [("linreg-epoch", "pass"), ("mlp", "MLP")]
+    results = [
+        _result(report.ONNXTRAIN, [300.0, 310.0, 290.0], workload="linreg-epoch"),
+        _result(report.ORT, [1000.0, 1000.0, 1000.0], workload="linreg-epoch"),
+    ]
+    text = "\n".join(report.target_sections(results, workloads))
+    issue, steady = text.split(f"Targets ({report.STEADY}):")
+    assert issue.startswith(f"Targets ({report.ISSUE}):")
+    assert "mlp: onnxtrain step time <= 1x onnxruntime-training's: not measured" in issue
+    assert "linreg-epoch: onnxtrain step time <= 0.33x onnxruntime-training's: 0.30x paired" in steady
+    assert steady.count("\n- ") == 2  # linreg-epoch's and mlp's; linreg and digits-mlp-epoch did not run
+
+
+def test_the_runs_table_shows_the_counted_pass_of_those_that_have_one():
+    counted = {
+        "runs_per_step": 1 / 56,
+        "runs_by_label": {"epoch model": 1 / 56},
+        "us_inside_runs_per_step": 40.0,
+        "us_outside_runs_per_step": 1.5,
+        "us_counted_step": 41.6,
+    }
+    ort = {"runs_per_step": 2.0, "runs_by_label": {"Module.train_step": 1.0, "Optimizer.optimizer_step": 1.0}}
+    ort.update(us_inside_runs_per_step=80.0, us_outside_runs_per_step=6.0, us_counted_step=86.5)
+    results = [
+        _result(report.ONNXTRAIN, [41.0], workload="digits-mlp-epoch", counted=counted),
+        _result(report.ORT, [86.0], workload="digits-mlp-epoch", counted=ort),
+        _result(report.TORCH, [400.0], workload="digits-mlp-epoch"),
+    ]
+    table = report.runs_table(results, [("digits-mlp-epoch", "digits")])
+    rows = table.splitlines()[2:]
+    assert rows == [
+        "| digits-mlp-epoch | onnxtrain | 1/56 | epoch model 1/56 | 40 | 1.5 | 41.6 µs |",
+        "| digits-mlp-epoch | onnxruntime-training | 2 | Module.train_step 1, Optimizer.optimizer_step 1 | 80 | 6 "
+        "| 86.5 µs |",
+    ]
+    assert report.runs_table(results[2:], [("digits-mlp-epoch", "digits")]) == ""

@@ -1,6 +1,7 @@
 """Keeps benchmarks/ from rotting: the onnxtrain and PyTorch workers on the linear regression, a few steps.
 
-Alone (as ``run.run_worker`` runs them) and interleaved (as ``run.run_workload`` does).
+Alone (as ``run.run_worker`` runs them) and interleaved (as ``run.run_workload`` does); and on the epoch
+workloads, where onnxtrain runs one pass per call (``train_epoch``) and PyTorch its steps.
 
 Timings are never asserted (they are the benchmark's business, docs/benchmarks.md);
 the onnxruntime-training environment is never created here.
@@ -21,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks import report, run
 from benchmarks.prepare import BATCHES, Spec
+from benchmarks.workers.onnxtrain_worker import session_options
 from benchmarks.workloads import WORKLOADS
 
 SETTINGS = run.Settings(warmup=3, repeats=1, steps=2, quick=True, threads=1)
@@ -78,7 +80,7 @@ def test_pytorch_starts_from_the_same_weights_and_data(tmp_path):
 
 def test_run_workload_interleaves_onnxtrain_and_pytorch(tmp_path):
     pytest.importorskip("torch")
-    settings = run.Settings(warmup=3, repeats=3, steps=2, quick=True, threads=1)
+    settings = run.Settings(warmup=3, repeats=3, steps=2, quick=True, threads=1, spinning="off")
     frameworks = [report.ONNXTRAIN, report.ORT, report.TORCH]
     pythons: dict[str, Path | str] = dict.fromkeys(frameworks, Path(sys.executable))
     pythons[report.ORT] = "onnxruntime-training unavailable: not in this test"
@@ -91,8 +93,12 @@ def test_run_workload_interleaves_onnxtrain_and_pytorch(tmp_path):
         assert len(result["us_per_step_repeats"]) == 3 and result["us_per_step"] in result["us_per_step_repeats"]
         assert len(result["first_losses"]) == 3 and math.isfinite(result["final_loss"])
         assert result["peak_rss_mib"] >= result["rss_after_import_mib"] > 0
-    assert "generate_s" in ours
+    assert "generate_s" in ours and ours["spinning"] == "off"
     np.testing.assert_allclose(ours["first_losses"], torch_result["first_losses"], rtol=1e-5)
+    # the counted pass after the repeats: one run per steady step, of the fused step (labelled by its session)
+    ((label, runs),) = ours["counted"]["runs_by_label"].items()
+    assert label.startswith("fused training step") and runs == 1.0
+    assert ours["counted"]["counted_steps"] == 2 and "counted" not in torch_result
 
 
 def test_quick_mode_prints_the_table(tmp_path, capsys):
@@ -104,3 +110,30 @@ def test_quick_mode_prints_the_table(tmp_path, capsys):
     assert "| linreg | onnxtrain |" in text and "| linreg | pytorch |" in text
     assert "linreg: first-step losses agree" in text
     assert "onnxtrain step time <= 1x onnxruntime-training's: not measured" in text  # ORT not asked for
+
+
+def test_the_epoch_workloads_run_onnxtrain_by_passes_and_pytorch_by_steps(tmp_path, capsys):
+    pytest.importorskip("torch")
+    argv = ["--quick", "--workloads", "linreg-epoch,digits-mlp-epoch", "--frameworks", "onnxtrain,pytorch"]
+    argv += ["--steps", "2", "--repeats", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "results.json")]
+    assert run.main(argv) == 0
+    results = {(r["workload"], r["framework"]): r for r in json.loads((tmp_path / "results.json").read_text())}
+    for name, batches in (("linreg-epoch", 200), ("digits-mlp-epoch", 56)):
+        ours, torch_result = results[(name, report.ONNXTRAIN)], results[(name, report.TORCH)]
+        assert "error" not in ours and "error" not in torch_result, (ours, torch_result)
+        assert ours["timed_unit"] == f"train_epoch over {batches} batches of 32" and ours["epochs_per_repeat"] == 1
+        # the first three batches of the first pass are PyTorch's first three steps
+        np.testing.assert_allclose(ours["first_losses"], torch_result["first_losses"], rtol=1e-5)
+        ((label, runs),) = ours["counted"]["runs_by_label"].items()
+        assert label.startswith("epoch model") and runs == pytest.approx(1 / batches)
+    text = capsys.readouterr().out
+    assert "| linreg-epoch | onnxtrain | 1/200 | epoch model" in text
+    assert "digits-mlp-epoch: onnxtrain step time <= 0.7x onnxruntime-training's: not measured" in text
+
+
+def test_spinning_on_or_off_gives_onnxtrain_options_for_all_its_sessions():
+    assert session_options(0, "default") is None  # onnxtrain's own: only its fused and epoch steps spin
+    for spinning, entry in (("on", "1"), ("off", "0")):
+        options = session_options(2, spinning)
+        assert options.get_session_config_entry("session.intra_op.allow_spinning") == entry
+        assert options.intra_op_num_threads == 2
