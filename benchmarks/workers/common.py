@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import RunCounter, control, counted_pass, rss_mib, time_steps
+from benchmarks.measure import RunCounter, control, counted_pass, peak_rss_mib, rss_mib, time_steps
 
 #: Wraps a framework's model runs with the counter's wrappers (``RunCounter.wrap``).
 Instrument = Callable[[RunCounter], None]
@@ -46,11 +46,16 @@ def count_runs(
     step: Callable[[int], Any], first: int, calls: int, instrument: Instrument, *, per_call: int = 1
 ) -> dict[str, Any]:
     """The counted pass: ``calls`` calls of ``step`` from call ``first`` on, with ``instrument`` wrapping the
-    model runs (for good: run it after the timed repeats); see :func:`benchmarks.measure.counted_pass`."""
+    model runs (for good: run it after the timed repeats); see :func:`benchmarks.measure.counted_pass`.
+
+    The result carries the process's peak RSS as it was before the pass: the instruments' own memory (the
+    object scan that finds the sessions, the wrappers) is not training's.
+    """
+    peak = peak_rss_mib()
     counter = RunCounter()
     counter.calibrate()
     instrument(counter)
-    return counted_pass(step, first, calls, counter, per_call=per_call)
+    return {**counted_pass(step, first, calls, counter, per_call=per_call), "peak_rss_mib": peak}
 
 
 class Stopwatch:
@@ -106,5 +111,6 @@ def time_ort_style_training(
         "spinning": args.spinning,
         **watch.marks,
         **timing,
+        "peak_rss_mib": counted.pop("peak_rss_mib"),  # before the counted pass
         "counted": counted,
     }

@@ -129,6 +129,7 @@ def time_epochs(
         "epochs_per_repeat": calls,
         **watch.marks,
         **timing,
+        "peak_rss_mib": counted.pop("peak_rss_mib"),  # before the counted pass
         "counted": counted,
     }
 

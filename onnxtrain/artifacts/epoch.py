@@ -42,7 +42,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, pack_updates
-from onnxtrain.graph.fold import drop_unread_initializers, fold_static_shapes
+from onnxtrain.graph.fold import ShapeInference, drop_unread_initializers, fold_static_shapes, onnx_shapes
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.losses.label_check import LabelCheck, strip_label_checks
 
@@ -75,6 +75,7 @@ def epoch_scan_model(
     learning_rate: str,
     step: str,
     updates: Sequence[ParameterUpdate] = (),
+    shapes_of: ShapeInference = onnx_shapes,
 ) -> EpochModel:
     """A ``Scan`` over batches whose body is ``fused`` (see the module docstring).
 
@@ -91,11 +92,12 @@ def epoch_scan_model(
     packed before the ``Scan`` and unpacked after it. The label checks of
     losses over the scanned labels (:mod:`onnxtrain.losses.label_check`) are
     taken out: :attr:`EpochModel.label_checks`, for the caller to run on the
-    whole data first. ``fused`` is not changed.
+    whole data first. ``shapes_of`` infers the shapes these steps need.
+    ``fused`` is not changed.
     """
-    folded, checks = strip_label_checks(fold_static_shapes(fused, batches), batches)
+    folded, checks = strip_label_checks(fold_static_shapes(fused, batches, shapes_of), batches)
     unique = keep_or_tag(names_in(folded.graph), "epoch")
-    packed_model, packs = pack_updates(folded, updates, unique) if updates else (folded, [])
+    packed_model, packs = pack_updates(folded, updates, unique, shapes_of) if updates else (folded, [])
     source = packed_model.graph
     packed_members = {member for pack in packs for member in pack.members}
     outer_carried = list(carried)  # the model's inputs and outputs: one per tensor

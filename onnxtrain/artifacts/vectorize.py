@@ -30,6 +30,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnxtrain.autodiff.training import names_read
+from onnxtrain.graph.fold import ShapeInference, onnx_shapes
 
 #: Element-wise operators a chain may be made of (each element of the result depends on the same element of
 #: each input, and on scalars).
@@ -68,20 +69,23 @@ class Pack:
 
 
 def pack_updates(
-    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], unique: Callable[[str], str]
+    model: onnx.ModelProto,
+    updates: Sequence[ParameterUpdate],
+    unique: Callable[[str], str],
+    shapes_of: ShapeInference = onnx_shapes,
 ) -> tuple[onnx.ModelProto, list[Pack]]:
     """``model`` with the identical chains of ``updates`` run once per group on packed tensors, and the packs.
 
     A group is packed where it saves nodes; chains that are not purely
     element-wise over the parameter's own tensors and scalars (gradient
     clipping reads all gradients) are left as they are. ``unique(hint)``
-    gives new names. ``model`` is not changed.
+    gives new names; ``shapes_of`` infers the sizes of the values the chains
+    share (scalars only). ``model`` is not changed.
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph  # the chains are found in the copy, whose nodes are then replaced
-    inferred = onnx.shape_inference.infer_shapes(model)
-    sizes = _element_counts(inferred)
+    sizes = _element_counts(model, shapes_of)
     elem_types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     chains = {}
     for update in updates:
@@ -103,16 +107,17 @@ def pack_updates(
     return copy, packs
 
 
-def _element_counts(model: onnx.ModelProto) -> dict[str, int | None]:
-    """Elements per value where its shape is known (inputs, outputs, initializers, inferred values)."""
-    counts: dict[str, int | None] = {}
-    for value in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+def _element_counts(model: onnx.ModelProto, shapes_of: ShapeInference) -> dict[str, int | None]:
+    """Elements per value read by a node, where its shape is known (inputs, initializers, inferred values)."""
+    counts: dict[str, int | None] = {t.name: math.prod(t.dims) for t in model.graph.initializer}
+    for value in model.graph.input:
         tensor = value.type.tensor_type
         dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
         known = tensor.HasField("shape") and all(d is not None for d in dims)
         counts[value.name] = math.prod(dims) if known else None  # type: ignore[arg-type]
-    for tensor in model.graph.initializer:
-        counts[tensor.name] = math.prod(tensor.dims)
+    read = {name for node in model.graph.node for name in node.input if name and name not in counts}
+    for name, dims in shapes_of(model, sorted(read)).items():
+        counts[name] = None if dims is None else math.prod(dims)
     return counts
 
 

@@ -16,7 +16,7 @@ correctly rounded) onnxruntime computes at run time. (Not with
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -30,10 +30,28 @@ FOLDABLE = frozenset({*_ARITHMETIC, *_UNARY, "Cast", "Concat", "Expand", "Gather
 MAX_ELEMENTS = 1 << 16
 
 
-def fold_static_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> onnx.ModelProto:
+#: ``shapes_of(model, names)``: the dimensions of the values ``names`` of ``model`` (``None`` where unknown).
+ShapeInference = Callable[[onnx.ModelProto, Sequence[str]], Mapping[str, Sequence[int] | None]]
+
+
+def onnx_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, list[int] | None]:
+    """:data:`ShapeInference` by ``onnx.shape_inference`` (its first use loads ONNX's operator schemas: 7.5 MiB;
+    the runtime infers with onnxruntime instead, ``onnxtrain.sessions.inferred_shapes``)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # onnx's inference errors for operators it does not know: nothing known
+        return dict.fromkeys(names)
+    values = {v.name: v for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)}
+    return {name: _static_dims(values[name].type.tensor_type) if name in values else None for name in names}
+
+
+def fold_static_shapes(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], shapes_of: ShapeInference = onnx_shapes
+) -> onnx.ModelProto:
     """A copy of ``model`` with inputs ``shapes`` fixed and the computations that then become constant folded.
 
-    Nodes inside subgraphs, and nodes of other domains, are left as they are.
+    ``shapes_of`` infers the shapes that ``Shape`` and ``Size`` read. Nodes
+    inside subgraphs, and nodes of other domains, are left as they are.
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -41,15 +59,8 @@ def fold_static_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int
     for value in graph.input:
         if value.name in shapes:
             _set_shape(value, shapes[value.name])
-    try:
-        inferred = onnx.shape_inference.infer_shapes(copy, data_prop=True)
-    except Exception:  # onnx's inference errors for operators it does not know: fold nothing
-        return copy
-    known = {
-        value.name: value.type.tensor_type
-        for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output)
-        if value.type.HasField("tensor_type")
-    }
+    measured = [n.input[0] for n in graph.node if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx")]
+    known = shapes_of(copy, list(dict.fromkeys(measured))) if measured else {}
     constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     opset = next((entry.version for entry in copy.opset_import if entry.domain in ("", "ai.onnx")), None)
     outputs = {value.name for value in graph.output}
@@ -69,7 +80,7 @@ def fold_static_shapes(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int
 
 def _folded(
     node: onnx.NodeProto,
-    known: Mapping[str, onnx.TypeProto.Tensor],
+    known: Mapping[str, Sequence[int] | None],
     constants: Mapping[str, np.ndarray],
     opset: int | None,
 ) -> np.ndarray | None:
@@ -77,14 +88,14 @@ def _folded(
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or opset is None:
         return None
     if node.op_type in ("Shape", "Size"):
-        dims = _static_dims(known.get(node.input[0]))
-        if dims is None:
+        dims = known.get(node.input[0])
+        if dims is None or any(d is None or d < 0 for d in dims):
             return None
         if node.op_type == "Size":
             return np.array(math.prod(dims), np.int64)
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", len(dims))
-        return np.array(dims, np.int64)[slice(start, end)]
+        return np.array(list(dims), np.int64)[slice(start, end)]
     if node.op_type not in FOLDABLE or any(
         a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
     ):
@@ -92,10 +103,8 @@ def _folded(
     inputs = [name for name in node.input if name]
     if not all(name in constants for name in inputs):
         return None
-    dims = _static_dims(known.get(node.output[0]))
-    if dims is None or math.prod(dims) > MAX_ELEMENTS:
-        return None
-    return evaluate_constant(node, [constants[name] for name in inputs], opset)
+    value = evaluate_constant(node, [constants[name] for name in inputs], opset)
+    return None if value is None or value.size > MAX_ELEMENTS else value
 
 
 def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int) -> np.ndarray | None:
@@ -159,4 +168,12 @@ def drop_unread_initializers(graph: onnx.GraphProto) -> None:
     graph.initializer.extend(kept)
 
 
-__all__ = ["FOLDABLE", "MAX_ELEMENTS", "drop_unread_initializers", "evaluate_constant", "fold_static_shapes"]
+__all__ = [
+    "FOLDABLE",
+    "MAX_ELEMENTS",
+    "ShapeInference",
+    "drop_unread_initializers",
+    "evaluate_constant",
+    "fold_static_shapes",
+    "onnx_shapes",
+]

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from onnxtrain.artifacts.epoch import EpochModel, epoch_scan_model
+from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device
@@ -64,7 +65,7 @@ class EpochStep:
             carried.append((name, out))
             tensors.append(tensor)
         epoch = epoch_scan_model(
-            fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step, fused.updates
+            fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step, fused.updates, inferred_shapes
         )
         model = LoadedModel(epoch.model, epoch.model.SerializeToString())
         session = open_session(model, "epoch model")

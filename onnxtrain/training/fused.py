@@ -35,6 +35,7 @@ from onnxtrain.artifacts.vectorize import ParameterUpdate
 from onnxtrain.graph.fold import fold_static_shapes
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import LoadedModel
@@ -128,7 +129,8 @@ class FusedStep:
         """The session for a step whose user inputs have ``shapes``: its own for the first shapes seen (made
         now), the general one for any other."""
         if self._fixed is None:
-            folded = fold_static_shapes(self.model.proto, dict(zip(self._user_inputs, shapes, strict=True)))
+            by_input = dict(zip(self._user_inputs, shapes, strict=True))
+            folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
             model = LoadedModel(folded, folded.SerializeToString())
             self._fixed = (shapes, self._open_session(model, f"fused training step for inputs of shapes {shapes}"))
         fixed, session = self._fixed

@@ -104,3 +104,15 @@ def test_each_foldable_operator_computes_what_onnx_defines(op: str) -> None:
     got = evaluate_constant(node, [np.asarray(v) for v in inputs], 17)
     assert got is not None and got.dtype == expected[0].dtype
     np.testing.assert_array_equal(got, expected[0])
+
+
+def test_onnxruntime_infers_the_same_shapes_without_loading_onnx_schemas() -> None:
+    from onnxtrain.sessions import inferred_shapes
+
+    model = _mean_gradient_model()
+    model.ir_version = 8
+    fixed = {"x": [7, 3]}
+    by_onnx = fold_static_shapes(model, fixed)
+    by_onnxruntime = fold_static_shapes(model, fixed, inferred_shapes)
+    assert [n.op_type for n in by_onnxruntime.graph.node] == [n.op_type for n in by_onnx.graph.node]
+    assert inferred_shapes(model, ["m", "shape", "nowhere"]) == {"m": [], "shape": [2], "nowhere": None}
