@@ -75,7 +75,8 @@ def inferred_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, l
     optimizing it and never runs: its shape inference is onnxruntime's own,
     with the operator schemas it has loaded already (``onnx.shape_inference``
     would load ONNX's copy of them, 7.5 MiB, the first time). ``None`` for
-    all where the copy does not load.
+    all where the copy does not load. onnxruntime reports a scalar as it
+    reports a value of unknown rank (``[]``): ``None`` for both.
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -95,5 +96,6 @@ def inferred_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, l
     shapes: dict[str, list[int] | None] = {}
     for name in names:
         dims = found.get(name)
-        shapes[name] = list(dims) if dims is not None and all(isinstance(d, int) for d in dims) else None
+        # onnxruntime reports [] both for a scalar and for a value whose rank it does not know: unknown
+        shapes[name] = list(dims) if dims and all(isinstance(d, int) for d in dims) else None
     return shapes

@@ -86,6 +86,8 @@ def pack_updates(
     copy.CopyFrom(model)
     graph = copy.graph  # the chains are found in the copy, whose nodes are then replaced
     sizes = _element_counts(model, shapes_of)
+    for name in _single_elements(graph, sizes):
+        sizes[name] = 1
     elem_types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     chains = {}
     for update in updates:
@@ -119,6 +121,18 @@ def _element_counts(model: onnx.ModelProto, shapes_of: ShapeInference) -> dict[s
     for name, dims in shapes_of(model, sorted(read)).items():
         counts[name] = None if dims is None else math.prod(dims)
     return counts
+
+
+def _single_elements(graph: onnx.GraphProto, sizes: dict[str, int | None]) -> set[str]:
+    """The values of one element: known so, or computed element-wise (or squeezed) from such values only (the
+    step sizes and bias corrections of an update, which shape inference may leave unknown)."""
+    single = {name for name, size in sizes.items() if size is not None and size <= 1}
+    for node in graph.node:
+        inputs = [name for name in node.input if name]
+        spreads = node.op_type in ELEMENTWISE or node.op_type in ("Squeeze", "Unsqueeze", "Reshape")
+        if spreads and node.domain in ("", "ai.onnx") and inputs and all(n in single for n in inputs):
+            single.update(node.output)
+    return single
 
 
 def _chain(

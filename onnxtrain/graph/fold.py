@@ -60,7 +60,8 @@ def fold_static_shapes(
         if value.name in shapes:
             _set_shape(value, shapes[value.name])
     measured = [n.input[0] for n in graph.node if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx")]
-    known = shapes_of(copy, list(dict.fromkeys(measured))) if measured else {}
+    known = dict(shapes_of(copy, list(dict.fromkeys(measured)))) if measured else {}
+    known.update((name, []) for name in _full_reductions(graph))
     constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     opset = next((entry.version for entry in copy.opset_import if entry.domain in ("", "ai.onnx")), None)
     outputs = {value.name for value in graph.output}
@@ -103,7 +104,10 @@ def _folded(
     inputs = [name for name in node.input if name]
     if not all(name in constants for name in inputs):
         return None
-    value = evaluate_constant(node, [constants[name] for name in inputs], opset)
+    try:
+        value = evaluate_constant(node, [constants[name] for name in inputs], opset)
+    except (ValueError, IndexError, TypeError):  # NumPy's, for a node onnxruntime would refuse: left to run time
+        return None
     return None if value is None or value.size > MAX_ELEMENTS else value
 
 
@@ -142,6 +146,20 @@ def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int
     if op == "Squeeze":
         return np.squeeze(inputs[0], axis=None if axes is None else tuple(axes))
     return None
+
+
+def _full_reductions(graph: onnx.GraphProto) -> list[str]:
+    """The outputs of reductions over every axis without ``keepdims``: scalars, whatever their input's shape
+    (the mean's gradient divides by ``Size`` of the mean)."""
+    scalars = []
+    for node in graph.node:
+        if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        every_axis = "axes" not in {a.name for a in node.attribute} and len(node.input) < 2
+        if attrs.get("keepdims") == 0 and every_axis and not attrs.get("noop_with_empty_axes", 0):
+            scalars.append(node.output[0])
+    return scalars
 
 
 def _static_dims(tensor: onnx.TypeProto.Tensor | None) -> list[int] | None:

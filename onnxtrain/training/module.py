@@ -190,6 +190,8 @@ class Module:
         self._accumulate = False
         self._train_steps = 0
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
+        # (the fused step's session, parities) of the last fused step bound with preallocated outputs
+        self._last_fused: tuple[BoundSession, tuple[int, ...]] | None = None
         self._epochs: dict[tuple[FusedStep, tuple[tuple[int, ...], ...]], EpochStep] = {}  # per batch shapes
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
         tensors, grads = store.tensors, store.gradients
@@ -338,7 +340,17 @@ class Module:
         every step with the same buffer parities (``BoundSession.settle``).
         """
         io = self._io
-        session.select(tuple([tensor.flips & 1 for tensor in self._parity_tensors]))
+        key = tuple([tensor.flips & 1 for tensor in self._parity_tensors])
+        staged = None if fused is None or on_device else fused.staged_inputs(session, feeds)
+        if fused is not None and host_outputs is not None and self._last_fused == (session, key):
+            # a steady loop: this binding is the one the last fused step used and left selected, with every
+            # output and the state in place; only the user inputs are new (or, staged, already copied in)
+            if staged is None:
+                for name, value in zip(io.inputs.names, feeds, strict=True):
+                    session.bind_input(name, value)
+            return
+        self._last_fused = (session, key) if fused is not None and host_outputs is not None else None
+        session.select(key)
         if host_outputs is None:
             device = self._device if on_device else _HOST
             for name in io.outputs:
@@ -346,8 +358,12 @@ class Module:
         else:
             for name, value in zip(io.outputs, host_outputs, strict=True):
                 session.bind_output_into(name, value)
-        for name, value in zip(io.inputs.names, feeds, strict=True):
-            session.bind_input(name, value)
+        if staged is not None:
+            for name, buffer in zip(io.inputs.names, staged, strict=True):
+                session.bind_value(name, buffer)
+        else:
+            for name, value in zip(io.inputs.names, feeds, strict=True):
+                session.bind_input(name, value)
         if fused is None and reset is None:
             session.bind_value(io.flag, self._flags[not self._accumulate])
         if session.settled:

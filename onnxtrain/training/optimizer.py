@@ -174,6 +174,7 @@ class Optimizer:
                 self,
                 (self._lr_value, self._step_value),
                 lambda fused, what: module.open_session(fused, what, alone=True),
+                on_host=self._on_host,
             )
         module.use_fused_step(self._fused)
 
