@@ -41,6 +41,7 @@ from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.options import SMALL_TENSOR, largest_step_input
 from onnxtrain.training.store import RecordedUpdate, StateStore, StateTensor
 
 #: The most bytes of user inputs per step that the session for fixed shapes copies into buffers of its own.
@@ -59,12 +60,14 @@ class FusedStep:
     and step number, written by the optimizer, bound as they are.
 
     Two sessions, each made when first needed: :attr:`session` over the
-    fused model as built, for user inputs of any shape, and one over the
-    model with the shapes of the first step's inputs fixed and the shape
+    fused model as built, for user inputs of any shape, and, for a small
+    model (every input of a step under ``SMALL_TENSOR`` elements), one over
+    the model with the shapes of the first step's inputs fixed and the shape
     computations that then become constant folded (:mod:`onnxtrain.graph.fold`),
     which runs every step of those shapes (:meth:`session_for`): a steady
     loop's. The same arithmetic in fewer nodes (the linear regression's step:
-    15 instead of 22), and a steady loop makes the second only.
+    15 instead of 22), and a steady loop makes the second only. A larger
+    model's steps cost their arithmetic: they all run the first.
     """
 
     def __init__(
@@ -143,9 +146,14 @@ class FusedStep:
         now), the general one for any other."""
         if self._fixed is None:
             by_input = dict(zip(self._user_inputs, shapes, strict=True))
-            folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
-            model = LoadedModel(folded, folded.SerializeToString())
-            self._fixed = (shapes, self._open_session(model, f"fused training step for inputs of shapes {shapes}"))
+            largest = largest_step_input(self.model.proto, by_input)
+            if largest is None or largest >= SMALL_TENSOR:  # a step of much data: its arithmetic is the cost
+                self._fixed = (shapes, self.session)
+            else:
+                folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
+                model = LoadedModel(folded, folded.SerializeToString())
+                what = f"fused training step for inputs of shapes {shapes}"
+                self._fixed = (shapes, self._open_session(model, what))
         fixed, session = self._fixed
         return session if shapes == fixed else self.session
 

@@ -63,7 +63,6 @@ with the same results. A nominal state's steps raise ``NominalStateError``
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -90,7 +89,7 @@ from onnxtrain.training.interface import (
     load_model,
     training_io,
 )
-from onnxtrain.training.options import default_session_options
+from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import TrainingState
 from onnxtrain.training.store import StateTensor
@@ -831,28 +830,6 @@ def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
         return results[0] if len(results) == 1 else tuple(results)
     arrays = tuple(values.to_numpy(value, copy=False) for value in results)
     return arrays[0] if len(arrays) == 1 else arrays
-
-
-#: Elements below which every input of a step keeps a session alone on one thread (see ``Module.open_session``).
-SMALL_TENSOR = 1 << 15
-
-
-def largest_step_input(model: onnx.ModelProto) -> int | None:
-    """The elements of the largest input of one step of ``model``, ``None`` where some size is not fixed.
-
-    A step is a run, or an iteration of its ``Scan`` (the epoch model's body); initializers count as inputs.
-    """
-    graph = model.graph
-    scans = [node for node in graph.node if node.op_type == "Scan"]
-    if len(scans) == 1:
-        graph = next(a.g for a in scans[0].attribute if a.name == "body")
-    sizes = [math.prod(t.dims) for t in graph.initializer]
-    for value in graph.input:
-        dims = value.type.tensor_type.shape.dim
-        if not value.type.tensor_type.HasField("shape") or not all(d.HasField("dim_value") for d in dims):
-            return None
-        sizes.append(math.prod(d.dim_value for d in dims))
-    return max(sizes, default=0)
 
 
 def _count(value: Any, what: str) -> int:

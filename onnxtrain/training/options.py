@@ -18,7 +18,10 @@ with options of the user's own keep their own arenas.
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Mapping, Sequence
 
+import onnx
 import onnxruntime as ort
 
 
@@ -65,4 +68,32 @@ def _register_shared_cpu_arena() -> bool:
     return True
 
 
-__all__ = ["default_session_options"]
+#: Elements below which every input of a step keeps a session alone on one thread (``Module.open_session``),
+#: and the fused step makes a session for fixed shapes (``FusedStep.session_for``): a step of so little data
+#: costs its nodes and bindings, which these save; a larger one costs its arithmetic.
+SMALL_TENSOR = 1 << 15
+
+
+def largest_step_input(model: onnx.ModelProto, fixed: Mapping[str, Sequence[int]] | None = None) -> int | None:
+    """The elements of the largest input of one step of ``model``, ``None`` where some size is not fixed.
+
+    A step is a run, or an iteration of its ``Scan`` (the epoch model's body); initializers count as inputs;
+    ``fixed`` gives the shapes of inputs whose declared ones are not.
+    """
+    graph = model.graph
+    scans = [node for node in graph.node if node.op_type == "Scan"]
+    if len(scans) == 1:
+        graph = next(a.g for a in scans[0].attribute if a.name == "body")
+    sizes = [math.prod(t.dims) for t in graph.initializer]
+    for value in graph.input:
+        if fixed is not None and value.name in fixed:
+            sizes.append(math.prod(fixed[value.name]))
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if not value.type.tensor_type.HasField("shape") or not all(d.HasField("dim_value") for d in dims):
+            return None
+        sizes.append(math.prod(d.dim_value for d in dims))
+    return max(sizes, default=0)
+
+
+__all__ = ["SMALL_TENSOR", "default_session_options", "largest_step_input"]
