@@ -81,7 +81,7 @@ def instrument(counter: RunCounter) -> None:
 
     labels = {}
     for candidate in gc.get_objects():
-        if isinstance(candidate, binding.BoundSession):
+        if type(candidate) is binding.BoundSession:  # type(), not isinstance(): a dead weak proxy raises on the latter
             labels.update((id(layout.io), candidate.what) for layout in candidate._layouts.values())
     for kind in (binding._NativeBinding, binding._PublicBinding):
         kind.run = _counted_run(kind.run, labels, counter)  # type: ignore[method-assign]
