@@ -34,14 +34,13 @@ each batch's loss, its mean where the loss is not one number.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, pack_updates
+from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, flatten_and_concat, pack_updates, split_and_reshape
 from onnxtrain.graph.fold import ShapeInference, drop_unread_initializers, fold_static_shapes, onnx_shapes
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.losses.label_check import LabelCheck, strip_label_checks
@@ -218,35 +217,12 @@ def _pack_before(
 ) -> list[onnx.NodeProto]:
     """Pack the members' inputs into the pack's state before the ``Scan`` (nodes added to ``graph``, the state
     to ``states``); the nodes that unpack its final value into the members' outputs, to add after it."""
-    flat = unique("flat_shape")
-    graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [-1]))
-    pieces = []
-    for member, shape in zip(pack.members, pack.shapes, strict=True):
-        before = outer_of[member][0]
-        if len(shape) == 1:
-            pieces.append(before)
-        else:
-            pieces.append(unique(f"{before}.flat"))
-            graph.node.append(helper.make_node("Reshape", [before, flat], [pieces[-1]], name=unique("epoch_flatten")))
     packed_before, packed_after = unique(f"{pack.carried[0]}.before"), unique(f"{pack.carried[0]}.after")
-    graph.node.append(helper.make_node("Concat", pieces, [packed_before], name=unique("epoch_pack"), axis=0))
+    befores = [outer_of[member][0] for member in pack.members]
+    graph.node.extend(flatten_and_concat(befores, pack.shapes, packed_before, unique, graph.initializer))
     states.append((packed_before, packed_after))
-    sizes = unique("pack_sizes")
-    graph.initializer.append(
-        helper.make_tensor(sizes, TensorProto.INT64, [len(pack.shapes)], [math.prod(s) for s in pack.shapes])
-    )
-    unpack, outputs = [], []
-    for member, shape in zip(pack.members, pack.shapes, strict=True):
-        after = outer_of[member][1]
-        if len(shape) == 1:
-            outputs.append(after)
-        else:
-            outputs.append(unique(f"{after}.flat"))
-            dims = unique(f"{after}.shape")
-            graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
-            unpack.append(helper.make_node("Reshape", [outputs[-1], dims], [after], name=unique("epoch_unflatten")))
-    split = helper.make_node("Split", [packed_after, sizes], outputs, name=unique("epoch_unpack"), axis=0)
-    return [split, *unpack]
+    afters = [outer_of[member][1] for member in pack.members]
+    return split_and_reshape(packed_after, pack.shapes, afters, unique, graph.initializer)
 
 
 def _hoistable(

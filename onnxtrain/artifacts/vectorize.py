@@ -23,7 +23,7 @@ gradient output.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -197,9 +197,8 @@ def _pack_group(
     """Replace the chains of ``members`` by one chain on packed tensors (see the module docstring)."""
     inputs = {value.name: value for value in graph.input}
     elem_type = inputs[members[0].parameter[0]].type.tensor_type.elem_type
-    sizes = [math.prod(m.shape) for m in members]
     shapes = tuple(m.shape for m in members)
-    total = sum(sizes)
+    total = sum(math.prod(shape) for shape in shapes)
     head = members[0].parameter[0]
     roles: list[list[Carried]] = [[m.parameter for m in members], [m.gradient for m in members]]
     roles += [[m.moments[k] for m in members] for k in range(len(members[0].moments))]
@@ -219,39 +218,11 @@ def _pack_group(
         renamed[out] = outputs_of_role.get(out) or unique(f"{out}.packed")
         clone.output[:] = [renamed[out]]
         new_nodes.append(clone)
-    # the new parameters, split back for the nodes that read them
-    split_sizes = unique(f"{head}.packed_sizes")
-    graph.initializer.append(helper.make_tensor(split_sizes, TensorProto.INT64, [len(sizes)], sizes))
-    pieces = []
-    for m in members:
-        pieces.append(m.parameter[1] if len(m.shape) == 1 else unique(f"{m.parameter[1]}.flat"))
-    new_nodes.append(
-        helper.make_node("Split", [packed[0][1], split_sizes], pieces, name=unique(f"{head}.unpack"), axis=0)
-    )
-    for m, piece in zip(members, pieces, strict=True):
-        if piece != m.parameter[1]:
-            shape = unique(f"{m.parameter[1]}.shape")
-            graph.initializer.append(helper.make_tensor(shape, TensorProto.INT64, [len(m.shape)], list(m.shape)))
-            new_nodes.append(
-                helper.make_node("Reshape", [piece, shape], [m.parameter[1]], name=unique(f"{piece}.reshape"))
-            )
-    # the new gradients, packed
-    flat = unique(f"{head}.flat_shape")
-    graph.initializer.append(helper.make_tensor(flat, TensorProto.INT64, [1], [-1]))
-    grad_pieces = []
-    for m in members:
-        if len(m.shape) == 1:
-            grad_pieces.append(m.gradient[1])
-        else:
-            grad_pieces.append(unique(f"{m.gradient[1]}.flat"))
-            new_nodes.append(
-                helper.make_node(
-                    "Reshape", [m.gradient[1], flat], [grad_pieces[-1]], name=unique(f"{m.gradient[1]}.reshape")
-                )
-            )
-    new_nodes.append(
-        helper.make_node("Concat", grad_pieces, [packed[1][1]], name=unique(f"{head}.pack_gradients"), axis=0)
-    )
+    # the new parameters, split back for the nodes that read them; the new gradients, packed
+    parameters = [m.parameter[1] for m in members]
+    new_nodes += split_and_reshape(packed[0][1], shapes, parameters, unique, graph.initializer)
+    gradients = [m.gradient[1] for m in members]
+    new_nodes += flatten_and_concat(gradients, shapes, packed[1][1], unique, graph.initializer)
 
     dropped = {id(node) for chain in chains for node in chain}
     kept = [node for node in graph.node if id(node) not in dropped]
@@ -276,6 +247,49 @@ def _pack_group(
     ]
 
 
+def flatten_and_concat(
+    names: Sequence[str],
+    shapes: Sequence[tuple[int, ...]],
+    output: str,
+    unique: Callable[[str], str],
+    initializers: MutableSequence[onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """The nodes writing ``output``: the tensors ``names`` (of ``shapes``) flattened (``Reshape``, none for a
+    1-D one) and concatenated, one after the other; the shape they need is added to ``initializers``."""
+    flat = unique("flat_shape")
+    initializers.append(helper.make_tensor(flat, TensorProto.INT64, [1], [-1]))
+    nodes, pieces = [], []
+    for name, shape in zip(names, shapes, strict=True):
+        if len(shape) == 1:
+            pieces.append(name)
+        else:
+            pieces.append(unique(f"{name}.flat"))
+            nodes.append(helper.make_node("Reshape", [name, flat], [pieces[-1]], name=unique(f"{name}.flatten")))
+    nodes.append(helper.make_node("Concat", pieces, [output], name=unique(f"{output}.pack"), axis=0))
+    return nodes
+
+
+def split_and_reshape(
+    packed: str,
+    shapes: Sequence[tuple[int, ...]],
+    outputs: Sequence[str],
+    unique: Callable[[str], str],
+    initializers: MutableSequence[onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """The nodes writing each of ``outputs`` (of ``shapes``) from its part of the flat ``packed`` (``Split``,
+    then a ``Reshape`` for each that is not 1-D); the sizes and shapes they need are added to ``initializers``."""
+    sizes = unique(f"{packed}.sizes")
+    initializers.append(helper.make_tensor(sizes, TensorProto.INT64, [len(shapes)], [math.prod(s) for s in shapes]))
+    pieces = [out if len(shape) == 1 else unique(f"{out}.flat") for out, shape in zip(outputs, shapes, strict=True)]
+    nodes = [helper.make_node("Split", [packed, sizes], pieces, name=unique(f"{packed}.unpack"), axis=0)]
+    for out, piece, shape in zip(outputs, pieces, shapes, strict=True):
+        if piece != out:
+            dims = unique(f"{out}.shape")
+            initializers.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
+            nodes.append(helper.make_node("Reshape", [piece, dims], [out], name=unique(f"{out}.unflatten")))
+    return nodes
+
+
 def _topological(nodes: Sequence[onnx.NodeProto], known: set[str]) -> list[onnx.NodeProto]:
     """``nodes`` in an order where each runs after what it reads (subgraphs' outer reads included), keeping
     their given order wherever it already is one."""
@@ -296,4 +310,4 @@ def _topological(nodes: Sequence[onnx.NodeProto], known: set[str]) -> list[onnx.
     return ordered
 
 
-__all__ = ["ELEMENTWISE", "Pack", "ParameterUpdate", "pack_updates"]
+__all__ = ["ELEMENTWISE", "Pack", "ParameterUpdate", "flatten_and_concat", "pack_updates", "split_and_reshape"]

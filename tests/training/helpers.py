@@ -84,22 +84,17 @@ def count_fused_runs(fused: Any) -> list[int]:
         session = session_for(shapes)
         if id(session) not in counted:
             counted.add(id(session))
-            run = session.run
-
-            def run_counted() -> None:
-                runs[0] += 1
-                run()
-
-            session.run = run_counted
+            count_runs(session, runs)
         return session
 
     fused.session_for = counting
     return runs
 
 
-def count_runs(session: Any) -> list[int]:
-    """Wrap ``session.run`` (of this one object) to count its calls; the count is the list's one item."""
-    runs = [0]
+def count_runs(session: Any, runs: list[int] | None = None) -> list[int]:
+    """Wrap ``session.run`` (of this one object) to count its calls; the count is the list's one item (``runs``
+    where given, to count several sessions together)."""
+    runs = [0] if runs is None else runs
     run = session.run
 
     def counted() -> None:

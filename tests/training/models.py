@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain import artifacts as artifacts_api
-from tests.helpers import DOUBLE, FLOAT, make_model
+from tests.helpers import DOUBLE, FLOAT, INT64, make_model
 
 STRING = onnx.TensorProto.STRING
 
@@ -132,6 +132,23 @@ def string_encoder(*, strings: bool = True, seed: int = 0) -> onnx.ModelProto:
         initializers,
         extra_opsets={"ai.onnx.ml": 2},
     )
+
+
+def embedding_model(seed: int = 0) -> onnx.ModelProto:
+    """``y = Gather(E, ids) + x @ W``: an index out of range fails inside onnxruntime, and the ``Gather``
+    depends on ``E`` alone, so that onnxruntime may run it before ``W``'s update unless the update runs first."""
+    rng = np.random.default_rng(seed)
+    nodes = [
+        helper.make_node("Gather", ["E", "ids"], ["e"]),
+        helper.make_node("MatMul", ["x", "W"], ["xw"]),
+        helper.make_node("Add", ["e", "xw"], ["y"]),
+    ]
+    initializers = [
+        ("E", rng.normal(size=(5, 2)).astype(np.float32)),
+        ("W", rng.normal(size=(3, 2)).astype(np.float32)),
+    ]
+    inputs = {"ids": (INT64, ["batch"]), "x": (FLOAT, ["batch", 3])}
+    return make_model(inputs, nodes, {"y": (FLOAT, ["batch", 2])}, initializers)
 
 
 def generate(directory: Path, model: onnx.ModelProto, **kwargs: Any) -> dict[str, Path]:

@@ -8,11 +8,9 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
 
 from onnxtrain import api
 from onnxtrain.artifacts import LossType, OptimType
-from tests.helpers import FLOAT, INT64, make_model
 from tests.training import models
 from tests.training.helpers import (
     STEP_FIXTURES,
@@ -275,23 +273,6 @@ def test_a_non_finite_fused_step_is_discarded_and_the_next_step_is_right(regress
     _assert_same([(np.zeros(()), fused)], [(np.zeros(()), apart)])
 
 
-def _embedding_model() -> onnx.ModelProto:
-    """``y = Gather(E, ids) + x @ W``: the Gather depends on ``E`` alone, so that onnxruntime may run it before
-    ``W``'s update unless the update runs first."""
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Gather", ["E", "ids"], ["e"]),
-        helper.make_node("MatMul", ["x", "W"], ["xw"]),
-        helper.make_node("Add", ["e", "xw"], ["y"]),
-    ]
-    initializers = [
-        ("E", rng.normal(size=(5, 2)).astype(np.float32)),
-        ("W", rng.normal(size=(3, 2)).astype(np.float32)),
-    ]
-    inputs = {"ids": (INT64, ["batch"]), "x": (FLOAT, ["batch", 3])}
-    return make_model(inputs, nodes, {"y": (FLOAT, ["batch", 2])}, initializers)
-
-
 @pytest.mark.parametrize("where", ["in the loss", "in an embedding"])
 def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier, tmp_path, where):
     if where == "in the loss":
@@ -299,7 +280,7 @@ def test_a_fused_step_onnxruntime_fails_has_applied_the_whole_update(classifier,
         x, labels = classifier_batch(np.random.default_rng(11))
         good, bad = (x, labels), (x, np.where(np.arange(len(labels)) == 0, 1000, labels))
     else:
-        paths = models.generate(tmp_path, _embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
+        paths = models.generate(tmp_path, models.embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
         rng = np.random.default_rng(11)
         ids, x, target = rng.integers(0, 5, 8), rng.normal(size=(8, 3)).astype(np.float32), np.zeros((8, 2), np.float32)
         good, bad = (ids, x, target), (np.where(np.arange(8) == 0, 99, ids), x, target)

@@ -22,7 +22,7 @@ from onnx import helper
 from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.training.binding import BoundSession
-from tests.helpers import DOUBLE, INT64, make_model
+from tests.helpers import DOUBLE
 from tests.training import models
 from tests.training.helpers import classifier_batch, open_module, snapshot
 
@@ -296,24 +296,8 @@ def test_labels_out_of_range_raise_before_any_batch_runs(classifier: dict[str, P
     assert [check.labels for check in epoch.label_checks] == ["labels"]
 
 
-def _embedding_model() -> onnx.ModelProto:
-    """``y = Gather(E, ids) + x @ W``: an index out of range fails inside onnxruntime."""
-    rng = np.random.default_rng(0)
-    nodes = [
-        helper.make_node("Gather", ["E", "ids"], ["e"]),
-        helper.make_node("MatMul", ["x", "W"], ["xw"]),
-        helper.make_node("Add", ["e", "xw"], ["y"]),
-    ]
-    initializers = [
-        ("E", rng.normal(size=(5, 2)).astype(np.float32)),
-        ("W", rng.normal(size=(3, 2)).astype(np.float32)),
-    ]
-    inputs = {"ids": (INT64, ["batch"]), "x": (onnx.TensorProto.FLOAT, ["batch", 3])}
-    return make_model(inputs, nodes, {"y": (onnx.TensorProto.FLOAT, ["batch", 2])}, initializers)
-
-
 def test_an_error_in_the_run_leaves_the_state_as_before_it(tmp_path: Path) -> None:
-    paths = models.generate(tmp_path, _embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
+    paths = models.generate(tmp_path, models.embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
     rng = np.random.default_rng(23)
     ids, x, target = rng.integers(0, 5, 48), rng.normal(size=(48, 3)).astype(np.float32), np.zeros((48, 2), np.float32)
     bad = ids.copy()
