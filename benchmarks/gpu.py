@@ -11,6 +11,9 @@ weights and batches as ``make bench``) it
   workload says) and trains them with ``onnxtrain.api`` on ``device="cuda"``,
   the batches fed once as NumPy arrays (copied to the GPU by the step) and
   once as CUDA ``OrtValue``s made beforehand;
+- trains them with ``Module.train_epoch`` on ``device="cuda"``, one call per
+  pass over the workload's batches repeated ``--epoch-repeat`` times, and
+  compares its first losses with the per-step loop's on CUDA;
 - trains the torch model on CUDA (eager, data on the GPU);
 - times ``steps`` steps after ``warmup`` (median of ``repeats``, each repeat
   ended by a device synchronisation: for onnxtrain reading the last loss);
@@ -229,6 +232,29 @@ def _torch_cuda(workload: Workload, folder: Path, x: np.ndarray, y: np.ndarray, 
     return {"losses": losses, "step_ms": seconds * 1e3, "torch": torch.__version__}
 
 
+def _epoch_on_device(folder: Path, host: list[tuple[np.ndarray, np.ndarray]], workload: Workload,
+                     args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+    """``train_epoch`` on the device: its first losses, host copies per epoch and time per batch."""
+    x = np.concatenate([b[0] for b in host] * args.epoch_repeat)
+    y = np.concatenate([b[1] for b in host] * args.epoch_repeat)
+    batches = len(x) // workload.batch
+    result: dict[str, Any] = {"batches_per_epoch": batches}
+    _, module, optimizer = _onnxtrain(folder, args.device)
+    optimizer.set_learning_rate(workload.learning_rate)
+    result["losses"] = [float(v) for v in module.train_epoch(optimizer, x, y, workload.batch)[:CHECKED]]
+    with _counting_host_copies() as counts:
+        module.train_epoch(optimizer, x, y, workload.batch)
+        result["host_copies_per_epoch"] = dict(counts)
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        module.train_epoch(optimizer, x, y, workload.batch)  # returns the losses: synchronised
+        times.append((time.perf_counter() - start) / batches)
+    result["step_ms"] = 1e3 * statistics.median(times)
+    result["on_device"] = sorted({_device_of(t.value) for t in module.state.store.tensors.values()})
+    return result
+
+
 def run_workload(workload: Workload, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     import onnxruntime as ort
 
@@ -291,6 +317,8 @@ def run_workload(workload: Workload, workdir: Path, args: argparse.Namespace) ->
     result["onnxtrain_ortvalue_step_ms"] = 1e3 * _median_step(
         _ort_step(module, optimizer, on_gpu), sync, args.warmup, args.steps, args.repeats
     )
+    del module, optimizer
+    result["epoch"] = _epoch_on_device(folder, host, workload, args)
     result["torch"] = _torch_cuda(workload, folder, x, y, args)
     result["ratio_vs_torch"] = result["onnxtrain_ortvalue_step_ms"] / result["torch"]["step_ms"]
     result["versions"] = {"onnxruntime": ort.__version__, "providers": ort.get_available_providers()}
@@ -303,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--epoch-repeat", type=int, default=8, help="train_epoch's pass: the batches this many times")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: a dry run of the script")
     args = parser.parse_args(argv)

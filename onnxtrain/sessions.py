@@ -86,6 +86,7 @@ def inferred_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, l
     graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names if n in made and n not in present)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3  # errors only: warnings about this copy (an unread initializer) are not the user's
     try:
         session = ort.InferenceSession(
             copy.SerializeToString(), sess_options=options, providers=["CPUExecutionProvider"]

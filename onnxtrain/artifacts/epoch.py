@@ -75,6 +75,8 @@ def epoch_scan_model(
     step: str,
     updates: Sequence[ParameterUpdate] = (),
     shapes_of: ShapeInference = onnx_shapes,
+    *,
+    unpack_with_slices: bool = False,
 ) -> EpochModel:
     """A ``Scan`` over batches whose body is ``fused`` (see the module docstring).
 
@@ -91,12 +93,15 @@ def epoch_scan_model(
     packed before the ``Scan`` and unpacked after it. The label checks of
     losses over the scanned labels (:mod:`onnxtrain.losses.label_check`) are
     taken out: :attr:`EpochModel.label_checks`, for the caller to run on the
-    whole data first. ``shapes_of`` infers the shapes these steps need.
-    ``fused`` is not changed.
+    whole data first. ``shapes_of`` infers the shapes these steps need;
+    ``unpack_with_slices`` unpacks with ``Slice`` nodes rather than ``Split``
+    (for CUDA: :mod:`onnxtrain.artifacts.vectorize`). ``fused`` is not changed.
     """
     folded, checks = strip_label_checks(fold_static_shapes(fused, batches, shapes_of), batches)
     unique = keep_or_tag(names_in(folded.graph), "epoch")
-    packed_model, packs = pack_updates(folded, updates, unique, shapes_of) if updates else (folded, [])
+    packed_model, packs = (folded, [])
+    if updates:
+        packed_model, packs = pack_updates(folded, updates, unique, shapes_of, slices=unpack_with_slices)
     source = packed_model.graph
     packed_members = {member for pack in packs for member in pack.members}
     outer_carried = list(carried)  # the model's inputs and outputs: one per tensor
@@ -149,7 +154,7 @@ def epoch_scan_model(
         graph.output.append(helper.make_value_info(after, tensor_types[name]))
     outer_of = dict(zip(outer_carried, pairs, strict=True))
     states = [outer_of[pair] for pair in carried if pair in outer_of]
-    unpacking = [_pack_before(graph, pack, outer_of, states, unique) for pack in packs]
+    unpacking = [_pack_before(graph, pack, outer_of, states, unique, unpack_with_slices) for pack in packs]
     data = {name: unique(f"{name}.batches") for name in batches}
     for name, shape in batches.items():
         elem = types[name].tensor_type.elem_type
@@ -214,15 +219,17 @@ def _pack_before(
     outer_of: Mapping[Carried, tuple[str, str]],
     states: list[tuple[str, str]],
     unique: Callable[[str], str],
+    slices: bool,
 ) -> list[onnx.NodeProto]:
     """Pack the members' inputs into the pack's state before the ``Scan`` (nodes added to ``graph``, the state
-    to ``states``); the nodes that unpack its final value into the members' outputs, to add after it."""
+    to ``states``); the nodes that unpack its final value into the members' outputs, to add after it (by
+    ``Slice`` nodes with ``slices``)."""
     packed_before, packed_after = unique(f"{pack.carried[0]}.before"), unique(f"{pack.carried[0]}.after")
     befores = [outer_of[member][0] for member in pack.members]
     graph.node.extend(flatten_and_concat(befores, pack.shapes, packed_before, unique, graph.initializer))
     states.append((packed_before, packed_after))
     afters = [outer_of[member][1] for member in pack.members]
-    return split_and_reshape(packed_after, pack.shapes, afters, unique, graph.initializer)
+    return split_and_reshape(packed_after, pack.shapes, afters, unique, graph.initializer, slices=slices)
 
 
 def _hoistable(

@@ -47,6 +47,7 @@ from onnx import helper
 
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph.fold import drop_unread_initializers
 
 #: Starts the ``doc_string`` of every node of a label check.
 PREFIX = "onnxtrain label check"
@@ -230,6 +231,7 @@ def strip_label_checks(model: onnx.ModelProto, inputs: Iterable[str]) -> tuple[o
         node.input[:] = [renamed.get(name, name) for name in node.input]
     del graph.node[:]
     graph.node.extend(kept)
+    drop_unread_initializers(graph)  # the checks' constants
     return copy, checks
 
 

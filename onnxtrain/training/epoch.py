@@ -31,6 +31,13 @@ from onnxtrain.training.store import StateTensor
 _HOST = Device("cpu")
 
 
+def unpacks_with_slices(device: Device) -> bool:
+    """Whether the epoch model on ``device`` splits its packed parameters back with ``Slice`` nodes rather than
+    one ``Split``: on CUDA, whose ``Split`` waits for a host copy of its axis' map at every run
+    (:mod:`onnxtrain.artifacts.vectorize`)."""
+    return device.type == "cuda"
+
+
 class EpochStep:
     """The epoch model's session over one fused step's tensors; see the module docstring."""
 
@@ -55,17 +62,26 @@ class EpochStep:
         statistics: Mapping[str, tuple[str, StateTensor]],
         frozen: Mapping[str, StateTensor],
         open_session: Callable[[LoadedModel, str], BoundSession],
+        device: Device,
     ) -> EpochStep:
         """The epoch step over ``fused`` for batches of the shapes ``batches`` (``{user input: shape}``);
         ``statistics``: ``{parameter: (the output of its new value, its tensor)}``; ``open_session(model, what)``
-        makes the session."""
+        makes the session on ``device``."""
         carried = [(name, out) for name, _, out in fused.in_place]
         tensors = [tensor for _, tensor, _ in fused.in_place]
         for name, (out, tensor) in statistics.items():
             carried.append((name, out))
             tensors.append(tensor)
         epoch = epoch_scan_model(
-            fused.model.proto, carried, batches, loss, fused.learning_rate, fused.step, fused.updates, inferred_shapes
+            fused.model.proto,
+            carried,
+            batches,
+            loss,
+            fused.learning_rate,
+            fused.step,
+            fused.updates,
+            inferred_shapes,
+            unpack_with_slices=unpacks_with_slices(device),
         )
         model = LoadedModel(epoch.model, epoch.model.SerializeToString())
         session = open_session(model, "epoch model")
@@ -170,4 +186,4 @@ class EpochRates:
             self._scheduler.step()
 
 
-__all__ = ["EpochOptimizer", "EpochRates", "EpochStep", "Schedule"]
+__all__ = ["EpochOptimizer", "EpochRates", "EpochStep", "Schedule", "unpacks_with_slices"]

@@ -552,6 +552,7 @@ class Module:
                 {p: (out, tensors[p]) for p, out in statistics.items()},
                 frozen,
                 lambda model, what: self.open_session(model, what, alone=True),
+                self._device,
             )
         return epoch
 

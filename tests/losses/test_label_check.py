@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import autodiff
-from onnxtrain.losses.label_check import is_label_check, label_checks, label_error
+from onnxtrain.losses.label_check import is_label_check, label_checks, label_error, strip_label_checks
 from onnxtrain.sklearn import add_loss_output
 from tests.helpers import DOUBLE, FLOAT, make_model
 from tests.losses.test_losses_forward import scaled_model
@@ -168,6 +168,19 @@ def test_the_check_changes_neither_loss_nor_gradient(loss, kwargs, classes):
             np.testing.assert_array_equal(got, expected, strict=True)
 
     check()
+
+
+@pytest.mark.parametrize(("loss", "kwargs"), LOSSES, ids=lambda v: str(v))
+def test_stripping_the_check_keeps_the_loss_and_leaves_nothing_unread(loss, kwargs):
+    """``strip_label_checks``: the check's nodes and the constants only they read go; the loss stays."""
+    model = checked_model(loss, N_CLASSES, elem_type=DOUBLE, **kwargs)
+    stripped, checks = strip_label_checks(model, ["labels"])
+    assert [check.labels for check in checks] == ["labels"] and check_names(stripped) == []
+    read = {name for node in stripped.graph.node for name in node.input}
+    assert [t.name for t in stripped.graph.initializer if t.name not in read] == []
+    inputs = {"x": np.linspace(-1, 1, 4 * N_CLASSES).reshape(4, N_CLASSES), "labels": np.array([0, 3, 1, 2])}
+    for got, expected in zip(session(stripped).run(None, inputs), session(model).run(None, inputs), strict=True):
+        np.testing.assert_array_equal(got, expected, strict=True)
 
 
 def test_label_error_ignores_other_failures():

@@ -21,6 +21,7 @@ from onnx import helper
 
 from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, OptimType
+from onnxtrain.training import epoch as training_epoch
 from onnxtrain.training.binding import BoundSession
 from tests.helpers import DOUBLE
 from tests.training import models
@@ -333,6 +334,20 @@ def test_bad_arguments(classifier: dict[str, Path], regression: dict[str, Path])
     with pytest.raises(ValueError, match="learning_rates has 3 values; the pass has 4 batches"):
         module.train_epoch(optimizer, x, labels, 4, learning_rates=[0.1, 0.1, 0.1])
     assert module.train_step_count == 0
+
+
+def test_unpacking_with_slices_gives_the_same_bits(classifier: dict[str, Path], monkeypatch) -> None:
+    """The epoch model CUDA runs (its packed parameters unpacked by ``Slice``s, not a ``Split``), here on the CPU."""
+    monkeypatch.setattr(training_epoch, "unpacks_with_slices", lambda device: True)
+    x, labels = classifier_batch(np.random.default_rng(23), ROWS)
+    _compare(classifier, [x, labels])
+    _, module, optimizer = open_module(classifier)
+    module.train_epoch(optimizer, x, labels, BATCH)
+    graph = next(iter(module._epochs.values())).epoch.model.graph
+    (scan,) = [node for node in graph.node if node.op_type == "Scan"]
+    body = [node.op_type for node in onnx.helper.get_node_attr_value(scan, "body").node]
+    outside = [node.op_type for node in graph.node]
+    assert body.count("Slice") == 4 and "Split" not in body + outside  # the MLP's 2 weights and 2 biases
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")

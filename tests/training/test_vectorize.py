@@ -46,8 +46,9 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
 
 
+@pytest.mark.parametrize("slices", [False, True], ids=["split", "slices"])
 @pytest.mark.parametrize("optimizer", ["AdamW", "AdamW-amsgrad", "SGD-momentum"])
-def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimizer: str) -> None:
+def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimizer: str, slices: bool) -> None:
     block = {
         "AdamW": optim.AdamW(),
         "AdamW-amsgrad": optim.AdamW(amsgrad=True),
@@ -56,11 +57,15 @@ def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimi
     paths = models.generate(tmp_path, models.mlp((6, 8, 5, 3)), loss=LossType.MSELoss, optimizer=block[optimizer])
     fused = _fused(paths)
     model = fused.model.proto
-    packed, packs = pack_updates(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    unique = keep_or_tag(names_in(model.graph), "test")
+    packed, packs = pack_updates(model, fused.updates, unique, slices=slices)
     onnx.checker.check_model(packed, full_check=True)
     assert len(packs) == 2 + len(fused.updates[0].moments)  # parameters, gradients, each moment
     assert all(len(pack.members) == 6 for pack in packs)  # three layers' weights and biases
-    assert len(packed.graph.node) <= len(model.graph.node) - 12  # 6 chains of 4 (SGD) to 12 nodes: one, and the packing
+    # 6 chains of 4 (SGD) to 12 nodes: one, and the packing (5 more nodes with a Slice per parameter)
+    assert len(packed.graph.node) <= len(model.graph.node) - 12 + (5 if slices else 0)
+    unpacking = [n.op_type for n in packed.graph.node if n.op_type in ("Split", "Slice")]
+    assert unpacking == (["Slice"] * 6 if slices else ["Split"])  # only the parameters are unpacked
     feeds = _feeds(model, np.random.default_rng(0))
     for pack in packs:  # the packed inputs: the members' values one after the other
         feeds[pack.carried[0]] = np.concatenate([feeds[name].ravel() for name, _ in pack.members])
