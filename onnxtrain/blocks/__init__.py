@@ -30,6 +30,7 @@ from onnxtrain.blocks.elementwise import (
     Tanh,
     Where,
 )
+from onnxtrain.blocks.gradient import Gradient
 from onnxtrain.blocks.nn import Gemm, Linear, LogSoftmax, MatMul, Softmax
 from onnxtrain.blocks.reductions import ReduceAllL2, ReduceMax, ReduceMean, ReduceMin, ReduceSum
 from onnxtrain.blocks.shape import Concat, Flatten, Reshape, Squeeze, Transpose, Unsqueeze
@@ -37,7 +38,7 @@ from onnxtrain.blocks.values import Constant, InputLike, LabelEncoder, PassThrou
 
 __all__ = [
     "Abs", "Add", "Block", "Cast", "Clip", "Concat", "Constant", "Div", "Exp", "Flatten",
-    "ForwardBlock", "Gemm", "Identity", "InputLike", "LabelEncoder", "Linear", "Log",
+    "ForwardBlock", "Gemm", "Gradient", "Identity", "InputLike", "LabelEncoder", "Linear", "Log",
     "LogSoftmax", "MatMul", "Max", "Mean", "Min", "Mul", "Neg", "PassThrough", "Pow",
     "ReduceAllL2", "ReduceMax", "ReduceMean", "ReduceMin", "ReduceSum", "Relu", "Reshape",
     "SequenceConstruct", "Sigmoid", "Softmax", "Sqrt", "Squeeze", "Sub", "Sum", "Tanh",

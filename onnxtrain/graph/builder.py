@@ -205,6 +205,12 @@ class GraphBuilder:
             )
         return type_proto
 
+    def declare_type(self, name: str, type_proto: onnx.TypeProto) -> None:
+        """Record ``type_proto`` as the type of the value ``name``, where the caller knows it better than
+        inference (a gradient has the type of its value, symbolic dimensions included)."""
+        self.require(name)
+        self._values[name] = type_proto
+
     def elem_type(self, name: str) -> int:
         """The ONNX element type of tensor ``name``."""
         return self.tensor_type_of(name).tensor_type.elem_type

@@ -899,6 +899,28 @@ def test_linear_matches_torch(data: st.DataObject, sizes: tuple[int, int, int], 
 # --------------------------------------------------------------------- meta
 
 
+@covers("Gradient")
+@given(data=st.data(), dtype=st.sampled_from(FLOATS), shape=shapes, symbolic=st.booleans())
+def test_gradient(data: st.DataObject, dtype: type, shape: tuple[int, ...], symbolic: bool) -> None:
+    """``d sum(tanh(x) * w) / dx = (1 - tanh(x)**2) * w``; with ``grad_output=v``, the same times ``v``; the second
+    derivative ``d/dx sum(dy/dx) = -2 tanh(x) (1 - tanh(x)**2) w``; a list ``wrt`` gives a tuple."""
+    x, w, v = (draw_array(data, dtype, shape, -2.0, 2.0) for _ in range(3))
+
+    def build(a: str, b: str, c: str) -> list[str]:
+        y = blocks.Mul()(blocks.Tanh()(a), b)
+        first = blocks.Gradient(wrt=a)(y)
+        weighted, weight = blocks.Gradient(wrt=[a, b], grad_output=c)(y)
+        return [first, blocks.Gradient(wrt=a)(first), weighted, weight]
+
+    first, second, weighted, weight = run_blocks(build, {"x": x, "w": w, "v": v}, symbolic=symbolic)
+    t = np.tanh(_f64(x))
+    assert first.shape == second.shape == weighted.shape == weight.shape == x.shape
+    assert_close(first, (1 - t**2) * _f64(w), dtype)
+    assert_close(second, -2 * t * (1 - t**2) * _f64(w), dtype)
+    assert_close(weighted, (1 - t**2) * _f64(w) * _f64(v), dtype)
+    assert_close(weight, t * _f64(v), dtype)
+
+
 def test_every_block_has_a_forward_test() -> None:
     """Every block exported by onnxtrain.blocks (but the base classes) is covered above."""
     exported = set(blocks.__all__) - {"Block", "ForwardBlock"}
