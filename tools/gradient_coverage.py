@@ -1,4 +1,4 @@
-"""Regenerate ``docs/gradient-coverage.md``: the rule registry's table and the table of torch.nn layers.
+"""Regenerate ``docs/gradient-coverage.md``: the rule table, the torch.nn layers, which rules differentiate twice.
 
 ``python tools/gradient_coverage.py`` (from the repository root) writes the whole document. The
 torch.nn part exports every public ``torch.nn`` layer with small example inputs (TorchScript
@@ -397,8 +397,12 @@ def torch_section(layers: Sequence[Layer] | None = None) -> str:
 
 
 def document(layers: str) -> str:
-    """The whole document: the registry part, then the torch.nn section ``layers`` (may be empty)."""
-    return coverage_markdown() + ("\n" + layers if layers else "")
+    """The whole document: the registry part, the torch.nn section ``layers`` (may be empty), then which rules
+    are closed under differentiation (from the specs of tests/autodiff)."""
+    from tests.autodiff.closure import closure_markdown
+    from tests.autodiff.test_rules import SPECS
+
+    return coverage_markdown() + ("\n" + layers if layers else "") + "\n" + closure_markdown(SPECS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,9 @@ from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
 
 #: The heading that starts the torch.nn section of the document (everything before it is the registry part).
 LAYERS_HEADING = "## torch.nn layers"
+#: The heading of the document's last section: which rules are closed under differentiation (generated from
+#: the tests' specs by tools/gradient_coverage.py).
+SECOND_ORDER_HEADING = "## Second derivatives"
 #: The command that regenerates the whole document.
 COMMAND = "python tools/gradient_coverage.py"
 
@@ -61,8 +64,20 @@ def coverage_markdown(registry: GradientRegistry | None = None) -> str:
 
 def split_document(text: str) -> tuple[str, str]:
     """``(registry part, torch.nn part)`` of the document, which joins them with a blank line before
-    :data:`LAYERS_HEADING` (the torch.nn part is ``""`` when the heading is absent)."""
-    at = text.find("\n\n" + LAYERS_HEADING + "\n")
+    :data:`LAYERS_HEADING` (the torch.nn part is ``""`` when the heading is absent); the section under
+    :data:`SECOND_ORDER_HEADING`, last, belongs to neither (:func:`second_order_section`)."""
+    text = _cut(text, SECOND_ORDER_HEADING)[0]
+    return _cut(text, LAYERS_HEADING)
+
+
+def second_order_section(text: str) -> str:
+    """The document's section under :data:`SECOND_ORDER_HEADING` (``""`` when absent)."""
+    return _cut(text, SECOND_ORDER_HEADING)[1]
+
+
+def _cut(text: str, heading: str) -> tuple[str, str]:
+    """``text`` before and from the section ``heading`` that a blank line precedes."""
+    at = text.find("\n\n" + heading + "\n")
     if at < 0:
         return text, ""
     return text[: at + 1], text[at + 2 :]

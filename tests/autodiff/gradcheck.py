@@ -90,7 +90,7 @@ def _session(
 class Compiled:
     """A spec's training model, ready to run."""
 
-    session: ort.InferenceSession | ReferenceSession
+    session: ort.InferenceSession | ReferenceSession | None  # None: not made (build_model)
     model: onnx.ModelProto
     args: list[tuple[str, Arg, tuple[int, ...], Any]]  # name, arg, shape, numpy dtype
     extras: dict[str, np.ndarray]  # fed extra inputs
@@ -168,6 +168,13 @@ def forward_model(spec: Spec, case: Case, mode: DimMode) -> Forward:
 
 def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | None = None) -> Compiled:
     """The model for ``spec`` and ``case``: the op, the projected loss and our gradients."""
+    compiled = build_model(spec, case, mode, registry)
+    compiled.session = session_for(spec, compiled.model)
+    return compiled
+
+
+def build_model(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | None = None) -> Compiled:
+    """:func:`build` without its session (``session`` is ``None``)."""
     forward = forward_model(spec, case, mode)
     model, args, extras, projected, used = forward.model, forward.args, forward.extras, forward.projected, forward.used
     _declare_uninferred(model, args, case, mode, backend_of(spec), reference_ops(spec))
@@ -188,8 +195,12 @@ def build(spec: Spec, case: Case, mode: DimMode, registry: GradientRegistry | No
     grads = build_gradients(builder, loss, wrt, registry=registry)
     builder.set_outputs([loss, *projected, *(grads[name] for name in wrt)])
     final = builder.finalize()
-    session = _session(final, backend_of(spec), reference_ops(spec))
-    return Compiled(session, final, args, extras, projections, wrt, len(projected))
+    return Compiled(None, final, args, extras, projections, wrt, len(projected))
+
+
+def session_for(spec: Spec, model: onnx.ModelProto) -> ort.InferenceSession | ReferenceSession:
+    """A session for a model built from ``spec``, on the spec's backend."""
+    return _session(model, backend_of(spec), reference_ops(spec))
 
 
 def _declare_uninferred(
@@ -273,7 +284,7 @@ def away_from(x: np.ndarray, kinks: Sequence[float], gap: float, rng: np.random.
     return x
 
 
-def _draw_values(
+def draw_values(
     spec: Spec, case: Case, args: list[tuple[str, Arg, tuple[int, ...], Any]], rng: np.random.Generator
 ) -> dict[str, np.ndarray] | None:
     """The inputs of a check, away from the kinks; ``None`` when the spec finds them invalid."""
@@ -308,18 +319,11 @@ def check(spec: Spec, case: Case, mode: DimMode, seed: int, compiled: Compiled |
     compiled = compiled or build_cached(spec, case, mode)
     rng = np.random.default_rng(seed)
     low_precision = np.dtype(spec.dtype) != np.float64
-    values = _draw_values(spec, case, compiled.args, rng)
+    values = draw_values(spec, case, compiled.args, rng)
     if values is None:
         return None
     feeds: dict[str, np.ndarray] = {**values, **compiled.extras}
-    shapes = _projection_shapes(compiled)
-    if any(shape is None for shape in shapes):
-        probe = {
-            c: np.ones([1] * len(compiled.model.graph.output[1 + u].type.tensor_type.shape.dim), dtype)
-            for c, u, dtype in compiled.projections
-        }
-        ys = compiled.session.run(None, {**feeds, **probe})[1 : 1 + compiled.n_outputs]
-        shapes = [ys[u].shape for _, u, _ in compiled.projections]
+    shapes = projection_shapes_at(compiled, feeds)
     for (c, _, dtype), shape in zip(compiled.projections, shapes, strict=True):
         feeds[c] = np.asarray(rng.normal(size=shape), dtype=dtype)
     out = compiled.session.run(None, feeds)
@@ -354,6 +358,19 @@ def check(spec: Spec, case: Case, mode: DimMode, seed: int, compiled: Compiled |
         numeric = (f(h) - f(-h)) / (2 * h)
         tolerance = 1e-6 * (abs(analytic) + scale) + 1e-8 * (1 + abs(loss0))
     return Result(analytic, numeric, tolerance)
+
+
+def projection_shapes_at(compiled: Compiled, feeds: Mapping[str, np.ndarray]) -> list[tuple[int, ...]]:
+    """The shape of each projection input for the inputs ``feeds``: declared, or from a run with probes."""
+    shapes = _projection_shapes(compiled)
+    if all(shape is not None for shape in shapes):
+        return shapes  # type: ignore[return-value]
+    probe = {
+        c: np.ones([1] * len(compiled.model.graph.output[1 + u].type.tensor_type.shape.dim), dtype)
+        for c, u, dtype in compiled.projections
+    }
+    ys = compiled.session.run(None, {**feeds, **probe})[1 : 1 + compiled.n_outputs]
+    return [ys[u].shape for _, u, _ in compiled.projections]
 
 
 def _projection_shapes(compiled: Compiled) -> list[tuple[int, ...] | None]:
@@ -396,7 +413,7 @@ def forward_fault(spec: Spec, case: Case, mode: DimMode, seed: int) -> tuple[str
         session = _session(model, backend, reference_ops(spec))
     except Exception as error:
         return f"{_runs_on(backend)} cannot load {what}: {error}", True
-    values = _draw_values(spec, case, forward.args, np.random.default_rng(seed))
+    values = draw_values(spec, case, forward.args, np.random.default_rng(seed))
     if values is None:
         return None
     feeds = {**values, **forward.extras}

@@ -462,7 +462,7 @@ def _minor_indices(ctx: RuleContext, n: str | int) -> str:
     """``r[i, k] = k + (k >= i)``, shape ``[n, n - 1]``: the rows (or columns) left when row ``i`` goes."""
     if isinstance(n, int):
         return ctx.const(
-            np.array([[k + (k >= i) for k in range(n - 1)] for i in range(n)], np.int64).reshape(n, n - 1),
+            np.array([[k + (k >= i) for k in range(n - 1)] for i in range(n)], np.int64).reshape(n, max(n - 1, 0)),
             ctx.int64s([0]),
         )
     i = ctx.op("Unsqueeze", ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1)), ctx.int64s([1]))
@@ -493,6 +493,8 @@ def det(ctx: RuleContext, grads: Grads) -> Result:
         n = int(dims[-1])
     else:  # unknown, or too large for the index and sign constants
         n = ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, -1))
+    if n == 0:  # 0 x 0 matrices (the minors of 1 x 1 ones, in a second derivative): an empty gradient
+        return [ctx.mul(x, 0.0)]
     r = _minor_indices(ctx, n)
     # the batch flattened: [B, n, n]; then minors[b, i, j] = X[b] without row i and column j
     n_1d = ctx.int64s([n]) if isinstance(n, int) else ctx.op("Reshape", n, ctx.int64s([1]))

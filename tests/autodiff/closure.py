@@ -1,0 +1,163 @@
+"""Second derivatives through the gradient rules: which rules' own output can be differentiated again.
+
+For a spec and a case, :func:`build_second_order` takes the model of
+:func:`tests.autodiff.gradcheck.build` (the operator, ``loss = sum_u <c_u, y_u>``
+and our gradients ``g_i = d loss / d x_i``) and differentiates
+``loss2 = sum_i <s_i, g_i>`` by the inputs again: ``d loss2 / d x_i`` is the
+Hessian of the loss times ``s``. A rule is *closed under differentiation*
+when that second build succeeds: every operator its gradient emits on the way
+from the inputs to the gradient has a rule itself. :func:`check_second_order`
+compares ``<t, H s>`` with central differences of ``loss2`` along ``t``.
+:func:`closure_markdown` is the table of docs/gradient-coverage.md's last
+section, for every rule, from each of its specs' simplest case.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from hypothesis import HealthCheck, Phase, find, settings
+from onnx import helper
+
+from onnxtrain.autodiff import MissingGradientError, build_vjp
+from onnxtrain.graph import GraphBuilder, dtypes
+from onnxtrain.graph.fold import drop_unread_initializers
+from tests.autodiff import gradcheck
+from tests.autodiff.gradcheck import Compiled, DimMode, Result
+from tests.autodiff.specs import Case, Spec
+
+#: The operators of the common layers, whose rules must be closed (issue: gradients inside losses).
+COMMON_LAYERS = (
+    "Gemm", "MatMul", "Add", "Sub", "Mul", "Div", "Tanh", "Sigmoid", "Relu", "Softplus", "Gelu", "Erf", "Exp",
+    "Log", "Pow", "Sqrt", "Softmax", "LogSoftmax", "LayerNormalization", "ReduceSum", "ReduceMean",
+    "ReduceMax", "ReduceMin", "ReduceSumSquare", "ReduceL2", "Reshape", "Transpose", "Concat", "Slice", "Split",
+    "Squeeze", "Unsqueeze", "Flatten", "Expand", "Gather", "Identity", "Neg", "Abs", "Conv",
+)  # fmt: skip
+
+
+@dataclass
+class SecondOrder:
+    """A spec's model with Hessian-vector products: outputs ``loss2`` then ``d loss2 / d x_i``."""
+
+    first: Compiled
+    model: onnx.ModelProto
+    vectors: list[str]  # the inputs s_i, one per differentiated input
+
+
+def build_second_order(spec: Spec, case: Case, mode: DimMode) -> SecondOrder:
+    """Differentiate ``<s, grad>`` of the spec's gradient model again; raises where a rule is not closed."""
+    first = gradcheck.build_model(spec, case, mode)
+    model = onnx.ModelProto()
+    model.CopyFrom(first.model)  # the builder extends the model it is given
+    builder = GraphBuilder(model)
+    gradients = [value.name for value in first.model.graph.output[1 + first.n_outputs :]]
+    terms, vectors = [], []
+    for name, gradient in zip(first.wrt, gradients, strict=True):
+        vector = builder.add_input(f"s_{name}", builder.tensor_type_of(name))
+        vectors.append(vector)
+        terms.append(builder.add_node1("ReduceSum", [builder.add_node1("Mul", [gradient, vector])], keepdims=0))
+    loss2 = terms[0] if len(terms) == 1 else builder.add_node1("Sum", terms)
+    seed = builder.add_initializer(np.ones((), dtypes.to_numpy_dtype(builder.elem_type(loss2))), "one")
+    second = build_vjp(builder, {loss2: seed}, first.wrt)
+    products = []
+    for name in first.wrt:  # a first derivative that does not depend on x: a second derivative of zeros
+        zeros = helper.make_tensor("value", builder.elem_type(name), [1], [0])
+        shape = builder.add_node1("Shape", [name])
+        products.append(second[name] or builder.add_node1("ConstantOfShape", [shape], value=zeros))
+    builder.set_outputs([loss2, *products])
+    built = builder.finalize()
+    drop_unread_initializers(built.graph)  # the seed, where no rule read it (a second derivative of zeros)
+    return SecondOrder(first, built, vectors)
+
+
+def check_second_order(spec: Spec, case: Case, mode: DimMode, seed: int) -> Result | None:
+    """``<t, H s>`` against the central difference of ``loss2`` along ``t`` (float64 specs); ``None`` where
+    the drawn data is invalid for the spec."""
+    built = build_second_order(spec, case, mode)
+    first = built.first
+    first.session = gradcheck.session_for(spec, first.model)  # for the projections' shapes
+    session = gradcheck.session_for(spec, built.model)
+    rng = np.random.default_rng(seed)
+    values = gradcheck.draw_values(spec, case, first.args, rng)
+    if values is None:
+        return None
+    feeds: dict[str, np.ndarray] = {**values, **first.extras}
+    shapes = gradcheck.projection_shapes_at(first, feeds)
+    for (c, _, dtype), shape in zip(first.projections, shapes, strict=True):
+        feeds[c] = np.asarray(rng.normal(size=shape), dtype=dtype)
+    for name, vector in zip(first.wrt, built.vectors, strict=True):
+        feeds[vector] = rng.normal(size=values[name].shape).astype(values[name].dtype)
+    loss2, *products = session.run(None, feeds)
+    directions = {name: rng.normal(size=values[name].shape) for name in first.wrt}
+    analytic = sum(float(np.sum(directions[name] * p)) for name, p in zip(first.wrt, products, strict=True))
+    scale = sum(float(np.sum(np.abs(directions[name] * p))) for name, p in zip(first.wrt, products, strict=True))
+    output = session.get_outputs()[0].name
+
+    def f(step: float) -> float:
+        moved = dict(feeds)
+        for name, t in directions.items():
+            moved[name] = np.asarray(values[name] + step * t, values[name].dtype)
+        return float(session.run([output], moved)[0])
+
+    h = 1e-5
+    numeric = (8 * (f(h) - f(-h)) - (f(2 * h) - f(-2 * h))) / (12 * h)
+    tolerance = 1e-6 * (abs(analytic) + scale) + 1e-8 * (1 + abs(float(loss2)))
+    return Result(analytic, numeric, tolerance)
+
+
+@functools.cache
+def simplest_case(spec: Spec) -> Case:
+    """The case Hypothesis shrinks the spec's strategy to: deterministic."""
+    quiet = settings(
+        database=None, max_examples=1, phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck)
+    )
+    return find(spec.cases, lambda case: True, settings=quiet)
+
+
+def closure_fault(spec: Spec) -> str | None:
+    """``None`` where the spec's rule is closed on its simplest case; else what stops the second build."""
+    try:
+        build_second_order(spec, simplest_case(spec), "static")
+    except MissingGradientError as error:
+        text = str(error)
+        operator = text.split("no gradient rule for operator ", 1)[-1].split(" ", 1)[0]
+        return f"no rule for {operator}"
+    except Exception as error:  # a rule that cannot run on its own gradient graph: recorded as it says
+        return f"{type(error).__name__}: {' '.join(str(error).split())[:120]}"
+    return None
+
+
+def closure_markdown(specs: Sequence[Spec]) -> str:
+    """The section of docs/gradient-coverage.md on second derivatives."""
+    faults: dict[tuple[str, str], list[str]] = {}
+    for spec in specs:
+        fault = closure_fault(spec)
+        reasons = faults.setdefault((spec.domain or "ai.onnx", spec.op_type), [])
+        if fault is not None:
+            reasons.append(f"{spec.id}: {fault}" if spec.variant else fault)
+    closed = sorted(key for key, reasons in faults.items() if not reasons)
+    lines = [
+        "## Second derivatives",
+        "",
+        "A rule is *closed under differentiation* when the gradient it emits can be differentiated again: every",
+        "operator on the way from the node's inputs to its gradient has a rule itself. Then a loss containing a",
+        "`Gradient` block over it trains, and `hessian_vector_product` runs through it. Generated from each",
+        "spec's simplest case (tests/autodiff/closure.py); the second derivatives of the common layers'",
+        "rules are checked against finite differences in tests/autodiff/test_second_order_rules.py.",
+        "",
+        f"{len(closed)} of {len(faults)} operators with rules are closed.",
+        "",
+        "| Domain | Operator | Closed | What stops the second derivative |",
+        "|---|---|---|---|",
+    ]
+    for (domain, op), reasons in sorted(faults.items()):
+        text = "; ".join(reasons).replace("|", "\\|")
+        lines.append(f"| {domain} | {op} | {'no' if reasons else 'yes'} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["COMMON_LAYERS", "build_second_order", "check_second_order", "closure_fault", "closure_markdown"]

@@ -1,0 +1,64 @@
+"""Second derivatives through the rules: the closure table of docs/gradient-coverage.md is current, the
+common layers' rules are closed, and their Hessian-vector products match central differences in float64."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from onnxtrain.autodiff.coverage import SECOND_ORDER_HEADING, second_order_section
+from tests.autodiff.closure import COMMON_LAYERS, check_second_order, closure_fault, closure_markdown
+from tests.autodiff.gradcheck import DIM_MODES, excuse_forward_fault
+from tests.autodiff.specs import Spec
+from tests.autodiff.test_rules import SPECS
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "gradient-coverage.md"
+
+#: The common layers' specs in float64, whose second derivatives are checked numerically.
+COMMON_SPECS = [spec for spec in SPECS if spec.op_type in COMMON_LAYERS and not spec.domain]
+CHECKED = [spec for spec in COMMON_SPECS if np.dtype(spec.dtype) == np.float64]
+
+
+def test_the_second_order_table_is_current() -> None:
+    """Regenerate with: python tools/gradient_coverage.py"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # onnxruntime's and the rules' warnings about the cases themselves
+        expected = closure_markdown(SPECS)
+    assert second_order_section(DOCS.read_text()) == expected, (
+        f"the '{SECOND_ORDER_HEADING}' table of docs/gradient-coverage.md is stale: "
+        "run python tools/gradient_coverage.py"
+    )
+
+
+def test_the_common_layers_rules_are_closed() -> None:
+    specced = {spec.op_type for spec in COMMON_SPECS}
+    assert set(COMMON_LAYERS) <= specced, f"common layers without a spec: {set(COMMON_LAYERS) - specced}"
+    faults = {spec.id: closure_fault(spec) for spec in COMMON_SPECS}
+    assert {name: fault for name, fault in faults.items() if fault is not None} == {}
+
+
+@pytest.mark.parametrize("spec", CHECKED, ids=[spec.id for spec in CHECKED])
+@settings(max_examples=6)
+@given(data=st.data())
+def test_second_derivatives_match_finite_differences(spec: Spec, data: st.DataObject) -> None:
+    """``<t, H s>`` (the rule's gradient differentiated by our engine) against central differences of
+    ``<s, gradient>`` along ``t``."""
+    case = data.draw(spec.cases, label="case")
+    mode = data.draw(st.sampled_from(getattr(spec, "dim_modes", DIM_MODES)), label="dims")
+    seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
+    try:
+        result = check_second_order(spec, case, mode, seed)
+    except Exception:
+        excuse_forward_fault(spec, case, mode, seed)
+        raise
+    assume(result is not None)
+    assert result is not None
+    assert result.ok, (
+        f"{spec.id}: <t, H s> = {result.analytic!r}, finite difference = {result.numeric!r} "
+        f"(tolerance {result.tolerance:.3g})"
+    )
