@@ -302,8 +302,13 @@ def _onehot(ctx: RuleContext, target: str, like: str, rank: int) -> str:
 class _Geometry:
     """Strides, dilations, kernel and pads of a convolution or pooling node (pads as ``Ints``)."""
 
-    def __init__(self, ctx: RuleContext, x: str, kernel: Ints) -> None:
-        self.rank = ctx.known_rank(x)
+    def __init__(self, ctx: RuleContext, x: str, kernel: Ints, weight: str | None = None) -> None:
+        rank = ctx.rank(x)
+        if rank is None and isinstance(kernel, list):  # the kernel has one dimension per spatial axis
+            rank = len(kernel) + 2
+        if rank is None and weight is not None:  # a convolution's weight has its input's rank
+            rank = ctx.rank(weight)
+        self.rank = rank if rank is not None else ctx.known_rank(x)
         n = self.n = self.rank - 2
         self.strides = [int(v) for v in ctx.attr("strides", [1] * n)]
         self.dilations = [int(v) for v in ctx.attr("dilations", [1] * n)]
@@ -432,7 +437,7 @@ def conv(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     x, w = ctx.inputs[:2]
     y = ctx.outputs[0]
-    geo = _Geometry(ctx, x, _kernel(ctx, w))
+    geo = _Geometry(ctx, x, _kernel(ctx, w), weight=w)
     group = int(ctx.attr("group", 1))
     lead, tail = geo.forward_pads(ctx, x, y)
     size, out = _dims(ctx, x, 2), _dims(ctx, y, 2, rank=geo.rank)
@@ -455,7 +460,7 @@ def conv_transpose(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     x, w = ctx.inputs[:2]
     y = ctx.outputs[0]
-    geo = _Geometry(ctx, x, _kernel(ctx, w))
+    geo = _Geometry(ctx, x, _kernel(ctx, w), weight=w)
     n = geo.n
     group = int(ctx.attr("group", 1))
     extra = [int(v) for v in ctx.attr("output_padding", [0] * n)]
