@@ -4,12 +4,15 @@
   :func:`build_vjp` the vector-Jacobian product of several outputs with given cotangents;
 - :class:`GradientRegistry` holds the rules; :func:`builtin_registry` is the
   frozen built-in one (extend a ``copy()`` of it for custom operators);
-- :class:`RuleContext` is what a rule sees.
+- :class:`RuleContext` is what a rule sees;
+- :func:`hessian_vector_product` and :func:`jacobian` return models of a model's
+  higher derivatives (reverse over reverse).
 """
 
 from __future__ import annotations
 
 from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.derivatives import hessian_vector_product, jacobian
 from onnxtrain.autodiff.engine import MissingGradientError, RuleError, build_gradients, build_vjp, gradient_name
 from onnxtrain.autodiff.registry import CoverageRow, GradientRegistry, Rule, builtin_registry
 
@@ -24,4 +27,6 @@ __all__ = [
     "build_vjp",
     "builtin_registry",
     "gradient_name",
+    "hessian_vector_product",
+    "jacobian",
 ]
