@@ -47,6 +47,23 @@ def in_float64(spec: Spec) -> Spec:
 COMMON_SPECS = [spec for spec in SPECS if spec.op_type in COMMON_LAYERS and not spec.domain]
 CHECKED = [in_float64(spec) for spec in COMMON_SPECS]
 
+#: Closed rules whose second derivatives cannot be checked numerically here, and why.
+UNCHECKABLE = {
+    "RNN-all-inputs-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "RNN-x-w-r-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "GRU-all-inputs-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "GRU-x-w-r-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "LSTM-all-inputs-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "LSTM-x-w-r-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
+    "Gelu-com.microsoft": "no onnx.reference implementation, no onnxruntime float64 kernel",
+}
+#: The other specs of closed rules: their second derivatives are checked with fewer examples each.
+OTHERS = [
+    in_float64(spec)
+    for spec in SPECS
+    if spec not in COMMON_SPECS and spec.id not in UNCHECKABLE and closure_fault(spec) is None
+]
+
 
 def test_the_second_order_table_is_current() -> None:
     """Regenerate with: python tools/gradient_coverage.py"""
@@ -67,11 +84,23 @@ def test_the_common_layers_rules_are_closed() -> None:
 
 
 @pytest.mark.parametrize("spec", CHECKED, ids=[spec.id for spec in CHECKED])
-@settings(max_examples=6)
+@settings(max_examples=5)
 @given(data=st.data())
 def test_second_derivatives_match_finite_differences(spec: Spec, data: st.DataObject) -> None:
     """``<t, H s>`` (the rule's gradient differentiated by our engine) against central differences of
     ``<s, gradient>`` along ``t``."""
+    check_drawn(spec, data)
+
+
+@pytest.mark.parametrize("spec", OTHERS, ids=[spec.id for spec in OTHERS])
+@settings(max_examples=1)  # one case per spec: about 200 specs, the suite's time budget
+@given(data=st.data())
+def test_every_closed_rule_differentiates_twice_correctly(spec: Spec, data: st.DataObject) -> None:
+    check_drawn(spec, data)
+
+
+def check_drawn(spec: Spec, data: st.DataObject) -> None:
+    """One drawn case of :func:`check_second_order`."""
     case = data.draw(spec.cases, label="case")
     mode = data.draw(st.sampled_from(getattr(spec, "dim_modes", DIM_MODES)), label="dims")
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
