@@ -48,7 +48,7 @@ venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,mpi]"
 	touch $@
 
 # Made anew when pyproject.toml or the pins change, so that nothing newer stays.
@@ -57,7 +57,7 @@ venv-oldest: $(OLDEST_VENV)/.installed
 $(OLDEST_VENV)/.installed: pyproject.toml $(OLDEST_CONSTRAINTS)
 	rm -rf $(OLDEST_VENV)
 	$(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_BIN)/python -m pip install -q --disable-pip-version-check -e ".[test]" -c $(OLDEST_CONSTRAINTS)
+	$(OLDEST_BIN)/python -m pip install -q --disable-pip-version-check -e ".[test,mpi]" -c $(OLDEST_CONSTRAINTS)
 	touch $@
 
 # torch is optional: the tests that compare with it skip without it. It is

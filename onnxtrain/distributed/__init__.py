@@ -1,0 +1,36 @@
+"""Data-parallel training across processes on MPI, in Horovod's style.
+
+Each process (an MPI rank, started by ``mpiexec -n N``) trains the same model
+on its own part of every batch; before each update the ranks average their
+gradients, so every rank applies the same update and the parameters stay
+equal. The ORT-style loop does not change; three lines make it
+data-parallel::
+
+    from onnxtrain import distributed
+
+    distributed.init()
+    distributed.broadcast_parameters(state, root=0)          # every rank starts from rank 0's values
+    optimizer = distributed.DistributedOptimizer(optimizer)  # step() averages the gradients, then updates
+
+- :func:`init`, :func:`rank`, :func:`size`, :func:`local_rank`: the
+  communicator (``MPI.COMM_WORLD`` unless one is given);
+- :func:`broadcast_parameters`: rank ``root``'s parameters and optimizer
+  state to every rank;
+- :class:`DistributedOptimizer`: wraps an ``onnxtrain.api.Optimizer``; its
+  ``step()`` all-reduces the accumulated gradients, one flat buffer per
+  element type, then steps;
+- :func:`shard`: each rank's rows of a data set, disjoint and covering,
+  reshuffled identically on every rank each epoch.
+
+Needs ``mpi4py`` and an MPI library: ``pip install onnxtrain[mpi]`` installs
+both (MPICH's wheel). docs/distributed.md says how to run on several machines.
+"""
+
+from __future__ import annotations
+
+from onnxtrain.distributed.communicator import init, local_rank, rank, size
+from onnxtrain.distributed.data import shard
+from onnxtrain.distributed.optimizer import DistributedOptimizer
+from onnxtrain.distributed.state import broadcast_parameters
+
+__all__ = ["DistributedOptimizer", "broadcast_parameters", "init", "local_rank", "rank", "shard", "size"]

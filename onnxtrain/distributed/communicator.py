@@ -1,0 +1,77 @@
+"""The MPI communicator: ``init``, ``rank``, ``size``, ``local_rank``.
+
+Every function takes ``comm`` (an ``mpi4py.MPI.Comm``); ``None`` means
+``MPI.COMM_WORLD``. mpi4py initialises MPI when it is imported; :func:`init`
+also makes an exception that ends one rank abort the whole job (else the
+other ranks would wait for it forever in their next collective call).
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from types import TracebackType
+from typing import Any
+
+
+def mpi() -> Any:
+    """The ``mpi4py.MPI`` module; ``ImportError`` saying how to install it."""
+    try:
+        from mpi4py import MPI
+    except ImportError as error:
+        raise ImportError(
+            "onnxtrain.distributed needs mpi4py and an MPI library: pip install 'onnxtrain[mpi]' "
+            f"(mpi4py with MPICH's wheel), or mpi4py built against your cluster's MPI ({error})"
+        ) from error
+    return MPI
+
+
+def communicator(comm: Any = None) -> Any:
+    """``comm``, or ``MPI.COMM_WORLD``."""
+    return mpi().COMM_WORLD if comm is None else comm
+
+
+def init(comm: Any = None) -> Any:
+    """Start MPI and return the communicator; an uncaught exception on any rank then aborts every rank.
+
+    The abort prints ``onnxtrain.distributed: rank R of N failed:`` and the
+    traceback to standard error, then calls ``comm.Abort(1)``: ``mpiexec``
+    ends all ranks and exits with an error instead of leaving the others
+    blocked in their next all-reduce.
+    """
+    comm = communicator(comm)
+    previous = sys.excepthook
+
+    def abort(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
+        message = "".join(traceback.format_exception(kind, error, trace))
+        sys.stderr.write(f"onnxtrain.distributed: rank {comm.Get_rank()} of {comm.Get_size()} failed:\n{message}")
+        sys.stderr.flush()
+        if comm.Get_size() > 1:
+            comm.Abort(1)
+        previous(kind, error, trace)
+
+    sys.excepthook = abort
+    return comm
+
+
+def rank(comm: Any = None) -> int:
+    """This process's rank in ``comm``."""
+    return int(communicator(comm).Get_rank())
+
+
+def size(comm: Any = None) -> int:
+    """The number of processes in ``comm``."""
+    return int(communicator(comm).Get_size())
+
+
+def local_rank(comm: Any = None) -> int:
+    """This process's rank among the processes of ``comm`` on the same machine (to choose a GPU: ``cuda:<i>``)."""
+    MPI = mpi()
+    node = communicator(comm).Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return int(node.Get_rank())
+    finally:
+        node.Free()
+
+
+__all__ = ["communicator", "init", "local_rank", "mpi", "rank", "size"]

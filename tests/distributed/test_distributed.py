@@ -1,0 +1,150 @@
+"""Data-parallel training on MPI: ``mpiexec -n 2`` runs tests/distributed/worker.py, on one machine over
+loopback, and the results are compared here with one process training on the whole batches.
+
+Skipped, saying why, only where the MPI extra is not installed (``pip install -e '.[mpi]'``; ``make test``
+installs it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxtrain import api, optim
+from onnxtrain.artifacts import LossType, OptimType
+from tests.distributed.batches import batches
+from tests.training import models
+
+WORKER = Path(__file__).with_name("worker.py")
+TIMEOUT = 120  # seconds for one mpiexec run
+
+
+@pytest.fixture(scope="module")
+def mpiexec() -> str:
+    pytest.importorskip("mpi4py", reason="the MPI extra is not installed: pip install -e '.[mpi]'")
+    found = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    if found is None:
+        pytest.skip("mpi4py is installed but no mpiexec was found: pip install -e '.[mpi]' (MPICH's wheel has one)")
+    return found
+
+
+def run_ranks(mpiexec: str, *arguments: str, ranks: int = 2) -> subprocess.CompletedProcess[str]:
+    """``mpiexec -n ranks python worker.py arguments``, bounded in time."""
+    command = [mpiexec, "-n", str(ranks), sys.executable, str(WORKER), *arguments]
+    return subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+OPTIMIZERS: dict[str, Any] = {"sgd-momentum": optim.SGD(momentum=0.9), "adamw": OptimType.AdamW}
+
+
+def _case(tmp_path: Path, optimizer: str, dtype: str, accumulate: int) -> dict[str, Any]:
+    name = f"{optimizer}-{dtype}-accumulate{accumulate}"
+    elem = onnx.TensorProto.DOUBLE if dtype == "float64" else onnx.TensorProto.FLOAT
+    folder = tmp_path / name
+    models.generate(folder, models.mlp((4, 8, 3), seed=3, elem_type=elem), loss=LossType.MSELoss,
+                    optimizer=OPTIMIZERS[optimizer])  # fmt: skip
+    return {"name": name, "artifacts": str(folder), "dtype": dtype, "accumulate": accumulate, "steps": 4,
+            "rows": 8, "seed": 17, "learning_rate": 0.05}  # fmt: skip
+
+
+def _one_process(case: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The parameters after the case's steps (all of its batches) in one process, on the whole batches."""
+    folder = Path(case["artifacts"])
+    state = api.CheckpointState.load_checkpoint(str(folder / "checkpoint"))
+    module = api.Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
+    optimizer = api.Optimizer(str(folder / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(case["learning_rate"])
+    total = case.get("first", 0) + case["steps"] * case["accumulate"]
+    for index, (x, y) in enumerate(batches(case, total), start=1):
+        module(x, y)
+        if index % case["accumulate"] == 0:
+            optimizer.step()
+            module.lazy_reset_grad()
+    return {name: p.data for name, p in state.parameters}
+
+
+def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: str, tmp_path: Path) -> None:
+    """SGD with momentum and AdamW, float32 and float64, with and without gradient accumulation; rank 1 starts
+    from other parameters, which the broadcast replaces with rank 0's."""
+    cases = [
+        _case(tmp_path, optimizer, dtype, accumulate)
+        for optimizer in OPTIMIZERS
+        for dtype in ("float32", "float64")
+        for accumulate in (1, 2)
+    ]
+    out = _run_cases(mpiexec, tmp_path, cases, 2, "out")
+    for case in cases:
+        expected = _one_process(case)
+        rtol = 1e-12 if case["dtype"] == "float64" else 1e-6
+        ranks = [np.load(out / f"{case['name']}-rank{r}.npz") for r in (0, 1)]
+        for name, value in expected.items():
+            for rank, saved in enumerate(ranks):
+                got = saved[f"param:{name}"]
+                np.testing.assert_allclose(
+                    got, value, rtol=rtol, atol=rtol * 1e-2, err_msg=f"{case['name']}: {name}, rank {rank}"
+                )
+        assert not np.array_equal(ranks[0]["losses"], ranks[1]["losses"])  # each rank saw its own half
+
+
+def _run_cases(mpiexec: str, tmp_path: Path, cases: list[dict[str, Any]], ranks: int, tag: str) -> Path:
+    spec = tmp_path / f"{tag}.json"
+    spec.write_text(json.dumps(cases))
+    out = tmp_path / tag
+    out.mkdir()
+    done = run_ranks(mpiexec, "train", str(spec), str(out), ranks=ranks)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _assert_ranks_equal(out: Path, case: dict[str, Any], expected: dict[str, np.ndarray], ranks: int) -> None:
+    for rank in range(ranks):
+        saved = np.load(out / f"{case['name']}-rank{rank}.npz")
+        for name, value in expected.items():
+            np.testing.assert_allclose(saved[f"param:{name}"], value, rtol=1e-12, atol=1e-14, err_msg=f"{name}, {rank}")
+
+
+def test_train_epoch_with_a_distributed_optimizer_averages_every_step(mpiexec: str, tmp_path: Path) -> None:
+    """``Module.train_epoch`` over each rank's halves runs the per-step loop, all-reducing at every step."""
+    case = _case(tmp_path, "adamw", "float64", 1) | {"name": "epoch", "epoch": True}
+    out = _run_cases(mpiexec, tmp_path, [case], 2, "epoch")
+    _assert_ranks_equal(out, case, _one_process(case), 2)
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_three(mpiexec: str, tmp_path: Path) -> None:
+    """Rank 0 writes the checkpoint after 2 steps on 2 ranks; 3 ranks resume from it for 2 more steps: the
+    parameters of 4 uninterrupted steps in one process."""
+    start = _case(tmp_path, "adamw", "float64", 1) | {"rows": 12, "steps": 2}
+    start |= {"name": "start", "save": str(tmp_path / "checkpoint")}
+    _run_cases(mpiexec, tmp_path, [start], 2, "start")
+    resumed = start | {"name": "resumed", "load": start["save"], "first": 2}
+    resumed.pop("save")
+    out = _run_cases(mpiexec, tmp_path, [resumed], 3, "resumed")
+    _assert_ranks_equal(out, resumed, _one_process(resumed | {"first": 0, "steps": 4}), 3)
+
+
+def test_shards_are_disjoint_cover_the_rows_and_change_with_the_epoch(mpiexec: str, tmp_path: Path) -> None:
+    done = run_ranks(mpiexec, "shard", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    shards = [np.load(tmp_path / f"shard-rank{r}.npz") for r in (0, 1)]
+    for epoch in range(3):
+        first, second = (s[f"epoch{epoch}"] for s in shards)
+        assert sorted([*first, *second]) == list(range(23))
+        assert abs(len(first) - len(second)) <= 1
+    assert not np.array_equal(shards[0]["epoch0"], shards[0]["epoch1"])
+
+
+def test_a_failing_rank_aborts_the_job_with_its_rank_and_error(mpiexec: str) -> None:
+    start = time.monotonic()
+    done = run_ranks(mpiexec, "fail")
+    assert done.returncode != 0
+    assert time.monotonic() - start < TIMEOUT  # no hang: the other rank was waiting in an all-reduce
+    assert "rank 1 of 2 failed" in done.stderr and "a planted failure on rank 1" in done.stderr
