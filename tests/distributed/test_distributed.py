@@ -131,6 +131,30 @@ def test_a_checkpoint_of_two_ranks_resumes_on_three(mpiexec: str, tmp_path: Path
     _assert_ranks_equal(out, resumed, _one_process(resumed | {"first": 0, "steps": 4}), 3)
 
 
+def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_path: Path) -> None:
+    """One step on 2 ranks: each rank's running mean and variance equal the average of those one process
+    leaves after the same step on each half of the batch alone (float32, to 1e-6)."""
+    folder = tmp_path / "batchnorm"
+    models.generate(folder, models.batchnorm_mlp(seed=2), requires_grad=["W", "bn.scale", "bn.bias"],
+                    frozen_params=["bn.mean", "bn.var"], loss=LossType.MSELoss, optimizer=OptimType.AdamW)  # fmt: skip
+    case = {"name": "batchnorm", "artifacts": str(folder), "dtype": "float32", "accumulate": 1, "steps": 1,
+            "rows": 8, "seed": 4, "learning_rate": 0.05}  # fmt: skip
+    out = _run_cases(mpiexec, tmp_path, [case], 2, "bn")
+    ((x, y),) = batches(case, 1)
+    halves = []
+    for half in (slice(0, 4), slice(4, 8)):
+        state = api.CheckpointState.load_checkpoint(str(folder / "checkpoint"))
+        module = api.Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
+        module(x[half], y[half])
+        halves.append({name: state.parameters[name].data for name in ("bn.mean", "bn.var")})
+    for rank in (0, 1):
+        saved = np.load(out / f"batchnorm-rank{rank}.npz")
+        for name in ("bn.mean", "bn.var"):
+            expected = (halves[0][name] + halves[1][name]) / 2
+            assert not np.allclose(halves[0][name], halves[1][name])  # the halves' statistics differ
+            np.testing.assert_allclose(saved[f"param:{name}"], expected, rtol=1e-6, err_msg=f"{name}, rank {rank}")
+
+
 def test_shards_are_disjoint_cover_the_rows_and_change_with_the_epoch(mpiexec: str, tmp_path: Path) -> None:
     done = run_ranks(mpiexec, "shard", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
