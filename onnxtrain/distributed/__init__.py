@@ -20,7 +20,8 @@ data-parallel::
   ``step()`` all-reduces the accumulated gradients, one flat buffer per
   element type, then steps;
 - :func:`shard`: each rank's rows of a data set, disjoint and covering,
-  reshuffled identically on every rank each epoch.
+  reshuffled identically on every rank each epoch; :func:`batch_shares`:
+  each rank's part of every global batch of a given order.
 
 Needs ``mpi4py`` and an MPI library: ``pip install onnxtrain[mpi]`` installs
 both (MPICH's wheel). docs/distributed.md says how to run on several machines.
@@ -29,8 +30,17 @@ both (MPICH's wheel). docs/distributed.md says how to run on several machines.
 from __future__ import annotations
 
 from onnxtrain.distributed.communicator import init, local_rank, rank, size
-from onnxtrain.distributed.data import shard
+from onnxtrain.distributed.data import batch_shares, shard
 from onnxtrain.distributed.optimizer import DistributedOptimizer
 from onnxtrain.distributed.state import broadcast_parameters
 
-__all__ = ["DistributedOptimizer", "broadcast_parameters", "init", "local_rank", "rank", "shard", "size"]
+__all__ = [
+    "DistributedOptimizer",
+    "batch_shares",
+    "broadcast_parameters",
+    "init",
+    "local_rank",
+    "rank",
+    "shard",
+    "size",
+]

@@ -25,4 +25,30 @@ def shard(n_samples: int, seed: int = 0, epoch: int = 0, *, shuffle: bool = True
     return order[comm.Get_rank() :: comm.Get_size()]
 
 
-__all__ = ["shard"]
+def batch_shares(order: np.ndarray, batch_size: int, *, comm: Any = None) -> np.ndarray:
+    """This rank's rows of ``order`` when the global batches have ``batch_size`` rows per rank.
+
+    ``order`` (the same on every rank) is cut into global batches of
+    ``batch_size * size`` rows, the last one shorter; each is split into
+    ``size`` equal consecutive parts, part ``rank`` for this rank (the rows
+    beyond a multiple of ``size`` are left out, at most ``size - 1``). So
+    batch ``k`` of every rank, taken ``batch_size`` rows at a time, is its
+    part of global batch ``k``: averaging the ranks' gradients gives the
+    gradient one process computes on the global batch, and every rank runs
+    the same number of steps.
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
+    comm = communicator(comm)
+    ranks, rank = comm.Get_size(), comm.Get_rank()
+    order = np.asarray(order)
+    usable = len(order) - len(order) % ranks
+    parts = []
+    for start in range(0, usable, batch_size * ranks):
+        block = order[start : min(start + batch_size * ranks, usable)]
+        share = len(block) // ranks
+        parts.append(block[rank * share : (rank + 1) * share])
+    return np.concatenate(parts) if parts else order[:0]
+
+
+__all__ = ["batch_shares", "shard"]

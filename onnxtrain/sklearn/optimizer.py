@@ -93,7 +93,15 @@ class OrtGradientOptimizer:
     validation loss has not improved by ``tol`` for ``n_iter_no_change``
     iterations, validating every iteration, on ``X_val`` or on a
     ``validation_fraction`` of the training data, and keep the best weights),
-    and ``random_state`` (initial weights, shuffling, the validation split).
+    and ``random_state`` (initial weights, shuffling, the validation split),
+    and ``distributed``: under ``mpiexec``, every rank calls ``fit`` with the
+    same data and trains on its part of every batch of ``batch_size`` rows
+    (a multiple of the number of ranks), summing the ranks' gradients of the
+    summed loss (:mod:`onnxtrain.distributed`): the weights of one process's
+    ``fit``. Rank 0's random draws (initial weights,
+    shuffling) are used everywhere; the rows beyond a multiple of the number
+    of ranks are left out of each iteration (at most ``ranks - 1``, drawn
+    anew each time).
 
     After ``fit``: ``train_losses_`` (mean loss per sample of each iteration),
     ``validation_losses_``, ``trained_coef_`` (``{name: array}``), ``n_iter_``,
@@ -122,6 +130,7 @@ class OrtGradientOptimizer:
         n_iter_no_change: int = 10,
         tol: float = 1e-4,
         random_state: int | None = None,
+        distributed: bool = False,
     ) -> None:
         self.model_onnx = model_onnx
         self.weights_to_train = weights_to_train
@@ -141,6 +150,7 @@ class OrtGradientOptimizer:
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
         self.random_state = random_state
+        self.distributed = distributed
 
     # ------------------------------------------------------- scikit-learn's protocol
 
@@ -234,9 +244,11 @@ class OrtGradientOptimizer:
         """
         del use_numpy
         self._check_params()
+        comm = self._communicator()
         model = self.model_onnx
         inputs = self._inputs()
-        rng = np.random.default_rng(self.random_state)
+        seed = self.random_state if comm is None else comm.bcast(np.random.SeedSequence(self.random_state).entropy)
+        rng = np.random.default_rng(seed)
         data = self._arrays(inputs, X, y, sample_weight, "X", "y")
         validation = None
         if (X_val is None) != (y_val is None):
@@ -262,8 +274,14 @@ class OrtGradientOptimizer:
         for name, array in start.items():
             state.parameters[name] = array
         module = Module(built.training_model, state, built.eval_model, device=self.device)
-        optimizer = Optimizer(built.optimizer_model, module)
-        self._loop(module, optimizer, state, learning_rate, isinstance(block, optim.SGD), data, validation, rng)
+        optimizer: Any = Optimizer(built.optimizer_model, module)
+        if comm is not None:
+            from onnxtrain import distributed
+
+            distributed.broadcast_parameters(state, comm=comm)
+            optimizer = distributed.DistributedOptimizer(optimizer, comm, op="sum")  # the loss sums over rows
+        per_sample = isinstance(block, optim.SGD)
+        self._loop(module, optimizer, state, learning_rate, per_sample, data, validation, rng, comm)
         self.learning_rate_ = learning_rate
         return self
 
@@ -277,8 +295,10 @@ class OrtGradientOptimizer:
         data: list[np.ndarray],
         validation: list[np.ndarray] | None,
         rng: np.random.Generator,
+        comm: Any = None,
     ) -> None:
         n = len(data[0])
+        batch_size = self.batch_size if comm is None else self.batch_size // comm.Get_size()
         every = 1 if self.early_stopping else _validation_period(self.validation_every, self.max_iter)
         self.train_losses_: list[float] = []
         self.validation_losses_: list[float] | None = [] if validation is not None else None
@@ -289,21 +309,36 @@ class OrtGradientOptimizer:
         with Progress(self.max_iter, "fit", enabled=self.verbose > 0, leave=True) as bar:
             for iteration in range(self.max_iter):
                 order = rng.permutation(n)
+                if comm is not None:  # this rank's part of every global batch
+                    from onnxtrain.distributed import batch_shares
+
+                    order = batch_shares(order, batch_size, comm=comm)
                 shuffled = [array[order] for array in data]  # one gather per iteration
                 eta = learning_rate.value
-                sizes = np.minimum(self.batch_size, n - np.arange(0, n, self.batch_size))
-                rates = eta / sizes if per_sample else np.full(len(sizes), eta)
+                rows = len(order)
+                sizes = np.minimum(batch_size, rows - np.arange(0, rows, batch_size))
+                global_sizes = sizes if comm is None else sizes * comm.Get_size()  # each rank has an equal part
+                rates = eta / global_sizes if per_sample else np.full(len(sizes), eta)
                 # the whole iteration in one onnxruntime call (Module.train_epoch), the per-step loop's results
-                batch_losses = module.train_epoch(optimizer, shuffled, None, self.batch_size, learning_rates=rates)
-                if not np.all(np.isfinite(batch_losses)):
+                batch_losses = module.train_epoch(optimizer, shuffled, None, batch_size, learning_rates=rates)
+                finite = bool(np.all(np.isfinite(batch_losses)))
+                total = float(np.sum(batch_losses))
+                seen = rows
+                where = ""
+                if comm is not None:  # the same decisions and figures on every rank
+                    from onnxtrain.distributed.communicator import mpi
+
+                    where = f" on rank {comm.Get_rank()}" if not finite else " on another rank"
+                    finite = bool(comm.allreduce(finite, op=mpi().LAND))
+                    total, seen = comm.allreduce(total), comm.allreduce(seen)
+                if not finite:
                     batch = int(np.argmin(np.isfinite(batch_losses)))
                     self._diverged(state, last_good)
                     raise ConvergenceError(
-                        f"the loss became NaN or infinite ({batch_losses[batch]}) at iteration {iteration + 1} of "
-                        f"{self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the weights are "
-                        f"those after iteration {iteration}; lower the learning rate or scale the features"
+                        f"the loss became NaN or infinite ({batch_losses[batch]}{where}) at iteration "
+                        f"{iteration + 1} of {self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the "
+                        f"weights are those after iteration {iteration}; lower the learning rate or scale the features"
                     )
-                total = float(np.sum(batch_losses))
                 weights = _snapshot(state)
                 if not all(np.isfinite(array).all() for array in weights.values()):
                     self._diverged(state, last_good)
@@ -313,10 +348,10 @@ class OrtGradientOptimizer:
                         "learning rate"
                     )
                 last_good = weights
-                self.train_losses_.append(total / n)
+                self.train_losses_.append(total / seen)
                 self.n_iter_ = iteration + 1
                 learning_rate.update_learning_rate(iteration)
-                line = f"iteration {iteration + 1}/{self.max_iter}: loss {total / n:.6g}, learning rate {eta:.4g}"
+                line = f"iteration {iteration + 1}/{self.max_iter}: loss {total / seen:.6g}, learning rate {eta:.4g}"
                 if validation is not None and self.validation_losses_ is not None and (iteration + 1) % every == 0:
                     value = _evaluate(module, validation)
                     self.validation_losses_.append(value)
@@ -327,7 +362,7 @@ class OrtGradientOptimizer:
                         else:
                             stalled += 1
                 bar.update()
-                bar.describe(f"loss={total / n:.3g} lr={eta:.3g}")
+                bar.describe(f"loss={total / seen:.3g} lr={eta:.3g}")
                 if self.verbose > 1:
                     bar.write(line)
                 if self.early_stopping and stalled >= self.n_iter_no_change:
@@ -342,6 +377,22 @@ class OrtGradientOptimizer:
         self.trained_coef_ = last_good
 
     # ------------------------------------------------------------ helpers
+
+    def _communicator(self) -> Any:
+        """``None``, or with ``distributed`` the MPI communicator (``batch_size`` checked against its size)."""
+        if not self.distributed:
+            return None
+        from onnxtrain import distributed
+
+        comm = distributed.init()
+        ranks = comm.Get_size()
+        if self.batch_size % ranks:
+            fitting = ranks * max(1, self.batch_size // ranks)
+            raise ValueError(
+                f"batch_size={self.batch_size} is not a multiple of the {ranks} ranks: with distributed=True each "
+                f"rank takes an equal part of every batch; use a batch_size of {fitting}"
+            )
+        return comm
 
     def _check_params(self) -> None:
         if not isinstance(self.model_onnx, onnx.ModelProto):

@@ -17,3 +17,15 @@ def batches(case: Mapping[str, Any], count: int) -> Iterator[tuple[np.ndarray, n
             rng.normal(size=(case["rows"], 4)).astype(dtype),
             rng.normal(size=(case["rows"], 3)).astype(dtype),
         )
+
+
+def fit_setup(optimizer: str, *, distributed: bool) -> tuple[Any, np.ndarray, np.ndarray]:
+    """An ``OrtGradientOptimizer`` over a linear regression (42 rows, batches of 8: the last of 2), and its data."""
+    from onnxtrain.sklearn import OrtGradientOptimizer, add_loss_output
+    from tests.sklearn.test_optimizer import data, linear
+
+    x, y = data(42)
+    estimator = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=5, batch_size=8,
+                                     training_optimizer_name=optimizer, learning_rate=0.01, random_state=3,
+                                     distributed=distributed)  # fmt: skip
+    return estimator, x, y

@@ -155,6 +155,23 @@ def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_pa
             np.testing.assert_allclose(saved[f"param:{name}"], expected, rtol=1e-6, err_msg=f"{name}, rank {rank}")
 
 
+def test_fit_on_two_ranks_gives_the_weights_and_losses_of_one_process(mpiexec: str, tmp_path: Path) -> None:
+    """``OrtGradientOptimizer(distributed=True)``: each rank on half of every batch (the last batch of 2 rows
+    too), SGD and AdamW on the summed loss."""
+    from tests.distributed.batches import fit_setup
+
+    done = run_ranks(mpiexec, "fit", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in ("SGDOptimizer", "AdamWOptimizer"):
+        estimator, x, y = fit_setup(name, distributed=False)
+        estimator.fit(x, y)
+        for rank in (0, 1):
+            saved = np.load(tmp_path / f"fit-{name}-rank{rank}.npz")
+            np.testing.assert_allclose(saved["losses"], estimator.train_losses_, rtol=1e-12, err_msg=name)
+            for key, value in estimator.trained_coef_.items():
+                np.testing.assert_allclose(saved[f"param:{key}"], value, rtol=1e-12, err_msg=f"{name}: {key}")
+
+
 def test_shards_are_disjoint_cover_the_rows_and_change_with_the_epoch(mpiexec: str, tmp_path: Path) -> None:
     done = run_ranks(mpiexec, "shard", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]

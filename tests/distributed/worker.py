@@ -65,6 +65,18 @@ def shard(out: str) -> None:
     np.savez(Path(out) / f"shard-rank{distributed.rank()}.npz", **shards)
 
 
+def fit(out: str) -> None:
+    """``OrtGradientOptimizer(..., distributed=True).fit`` on every rank with the same data
+    (:func:`tests.distributed.batches.fit_setup`); the weights and losses to ``OUT/fit-<optimizer>-rank<r>.npz``."""
+    from tests.distributed.batches import fit_setup
+
+    for name in ("SGDOptimizer", "AdamWOptimizer"):
+        estimator, x, y = fit_setup(name, distributed=True)
+        estimator.fit(x, y)
+        arrays = {f"param:{k}": v for k, v in estimator.trained_coef_.items()}
+        np.savez(Path(out) / f"fit-{name}-rank{distributed.rank()}.npz", losses=estimator.train_losses_, **arrays)
+
+
 def fail() -> None:
     comm = distributed.init()
     if distributed.rank() == 1:
@@ -74,4 +86,4 @@ def fail() -> None:
 
 if __name__ == "__main__":
     command, *arguments = sys.argv[1:]
-    {"train": train, "shard": shard, "fail": fail}[command](*arguments)
+    {"train": train, "shard": shard, "fit": fit, "fail": fail}[command](*arguments)
