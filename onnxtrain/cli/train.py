@@ -44,6 +44,10 @@ def add_parser(subcommands: Any) -> None:
         "--target-column", metavar="NAME_OR_INDEX", help="the .csv column holding the target (default: the last)"
     )
     parser.add_argument("--prefix", default="", help="the artifacts' file-name prefix (as given to generate)")
+    parser.add_argument(
+        "--distributed", action="store_true",
+        help="under mpiexec: each rank trains on its part of every batch, gradients averaged (needs onnxtrain[mpi])",
+    )  # fmt: skip
     parser.set_defaults(run=run, prog=parser.prog)
 
 
@@ -56,12 +60,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = train(
             files, args.data, settings, resume=args.resume, restart=args.restart, device=args.device,
-            target_column=args.target_column,
+            target_column=args.target_column, distributed=args.distributed,
         )  # fmt: skip
     except TrainingInterrupted as stop:
         print(f"{args.prog}: interrupted at {stop.record.position()}; saved in {stop.checkpoint}", file=sys.stderr)
         print(f"continue with: {resume_command(args)}", file=sys.stderr)
         return INTERRUPTED
+    if args.distributed:
+        from onnxtrain import distributed
+
+        if distributed.rank() != 0:  # the ranks hold the same run: rank 0 reports it
+            return 0
     record = result.record
     if result.steps == 0 and args.resume:
         print(
@@ -92,6 +101,8 @@ def resume_command(args: argparse.Namespace) -> str:
         words += ["--prefix", args.prefix]
     if args.device != "cpu":
         words += ["--device", args.device]
+    if args.distributed:
+        words += ["--distributed"]
     return shlex.join([*words, "--resume"])
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,7 @@ def train(
     report_every: int = 1,
     val_label: str = "val",
     progress: bool | None = None,
+    distributed: bool = False,
 ) -> RunResult:
     """Train the artifacts in ``files`` on ``data`` (a file for :func:`~onnxtrain.loop.data.load_data`, or arrays).
 
@@ -71,7 +73,15 @@ def train(
     (``None``: when standard output is a terminal). Raises
     :class:`~onnxtrain.loop.steps.TrainingInterrupted` after saving, on ``KeyboardInterrupt``.
     Error messages name the ``onnxtrain train`` options (``--resume``, ...).
+    ``distributed``: under ``mpiexec``, every rank runs this with the same
+    arguments and trains on its part of every batch (``batch_size`` a
+    multiple of the number of ranks), averaging the gradients
+    (:mod:`onnxtrain.distributed`); rank 0 alone writes checkpoints and
+    echoes.
     """
+    comm = _communicator(settings.batch_size) if distributed else None
+    if comm is not None and comm.Get_rank() != 0:
+        echo, progress = None, False
     files.require(files.training_model, files.eval_model, files.optimizer_model, files.checkpoint)
     source = _starting_checkpoint(files, resume, restart)
     saved = checkpoint.load(source)
@@ -116,8 +126,27 @@ def train(
     record = replace(record, learning_rate=optimizer.get_learning_rate())
     if echo is not None:
         echo(_start_line(record, source, len(train_rows), len(val_rows), optimizer.step_count, earlier is not None))
-    loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows))
+    if comm is not None:
+        from onnxtrain.distributed import DistributedOptimizer, broadcast_parameters
+
+        broadcast_parameters(state, comm=comm)
+        optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
+    loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows), comm)
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
+
+
+def _communicator(batch_size: int) -> Any:
+    """The MPI communicator of a distributed run; ``ValueError`` where the batch does not split evenly."""
+    from onnxtrain import distributed
+
+    comm = distributed.init()
+    ranks = comm.Get_size()
+    if batch_size % ranks:
+        raise ValueError(
+            f"--batch-size {batch_size} is not a multiple of the {ranks} ranks: each rank takes an equal part of "
+            f"every batch; pass --batch-size {ranks * max(1, batch_size // ranks)}"
+        )
+    return comm
 
 
 def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> Path:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -56,8 +57,10 @@ class Loop:
         record: RunRecord,
         arrays: list[np.ndarray],
         rows: tuple[np.ndarray, np.ndarray],
+        comm: Any = None,
     ) -> None:
         self.module, self.optimizer, self.state, self.path = module, optimizer, state, path
+        self.comm = comm  # an MPI communicator: this rank trains on its part of every batch
         self.record = record
         self.arrays = arrays
         self.train_rows, self.val_rows = rows
@@ -99,6 +102,11 @@ class Loop:
     def _train_epoch(self, epoch: int, settings: Settings, progress: bool | None) -> None:
         rows = self.train_rows[epoch_order(len(self.train_rows), settings.seed, epoch)]
         size = settings.batch_size
+        if self.comm is not None:  # this rank's part of every batch; the same number of batches on every rank
+            from onnxtrain.distributed import batch_shares
+
+            size //= self.comm.Get_size()
+            rows = batch_shares(rows, size, comm=self.comm)
         count = batch_count(len(rows), size)
         with Progress(count, f"epoch {epoch + 1}/{settings.epochs}", enabled=progress) as bar:
             bar.update(self.record.batch)
@@ -106,10 +114,15 @@ class Loop:
                 self.interrupt.check()
                 batch = rows[index * size : (index + 1) * size]
                 loss = _loss(self.module(*[array[batch] for array in self.arrays]))
+                weighted, samples = loss * len(batch), len(batch)
+                if self.comm is not None:  # the batch's loss over all ranks: the same record everywhere
+                    summed = self.comm.allreduce(np.array([weighted, samples], np.float64))
+                    weighted, samples = float(summed[0]), int(summed[1])
+                    loss = weighted / samples
                 record = self.record
                 after = replace(
-                    record, batch=index + 1, loss_sum=record.loss_sum + loss * len(batch),
-                    loss_samples=record.loss_samples + len(batch),
+                    record, batch=index + 1, loss_sum=record.loss_sum + weighted,
+                    loss_samples=record.loss_samples + samples,
                 )  # fmt: skip
                 self._next = (after, self.optimizer.step_count + 1)
                 self.optimizer.step()
@@ -152,7 +165,8 @@ class Loop:
             return
         for name, value in self.record.to_properties().items():
             self.state.properties[name] = value
-        TrainingState.save_checkpoint(self.state, self.path, include_optimizer_state=True)
+        if self.comm is None or self.comm.Get_rank() == 0:  # the ranks hold the same state: rank 0 writes it
+            TrainingState.save_checkpoint(self.state, self.path, include_optimizer_state=True)
         self._saved_at, self._saved = where, self.record
 
 

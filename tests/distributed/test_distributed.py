@@ -172,6 +172,44 @@ def test_fit_on_two_ranks_gives_the_weights_and_losses_of_one_process(mpiexec: s
                 np.testing.assert_allclose(saved[f"param:{key}"], value, rtol=1e-12, err_msg=f"{name}: {key}")
 
 
+def test_the_train_command_on_two_ranks_gives_the_run_of_one_process(mpiexec: str, tmp_path: Path) -> None:
+    """``mpiexec -n 2 python -m onnxtrain train ... --distributed`` against ``onnxtrain train`` in one process:
+    the same parameters, optimizer step and losses per epoch (cross-entropy, AdamW, float32; 90 training rows
+    in batches of 8, the last of 2), rank 0 alone writing the checkpoint."""
+    import contextlib
+    import io
+
+    from onnxtrain import checkpoint
+    from onnxtrain.cli import main
+    from tests.cli.helpers import classification, tiny_mlp
+
+    onnx.save(tiny_mlp(), tmp_path / "mlp.onnx")
+    x, y = classification()
+    np.savez(tmp_path / "data.npz", X=x, y=y)
+    generate = ["generate", str(tmp_path / "mlp.onnx"), "--requires-grad", "all-float", "--loss", "ce", "--lr", "0.05"]
+    train = ["--data", str(tmp_path / "data.npz"), "--epochs", "2", "--batch-size", "8", "--val-split", "0.25"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        for name in ("single", "ranks"):
+            assert main([*generate, "-o", str(tmp_path / name)]) == 0
+        assert main(["train", str(tmp_path / "single"), *train]) == 0
+    command = [mpiexec, "-n", "2", sys.executable, "-m", "onnxtrain", "train", str(tmp_path / "ranks"), *train,
+               "--distributed"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("done:") == 1  # rank 0 alone reports
+    single, ranks = (checkpoint.load(tmp_path / name / "trained_checkpoint") for name in ("single", "ranks"))
+    assert ranks.optimizer.step == single.optimizer.step == 2 * 12
+    for name, value in single.parameters.items():
+        np.testing.assert_allclose(ranks.parameters[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+    for key in ("onnxtrain.run.history",):
+        assert key in ranks.properties
+    history = {name: json.loads(str(state.properties["onnxtrain.run.history"])) for name, state in
+               (("single", single), ("ranks", ranks))}  # fmt: skip
+    for a, b in zip(history["single"], history["ranks"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+
+
 def test_shards_are_disjoint_cover_the_rows_and_change_with_the_epoch(mpiexec: str, tmp_path: Path) -> None:
     done = run_ranks(mpiexec, "shard", str(tmp_path))
     assert done.returncode == 0, done.stderr[-3000:]
