@@ -41,6 +41,8 @@ def init(comm: Any = None) -> Any:
     """
     comm = communicator(comm)
     previous = sys.excepthook
+    if getattr(previous, "aborts", None) is comm:  # init() again (fit does at every call): one hook is enough
+        return comm
 
     def abort(kind: type[BaseException], error: BaseException, trace: TracebackType | None) -> None:
         message = "".join(traceback.format_exception(kind, error, trace))
@@ -50,6 +52,7 @@ def init(comm: Any = None) -> Any:
             comm.Abort(1)
         previous(kind, error, trace)
 
+    abort.aborts = comm  # type: ignore[attr-defined]
     sys.excepthook = abort
     return comm
 
