@@ -119,16 +119,17 @@ def test_train_epoch_with_a_distributed_optimizer_averages_every_step(mpiexec: s
     _assert_ranks_equal(out, case, _one_process(case), 2)
 
 
-def test_a_checkpoint_of_two_ranks_resumes_on_three(mpiexec: str, tmp_path: Path) -> None:
-    """Rank 0 writes the checkpoint after 2 steps on 2 ranks; 3 ranks resume from it for 2 more steps: the
-    parameters of 4 uninterrupted steps in one process."""
+@pytest.mark.parametrize("ranks", [3, 1])
+def test_a_checkpoint_of_two_ranks_resumes_on_more_or_fewer(mpiexec: str, tmp_path: Path, ranks: int) -> None:
+    """Rank 0 writes the checkpoint after 2 steps on 2 ranks; 3 ranks (or 1) resume from it for 2 more steps:
+    the parameters of 4 uninterrupted steps in one process."""
     start = _case(tmp_path, "adamw", "float64", 1) | {"rows": 12, "steps": 2}
     start |= {"name": "start", "save": str(tmp_path / "checkpoint")}
     _run_cases(mpiexec, tmp_path, [start], 2, "start")
     resumed = start | {"name": "resumed", "load": start["save"], "first": 2}
     resumed.pop("save")
-    out = _run_cases(mpiexec, tmp_path, [resumed], 3, "resumed")
-    _assert_ranks_equal(out, resumed, _one_process(resumed | {"first": 0, "steps": 4}), 3)
+    out = _run_cases(mpiexec, tmp_path, [resumed], ranks, "resumed")
+    _assert_ranks_equal(out, resumed, _one_process(resumed | {"first": 0, "steps": 4}), ranks)
 
 
 def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_path: Path) -> None:
