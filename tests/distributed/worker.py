@@ -23,14 +23,15 @@ from tests.distributed.batches import batches
 
 def train(cases_file: str, out: str) -> None:
     """Each case: ``steps`` steps from the checkpoint ``load`` (default: the artifacts'), on the batches from
-    number ``first`` on; ``epoch``: by ``Module.train_epoch`` over this rank's rows; ``save``: rank 0 writes
-    the checkpoint there at the end."""
+    number ``first`` on, on ``device`` (default ``cpu``); ``epoch``: by ``Module.train_epoch`` over this rank's
+    rows; ``save``: rank 0 writes the checkpoint there at the end."""
     comm = distributed.init()
     rank, size = distributed.rank(), distributed.size()
     for case in json.loads(Path(cases_file).read_text()):
         folder = Path(case["artifacts"])
         state = api.CheckpointState.load_checkpoint(case.get("load", str(folder / "checkpoint")))
-        module = api.Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
+        device = case.get("device", "cpu")
+        module = api.Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"), device=device)
         optimizer = api.Optimizer(str(folder / "optimizer_model.onnx"), module)
         if rank != 0:  # rank 0's values must win the broadcast
             for name, parameter in state.parameters:
