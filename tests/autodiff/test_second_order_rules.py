@@ -3,6 +3,7 @@ common layers' rules are closed, and their Hessian-vector products match central
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,6 +20,7 @@ from tests.autodiff.closure import (
     closed_operators,
     closure_markdown,
     releases,
+    rule_spec_faults,
 )
 from tests.autodiff.gradcheck import DIM_MODES, excuse_forward_fault
 from tests.autodiff.models import Erf, Gelu
@@ -81,7 +83,7 @@ def test_the_second_order_table_is_current() -> None:
         pytest.skip(f"the committed table comes from other releases than {releases()}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # onnxruntime's and the rules' warnings about the cases themselves
-        expected = closure_markdown(SPECS)
+        expected = closure_markdown(SPECS, rule_spec_faults(workers=min(2, os.cpu_count() or 1)))
     assert committed == expected, (
         f"the '{SECOND_ORDER_HEADING}' table of docs/gradient-coverage.md is stale: "
         "run python tools/gradient_coverage.py"
@@ -95,7 +97,7 @@ def test_the_common_layers_rules_are_closed() -> None:
 
 
 @pytest.mark.parametrize("spec", CHECKED, ids=[spec.id for spec in CHECKED])
-@settings(max_examples=5)
+@settings(max_examples=4)
 @given(data=st.data())
 def test_second_derivatives_match_finite_differences(spec: Spec, data: st.DataObject) -> None:
     """``<t, H s>`` (the rule's gradient differentiated by our engine) against central differences of
