@@ -23,11 +23,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxtrain.autodiff.engine import build_gradients, build_vjp
 from onnxtrain.autodiff.registry import GradientRegistry
-from onnxtrain.graph import GraphBuilder, dtypes
+from onnxtrain.graph import GraphBuilder, dtypes, ops
 
 #: The most output elements :func:`jacobian` unrolls a reverse pass for.
 MAX_JACOBIAN_ROWS = 1024
@@ -65,7 +64,7 @@ def hessian_vector_product(
     products = build_vjp(builder, {dot: one}, wrt, registry)
     outputs = [loss, *(gradients[name] for name in wrt)]
     for name in wrt:
-        product = products[name] if products[name] is not None else _zeros_like(builder, name)
+        product = products[name] if products[name] is not None else ops.filled_like(builder, name, 0.0, "zeros")
         outputs.append(builder.add_node("Identity", [product], [f"{name}_hvp"])[0])
     builder.set_outputs(outputs)
     return builder.finalize()
@@ -107,7 +106,11 @@ def jacobian(
         unit[k] = 1
         seed = builder.add_initializer(unit.reshape(dims), f"unit_{k}")
         row = build_vjp(builder, {output: seed}, [wrt], registry)[wrt]
-        rows.append(builder.add_node1("Reshape", [row if row is not None else _zeros_like(builder, wrt), flat_wrt]))
+        rows.append(
+            builder.add_node1(
+                "Reshape", [row if row is not None else ops.filled_like(builder, wrt, 0.0, "zeros"), flat_wrt]
+            )
+        )
     stacked = builder.add_node1("Concat", rows, axis=0) if len(rows) > 1 else rows[0]
     shape = builder.add_node1("Concat", [builder.add_initializer(np.array(dims, np.int64), "output_shape"),
                                          builder.add_node1("Shape", [wrt])], axis=0)  # fmt: skip
@@ -126,11 +129,6 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     return copy
-
-
-def _zeros_like(builder: GraphBuilder, name: str) -> str:
-    zero = helper.make_tensor("value", builder.elem_type(name), [1], [0])
-    return builder.add_node1("ConstantOfShape", [builder.add_node1("Shape", [name])], value=zero, hint="zeros")
 
 
 __all__ = ["MAX_JACOBIAN_ROWS", "hessian_vector_product", "jacobian"]

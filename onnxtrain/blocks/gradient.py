@@ -18,11 +18,9 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 
-from onnx import helper
-
 from onnxtrain.autodiff import build_vjp
 from onnxtrain.blocks.block import Block
-from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph import ops
 
 
 class Gradient(Block):
@@ -54,7 +52,7 @@ class Gradient(Block):
     def build(self, output_name: str) -> str | tuple[str, ...]:
         b = self.builder
         b.require(output_name, role="value to differentiate")
-        seed = self._grad_output if self._grad_output is not None else _filled_like(b, output_name, 1.0, "ones")
+        seed = self._grad_output if self._grad_output is not None else ops.filled_like(b, output_name, 1.0, "ones")
         found = build_vjp(b, {output_name: seed}, self._wrt)
         names = []
         for name in self._wrt:
@@ -65,18 +63,12 @@ class Gradient(Block):
                     "its gradient is zeros",
                     stacklevel=3,
                 )
-                gradient = _filled_like(b, name, 0.0, f"{name}_zero_grad")
+                gradient = ops.filled_like(b, name, 0.0, f"{name}_zero_grad")
             known = b.type_of(name)
             if known is not None:
                 b.declare_type(gradient, known)  # its value's shape, symbolic dimensions included
             names.append(gradient)
         return names[0] if self._single else tuple(names)
-
-
-def _filled_like(b: GraphBuilder, like: str, value: float, hint: str) -> str:
-    """``ConstantOfShape(Shape(like))`` filled with ``value`` in ``like``'s element type."""
-    fill = helper.make_tensor("value", b.elem_type(like), [1], [value])
-    return b.add_node1("ConstantOfShape", [b.add_node1("Shape", [like])], value=fill, hint=hint)
 
 
 __all__ = ["Gradient"]

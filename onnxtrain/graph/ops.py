@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from onnx import helper
 
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
@@ -28,6 +29,12 @@ def constant(b: GraphBuilder, value: object, elem_type: int, hint: str = "const"
 def constant_like(b: GraphBuilder, value: object, like: str, hint: str = "const") -> str:
     """A constant with the element type of tensor ``like`` (a scalar by default)."""
     return constant(b, value, b.elem_type(like), hint)
+
+
+def filled_like(b: GraphBuilder, like: str, value: float, hint: str = "filled") -> str:
+    """``ConstantOfShape(Shape(like))`` filled with ``value`` in ``like``'s element type (any run-time shape)."""
+    fill = helper.make_tensor("value", b.elem_type(like), [1], [value])
+    return b.add_node1("ConstantOfShape", [b.add_node1("Shape", [like])], value=fill, hint=hint)
 
 
 def int64s(b: GraphBuilder, values: Sequence[int], hint: str = "axes") -> str:

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from hypothesis import HealthCheck, Phase, find, given, settings
-from onnx import helper
 
 from onnxtrain.autodiff import MissingGradientError, build_vjp
-from onnxtrain.graph import GraphBuilder, dtypes
+from onnxtrain.graph import GraphBuilder, dtypes, ops
 from onnxtrain.graph.fold import drop_unread_initializers
 from tests.autodiff import gradcheck
 from tests.autodiff.gradcheck import DIM_MODES, Compiled, DimMode, Result
@@ -65,9 +64,7 @@ def build_second_order(spec: Spec, case: Case, mode: DimMode) -> SecondOrder:
     second = build_vjp(builder, {loss2: seed}, first.wrt)
     products = []
     for name in first.wrt:  # a first derivative that does not depend on x: a second derivative of zeros
-        zeros = helper.make_tensor("value", builder.elem_type(name), [1], [0])
-        shape = builder.add_node1("Shape", [name])
-        products.append(second[name] or builder.add_node1("ConstantOfShape", [shape], value=zeros))
+        products.append(second[name] or ops.filled_like(builder, name, 0.0, "zeros"))
     builder.set_outputs([loss2, *products])
     built = builder.finalize()
     drop_unread_initializers(built.graph)  # the seed, where no rule read it (a second derivative of zeros)
