@@ -10,6 +10,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
+# pytest's arguments: the suite over every core (pytest-xdist); the MPI tests, which start processes of their
+# own, stay on one worker (their xdist_group). PYTEST_ARGS=-n0 runs it in one process.
+PYTEST_ARGS ?= -n auto --dist loadgroup
 # onnxruntime-training, frozen at 1.19.2, for the checkpoint interop tests. It
 # conflicts with onnxruntime and ships wheels for CPython <= 3.11 only, so it
 # lives in its own environment, built with the newest such Python found.

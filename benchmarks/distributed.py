@@ -43,8 +43,11 @@ LOSSES = {"mse": "MSELoss", "ce": "CrossEntropyLoss"}
 OPTIMIZERS = {"sgd": "SGD", "adamw": "AdamW"}
 
 
-def train(folder: Path, threads: int, steps: int, warmup: int) -> dict[str, Any]:
-    """One process's (or rank's) timed training: its part of every batch, ``threads`` intra-op threads."""
+def train(
+    folder: Path, threads: int, steps: int, warmup: int, device: str = "cpu", reduce_on_device: bool | None = None
+) -> dict[str, Any]:
+    """One process's (or rank's) timed training on ``device``: its part of every batch, ``threads`` intra-op
+    threads; ``reduce_on_device``: the ``DistributedOptimizer``'s."""
     import onnxruntime as ort
 
     from onnxtrain import api
@@ -64,25 +67,11 @@ def train(folder: Path, threads: int, steps: int, warmup: int) -> dict[str, Any]
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     artifacts = folder / "artifacts"
     state = api.CheckpointState.load_checkpoint(str(artifacts / "checkpoint"))
-    module = api.Module(str(artifacts / "training_model.onnx"), state, session_options=options)
+    module = api.Module(str(artifacts / "training_model.onnx"), state, device=device, session_options=options)
     optimizer: Any = api.Optimizer(str(artifacts / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(spec["learning_rate"])
-    reduce_seconds = [0.0]
-    sent = [0]
     if distributed is not None:
-        from onnxtrain.distributed import optimizer as distributed_optimizer
-
-        timed = distributed_optimizer.allreduce
-
-        def allreduce(arrays: Any, comm: Any, *, average: bool) -> Any:
-            start = time.perf_counter()
-            result = timed(arrays, comm, average=average)
-            reduce_seconds[0] += time.perf_counter() - start
-            sent[0] += sum(a.nbytes for a in arrays)
-            return result
-
-        distributed_optimizer.allreduce = allreduce  # type: ignore[assignment]
-        optimizer = distributed.DistributedOptimizer(optimizer)
+        optimizer = distributed.DistributedOptimizer(optimizer, reduce_on_device=reduce_on_device)
     part = len(x[0]) // ranks
     rows = slice(rank * part, (rank + 1) * part)
 
@@ -95,13 +84,17 @@ def train(folder: Path, threads: int, steps: int, warmup: int) -> dict[str, Any]
         step(i)
     if comm is not None:
         comm.Barrier()
-    reduce_seconds[0], sent[0] = 0.0, 0
+    reduce_start, sent_start = getattr(optimizer, "reduce_seconds", 0.0), getattr(optimizer, "reduced_bytes", 0)
     start = time.perf_counter()
     for i in range(steps):
         step(i)
     float(np.asarray(module(x[0][rows], y[0][rows])))  # the last update applied and read
     seconds = time.perf_counter() - start
-    result = {"seconds": seconds, "reduce_seconds": reduce_seconds[0], "sent_bytes_per_step": sent[0] / steps}
+    result = {
+        "seconds": seconds,
+        "reduce_seconds": getattr(optimizer, "reduce_seconds", 0.0) - reduce_start,
+        "sent_bytes_per_step": (getattr(optimizer, "reduced_bytes", 0) - sent_start) / steps,
+    }
     if comm is not None:
         gathered = comm.gather(result, root=0)
         if rank != 0:
@@ -110,6 +103,7 @@ def train(folder: Path, threads: int, steps: int, warmup: int) -> dict[str, Any]
             "seconds": max(r["seconds"] for r in gathered),
             "reduce_seconds": max(r["reduce_seconds"] for r in gathered),
             "sent_bytes_per_step": gathered[0]["sent_bytes_per_step"],
+            "reduce_on_device": optimizer.reduces_on_device,
         }
     batch = len(x[0])
     result.update(
@@ -144,13 +138,14 @@ def run_workload(name: str, workdir: Path, args: argparse.Namespace) -> dict[str
     spec["learning_rate"] = workload.learning_rate
     (folder / "spec.json").write_text(json.dumps(spec))
     steps = args.steps or workload.steps
-    single = train(folder, 2, steps, args.warmup)
+    single = train(folder, 2, steps, args.warmup, args.device)
     mpiexec = shutil.which("mpiexec", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     if mpiexec is None:
         raise RuntimeError("no mpiexec: pip install -e '.[mpi]'")
     out = workdir / f"{name}-2x1.json"
     command = [mpiexec, "-n", "2", sys.executable, "-m", "benchmarks.distributed", "--rank-of", str(folder),
-               "--steps", str(steps), "--warmup", str(args.warmup), "--rank-out", str(out)]  # fmt: skip
+               "--steps", str(steps), "--warmup", str(args.warmup), "--rank-out", str(out), "--device", args.device,
+               "--reduce-on-device", args.reduce_on_device]  # fmt: skip
     environment = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}  # Open MPI
     subprocess.run(command, check=True, timeout=1800, env=environment)
     double = json.loads(out.read_text())
@@ -158,6 +153,7 @@ def run_workload(name: str, workdir: Path, args: argparse.Namespace) -> dict[str
         "workload": name,
         "title": workload.title,
         "steps": steps,
+        "device": args.device,
         "1x2": single,
         "2x1": double,
         "speedup": double["samples_per_s"] / single["samples_per_s"],
@@ -170,11 +166,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=0, help="timed steps (default: the workload's)")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", default="cpu", help="where each process trains: cpu, cuda, cuda:1")
+    parser.add_argument(
+        "--reduce-on-device", choices=["auto", "yes", "no"], default="auto",
+        help="DistributedOptimizer's reduce_on_device: None (auto), True, False",
+    )  # fmt: skip
     parser.add_argument("--rank-of", type=Path, default=None, help=argparse.SUPPRESS)  # a rank of the 2x1 run
     parser.add_argument("--rank-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.rank_of is not None:
-        result = train(args.rank_of, 1, args.steps, args.warmup)
+        on_device = {"auto": None, "yes": True, "no": False}[args.reduce_on_device]
+        result = train(args.rank_of, 1, args.steps, args.warmup, args.device, on_device)
         if result:
             args.rank_out.write_text(json.dumps(result))
         return 0

@@ -399,10 +399,10 @@ def torch_section(layers: Sequence[Layer] | None = None) -> str:
 def document(layers: str) -> str:
     """The whole document: the registry part, the torch.nn section ``layers`` (may be empty), then which rules
     are closed under differentiation (from the specs of tests/autodiff)."""
-    from tests.autodiff.closure import closure_markdown, rule_spec_faults
+    from tests.autodiff.closure import closure_markdown, closure_rows, rule_spec_faults
     from tests.autodiff.test_rules import SPECS
 
-    second_order = closure_markdown(SPECS, rule_spec_faults(workers=min(2, os.cpu_count() or 1)))
+    second_order = closure_markdown(closure_rows(SPECS, rule_spec_faults(workers=min(2, os.cpu_count() or 1))))
     return coverage_markdown() + ("\n" + layers if layers else "") + "\n" + second_order
 
 

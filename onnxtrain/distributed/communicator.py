@@ -1,4 +1,4 @@
-"""The MPI communicator: ``init``, ``rank``, ``size``, ``local_rank``.
+"""The MPI communicator: ``init``, ``rank``, ``size``, ``local_rank``; and ``cuda_aware``, what the library takes.
 
 Every function takes ``comm`` (an ``mpi4py.MPI.Comm``); ``None`` means
 ``MPI.COMM_WORLD``. mpi4py initialises MPI when it is imported; :func:`init`
@@ -8,6 +8,7 @@ other ranks would wait for it forever in their next collective call).
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import traceback
 from types import TracebackType
@@ -77,4 +78,20 @@ def local_rank(comm: Any = None) -> int:
         node.Free()
 
 
-__all__ = ["communicator", "init", "local_rank", "mpi", "rank", "size"]
+def cuda_aware() -> bool:
+    """Whether the MPI library takes GPU memory in its calls (built CUDA-aware, with CUDA found at run time).
+
+    Asks the library's ``MPIX_Query_cuda_support()`` (Open MPI, MPICH and
+    MVAPICH have it), through mpi4py's own module, whose search reaches the
+    library it loaded; ``False`` where there is no such query.
+    """
+    MPI = mpi()
+    try:
+        query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+    except (OSError, AttributeError):
+        return False
+    query.restype, query.argtypes = ctypes.c_int, []
+    return query() == 1
+
+
+__all__ = ["communicator", "cuda_aware", "init", "local_rank", "mpi", "rank", "size"]

@@ -1,4 +1,5 @@
-"""``shard``: each rank's rows of a data set for one epoch."""
+"""Each rank's rows: ``shard`` for one epoch, ``batch_shares`` of every global batch, and
+``batch_communicator`` for the loops that split each batch over the ranks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxtrain.distributed.communicator import communicator
+from onnxtrain.distributed.communicator import communicator, init
 
 
 def shard(n_samples: int, seed: int = 0, epoch: int = 0, *, shuffle: bool = True, comm: Any = None) -> np.ndarray:
@@ -51,4 +52,22 @@ def batch_shares(order: np.ndarray, batch_size: int, *, comm: Any = None) -> np.
     return np.concatenate(parts) if parts else order[:0]
 
 
-__all__ = ["batch_shares", "shard"]
+def batch_communicator(batch_size: int, option: str, comm: Any = None) -> Any:
+    """:func:`~onnxtrain.distributed.communicator.init`'s communicator for a loop whose batches of
+    ``batch_size`` rows each rank takes an equal part of; ``ValueError`` where they do not split evenly.
+
+    ``option`` spells the setting in the message, ``{}`` standing for its value
+    (``"--batch-size {}"`` for the command, ``"batch_size={}"`` for ``fit``).
+    """
+    comm = init(comm)
+    ranks = comm.Get_size()
+    if batch_size % ranks:
+        fitting = ranks * max(1, batch_size // ranks)
+        raise ValueError(
+            f"{option.format(batch_size)} is not a multiple of the {ranks} ranks: each rank takes an equal part of "
+            f"every batch; use {option.format(fitting)}"
+        )
+    return comm
+
+
+__all__ = ["batch_communicator", "batch_shares", "shard"]

@@ -19,12 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
+from onnxtrain.distributed import batch_communicator
 from onnxtrain.loop.batches import batch_count, fingerprint, split
 from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles
@@ -79,7 +79,7 @@ def train(
     (:mod:`onnxtrain.distributed`); rank 0 alone writes checkpoints and
     echoes.
     """
-    comm = _communicator(settings.batch_size) if distributed else None
+    comm = batch_communicator(settings.batch_size, "--batch-size {}") if distributed else None
     if comm is not None and comm.Get_rank() != 0:
         echo, progress = None, False
     files.require(files.training_model, files.eval_model, files.optimizer_model, files.checkpoint)
@@ -133,20 +133,6 @@ def train(
         optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
     loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows), comm)
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
-
-
-def _communicator(batch_size: int) -> Any:
-    """The MPI communicator of a distributed run; ``ValueError`` where the batch does not split evenly."""
-    from onnxtrain import distributed
-
-    comm = distributed.init()
-    ranks = comm.Get_size()
-    if batch_size % ranks:
-        raise ValueError(
-            f"--batch-size {batch_size} is not a multiple of the {ranks} ranks: each rank takes an equal part of "
-            f"every batch; pass --batch-size {ranks * max(1, batch_size // ranks)}"
-        )
-    return comm
 
 
 def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> Path:

@@ -382,17 +382,9 @@ class OrtGradientOptimizer:
         """``None``, or with ``distributed`` the MPI communicator (``batch_size`` checked against its size)."""
         if not self.distributed:
             return None
-        from onnxtrain import distributed
+        from onnxtrain.distributed import batch_communicator
 
-        comm = distributed.init()
-        ranks = comm.Get_size()
-        if self.batch_size % ranks:
-            fitting = ranks * max(1, self.batch_size // ranks)
-            raise ValueError(
-                f"batch_size={self.batch_size} is not a multiple of the {ranks} ranks: with distributed=True each "
-                f"rank takes an equal part of every batch; use a batch_size of {fitting}"
-            )
-        return comm
+        return batch_communicator(self.batch_size, "batch_size={}")
 
     def _check_params(self) -> None:
         if not isinstance(self.model_onnx, onnx.ModelProto):

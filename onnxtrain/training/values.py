@@ -126,7 +126,7 @@ def to_numpy(value: ort.OrtValue, *, copy: bool = True) -> np.ndarray:
     shape = tuple(value.shape())
     if value.device_name().lower() != "cpu":
         host = empty(shape, dtype, Device("cpu"))
-        _update_from(host, value)
+        copy_into(host, value)
         value = host
     count = int(np.prod(shape, dtype=np.int64))
     if count == 0:
@@ -139,13 +139,14 @@ def copy(value: ort.OrtValue, device: Device) -> ort.OrtValue:
     """A copy of ``value`` on ``device``."""
     result = empty(tuple(value.shape()), dtype_of(value), device)
     if int(np.prod(value.shape(), dtype=np.int64)):
-        _update_from(result, value)
+        copy_into(result, value)
     return result
 
 
-def _update_from(target: ort.OrtValue, source: ort.OrtValue) -> None:
-    """``target.update_inplace(source)``, where onnxruntime <= 1.23 takes only NumPy arrays: then a CPU
-    source goes through a NumPy view of its memory, any other through ``onnxruntime.copy_tensors``."""
+def copy_into(target: ort.OrtValue, source: ort.OrtValue) -> None:
+    """Copy ``source`` into ``target`` (same type and shape, any devices): ``target.update_inplace(source)``,
+    where onnxruntime <= 1.23 takes only NumPy arrays: then a CPU source goes through a NumPy view of its
+    memory, any other through ``onnxruntime.copy_tensors``."""
     try:
         target.update_inplace(source)
     except TypeError:
@@ -163,6 +164,7 @@ def on_device(value: ort.OrtValue, device: Device) -> bool:
 __all__ = [
     "cast_hint",
     "copy",
+    "copy_into",
     "describe",
     "dtype_of",
     "dtype_text",

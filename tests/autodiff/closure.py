@@ -15,6 +15,7 @@ section, for every rule, from each of its specs' simplest case.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -186,14 +187,9 @@ def releases() -> str:
     return f"onnx {onnx.__version__} and onnxruntime {onnxruntime.__version__}"
 
 
-def closed_operators(section: str) -> set[tuple[str, str]]:
+def closed_operators(section: str) -> set[OperatorKey]:
     """The ``(domain, operator)`` pairs a committed table (:func:`closure_markdown`) marks closed."""
-    closed = set()
-    for line in section.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) == 4 and cells[2] == "yes":
-            closed.add((cells[0], cells[1]))
-    return closed
+    return {key for key, text in committed_rows(section).items() if not text}
 
 
 def _fault_of_rule_spec(index: int) -> str | None:
@@ -221,17 +217,43 @@ def rule_spec_faults(workers: int = 2) -> list[str | None]:
         return list(pool.map(_fault_of_rule_spec, range(len(SPECS)), chunksize=8))
 
 
-def closure_markdown(specs: Sequence[Spec], faults_of_specs: Sequence[str | None] | None = None) -> str:
-    """The section of docs/gradient-coverage.md on second derivatives; ``faults_of_specs``: the specs'
-    :func:`closure_fault`, where already computed (:func:`rule_spec_faults`)."""
-    if faults_of_specs is None:
-        faults_of_specs = [closure_fault(spec) for spec in specs]
-    faults: dict[tuple[str, str], list[str]] = {}
+OperatorKey = tuple[str, str]
+
+
+def closure_rows(specs: Sequence[Spec], faults_of_specs: Sequence[str | None]) -> dict[OperatorKey, str]:
+    """For each ``(domain, operator)`` of ``specs``, the table's last cell: ``""`` where every spec of it is
+    closed, else what stops each spec that is not (``"; "``-joined, ``|`` escaped for Markdown)."""
+    reasons: dict[OperatorKey, list[str]] = {}
     for spec, fault in zip(specs, faults_of_specs, strict=True):
-        reasons = faults.setdefault((spec.domain or "ai.onnx", spec.op_type), [])
+        row = reasons.setdefault(operator_key(spec), [])
         if fault is not None:
-            reasons.append(f"{spec.id}: {fault}" if spec.variant else fault)
-    closed = sorted(key for key, reasons in faults.items() if not reasons)
+            row.append(f"{spec.id}: {fault}" if spec.variant else fault)
+    return {key: "; ".join(texts).replace("|", "\\|") for key, texts in reasons.items()}
+
+
+def operator_key(spec: Spec) -> OperatorKey:
+    """The table row a spec counts towards: ``(domain, operator)``, the default domain spelled ``ai.onnx``."""
+    return (spec.domain or "ai.onnx", spec.op_type)
+
+
+def table_row(key: OperatorKey, text: str) -> str:
+    """One line of the table: domain, operator, closed or not, and ``text`` (a :func:`closure_rows` cell)."""
+    return f"| {key[0]} | {key[1]} | {'no' if text else 'yes'} | {text} |"
+
+
+def committed_rows(section: str) -> dict[OperatorKey, str]:
+    """The rows of a committed table (:func:`closure_markdown`), as :func:`closure_rows` gives them."""
+    rows = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+        if len(cells) == 4 and cells[2] in ("yes", "no"):
+            rows[(cells[0], cells[1])] = cells[3]
+    return rows
+
+
+def closure_markdown(rows: dict[OperatorKey, str]) -> str:
+    """The section of docs/gradient-coverage.md on second derivatives, from its rows (:func:`closure_rows`)."""
+    closed = [key for key, text in rows.items() if not text]
     lines = [
         "## Second derivatives",
         "",
@@ -242,17 +264,24 @@ def closure_markdown(specs: Sequence[Spec], faults_of_specs: Sequence[str | None
         "(with unknown dimensions), by tests/autodiff/closure.py; the second derivatives are checked against",
         "finite differences in tests/autodiff/test_second_order_rules.py.",
         "",
-        f"{len(closed)} of {len(faults)} operators with rules are closed (generated with {releases()}).",
+        f"{len(closed)} of {len(rows)} operators with rules are closed (generated with {releases()}).",
         "",
         "| Domain | Operator | Closed | What stops the second derivative |",
         "|---|---|---|---|",
     ]
-    for (domain, op), reasons in sorted(faults.items()):
-        text = "; ".join(reasons).replace("|", "\\|")
-        lines.append(f"| {domain} | {op} | {'no' if reasons else 'yes'} | {text} |")
+    lines += [table_row(key, rows[key]) for key in sorted(rows)]
     lines += ["", "Known wrong second derivatives of closed rules:", ""]
     lines += [f"- {limit}" for limit in KNOWN_LIMITS]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["COMMON_LAYERS", "build_second_order", "check_second_order", "closure_fault", "closure_markdown"]
+__all__ = [
+    "COMMON_LAYERS",
+    "build_second_order",
+    "check_second_order",
+    "closure_fault",
+    "closure_markdown",
+    "closure_rows",
+    "committed_rows",
+    "operator_key",
+]

@@ -3,7 +3,6 @@ common layers' rules are closed, and their Hessian-vector products match central
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -16,11 +15,16 @@ from hypothesis import strategies as st
 from onnxtrain.autodiff.coverage import SECOND_ORDER_HEADING, second_order_section
 from tests.autodiff.closure import (
     COMMON_LAYERS,
+    OperatorKey,
     check_second_order,
     closed_operators,
+    closure_fault,
     closure_markdown,
+    closure_rows,
+    committed_rows,
+    operator_key,
     releases,
-    rule_spec_faults,
+    table_row,
 )
 from tests.autodiff.gradcheck import DIM_MODES, excuse_forward_fault
 from tests.autodiff.models import Erf, Gelu
@@ -65,29 +69,53 @@ UNCHECKABLE = {
     "LSTM-x-w-r-layout1": "onnx.reference's Scan cannot run the reversed scan outputs of its gradient",
     "Gelu-com.microsoft": "no onnx.reference implementation, no onnxruntime float64 kernel",
 }
-#: The operators the committed table marks closed (test_the_second_order_table_is_current keeps it so).
-CLOSED = closed_operators(second_order_section(DOCS.read_text()))
+#: The operators the committed table marks closed (the table tests below keep it current).
+COMMITTED = second_order_section(DOCS.read_text())
+CLOSED = closed_operators(COMMITTED)
 #: The other specs of closed rules: their second derivatives are checked with fewer examples each.
 OTHERS = [
     in_float64(spec)
     for spec in SPECS
-    if spec not in COMMON_SPECS and spec.id not in UNCHECKABLE and (spec.domain or "ai.onnx", spec.op_type) in CLOSED
+    if spec not in COMMON_SPECS and spec.id not in UNCHECKABLE and operator_key(spec) in CLOSED
 ]
 
 
-def test_the_second_order_table_is_current() -> None:
-    """Regenerate with: python tools/gradient_coverage.py. The table depends on the releases of onnx and
-    onnxruntime it was made with (a spec whose operator one cannot run cannot be built): with others, skipped."""
-    committed = second_order_section(DOCS.read_text())
-    if f"(generated with {releases()})" not in committed:
+#: The table's rows: every operator a spec of tests/autodiff/test_rules.py covers, each with its specs.
+ROWS: dict[OperatorKey, list[Spec]] = {
+    key: [spec for spec in SPECS if operator_key(spec) == key] for key in sorted({operator_key(s) for s in SPECS})
+}
+STALE = (
+    f"the '{SECOND_ORDER_HEADING}' table of docs/gradient-coverage.md is stale: run python tools/gradient_coverage.py"
+)
+
+
+def skip_unless_made_with_these_releases() -> None:
+    """The table depends on the releases of onnx and onnxruntime it was made with (a spec whose operator one
+    cannot run cannot be built): with others, its checks are skipped."""
+    if f"(generated with {releases()})" not in COMMITTED:
         pytest.skip(f"the committed table comes from other releases than {releases()}")
+
+
+def test_the_second_order_table_has_a_row_per_rule_and_its_text() -> None:
+    """The table's prose, count and rows, as :func:`closure_markdown` writes them from the committed rows."""
+    skip_unless_made_with_these_releases()
+    rows = committed_rows(COMMITTED)
+    assert set(rows) == set(ROWS), STALE
+    assert closure_markdown(rows) == COMMITTED, STALE
+
+
+@pytest.mark.parametrize("key", ROWS, ids=["/".join(key) for key in ROWS])
+def test_the_second_order_table_row_is_current(key: OperatorKey) -> None:
+    """Each operator's row, from its specs' :func:`closure_fault` (regenerate the table with
+    python tools/gradient_coverage.py)."""
+    skip_unless_made_with_these_releases()
+    specs = ROWS[key]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # onnxruntime's and the rules' warnings about the cases themselves
-        expected = closure_markdown(SPECS, rule_spec_faults(workers=min(2, os.cpu_count() or 1)))
-    assert committed == expected, (
-        f"the '{SECOND_ORDER_HEADING}' table of docs/gradient-coverage.md is stale: "
-        "run python tools/gradient_coverage.py"
-    )
+        expected = closure_rows(specs, [closure_fault(spec) for spec in specs])[key]
+    committed = committed_rows(COMMITTED)
+    assert key in committed, f"{STALE} (no row for {key})"
+    assert table_row(key, committed[key]) == table_row(key, expected), STALE
 
 
 def test_the_common_layers_rules_are_closed() -> None:

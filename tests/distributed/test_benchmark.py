@@ -6,6 +6,9 @@ from pathlib import Path
 
 import pytest
 
+#: One mpiexec job at a time: each starts ranks of its own, which would oversubscribe the cores.
+pytestmark = pytest.mark.xdist_group("mpiexec")
+
 
 def test_the_distributed_benchmark_reports_throughput_and_the_all_reduce_share(tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="the benchmark exports its workloads with torch")

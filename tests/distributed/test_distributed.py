@@ -6,6 +6,7 @@ installs it)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -24,6 +25,9 @@ from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, OptimType
 from tests.distributed.batches import batches
 from tests.training import models
+
+#: One mpiexec job at a time: each starts ranks of its own, which would oversubscribe the cores.
+pytestmark = pytest.mark.xdist_group("mpiexec")
 
 WORKER = Path(__file__).with_name("worker.py")
 TIMEOUT = 120  # seconds for one mpiexec run
@@ -84,14 +88,16 @@ def _one_process(case: dict[str, Any]) -> dict[str, np.ndarray]:
 
 
 def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: str, tmp_path: Path) -> None:
-    """SGD with momentum and AdamW, float32 and float64, with and without gradient accumulation; rank 1 starts
-    from other parameters, which the broadcast replaces with rank 0's."""
+    """SGD with momentum and AdamW, float32 and float64, with and without gradient accumulation, reduced through
+    host memory and (``reduce_on_device=True``) in a flat buffer onnxruntime packs on the module's device; rank 1
+    starts from other parameters, which the broadcast replaces with rank 0's."""
     cases = [
         _case(tmp_path, optimizer, dtype, accumulate)
         for optimizer in OPTIMIZERS
         for dtype in ("float32", "float64")
         for accumulate in (1, 2)
     ]
+    cases += [case | {"name": f"{case['name']}-on-device", "reduce_on_device": True} for case in cases[1::2]]
     out = _run_cases(mpiexec, tmp_path, cases, 2, "out")
     for case in cases:
         expected = _one_process(case)
@@ -104,6 +110,7 @@ def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: s
                     got, value, rtol=rtol, atol=rtol * 1e-2, err_msg=f"{case['name']}: {name}, rank {rank}"
                 )
         assert not np.array_equal(ranks[0]["losses"], ranks[1]["losses"])  # each rank saw its own half
+        assert all(bool(saved["on_device"]) == case.get("reduce_on_device", False) for saved in ranks)
 
 
 def _run_cases(mpiexec: str, tmp_path: Path, cases: list[dict[str, Any]], ranks: int, tag: str) -> Path:
@@ -125,14 +132,16 @@ def _assert_ranks_equal(out: Path, case: dict[str, Any], expected: dict[str, np.
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
 def test_on_cuda_two_ranks_equal_one_process(mpiexec: str, tmp_path: Path) -> None:
-    """Both ranks on the GPU: the gradients go through one host buffer per all-reduce (the MPI wheel is not
-    CUDA-aware); the parameters equal one process's on the GPU (float32, 1e-5)."""
+    """Both ranks on the GPU: the gradients stay on it where MPI is CUDA-aware, else go through one host buffer
+    per all-reduce (MPICH's wheel is not CUDA-aware); the parameters equal one process's on the GPU (float32,
+    1e-5)."""
     cases = [_case(tmp_path, optimizer, "float32", 1) | {"device": "cuda"} for optimizer in OPTIMIZERS]
     out = _run_cases(mpiexec, tmp_path, cases, 2, "cuda")
     for case in cases:
         expected = _one_process(case)
         for rank in (0, 1):
             saved = np.load(out / f"{case['name']}-rank{rank}.npz")
+            assert bool(saved["on_device"]) == bool(saved["cuda_aware"])  # reduce_on_device=None's choice
             for name, value in expected.items():
                 np.testing.assert_allclose(saved[f"param:{name}"], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
@@ -165,7 +174,8 @@ def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_pa
                     frozen_params=["bn.mean", "bn.var"], loss=LossType.MSELoss, optimizer=OptimType.AdamW)  # fmt: skip
     case = {"name": "batchnorm", "artifacts": str(folder), "dtype": "float32", "accumulate": 1, "steps": 1,
             "rows": 8, "seed": 4, "learning_rate": 0.05}  # fmt: skip
-    out = _run_cases(mpiexec, tmp_path, [case], 2, "bn")
+    on_device = case | {"name": "batchnorm-on-device", "reduce_on_device": True}
+    out = _run_cases(mpiexec, tmp_path, [case, on_device], 2, "bn")
     ((x, y),) = batches(case, 1)
     halves = []
     for half in (slice(0, 4), slice(4, 8)):
@@ -173,8 +183,8 @@ def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_pa
         module = api.Module(str(folder / "training_model.onnx"), state, str(folder / "eval_model.onnx"))
         module(x[half], y[half])
         halves.append({name: state.parameters[name].data for name in ("bn.mean", "bn.var")})
-    for rank in (0, 1):
-        saved = np.load(out / f"batchnorm-rank{rank}.npz")
+    for rank, tag in itertools.product((0, 1), ("batchnorm", "batchnorm-on-device")):
+        saved = np.load(out / f"{tag}-rank{rank}.npz")
         for name in ("bn.mean", "bn.var"):
             expected = (halves[0][name] + halves[1][name]) / 2
             assert not np.allclose(halves[0][name], halves[1][name])  # the halves' statistics differ

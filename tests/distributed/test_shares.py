@@ -1,7 +1,10 @@
-"""``batch_shares`` and ``shard`` as functions of the rank and size (a stand-in communicator: no MPI needed)."""
+"""``batch_shares``, ``shard`` and ``batch_communicator``'s check as functions of the rank and size (a stand-in
+communicator: no MPI needed)."""
 
 from __future__ import annotations
 
+import re
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,12 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxtrain.distributed.data import batch_shares, shard
+from onnxtrain.distributed.data import batch_communicator, batch_shares, shard
 
 
 @dataclass
 class Ranks:
-    """What ``batch_shares`` and ``shard`` ask of a communicator."""
+    """What ``batch_shares``, ``shard`` and ``batch_communicator`` ask of a communicator."""
 
     rank: int
     size: int
@@ -52,3 +55,18 @@ def test_bad_sizes_are_refused() -> None:
         batch_shares(np.arange(4), 0, comm=Ranks(0, 2))
     with pytest.raises(ValueError, match="n_samples must be a count of rows"):
         shard(-1, comm=Ranks(0, 2))
+
+
+@pytest.mark.parametrize(
+    ("option", "suggestion"), [("--batch-size {}", "use --batch-size 6"), ("batch_size={}", "use batch_size=6")]
+)
+def test_a_batch_that_does_not_split_over_the_ranks_is_refused_naming_the_option(
+    option: str, suggestion: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sys.excepthook", sys.excepthook)  # init's abort hook, undone after the test
+    comm = Ranks(0, 3)
+    assert batch_communicator(9, option, comm) is comm
+    with pytest.raises(
+        ValueError, match=f"{re.escape(option.format(7))} is not a multiple of the 3 ranks.*{suggestion}"
+    ):
+        batch_communicator(7, option, comm)

@@ -24,7 +24,8 @@ from tests.distributed.batches import batches
 def train(cases_file: str, out: str) -> None:
     """Each case: ``steps`` steps from the checkpoint ``load`` (default: the artifacts'), on the batches from
     number ``first`` on, on ``device`` (default ``cpu``); ``epoch``: by ``Module.train_epoch`` over this rank's
-    rows; ``save``: rank 0 writes the checkpoint there at the end."""
+    rows; ``save``: rank 0 writes the checkpoint there at the end; ``reduce_on_device``: the
+    ``DistributedOptimizer``'s (default ``None``)."""
     comm = distributed.init()
     rank, size = distributed.rank(), distributed.size()
     for case in json.loads(Path(cases_file).read_text()):
@@ -37,7 +38,7 @@ def train(cases_file: str, out: str) -> None:
             for name, parameter in state.parameters:
                 state.parameters[name] = parameter.data + 1.0
         distributed.broadcast_parameters(state, root=0)
-        optimizer = distributed.DistributedOptimizer(optimizer)
+        optimizer = distributed.DistributedOptimizer(optimizer, reduce_on_device=case.get("reduce_on_device"))
         optimizer.set_learning_rate(case["learning_rate"])
         first = case.get("first", 0)
         data = list(batches(case, first + case["steps"] * case["accumulate"]))[first:]
@@ -56,7 +57,8 @@ def train(cases_file: str, out: str) -> None:
         if "save" in case and rank == 0:
             api.CheckpointState.save_checkpoint(state, case["save"], include_optimizer_state=True)
         arrays = {f"param:{name}": p.data for name, p in state.parameters}
-        np.savez(Path(out) / f"{case['name']}-rank{rank}.npz", losses=np.array(losses), **arrays)
+        path = {"on_device": optimizer.reduces_on_device, "cuda_aware": distributed.cuda_aware()}
+        np.savez(Path(out) / f"{case['name']}-rank{rank}.npz", losses=np.array(losses), **arrays, **path)
     comm.Barrier()
 
 

@@ -1,0 +1,123 @@
+"""The buckets of ``DistributedOptimizer`` in one process: a stand-in communicator plays the other ranks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("mpi4py", reason="the MPI extra is not installed: pip install -e '.[mpi]'")
+
+from onnxtrain.distributed import DistributedOptimizer
+from onnxtrain.distributed import optimizer as distributed_optimizer
+from onnxtrain.distributed.buckets import DeviceBucket, HostBucket, wire_type
+from onnxtrain.training import values
+from onnxtrain.training.device import Device
+from onnxtrain.training.store import StateTensor
+
+CPU = Device("cpu")
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)]
+SHAPES = st.lists(st.integers(0, 4), min_size=0, max_size=3).map(tuple)
+
+
+@dataclass
+class OtherRanks:
+    """``Allreduce(IN_PLACE, buffer, SUM)`` as if ``ranks - 1`` other ranks each held ``other`` everywhere."""
+
+    ranks: int
+    other: float
+    calls: int = 0
+
+    def Allreduce(self, _in_place: Any, buffer: Any, op: Any) -> None:  # mpi4py's name
+        np.add(buffer, (self.ranks - 1) * self.other, out=buffer)
+        self.calls += 1
+
+    def Get_size(self) -> int:
+        return self.ranks
+
+
+def placed(array: np.ndarray) -> StateTensor:
+    tensor = StateTensor(array)
+    tensor.place(CPU)
+    return tensor
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    dtype=st.sampled_from(DTYPES),
+    shapes=st.lists(SHAPES, min_size=1, max_size=4),
+    ranks=st.integers(1, 4),
+    average=st.booleans(),
+    on_device=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_bucket_replaces_each_value_with_its_sum_over_the_ranks_times_the_scale(
+    dtype: np.dtype, shapes: list[tuple[int, ...]], ranks: int, average: bool, on_device: bool, seed: int
+) -> None:
+    """Twice, with the values' buffers swapped in between (a step moves them): the bucket reads the current ones."""
+    rng = np.random.default_rng(seed)
+    tensors = [placed(rng.standard_normal(shape).astype(dtype)) for shape in shapes]
+    bucket = DeviceBucket(tensors, CPU) if on_device else HostBucket(tensors)
+    comm = OtherRanks(ranks, other=0.5)
+    scale = 1 / ranks if average else 1.0
+    wire = wire_type(dtype)
+    for _ in range(2):
+        before = [t.numpy() for t in tensors]
+        bucket.reduce(comm, scale)
+        for tensor, start in zip(tensors, before, strict=True):
+            expected = ((start.astype(wire) + wire.type((ranks - 1) * 0.5)) * wire.type(scale)).astype(dtype)
+            got = tensor.numpy()
+            assert got.dtype == dtype and got.shape == start.shape
+            np.testing.assert_array_equal(got.astype(np.float64), expected.astype(np.float64))
+        for tensor in tensors:  # the next step writes the spares and swaps
+            values.write(tensor.spare(), tensor.numpy() * 2, "the spare")
+            tensor.swap()
+    assert comm.calls == 2
+    assert bucket.nbytes == sum(int(np.prod(s)) for s in shapes) * wire.itemsize
+
+
+def _stand_in(tensors: dict[str, StateTensor], device: Device = CPU) -> SimpleNamespace:
+    """What ``DistributedOptimizer.step`` reads of an optimizer, its module and the module's state."""
+    store = SimpleNamespace(gradient_status="ready", settle=lambda: None, gradients=tensors, tensors={})
+    module = SimpleNamespace(
+        device=device, state=SimpleNamespace(store=store), io=SimpleNamespace(trainable=list(tensors), statistics=[])
+    )
+    steps: list[int] = []
+    return SimpleNamespace(module=module, step=lambda: steps.append(1), steps=steps)
+
+
+def test_one_all_reduce_per_element_type_and_the_buckets_kept_from_step_to_step() -> None:
+    gradients = {
+        "a": placed(np.ones((2, 3), np.float32)),
+        "b": placed(np.ones(4, np.float64)),
+        "c": placed(np.ones(5, np.float32)),
+    }
+    wrapped = _stand_in(gradients)
+    optimizer = DistributedOptimizer(wrapped, comm=OtherRanks(2, other=3.0))
+    optimizer.step()
+    buckets = optimizer._buckets["gradients"]
+    assert [[t.dtype for t in b.tensors] for b in buckets] == [[np.float32, np.float32], [np.float64]]
+    assert optimizer._comm.calls == 2 and wrapped.steps == [1]
+    assert all(np.array_equal(t.numpy(), np.full(t.shape, 2.0)) for t in gradients.values())  # (1 + 3) / 2
+    optimizer.step()
+    assert optimizer._buckets["gradients"] is buckets  # the same flat buffers
+    assert optimizer.reduced_bytes == 2 * (11 * 4 + 4 * 8) and optimizer.reduce_seconds > 0
+
+
+def test_reducing_on_a_gpu_with_an_mpi_that_is_not_cuda_aware_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distributed_optimizer, "cuda_aware", lambda: False)
+    optimizer = DistributedOptimizer(_stand_in({}, Device("cuda", 0)), comm=OtherRanks(2, 0.0), reduce_on_device=True)
+    with pytest.raises(RuntimeError, match=r"needs an MPI library built CUDA-aware.*reduce_on_device=None or False"):
+        optimizer.step()
+    assert not DistributedOptimizer(_stand_in({}, Device("cuda", 0)), comm=OtherRanks(2, 0.0)).reduces_on_device
+
+
+def test_reduce_on_device_must_be_a_bool_or_none() -> None:
+    with pytest.raises(TypeError, match="reduce_on_device must be None, True or False, not 'yes'"):
+        DistributedOptimizer(_stand_in({}), comm=OtherRanks(2, 0.0), reduce_on_device="yes")  # type: ignore[arg-type]
