@@ -184,7 +184,7 @@ def _unpack_model(tensors: Sequence[StateTensor], wire: np.dtype) -> Any:
             name = f"value{index}"
             if wire_elem != elem:
                 part = b.add_node1("Cast", [part], to=elem)
-            b.add_node("Reshape", [part, ops.int64s(b, list(tensor.shape), "shape")], [name])
+            b.add_node("Reshape", [part, ops.int64s(b, list(tensor.shape), "shape")], [name], allowzero=1)
             outputs.append(name)
             start = end
         b.set_outputs(outputs)

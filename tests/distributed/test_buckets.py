@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,16 +39,41 @@ class OtherRanks:
     calls: int = 0
 
     def Allreduce(self, _in_place: Any, buffer: Any, op: Any) -> None:  # mpi4py's name
-        np.add(buffer, (self.ranks - 1) * self.other, out=buffer)
+        if hasattr(buffer, "__cuda_array_interface__"):  # as a CUDA-aware MPI: through the device pointer
+            with device_memory(buffer.__cuda_array_interface__) as host:
+                np.add(host, (self.ranks - 1) * self.other, out=host)
+        else:
+            np.add(buffer, (self.ranks - 1) * self.other, out=buffer)
         self.calls += 1
 
     def Get_size(self) -> int:
         return self.ranks
 
 
-def placed(array: np.ndarray) -> StateTensor:
+@contextlib.contextmanager
+def device_memory(interface: dict[str, Any]) -> Iterator[np.ndarray]:
+    """The GPU memory ``interface`` (``__cuda_array_interface__``) describes, as a host array written back after
+    (``cudaMemcpy`` from the CUDA runtime onnxruntime's CUDA provider has loaded)."""
+    assert interface["version"] == 3 and interface["strides"] is None and not interface["data"][1]
+    host = np.empty(interface["shape"], np.dtype(interface["typestr"]))
+    runtime = next(cdll for cdll in _loaded("libcudart.so.13", "libcudart.so.12", "libcudart.so") if cdll)
+    pointer, size = ctypes.c_void_p(interface["data"][0]), ctypes.c_size_t(host.nbytes)
+    assert runtime.cudaMemcpy(host.ctypes.data_as(ctypes.c_void_p), pointer, size, 2) == 0  # device to host
+    yield host
+    assert runtime.cudaMemcpy(pointer, host.ctypes.data_as(ctypes.c_void_p), size, 1) == 0  # host to device
+
+
+def _loaded(*names: str) -> Iterator[ctypes.CDLL | None]:
+    for name in names:
+        try:
+            yield ctypes.CDLL(name)
+        except OSError:
+            yield None
+
+
+def placed(array: np.ndarray, device: Device = CPU) -> StateTensor:
     tensor = StateTensor(array)
-    tensor.place(CPU)
+    tensor.place(device)
     return tensor
 
 
@@ -60,10 +89,43 @@ def placed(array: np.ndarray) -> StateTensor:
 def test_a_bucket_replaces_each_value_with_its_sum_over_the_ranks_times_the_scale(
     dtype: np.dtype, shapes: list[tuple[int, ...]], ranks: int, average: bool, on_device: bool, seed: int
 ) -> None:
+    check_bucket(CPU, on_device, dtype, shapes, ranks, average, seed)
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_host_bucket_reduces_values_on_a_gpu(dtype: np.dtype) -> None:
+    """One device-to-host copy into the flat buffer and one back per value (the stand-in sums host memory)."""
+    check_bucket(Device("cuda", 0), False, dtype, [(3, 4), (0,), (), (5,)], 3, True, 7)
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_device_bucket_on_a_gpu_hands_mpi_its_flat_buffer_in_device_memory(dtype: np.dtype) -> None:
+    """Packed and unpacked by onnxruntime on the GPU; the stand-in sums through the device pointer, as a
+    CUDA-aware MPI does, and mpi4py takes the buffer (a one-rank in-place all-reduce leaves it as it is)."""
+    from mpi4py import MPI
+
+    check_bucket(Device("cuda", 0), True, dtype, [(3, 4), (0,), (), (5,)], 3, True, 7)
+    tensors = [placed(np.ones(4, dtype), Device("cuda", 0))]
+    bucket = DeviceBucket(tensors, Device("cuda", 0))
+    bucket.reduce(MPI.COMM_SELF, 1.0)
+    assert np.array_equal(tensors[0].numpy(), np.ones(4, dtype))
+
+
+def check_bucket(
+    device: Device,
+    on_device: bool,
+    dtype: np.dtype,
+    shapes: list[tuple[int, ...]],
+    ranks: int,
+    average: bool,
+    seed: int,
+) -> None:
     """Twice, with the values' buffers swapped in between (a step moves them): the bucket reads the current ones."""
     rng = np.random.default_rng(seed)
-    tensors = [placed(rng.standard_normal(shape).astype(dtype)) for shape in shapes]
-    bucket = DeviceBucket(tensors, CPU) if on_device else HostBucket(tensors)
+    tensors = [placed(rng.standard_normal(shape).astype(dtype), device) for shape in shapes]
+    bucket = DeviceBucket(tensors, device) if on_device else HostBucket(tensors)
     comm = OtherRanks(ranks, other=0.5)
     scale = 1 / ranks if average else 1.0
     wire = wire_type(dtype)
