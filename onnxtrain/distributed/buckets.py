@@ -5,11 +5,12 @@ current values at each :meth:`reduce` (a step swaps a tensor's two buffers,
 so the values move). Where the sum is a mean, the scale ``1 / ranks`` is
 applied on the way back. Two kinds:
 
-- :class:`HostBucket`: the flat buffer is a NumPy array. Each value is copied
-  into its slice (from a GPU: one device-to-host copy), ``Allreduce`` sums
-  the array in place, and each slice is copied back (one host-to-device copy
-  from a GPU). On the CPU that is two passes over the gradients; float16 and
-  bfloat16 are summed in float32.
+- :class:`HostBucket`: the flat buffer is a NumPy array. onnxruntime copies
+  each value into its slice (from a GPU: one device-to-host copy),
+  ``Allreduce`` sums the array in place, and each slice comes back scaled (on
+  the CPU, multiplied straight into the value's memory; to a GPU, one
+  host-to-device copy). On the CPU that is two passes over the gradients;
+  float16 and bfloat16 are summed in float32.
 - :class:`DeviceBucket`: the flat buffer is an ``OrtValue`` on the tensors'
   device. onnxruntime packs it (``Concat`` of the flattened values) and
   unpacks it (``Mul`` by the scale, then one ``Slice`` and ``Reshape`` per
@@ -36,6 +37,7 @@ from onnxtrain.training import values
 from onnxtrain.training.device import Device
 from onnxtrain.training.store import StateTensor
 
+CPU = Device("cpu")
 #: Element types MPI sums natively; others (float16, bfloat16) are summed in float32.
 NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
@@ -72,6 +74,9 @@ class HostBucket:
         # own type is copied into its slice by onnxruntime, from any device, without a NumPy copy first.
         direct = self.dtype == self.flat.dtype and not values.needs_ortvalue(self.dtype)
         self.views = [ort.OrtValue.ortvalue_from_numpy(s) if direct and s.size else None for s in self.slices]
+        # on the CPU, the sum is scaled straight into the values' memory (a CPU OrtValue's NumPy array aliases
+        # it): one pass back instead of scaling the flat buffer, then copying
+        self.scaled_in_place = direct and all(t.device == CPU for t in self.tensors)
 
     @property
     def nbytes(self) -> int:
@@ -85,8 +90,13 @@ class HostBucket:
             elif target.size:
                 target[...] = values.to_numpy(tensor.value, copy=False)
         comm.Allreduce(mpi().IN_PLACE, self.flat, op=mpi().SUM)
+        factor = self.flat.dtype.type(scale)
+        if self.scaled_in_place:
+            for tensor, source in zip(self.tensors, self.slices, strict=True):
+                np.multiply(source, factor, out=values.to_numpy(tensor.value, copy=False))
+            return
         if scale != 1:
-            np.multiply(self.flat, self.flat.dtype.type(scale), out=self.flat)
+            np.multiply(self.flat, factor, out=self.flat)
         for tensor, source in zip(self.tensors, self.slices, strict=True):
             assert tensor.value is not None
             values.write(tensor.value, source.astype(self.dtype, copy=False), "a reduced tensor")
