@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 import traceback
 from types import TracebackType
 from typing import Any
+
+#: How long a failing rank waits, its message written, before it aborts the job: ``mpiexec`` forwards each
+#: rank's output through a proxy process, which the abort ends, and a message still in the pipe is lost.
+FORWARDING_GRACE_SECONDS = 1.0
 
 
 def mpi() -> Any:
@@ -36,7 +41,8 @@ def init(comm: Any = None) -> Any:
     """Start MPI and return the communicator; an uncaught exception on any rank then aborts every rank.
 
     The abort prints ``onnxtrain.distributed: rank R of N failed:`` and the
-    traceback to standard error, then calls ``comm.Abort(1)``: ``mpiexec``
+    traceback to standard error, waits :data:`FORWARDING_GRACE_SECONDS` for
+    the launcher to pass it on, then calls ``comm.Abort(1)``: ``mpiexec``
     ends all ranks and exits with an error instead of leaving the others
     blocked in their next all-reduce.
     """
@@ -50,6 +56,7 @@ def init(comm: Any = None) -> Any:
         sys.stderr.write(f"onnxtrain.distributed: rank {comm.Get_rank()} of {comm.Get_size()} failed:\n{message}")
         sys.stderr.flush()
         if comm.Get_size() > 1:
+            time.sleep(FORWARDING_GRACE_SECONDS)  # the launcher forwards the message before it ends the ranks
             comm.Abort(1)
         previous(kind, error, trace)
 
