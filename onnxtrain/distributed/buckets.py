@@ -9,8 +9,8 @@ applied on the way back. Two kinds:
   each value into its slice (from a GPU: one device-to-host copy),
   ``Allreduce`` sums the array in place, and each slice comes back scaled (on
   the CPU, multiplied straight into the value's memory; to a GPU, one
-  host-to-device copy). On the CPU that is two passes over the gradients;
-  float16 and bfloat16 are summed in float32.
+  host-to-device copy, from page-locked memory). On the CPU that is two
+  passes over the gradients; float16 and bfloat16 are summed in float32.
 - :class:`DeviceBucket`: the flat buffer is an ``OrtValue`` on the tensors'
   device. onnxruntime packs it (``Concat`` of the flattened values) and
   unpacks it (``Mul`` by the scale, then one ``Slice`` and ``Reshape`` per
@@ -35,6 +35,7 @@ from onnxtrain.graph.context import empty_base
 from onnxtrain.sessions import inference_session
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
+from onnxtrain.training.pinned import pin
 from onnxtrain.training.store import StateTensor
 
 CPU = Device("cpu")
@@ -77,6 +78,8 @@ class HostBucket:
         # on the CPU, the sum is scaled straight into the values' memory (a CPU OrtValue's NumPy array aliases
         # it): one pass back instead of scaling the flat buffer, then copying
         self.scaled_in_place = direct and all(t.device == CPU for t in self.tensors)
+        # for values on a GPU, page-locked: the copies each way run about three times faster
+        self.pinned = any(t.device is not None and t.device.type == "cuda" for t in self.tensors) and pin(self.flat)
 
     @property
     def nbytes(self) -> int:

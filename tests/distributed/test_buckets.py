@@ -96,7 +96,8 @@ def test_a_bucket_replaces_each_value_with_its_sum_over_the_ranks_times_the_scal
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_host_bucket_reduces_values_on_a_gpu(dtype: np.dtype) -> None:
     """One device-to-host copy into the flat buffer and one back per value (the stand-in sums host memory)."""
-    check_bucket(Device("cuda", 0), False, dtype, [(3, 4), (0,), (), (5,)], 3, True, 7)
+    bucket = check_bucket(Device("cuda", 0), False, dtype, [(3, 4), (0,), (), (5,)], 3, True, 7)
+    assert isinstance(bucket, HostBucket) and bucket.pinned  # page-locked for the copies to and from the GPU
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
@@ -142,6 +143,8 @@ def check_bucket(
             tensor.swap()
     assert comm.calls == 2
     assert bucket.nbytes == sum(int(np.prod(s)) for s in shapes) * wire.itemsize
+    assert not (isinstance(bucket, HostBucket) and device == CPU and bucket.pinned)  # the CPU's copies need none
+    return bucket
 
 
 def _stand_in(tensors: dict[str, StateTensor], device: Device = CPU) -> SimpleNamespace:
