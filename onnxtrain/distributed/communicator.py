@@ -89,16 +89,20 @@ def cuda_aware() -> bool:
     """Whether the MPI library takes GPU memory in its calls (built CUDA-aware, with CUDA found at run time).
 
     Asks the library's ``MPIX_Query_cuda_support()`` (Open MPI, MPICH and
-    MVAPICH have it), through mpi4py's own module, whose search reaches the
-    library it loaded; ``False`` where there is no such query.
+    MVAPICH have it) through :func:`mpi_library`; ``False`` where there is no
+    such query, or it answers anything but 1.
     """
-    MPI = mpi()
     try:
-        query = ctypes.CDLL(MPI.__file__).MPIX_Query_cuda_support
+        query = mpi_library().MPIX_Query_cuda_support
     except (OSError, AttributeError):
         return False
     query.restype, query.argtypes = ctypes.c_int, []
     return query() == 1
 
 
-__all__ = ["communicator", "cuda_aware", "init", "local_rank", "mpi", "rank", "size"]
+def mpi_library() -> ctypes.CDLL:
+    """mpi4py's own module opened by ``ctypes``: a symbol lookup in it searches the MPI library it loaded too."""
+    return ctypes.CDLL(mpi().__file__)
+
+
+__all__ = ["communicator", "cuda_aware", "init", "local_rank", "mpi", "mpi_library", "rank", "size"]
