@@ -45,6 +45,7 @@ def test_mpich_s_wheel_is_not_cuda_aware() -> None:
     """The MPI this suite installs (MPICH's wheel, built without CUDA) answers through the real query."""
     from mpi4py import MPI
 
-    if not MPI.Get_library_version().startswith("MPICH"):
-        pytest.skip(f"another MPI library: {MPI.Get_library_version().splitlines()[0]}")
+    version = MPI.Get_library_version().rstrip("\x00").splitlines()[0]  # Open MPI's ends in a NUL
+    if not version.startswith("MPICH"):
+        pytest.skip(f"another MPI library: {version}")
     assert cuda_aware() is False
