@@ -23,6 +23,7 @@ from onnxtrain.distributed import optimizer as distributed_optimizer
 from onnxtrain.distributed.buckets import DeviceBucket, HostBucket, wire_type
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
+from onnxtrain.training.pinned import cuda_runtime
 from onnxtrain.training.store import StateTensor
 
 CPU = Device("cpu")
@@ -56,19 +57,12 @@ def device_memory(interface: dict[str, Any]) -> Iterator[np.ndarray]:
     (``cudaMemcpy`` from the CUDA runtime onnxruntime's CUDA provider has loaded)."""
     assert interface["version"] == 3 and interface["strides"] is None and not interface["data"][1]
     host = np.empty(interface["shape"], np.dtype(interface["typestr"]))
-    runtime = next(cdll for cdll in _loaded("libcudart.so.13", "libcudart.so.12", "libcudart.so") if cdll)
+    runtime = cuda_runtime()
+    assert runtime is not None
     pointer, size = ctypes.c_void_p(interface["data"][0]), ctypes.c_size_t(host.nbytes)
     assert runtime.cudaMemcpy(host.ctypes.data_as(ctypes.c_void_p), pointer, size, 2) == 0  # device to host
     yield host
     assert runtime.cudaMemcpy(pointer, host.ctypes.data_as(ctypes.c_void_p), size, 1) == 0  # host to device
-
-
-def _loaded(*names: str) -> Iterator[ctypes.CDLL | None]:
-    for name in names:
-        try:
-            yield ctypes.CDLL(name)
-        except OSError:
-            yield None
 
 
 def placed(array: np.ndarray, device: Device = CPU) -> StateTensor:
