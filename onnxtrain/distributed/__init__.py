@@ -12,9 +12,11 @@ data-parallel::
     distributed.broadcast_parameters(state, root=0)          # every rank starts from rank 0's values
     optimizer = distributed.DistributedOptimizer(optimizer)  # step() averages the gradients, then updates
 
-- :func:`init`, :func:`rank`, :func:`size`, :func:`local_rank`: the
-  communicator (``MPI.COMM_WORLD`` unless one is given); :func:`cuda_aware`:
-  whether the MPI library takes GPU memory;
+- :func:`init`, :func:`rank`, :func:`size`, :func:`local_rank`,
+  :func:`local_size`: the communicator (``MPI.COMM_WORLD`` unless one is
+  given); :func:`cuda_aware`: whether the MPI library takes GPU memory;
+- :func:`session_options`: onnxruntime's options for a rank's ``Module``,
+  its share of the machine's cores;
 - :func:`broadcast_parameters`: rank ``root``'s parameters and optimizer
   state to every rank;
 - :class:`DistributedOptimizer`: wraps an ``onnxtrain.api.Optimizer``; its
@@ -33,9 +35,10 @@ both (MPICH's wheel). docs/distributed.md says how to run on several machines.
 
 from __future__ import annotations
 
-from onnxtrain.distributed.communicator import cuda_aware, init, local_rank, rank, size
+from onnxtrain.distributed.communicator import cuda_aware, init, local_rank, local_size, rank, size
 from onnxtrain.distributed.data import batch_communicator, batch_shares, shard
 from onnxtrain.distributed.optimizer import DistributedOptimizer
+from onnxtrain.distributed.sessions import session_options
 from onnxtrain.distributed.state import broadcast_parameters
 
 __all__ = [
@@ -46,7 +49,9 @@ __all__ = [
     "cuda_aware",
     "init",
     "local_rank",
+    "local_size",
     "rank",
+    "session_options",
     "shard",
     "size",
 ]

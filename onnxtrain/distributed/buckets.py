@@ -134,9 +134,9 @@ class DeviceBucket:
         self.scale = values.empty((), wire, device)
         self._scale = 1.0
         values.write(self.scale, np.ones((), wire), "the scale")
-        providers = device.providers()
-        self.pack = inference_session(_pack_model(self.tensors, wire).SerializeToString(), providers=providers)
-        self.unpack = inference_session(_unpack_model(self.tensors, wire).SerializeToString(), providers=providers)
+        providers, options = device.providers(), _copy_options()
+        self.pack = inference_session(_pack_model(self.tensors, wire).SerializeToString(), options, providers)
+        self.unpack = inference_session(_unpack_model(self.tensors, wire).SerializeToString(), options, providers)
         if device.type == "cpu":
             self.buffer: Any = values.to_numpy(self.flat, copy=False)
         else:
@@ -164,6 +164,16 @@ class DeviceBucket:
             assert tensor.value is not None
             unpack.bind_ortvalue_output(f"value{index}", tensor.value)
         self.unpack.run_with_iobinding(unpack)
+
+
+def _copy_options() -> ort.SessionOptions:
+    """Sessions that only copy: one thread that does not spin (each rank's own sessions have the cores; a
+    spinning pool per rank would take them from the other ranks on the same machine)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 def _pack_model(tensors: Sequence[StateTensor], wire: np.dtype) -> Any:

@@ -1,4 +1,4 @@
-"""The MPI communicator: ``init``, ``rank``, ``size``, ``local_rank``; and ``cuda_aware``, what the library takes.
+"""The MPI communicator: ``init``, ``rank``, ``size``, ``local_rank``, ``local_size``; and ``cuda_aware``.
 
 Every function takes ``comm`` (an ``mpi4py.MPI.Comm``); ``None`` means
 ``MPI.COMM_WORLD``. mpi4py initialises MPI when it is imported; :func:`init`
@@ -77,10 +77,19 @@ def size(comm: Any = None) -> int:
 
 def local_rank(comm: Any = None) -> int:
     """This process's rank among the processes of ``comm`` on the same machine (to choose a GPU: ``cuda:<i>``)."""
-    MPI = mpi()
-    node = communicator(comm).Split_type(MPI.COMM_TYPE_SHARED)
+    return _on_this_machine(comm)[0]
+
+
+def local_size(comm: Any = None) -> int:
+    """The number of processes of ``comm`` on this machine."""
+    return _on_this_machine(comm)[1]
+
+
+def _on_this_machine(comm: Any) -> tuple[int, int]:
+    """This process's rank and the process count of ``comm``'s processes that share this machine's memory."""
+    node = communicator(comm).Split_type(mpi().COMM_TYPE_SHARED)
     try:
-        return int(node.Get_rank())
+        return int(node.Get_rank()), int(node.Get_size())
     finally:
         node.Free()
 
@@ -105,4 +114,4 @@ def mpi_library() -> ctypes.CDLL:
     return ctypes.CDLL(mpi().__file__)
 
 
-__all__ = ["communicator", "cuda_aware", "init", "local_rank", "mpi", "mpi_library", "rank", "size"]
+__all__ = ["communicator", "cuda_aware", "init", "local_rank", "local_size", "mpi", "mpi_library", "rank", "size"]

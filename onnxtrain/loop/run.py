@@ -24,7 +24,7 @@ import numpy as np
 
 from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
-from onnxtrain.distributed import batch_communicator
+from onnxtrain.distributed import batch_communicator, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
 from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles
@@ -115,7 +115,8 @@ def train(
             return RunResult(earlier, source, 0)  # nothing left to do
         record = replace(earlier, epochs=settings.epochs)
     state = TrainingState(saved)
-    module = Module(files.training_model, state, files.eval_model, device=device)
+    options = None if comm is None else session_options(comm)  # the machine's cores shared among its ranks
+    module = Module(files.training_model, state, files.eval_model, device=device, session_options=options)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

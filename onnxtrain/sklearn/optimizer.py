@@ -273,7 +273,12 @@ class OrtGradientOptimizer:
         start = self._start_weights(built.checkpoint.trainable, rng)
         for name, array in start.items():
             state.parameters[name] = array
-        module = Module(built.training_model, state, built.eval_model, device=self.device)
+        options = None
+        if comm is not None:  # the machine's cores shared among its ranks
+            from onnxtrain.distributed import session_options
+
+            options = session_options(comm)
+        module = Module(built.training_model, state, built.eval_model, device=self.device, session_options=options)
         optimizer: Any = Optimizer(built.optimizer_model, module)
         if comm is not None:
             from onnxtrain import distributed
