@@ -18,9 +18,9 @@ def session_options(comm: Any = None) -> ort.SessionOptions:
     ranks of ``comm`` on this machine (at least 1); where the launcher bound
     the process to fewer cores than the machine has, those cores, undivided.
     The threads do not spin: a spinning thread holds its core while it waits,
-    and the other ranks on the machine need it. With onnxruntime's default of
-    one thread per core in every rank, two ranks on 2 cores took 10.2 ms per
-    MLP step instead of 4.2 ms. All graph optimizations, as the runtime's
+    and the other ranks on the machine need it. With the runtime's default
+    options (a thread per core in every rank, the fused step's spinning), two
+    ranks on 2 cores took 10.2 ms per MLP step instead of 4.2 ms. All graph optimizations, as the runtime's
     defaults. Pass it as ``Module(..., session_options=...)``;
     ``fit(distributed=True)`` and ``onnxtrain train --distributed`` do.
     """
