@@ -55,7 +55,7 @@ class DistributedOptimizer:
         self._comm = communicator(comm)
         self._average = op == "average"
         self._on_device = reduce_on_device
-        self._buckets: dict[str, list[Bucket]] = {}
+        self._buckets: dict[str, tuple[tuple[StateTensor, ...], list[Bucket]]] = {}  # what: (its tensors, buckets)
         self.reduced_bytes = 0
         self.reduce_seconds = 0.0
 
@@ -94,23 +94,23 @@ class DistributedOptimizer:
 
     def _reduce(self, what: str, tensors: Sequence[StateTensor], scale: float) -> None:
         """Sum ``tensors`` over the ranks in place, times ``scale``, through the buckets kept for ``what``."""
-        buckets = self._buckets.get(what)
-        if buckets is None or [t for b in buckets for t in b.tensors] != _grouped(tensors):
-            buckets = self._buckets[what] = self._make_buckets(tensors)
-        for bucket in buckets:
+        kept = self._buckets.get(what)
+        if kept is None or kept[0] != tuple(tensors):  # the same tensor objects (compared by identity)
+            kept = self._buckets[what] = (tuple(tensors), self._make_buckets(tensors))
+        for bucket in kept[1]:
             bucket.reduce(self._comm, scale)
             self.reduced_bytes += bucket.nbytes
 
     def _make_buckets(self, tensors: Sequence[StateTensor]) -> list[Bucket]:
         """One bucket per element type, in the order the types first appear."""
         device: Device = self._optimizer.module.device
-        on_device = self.reduces_on_device
-        if on_device and device.type != "cpu" and not cuda_aware():
+        if self._on_device and device.type != "cpu" and not cuda_aware():
             raise RuntimeError(
                 f"reduce_on_device=True on {device} needs an MPI library built CUDA-aware, and this one's "
                 "MPIX_Query_cuda_support() says it is not (or it has no such query): pass reduce_on_device=None "
                 "or False to reduce through host memory, or run with a CUDA-aware MPI (docs/distributed.md)"
             )
+        on_device = self.reduces_on_device
         buckets: list[Bucket] = []
         for dtype in dict.fromkeys(np.dtype(t.dtype) for t in tensors):
             group = [t for t in tensors if np.dtype(t.dtype) == dtype]
@@ -119,12 +119,6 @@ class DistributedOptimizer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._optimizer, name)
-
-
-def _grouped(tensors: Sequence[StateTensor]) -> list[StateTensor]:
-    """``tensors`` in their buckets' order: grouped by element type, the types in order of first appearance."""
-    order = dict.fromkeys(np.dtype(t.dtype) for t in tensors)
-    return [t for dtype in order for t in tensors if np.dtype(t.dtype) == dtype]
 
 
 __all__ = ["DistributedOptimizer"]

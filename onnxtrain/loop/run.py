@@ -24,7 +24,7 @@ import numpy as np
 
 from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
-from onnxtrain.distributed import batch_communicator, session_options
+from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
 from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles
@@ -128,8 +128,6 @@ def train(
     if echo is not None:
         echo(_start_line(record, source, len(train_rows), len(val_rows), optimizer.step_count, earlier is not None))
     if comm is not None:
-        from onnxtrain.distributed import DistributedOptimizer, broadcast_parameters
-
         broadcast_parameters(state, comm=comm)
         optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
     loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows), comm)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxtrain.distributed import batch_shares
 from onnxtrain.loop.batches import batch_count, epoch_order
 from onnxtrain.loop.interrupts import DeferredInterrupt, ImmediateInterrupt
 from onnxtrain.loop.record import EpochLosses, RunRecord
@@ -103,8 +104,6 @@ class Loop:
         rows = self.train_rows[epoch_order(len(self.train_rows), settings.seed, epoch)]
         size = settings.batch_size
         if self.comm is not None:  # this rank's part of every batch; the same number of batches on every rank
-            from onnxtrain.distributed import batch_shares
-
             size //= self.comm.Get_size()
             rows = batch_shares(rows, size, comm=self.comm)
         count = batch_count(len(rows), size)

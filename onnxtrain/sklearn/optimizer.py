@@ -22,9 +22,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain import optim
+from onnxtrain import distributed, optim
 from onnxtrain.artifacts import build_artifacts
 from onnxtrain.autodiff import MissingGradientError
+from onnxtrain.distributed.communicator import mpi
 from onnxtrain.graph import dtypes
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
@@ -273,16 +274,10 @@ class OrtGradientOptimizer:
         start = self._start_weights(built.checkpoint.trainable, rng)
         for name, array in start.items():
             state.parameters[name] = array
-        options = None
-        if comm is not None:  # the machine's cores shared among its ranks
-            from onnxtrain.distributed import session_options
-
-            options = session_options(comm)
+        options = None if comm is None else distributed.session_options(comm)  # the cores shared among the ranks
         module = Module(built.training_model, state, built.eval_model, device=self.device, session_options=options)
         optimizer: Any = Optimizer(built.optimizer_model, module)
         if comm is not None:
-            from onnxtrain import distributed
-
             distributed.broadcast_parameters(state, comm=comm)
             optimizer = distributed.DistributedOptimizer(optimizer, comm, op="sum")  # the loss sums over rows
         per_sample = isinstance(block, optim.SGD)
@@ -315,9 +310,7 @@ class OrtGradientOptimizer:
             for iteration in range(self.max_iter):
                 order = rng.permutation(n)
                 if comm is not None:  # this rank's part of every global batch
-                    from onnxtrain.distributed import batch_shares
-
-                    order = batch_shares(order, batch_size, comm=comm)
+                    order = distributed.batch_shares(order, batch_size, comm=comm)
                 shuffled = [array[order] for array in data]  # one gather per iteration
                 eta = learning_rate.value
                 rows = len(order)
@@ -331,8 +324,6 @@ class OrtGradientOptimizer:
                 seen = rows
                 where = ""
                 if comm is not None:  # the same decisions and figures on every rank
-                    from onnxtrain.distributed.communicator import mpi
-
                     where = f" on rank {comm.Get_rank()}" if not finite else " on another rank"
                     finite = bool(comm.allreduce(finite, op=mpi().LAND))
                     total, seen = comm.allreduce(total), comm.allreduce(seen)
@@ -387,9 +378,7 @@ class OrtGradientOptimizer:
         """``None``, or with ``distributed`` the MPI communicator (``batch_size`` checked against its size)."""
         if not self.distributed:
             return None
-        from onnxtrain.distributed import batch_communicator
-
-        return batch_communicator(self.batch_size, "batch_size={}")
+        return distributed.batch_communicator(self.batch_size, "batch_size={}")
 
     def _check_params(self) -> None:
         if not isinstance(self.model_onnx, onnx.ModelProto):

@@ -160,12 +160,12 @@ def test_one_all_reduce_per_element_type_and_the_buckets_kept_from_step_to_step(
     wrapped = _stand_in(gradients)
     optimizer = DistributedOptimizer(wrapped, comm=OtherRanks(2, other=3.0))
     optimizer.step()
-    buckets = optimizer._buckets["gradients"]
+    _, buckets = optimizer._buckets["gradients"]
     assert [[t.dtype for t in b.tensors] for b in buckets] == [[np.float32, np.float32], [np.float64]]
     assert optimizer._comm.calls == 2 and wrapped.steps == [1]
     assert all(np.array_equal(t.numpy(), np.full(t.shape, 2.0)) for t in gradients.values())  # (1 + 3) / 2
     optimizer.step()
-    assert optimizer._buckets["gradients"] is buckets  # the same flat buffers
+    assert optimizer._buckets["gradients"][1] is buckets  # the same flat buffers
     assert optimizer.reduced_bytes == 2 * (11 * 4 + 4 * 8) and optimizer.reduce_seconds > 0
 
 
