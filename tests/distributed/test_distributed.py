@@ -102,13 +102,8 @@ def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: s
     for case in cases:
         expected = _one_process(case)
         rtol = 1e-12 if case["dtype"] == "float64" else 1e-6
+        _assert_ranks_equal(out, case, expected, 2, rtol=rtol, atol=rtol * 1e-2)
         ranks = [np.load(out / f"{case['name']}-rank{r}.npz") for r in (0, 1)]
-        for name, value in expected.items():
-            for rank, saved in enumerate(ranks):
-                got = saved[f"param:{name}"]
-                np.testing.assert_allclose(
-                    got, value, rtol=rtol, atol=rtol * 1e-2, err_msg=f"{case['name']}: {name}, rank {rank}"
-                )
         assert not np.array_equal(ranks[0]["losses"], ranks[1]["losses"])  # each rank saw its own half
         assert all(bool(saved["on_device"]) == case.get("reduce_on_device", False) for saved in ranks)
 
@@ -123,11 +118,21 @@ def _run_cases(mpiexec: str, tmp_path: Path, cases: list[dict[str, Any]], ranks:
     return out
 
 
-def _assert_ranks_equal(out: Path, case: dict[str, Any], expected: dict[str, np.ndarray], ranks: int) -> None:
+def _assert_ranks_equal(
+    out: Path,
+    case: dict[str, Any],
+    expected: dict[str, np.ndarray],
+    ranks: int,
+    rtol: float = 1e-12,
+    atol: float = 1e-14,
+) -> None:
+    """Every rank's parameters after ``case`` (saved in ``out``) equal ``expected``."""
     for rank in range(ranks):
         saved = np.load(out / f"{case['name']}-rank{rank}.npz")
         for name, value in expected.items():
-            np.testing.assert_allclose(saved[f"param:{name}"], value, rtol=1e-12, atol=1e-14, err_msg=f"{name}, {rank}")
+            np.testing.assert_allclose(
+                saved[f"param:{name}"], value, rtol=rtol, atol=atol, err_msg=f"{case['name']}: {name}, rank {rank}"
+            )
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
@@ -138,12 +143,10 @@ def test_on_cuda_two_ranks_equal_one_process(mpiexec: str, tmp_path: Path) -> No
     cases = [_case(tmp_path, optimizer, "float32", 1) | {"device": "cuda"} for optimizer in OPTIMIZERS]
     out = _run_cases(mpiexec, tmp_path, cases, 2, "cuda")
     for case in cases:
-        expected = _one_process(case)
+        _assert_ranks_equal(out, case, _one_process(case), 2, rtol=1e-5, atol=1e-7)
         for rank in (0, 1):
             saved = np.load(out / f"{case['name']}-rank{rank}.npz")
             assert bool(saved["on_device"]) == bool(saved["cuda_aware"])  # reduce_on_device=None's choice
-            for name, value in expected.items():
-                np.testing.assert_allclose(saved[f"param:{name}"], value, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_train_epoch_with_a_distributed_optimizer_averages_every_step(mpiexec: str, tmp_path: Path) -> None:
