@@ -44,8 +44,10 @@ from onnxtrain.training.interface import LoadedModel
 from onnxtrain.training.options import SMALL_TENSOR, largest_step_input
 from onnxtrain.training.store import RecordedUpdate, StateStore, StateTensor
 
-#: The most bytes of user inputs per step that the session for fixed shapes copies into buffers of its own.
-STAGED_BYTES = 1 << 20
+#: The most bytes of user inputs per step that the session for fixed shapes copies into buffers of its own
+#: (under ``SMALL_TENSOR`` float32 elements, 128 KiB, so that both sides of it are reachable; at 4-128 KiB
+#: of batch the copy and a new binding cost the same within noise, 2 cores, 2026-11-27).
+STAGED_BYTES = 1 << 16
 
 #: ``(input, tensor, output)``: a tensor the fused step reads from ``input`` and writes in place as ``output``.
 Updated = tuple[str, StateTensor, str]
@@ -60,14 +62,17 @@ class FusedStep:
     and step number, written by the optimizer, bound as they are.
 
     Two sessions, each made when first needed: :attr:`session` over the
-    fused model as built, for user inputs of any shape, and, for a small
-    model (every input of a step under ``SMALL_TENSOR`` elements), one over
-    the model with the shapes of the first step's inputs fixed and the shape
+    fused model as built, for user inputs of any shape, and one over the
+    model with the shapes of one step's inputs fixed and the shape
     computations that then become constant folded (:mod:`onnxtrain.graph.fold`),
-    which runs every step of those shapes (:meth:`session_for`): a steady
-    loop's. The same arithmetic in fewer nodes (the linear regression's step:
-    15 instead of 22), and a steady loop makes the second only. A larger
-    model's steps cost their arithmetic: they all run the first.
+    made for the first step whose every input (parameters included) is under
+    ``SMALL_TENSOR`` elements, and run by every later step of those shapes
+    (:meth:`session_for`): a steady loop's. The same arithmetic in fewer nodes
+    (the linear regression's step: 15 instead of 22). Whether a step is small
+    is decided at each step from its inputs' shapes, so a first batch of
+    another size (a large one, or a short last one) fixes nothing for the
+    batches after it; a larger model's steps cost their arithmetic and run
+    the first session whatever their shapes.
     """
 
     def __init__(
@@ -142,35 +147,36 @@ class FusedStep:
         return self._general
 
     def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
-        """The session for a step whose user inputs have ``shapes``: its own for the first shapes seen (made
-        now), the general one for any other."""
-        if self._fixed is None:
-            by_input = dict(zip(self._user_inputs, shapes, strict=True))
-            largest = largest_step_input(self.model.proto, by_input)
-            if largest is None or largest >= SMALL_TENSOR:  # a step of much data: its arithmetic is the cost
-                self._fixed = (shapes, self.session)
-            else:
-                folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
-                model = LoadedModel(folded, folded.SerializeToString())
-                what = f"fused training step for inputs of shapes {shapes}"
-                self._fixed = (shapes, self._open_session(model, what))
-        fixed, session = self._fixed
-        return session if shapes == fixed else self.session
+        """The session for a step whose user inputs have ``shapes``: the one for fixed shapes where they are its
+        shapes, or where none is made yet and a step of these shapes is small (made now); else the general one."""
+        if self._fixed is not None:
+            fixed, session = self._fixed
+            return session if shapes == fixed else self.session
+        by_input = dict(zip(self._user_inputs, shapes, strict=True))
+        largest = largest_step_input(self.model.proto, by_input)
+        if largest is None or largest >= SMALL_TENSOR:  # a step of much data: its arithmetic is the cost
+            return self.session
+        folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
+        model = LoadedModel(folded, folded.SerializeToString())
+        session = self._open_session(model, f"fused training step for inputs of shapes {shapes}")
+        self._fixed = (shapes, session)
+        return session
 
     def staged_inputs(self, session: BoundSession, feeds: Sequence[Any]) -> list[ort.OrtValue] | None:
         """``feeds`` copied into host buffers the session for fixed shapes keeps bound, where that is ``session``,
-        the module runs on the CPU, every feed is a NumPy array of plain numbers and all take at most
-        ``STAGED_BYTES``; else ``None`` (the module binds the feeds themselves).
+        the module runs on the CPU, every feed is a NumPy array of plain numbers and together they take at most
+        ``STAGED_BYTES``; else ``None`` (the module binds the feeds themselves). Decided at each call.
 
         Copying a small batch costs less than binding it anew (0.7 against 1.8 µs per input), and a run whose
         inputs were not re-bound starts about 1 µs sooner (2 cores, 2026-11-25).
         """
         if not self._on_host or self._fixed is None or session is not self._fixed[1]:
             return None
-        if self._staged is None:
-            plain = all(f.__class__ is np.ndarray and f.dtype.kind in "fiub" for f in feeds)
-            if not plain or sum(f.nbytes for f in feeds) > STAGED_BYTES:
-                return None
+        if not all(f.__class__ is np.ndarray and f.dtype.kind in "fiub" for f in feeds):
+            return None
+        if sum(f.nbytes for f in feeds) > STAGED_BYTES:
+            return None
+        if self._staged is None:  # the fixed shapes' buffers (each input's dtype is the model's)
             self._staged = [np.empty(f.shape, f.dtype) for f in feeds]
             self._staged_values = [ort.OrtValue.ortvalue_from_numpy(buffer) for buffer in self._staged]
         for buffer, feed in zip(self._staged, feeds, strict=True):

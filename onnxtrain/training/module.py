@@ -190,7 +190,8 @@ class Module:
         self._train_steps = 0
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
-        self._last_fused: tuple[BoundSession, tuple[int, ...]] | None = None
+        # (and whether its user inputs are bound to the staged buffers)
+        self._last_fused: tuple[BoundSession, tuple[int, ...], bool] | None = None
         self._epochs: dict[tuple[FusedStep, tuple[tuple[int, ...], ...]], EpochStep] = {}  # per batch shapes
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
         tensors, grads = store.tensors, store.gradients
@@ -341,14 +342,15 @@ class Module:
         io = self._io
         key = tuple([tensor.flips & 1 for tensor in self._parity_tensors])
         staged = None if fused is None or on_device else fused.staged_inputs(session, feeds)
-        if fused is not None and host_outputs is not None and self._last_fused == (session, key):
+        binding = (session, key, staged is not None) if fused is not None and host_outputs is not None else None
+        if binding is not None and self._last_fused == binding:
             # a steady loop: this binding is the one the last fused step used and left selected, with every
             # output and the state in place; only the user inputs are new (or, staged, already copied in)
             if staged is None:
                 for name, value in zip(io.inputs.names, feeds, strict=True):
                     session.bind_input(name, value)
             return
-        self._last_fused = (session, key) if fused is not None and host_outputs is not None else None
+        self._last_fused = binding
         session.select(key)
         if host_outputs is None:
             device = self._device if on_device else _HOST

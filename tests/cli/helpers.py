@@ -16,13 +16,13 @@ FEATURES, CLASSES = 4, 3
 
 
 class TinyMLP(onnxblock.ForwardBlock):
-    """x [batch, 4] -> Linear(4, 8) -> Relu -> Linear(8, 3): class scores."""
+    """x [batch, 4] -> Linear(4, hidden) -> Relu -> Linear(hidden, 3): class scores."""
 
-    def __init__(self) -> None:
+    def __init__(self, hidden: int = 8) -> None:
         super().__init__()
-        self.hidden = onnxblock.blocks.Linear(FEATURES, 8, seed=0)
+        self.hidden = onnxblock.blocks.Linear(FEATURES, hidden, seed=0)
         self.relu = onnxblock.blocks.Relu()
-        self.scores = onnxblock.blocks.Linear(8, CLASSES, seed=1)
+        self.scores = onnxblock.blocks.Linear(hidden, CLASSES, seed=1)
 
     def build(self, x: str) -> str:
         return self.scores(self.relu(self.hidden(x)))

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
+import onnxtrain.onnxblock as onnxblock
 from onnxtrain import checkpoint
 from onnxtrain.loop import RunRecord
 from onnxtrain.training import Module
-from tests.cli.helpers import assert_error, assert_no_progress_bar, classification, cli, corrupt
+from tests.cli.helpers import FEATURES, TinyMLP, assert_error, assert_no_progress_bar, classification, cli, corrupt
 
 RUN = ["--epochs", "4", "--batch-size", "16", "--val-split", "0.2", "--seed", "3"]
 
@@ -63,6 +66,26 @@ def test_trains_from_an_npz_and_reports_each_epoch(capsys, artifacts: Path, data
 def test_the_trailing_partial_batch_is_trained(capsys, artifacts: Path, data_path: Path):
     assert _train(capsys, artifacts, data_path, "--epochs", "1", "--batch-size", "50")[0] == 0
     assert _trained(artifacts).optimizer.step == 3  # 120 samples: 50, 50, 20
+
+
+def test_a_model_over_the_size_threshold_trains_data_whose_size_is_not_a_multiple_of_the_batch(capsys, tmp_path):
+    """100 samples in batches of 32 (the last of each epoch 4 rows, or 26 after the validation split) on a model
+    whose first weight passes training.options.SMALL_TENSOR (4 x 8,200 elements)."""
+    net = TinyMLP(hidden=8200)
+    with onnxblock.empty_base() as base:
+        base.add_input("x", onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, ["batch", FEATURES]))
+        net("x")
+    onnx.save(net.to_model_proto(), tmp_path / "wide.onnx")
+    x, y = classification(100)
+    np.savez(tmp_path / "data.npz", X=x, y=y)
+    generate = ["generate", tmp_path / "wide.onnx", "--requires-grad", "all-float", "--loss", "ce"]
+    assert cli(capsys, *generate, "-o", tmp_path / "art")[0] == 0
+    for run, options in {"all": [], "split": ["--val-split", "0.1"]}.items():
+        directory = Path(shutil.copytree(tmp_path / "art", tmp_path / run))
+        status, _, err = _train(capsys, directory, tmp_path / "data.npz", "--epochs", "3", "--batch-size", "32",
+                                *options)  # fmt: skip
+        assert (status, err) == (0, "")
+        assert _trained(directory).optimizer.step == (3 * 4 if run == "all" else 3 * 3)  # 90 rows: 32, 32, 26
 
 
 def test_the_stored_learning_rate_is_the_default_and_lr_overrides_it(capsys, fresh_artifacts, data_path: Path):

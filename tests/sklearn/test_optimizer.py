@@ -108,6 +108,47 @@ def test_full_batch_trajectory_equals_numpy(
     assert fit.learning_rate_ is learning_rate
 
 
+@pytest.mark.parametrize("hidden", [4, 5_000], ids=["small", "over-SMALL_TENSOR"])
+def test_minibatches_of_data_whose_size_is_not_a_multiple_of_the_batch_equal_numpy(hidden: int) -> None:
+    """100 rows in batches of 32 (32, 32, 32, 4), shuffled by ``random_state``: minibatch SGD at eta / rows of
+    each batch on ``(X W1) W2 + b``, whose W1 is under or over the runtime's size threshold
+    (training.options.SMALL_TENSOR: 8 x 5,000 elements)."""
+    rows, features, size, eta, iterations = 100, 8, 32, 0.05, 2
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(rows, features))
+    y = x @ rng.normal(size=(features, 1)) + 0.3
+    start = {"W1": rng.normal(size=(features, hidden)) / np.sqrt(features), "W2": np.zeros((hidden, 1)),
+             "b": np.zeros(1)}  # fmt: skip
+    model = make_model(
+        {"X": (DOUBLE, ["batch", features])},
+        [
+            helper.make_node("MatMul", ["X", "W1"], ["h"]),
+            helper.make_node("MatMul", ["h", "W2"], ["hw"]),
+            helper.make_node("Add", ["hw", "b"], ["variable"]),
+        ],
+        {"variable": (DOUBLE, ["batch", 1])},
+        list(start.items()),
+    )
+    fit = OrtGradientOptimizer(add_loss_output(model), list(start), max_iter=iterations, batch_size=size,
+                               learning_rate=LearningRateSGD(eta / hidden, learning_rate="constant"),
+                               warm_start=True, random_state=0).fit(x, y.ravel())  # fmt: skip
+    w1, w2, b = start["W1"], start["W2"], start["b"]
+    order_rng = np.random.default_rng(0)
+    for _ in range(iterations):
+        order = order_rng.permutation(rows)
+        for first in range(0, rows, size):
+            chosen = order[first : first + size]
+            h = x[chosen] @ w1
+            residual = h @ w2 + b - y[chosen]
+            rate = float(np.float32(eta / hidden / len(chosen)))
+            grads = (2 * x[chosen].T @ (residual @ w2.T), 2 * h.T @ residual, 2 * residual.sum(axis=0))
+            w1, w2, b = (value - rate * grad for value, grad in zip((w1, w2, b), grads, strict=True))
+    state = fit.get_state()
+    for name, expected in {"W1": w1, "W2": w2, "b": b}.items():
+        np.testing.assert_allclose(state[name], expected, rtol=1e-9, atol=1e-12, err_msg=name)
+    assert len(fit.train_losses_) == iterations
+
+
 def test_train_losses_are_per_sample_means_and_decrease() -> None:
     x, y = data()
     fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=20, batch_size=8,
