@@ -1,4 +1,4 @@
-"""Types of ONNX Runtime's contrib operators' outputs, where onnx's shape inference gives none.
+"""Types of outputs onnx's shape inference leaves untyped: ONNX Runtime's contrib operators, a few ai.onnx.ml ones.
 
 onnx knows no schema of ONNX Runtime's ``com.microsoft`` operators (nor of
 the few it registers in the default domain), so its inference leaves their
@@ -11,6 +11,11 @@ embedding; ``BiasSplitGelu`` with its last axis halved),
 inference again, until nothing more gets typed. Operators whose output
 shapes depend on more (attention, ``FusedMatMul``) are left untyped: run
 ONNX Runtime's ``SymbolicShapeInference`` on such a model first.
+
+A few ``ai.onnx.ml`` operators that scikit-learn converters write before a
+model's trained layers (``Scaler``, ``Normalizer``, ``Imputer``) have onnx
+schemas that declare their output type but infer nothing; their outputs are
+typed here the same way (float, or input 0's type, with input 0's shape).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from collections.abc import Callable
 import onnx
 
 MS_DOMAIN = "com.microsoft"
+ML_DOMAIN = "ai.onnx.ml"
 
 #: ONNX Runtime's contrib operators in the default domain, and the opset from which ONNX defines the name
 #: itself (``None``: never).
@@ -35,6 +41,7 @@ SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
     (MS_DOMAIN, "RotaryEmbedding"): (0,),
     (MS_DOMAIN, "SkipLayerNormalization"): (0, 3),
     (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 3),
+    (ML_DOMAIN, "Imputer"): (0,),
     # below opset 17, LayerNormalization is ONNX Runtime's; from 17, onnx types ONNX's own
     **{("", op): (0,) for op in RUNTIME_DEFAULT_DOMAIN_OPS},
 }
@@ -42,6 +49,17 @@ SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
 
 #: ``(domain, operator)`` whose output 0 has input 0's type with the last axis halved (a gated GELU).
 HALF_LAST_AXIS: frozenset[tuple[str, str]] = frozenset({(MS_DOMAIN, "BiasSplitGelu")})
+
+#: ``(domain, operator)`` whose output 0 is float with input 0's shape (their schemas say ``tensor(float)``).
+FLOAT_OF_FIRST_INPUT_SHAPE: frozenset[tuple[str, str]] = frozenset({(ML_DOMAIN, "Scaler"), (ML_DOMAIN, "Normalizer")})
+
+
+def _as_float(type_proto: onnx.TypeProto) -> onnx.TypeProto:
+    """``type_proto`` with element type float and the same shape."""
+    floating = onnx.TypeProto()
+    floating.CopyFrom(type_proto)
+    floating.tensor_type.elem_type = onnx.TensorProto.FLOAT
+    return floating
 
 
 def _halved(type_proto: onnx.TypeProto) -> onnx.TypeProto:
@@ -66,6 +84,8 @@ def _declarable(node: onnx.NodeProto, known: dict[str, onnx.TypeProto]) -> list[
     source = known[node.input[0]]
     if key in HALF_LAST_AXIS:
         outputs, type_proto = (0,), _halved(source)
+    elif key in FLOAT_OF_FIRST_INPUT_SHAPE:
+        outputs, type_proto = (0,), _as_float(source)
     elif key in SAME_AS_FIRST_INPUT:
         outputs, type_proto = SAME_AS_FIRST_INPUT[key], source
     else:
@@ -91,8 +111,9 @@ def _known_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
 def type_contrib_outputs(
     model: onnx.ModelProto, infer: Callable[[onnx.ModelProto], onnx.ModelProto]
 ) -> onnx.ModelProto:
-    """``model`` (already inferred by ``infer``) with the outputs of :data:`SAME_AS_FIRST_INPUT` operators
-    declared in ``value_info``, and ``infer`` run again after each round that declared some."""
+    """``model`` (already inferred by ``infer``) with the outputs of :data:`SAME_AS_FIRST_INPUT`,
+    :data:`HALF_LAST_AXIS` and :data:`FLOAT_OF_FIRST_INPUT_SHAPE` operators declared in ``value_info``,
+    and ``infer`` run again after each round that declared some."""
     for _ in range(len(model.graph.node) + 1):
         known = _known_types(model.graph)
         declared = []
@@ -107,4 +128,10 @@ def type_contrib_outputs(
     return model
 
 
-__all__ = ["HALF_LAST_AXIS", "RUNTIME_DEFAULT_DOMAIN_OPS", "SAME_AS_FIRST_INPUT", "type_contrib_outputs"]
+__all__ = [
+    "FLOAT_OF_FIRST_INPUT_SHAPE",
+    "HALF_LAST_AXIS",
+    "RUNTIME_DEFAULT_DOMAIN_OPS",
+    "SAME_AS_FIRST_INPUT",
+    "type_contrib_outputs",
+]
