@@ -2,17 +2,20 @@
 
 Each subcommand is a module with ``add_parser(subcommands)`` and ``run(args)``;
 the library does the work. Expected errors are one line on standard error
-(:mod:`onnxtrain.cli.common`).
+(:mod:`onnxtrain.cli.common`). When the reader of standard output goes away
+(``onnxtrain inspect DIR | head -3``), the command ends quietly with status
+``BROKEN_PIPE`` (141), as a command that SIGPIPE ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from onnxtrain.cli import demo, export, generate, inspect, train
-from onnxtrain.cli.common import INTERRUPTED, Parser, expected_errors, report
+from onnxtrain.cli.common import BROKEN_PIPE, INTERRUPTED, Parser, expected_errors, report
 
 SUBCOMMANDS = (demo, generate, train, inspect, export)
 
@@ -35,6 +38,15 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``onnxtrain`` with ``argv`` (default: the process's arguments); the exit status."""
+    try:
+        status = _parse_and_run(argv)
+        sys.stdout.flush()  # here, not at exit, so that a reader gone away is noticed while it can be handled
+    except BrokenPipeError:
+        return _reader_gone()
+    return status
+
+
+def _parse_and_run(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -43,10 +55,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(args)
 
 
+def _reader_gone() -> int:
+    """Standard output's reader went away: point it at the null device (nothing left to flush at exit)."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError):  # a stream without a descriptor (captured in tests): nothing to redirect
+        pass
+    return BROKEN_PIPE
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the parsed subcommand; expected errors become one line on standard error."""
     try:
         return int(args.run(args))
+    except BrokenPipeError:  # the reader went away: main() ends quietly
+        raise
     except KeyboardInterrupt:
         print(f"{args.prog}: interrupted", file=sys.stderr)
         return INTERRUPTED

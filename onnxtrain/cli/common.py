@@ -19,6 +19,9 @@ from typing import NoReturn
 FAILURE = 1
 USAGE = 2
 INTERRUPTED = 130
+#: Exit status when the reader of standard output went away (``onnxtrain ... | head``): 128 + SIGPIPE, as a shell
+#: reports a command that SIGPIPE ended.
+BROKEN_PIPE = 141
 
 
 class CommandError(Exception):
@@ -121,6 +124,7 @@ def size_text(size: int) -> str:
 
 
 __all__ = [
+    "BROKEN_PIPE",
     "FAILURE",
     "INTERRUPTED",
     "USAGE",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from onnxtrain.cli import SUBCOMMANDS, main
-from onnxtrain.cli.common import expected_errors, one_line, report
+from onnxtrain.cli.common import BROKEN_PIPE, expected_errors, one_line, report
 from tests.cli.helpers import assert_error, cli
 
 NAMES = [module.__name__.rsplit(".", 1)[1] for module in SUBCOMMANDS]
@@ -94,3 +94,14 @@ def test_the_installed_script():
     done = subprocess.run([script, "train", "--epochs", "x"], capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert_error(done.stderr, "train", "--epochs")
+
+
+def test_a_reader_that_closes_early_ends_the_command_quietly(model_path: Path):
+    """``onnxtrain inspect MODEL | head -1``: no broken-pipe error, exit status 141 (128 + SIGPIPE)."""
+    command = [sys.executable, "-m", "onnxtrain", "inspect", str(model_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_environment())
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before the command writes
+    err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == BROKEN_PIPE == 141
+    assert err == ""
