@@ -76,9 +76,32 @@ def export_inference_model(
     state = checkpoint.load(source)
     eval_model = load_model(files.eval_model, "eval model").with_data()
     names = outputs or inference_outputs(eval_model)
+    if outputs:
+        _check_outputs(eval_model, outputs)
     model = export_model_for_inferencing(eval_model, state, names)
     inputs, written = _write_checked(model, out)
     return Exported(out, source, inputs, written)
+
+
+def _check_outputs(eval_model: onnx.ModelProto, names: list[str]) -> None:
+    """``ValueError`` naming the model's outputs when the eval model computes none of some of ``names``."""
+    from onnxtrain.artifacts.metadata import inference_outputs
+
+    graph = eval_model.graph
+    computed = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
+    unknown = [name for name in names if name not in computed]
+    if not unknown:
+        return
+    try:
+        available = inference_outputs(eval_model)
+    except ValueError:  # artifacts without the metadata: the eval model's outputs but the loss
+        available = [value.name for value in graph.output[1:]]
+    listed = ", ".join(repr(name) for name in available) or "none besides the loss"
+    raise ValueError(
+        f"the model computes no {', '.join(repr(name) for name in unknown)}; its outputs are {listed}: give "
+        "those to --outputs (or the name of any value the eval model computes, or leave --outputs out for the "
+        "model's outputs)"
+    )
 
 
 def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[str]]:

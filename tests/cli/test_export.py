@@ -58,6 +58,14 @@ def test_an_unknown_output_leaves_the_earlier_file(capsys, trained: Path, tmp_pa
     assert (tmp_path / "m.onnx").read_bytes() == b"earlier"
 
 
+def test_an_unknown_output_lists_the_models_outputs(capsys, artifacts: Path, model_path: Path, tmp_path: Path):
+    status, _, err = cli(capsys, "export", artifacts, "-o", tmp_path / "m.onnx", "--outputs", "output")
+    assert status == 1
+    assert_error(err, "export", "'output'", onnx.load(model_path).graph.output[0].name, "--outputs")
+    loss = onnx.load(artifacts / "eval_model.onnx").graph.output[0].name
+    assert loss not in err  # an inference model has no loss to output
+
+
 def test_a_missing_directory(capsys, tmp_path: Path):
     status, _, err = cli(capsys, "export", tmp_path / "nowhere", "-o", tmp_path / "m.onnx")
     assert status == 1
