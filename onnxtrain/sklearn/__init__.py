@@ -12,6 +12,8 @@ Code written for onnxcustom runs with only its imports changed::
   SGD with scikit-learn's schedules (:class:`LearningRateSGD`), momentum and
   Nesterov (:class:`LearningRateSGDNesterov`), Adam and AdamW, validation,
   early stopping;
+- :func:`trainable_weights` lists the initializers a model reads as weights
+  (``weights_to_train``), leaving out the constants converters store beside them;
 - models converted by skl2onnx train as they are when written in standard
   operators; errors name the converter option that does so
   (:func:`converter_hints`).
@@ -23,6 +25,7 @@ from onnxtrain.sklearn.converted import converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGD, LearningRateSGDNesterov
 from onnxtrain.sklearn.loss_output import Penalty, add_loss_output, get_train_initializer, penalty_loss_onnx
 from onnxtrain.sklearn.optimizer import ConvergenceError, OrtGradientOptimizer
+from onnxtrain.sklearn.weights import trainable_weights
 
 __all__ = [
     "BaseLearningRate",
@@ -35,4 +38,5 @@ __all__ = [
     "converter_hints",
     "get_train_initializer",
     "penalty_loss_onnx",
+    "trainable_weights",
 ]

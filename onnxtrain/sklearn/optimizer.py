@@ -30,6 +30,7 @@ from onnxtrain.graph import dtypes
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
+from onnxtrain.sklearn.weights import not_weights
 from onnxtrain.training import Module, Optimizer, TrainingState
 
 #: Names of ``training_optimizer_name`` (onnxruntime-training's first, then short ones) -> optimizer kind.
@@ -333,15 +334,16 @@ class OrtGradientOptimizer:
                     raise ConvergenceError(
                         f"the loss became NaN or infinite ({batch_losses[batch]}{where}) at iteration "
                         f"{iteration + 1} of {self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the "
-                        f"weights are those after iteration {iteration}; lower the learning rate or scale the features"
+                        f"weights are those after iteration {iteration}; "
+                        + self._divergence_advice("lower the learning rate or scale the features")
                     )
                 weights = _snapshot(state)
                 if not all(np.isfinite(array).all() for array in weights.values()):
                     self._diverged(state, last_good)
                     raise ConvergenceError(
                         f"a weight became NaN or infinite at iteration {iteration + 1} of {self.max_iter} with "
-                        f"learning rate {eta:.4g}: the weights are those after iteration {iteration}; lower the "
-                        "learning rate"
+                        f"learning rate {eta:.4g}: the weights are those after iteration {iteration}; "
+                        + self._divergence_advice("lower the learning rate")
                     )
                 last_good = weights
                 self.train_losses_.append(total / seen)
@@ -366,6 +368,18 @@ class OrtGradientOptimizer:
         self.trained_coef_ = last_good
         if best is not None:
             self.best_validation_loss_, self.trained_coef_ = best
+
+    def _divergence_advice(self, otherwise: str) -> str:
+        """What to do after a divergence: leave out the trained constants (when there are any), else ``otherwise``."""
+        constants = not_weights(self.model_onnx, self._weights_to_train())
+        if not constants:
+            return otherwise
+        redrawn = "" if self.warm_start else ", and warm_start=False drew them anew (zeros for vectors and scalars)"
+        return (
+            f"the likely cause is that weights_to_train holds {', '.join(map(repr, constants))}, which the graph "
+            f"reads as constants, not as weights{redrawn}: leave them out of weights_to_train "
+            "(trainable_weights(model) lists the weights)"
+        )
 
     def _diverged(self, state: TrainingState, last_good: dict[str, np.ndarray]) -> None:
         """Put the weights of the last good iteration back, in the state and in ``trained_coef_``."""
