@@ -1,8 +1,13 @@
 """``merge_adapters``: trained adapters folded into the base weights, for inference.
 
-``W <- W + (alpha / rank) A B`` (``(A B)^T`` for Gemm ``transB=1``; Gemm's
-``alpha`` multiplies both terms, so it stays out), then the adapter's nodes,
+Every other value the checkpoint holds (a head trained in full, running
+statistics the train steps updated) is written into the initializer of its
+name first; then ``W <- W + (alpha / rank) A B`` (``(A B)^T`` when ``W`` is
+stored ``[out, in]``: Gemm ``transB=1``, or read through a ``Transpose``; Gemm's
+``alpha`` multiplies both terms, so it stays out), and the adapter's nodes,
 initializers and record are removed and each product gives its output again.
+The merged model is for inference: its Dropout and BatchNormalization nodes
+run in inference mode, as in the eval model.
 A quantized weight (``DequantizeLinear``, ``MatMulNBits``) is replaced by its
 float value plus the update, and its product by a float ``MatMul``/``Gemm``:
 requantizing would change the outputs.
@@ -19,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain import checkpoint
-from onnxtrain.autodiff.training import names_read
+from onnxtrain.autodiff.training import names_read, set_inference_mode
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import versions
 from onnxtrain.graph.io import load_base_model
@@ -38,8 +43,11 @@ def merge_adapters(
     runtime's state (``onnxtrain.api.CheckpointState``, as trained) or the path
     of a checkpoint, holding every adapter's ``A`` and ``B`` (trainable or
     frozen). The result has the base model's nodes and outputs (a quantized
-    product made float), its adapted weights replaced by ``W + (alpha / rank) A B``,
-    and none of the adapters' nodes, initializers or Dropout.
+    product made float), every other initializer the checkpoint holds a value
+    of set to that value (trained parameters, updated running statistics), its
+    adapted weights replaced by ``W + (alpha / rank) A B``, none of the
+    adapters' nodes, initializers or Dropout, and its Dropout and BatchNormalization
+    in inference mode (as in the eval model).
     """
     state = _state(checkpoint_state)
     merged, folder = load_base_model(model)
@@ -59,6 +67,7 @@ def merge_adapters(
     graph = merged.graph
     nodes = list(graph.node)
     initializers = {tensor.name: tensor for tensor in graph.initializer}
+    _write_trained(initializers, values, {name for a in adapters for name in (a.a, a.b)}, folder)
     freed: set[str] = set()
     gone: set[str] = set()  # values the merged model no longer has
     for adapter in adapters:
@@ -79,7 +88,9 @@ def merge_adapters(
                 freed.update(inputs)
     del graph.node[:]
     graph.node.extend(nodes)
-    infos = [_copy_info(value) for value in graph.value_info if value.name not in gone]
+    set_inference_mode(merged)
+    produced = {name for node in graph.node for name in node.output}
+    infos = [_copy_info(value) for value in graph.value_info if value.name not in gone and value.name in produced]
     del graph.value_info[:]
     graph.value_info.extend(infos)
     read = {name for node in nodes for name in names_read(node)} | {value.name for value in graph.output}
@@ -133,6 +144,30 @@ def _checked(values: Mapping[str, np.ndarray], adapter: record.Adapter) -> tuple
             f"and [{adapter.rank}, out]: the checkpoint belongs to another adapted model"
         )
     return a, b
+
+
+def _write_trained(
+    initializers: dict[str, onnx.TensorProto], values: Mapping[str, np.ndarray], skipped: set[str], folder: Path | None
+) -> None:
+    """Each value of the checkpoint but ``skipped`` into the initializer of its name, where the two differ.
+
+    An unchanged value leaves its initializer as it is (external data stays in its file); a value the
+    model has no initializer for (a parameter of a block stacked on it for training) has no place in it.
+    """
+    for name, value in values.items():
+        if name in skipped or name not in initializers:
+            continue
+        tensor = initializers[name]
+        stored = numpy_helper.to_array(tensor, os.fspath(folder) if folder else "")
+        value = np.asarray(value)
+        if value.shape != stored.shape or value.dtype != stored.dtype:
+            raise ValueError(
+                f"the checkpoint's {name} is {value.dtype}{list(value.shape)} and the model's "
+                f"{stored.dtype}{list(stored.shape)}: the checkpoint belongs to another model; pass the one "
+                "trained from this adapted model"
+            )
+        if value.tobytes() != stored.tobytes():
+            tensor.CopyFrom(numpy_helper.from_array(value, name))
 
 
 def _updated(weight: np.ndarray, update: np.ndarray, adapter: record.Adapter) -> np.ndarray:

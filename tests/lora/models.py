@@ -113,3 +113,17 @@ def toy_task(n: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, VOCAB, size=(n, SEQ)).astype(np.int64)
     return ids, np.roll(ids, -1, axis=1).reshape(-1)
+
+
+def batch_norm_mlp(seed: int = 0) -> onnx.ModelProto:
+    """``Linear(6, 8) -> BatchNorm1d(8) -> ReLU -> Linear(8, 3)`` exported in training mode for ``x: float[16, 6]``.
+
+    Its products are Gemms with ``transB=1`` (``0.weight``, ``3.weight``); the BatchNormalization updates its
+    running statistics ``1.running_mean`` and ``1.running_var`` at each train step.
+    """
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).train()
+    return export_for_training(module, (torch.zeros(16, 6),), ["x"], ["logits"], opset=17)
