@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import NoReturn
 
 #: Exit status of an expected failure; usage errors exit with argparse's 2, interrupted runs with 130.
@@ -67,6 +69,25 @@ def expected_errors() -> tuple[type[BaseException], ...]:
         if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == ort_errors.__name__
     )
     return (CommandError, ValueError, TypeError, OSError, NotImplementedError, FloatingPointError, *from_onnxruntime)
+
+
+def in_options(text: str, options: Mapping[str, str]) -> str:
+    """``text`` with each library argument name (a key of ``options``, a whole word) replaced by its option."""
+    for name, option in options.items():
+        text = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w])", option, text)
+    return text
+
+
+@contextmanager
+def speaking_options(options: Mapping[str, str]) -> Iterator[None]:
+    """Re-raise the library's ``ValueError`` and ``TypeError`` with its argument names as the command's options."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        text = in_options(str(error), options)
+        if text == str(error):
+            raise
+        raise type(error)(text) from error
 
 
 def count(minimum: int) -> Callable[[str], int]:
@@ -134,9 +155,11 @@ __all__ = [
     "count",
     "expected_errors",
     "fraction",
+    "in_options",
     "non_negative",
     "one_line",
     "positive",
     "report",
     "size_text",
+    "speaking_options",
 ]

@@ -7,10 +7,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onnxtrain.cli.common import Parser, UsageError, non_negative, positive, size_text
+from onnxtrain.cli.common import Parser, UsageError, non_negative, positive, size_text, speaking_options
 
 if TYPE_CHECKING:
     from onnxtrain import optim
+    from onnxtrain.blocks import Block
+
 
 #: ``--loss`` choices: ``onnxtrain.artifacts.LossType`` names; ``none``: the model's first output is the loss.
 LOSSES: dict[str, str | None] = {
@@ -25,7 +27,16 @@ LOSSES: dict[str, str | None] = {
     "kl-div": "KLDivLoss",
     "none": None,
 }
+#: Losses on class scores: the training and eval models also output the scores, for the accuracy.
+SCORED = ("ce", "nll", "bce", "bce-probs")
+#: The library's argument names in its errors, and the options that set them.
+LIBRARY_ARGUMENTS = {
+    "requires_grad": "--requires-grad",
+    "frozen_params": "--frozen",
+    "loss_input_names": "--loss-inputs",
+}
 #: ``--optimizer`` choices: ``onnxtrain.optim`` classes.
+
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "rmsprop": "RMSprop"}
 #: Optimizers that take a momentum.
 WITH_MOMENTUM = ("sgd", "rmsprop")
@@ -51,9 +62,10 @@ def add_parser(subcommands: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
     parser.add_argument(
-        "--loss", required=True, choices=list(LOSSES),
+        "--loss", required=True, type=loss_option, metavar="{" + ",".join(LOSSES) + "} or module:Class",
         help="ce: cross-entropy on class scores; bce: binary cross-entropy on logits, bce-probs: on probabilities; "
-        "none: the model's first output already is the loss",
+        "none: the model's first output already is the loss; module:Class or path/to/loss.py:Class: a loss Block "
+        "of yours (docs/cli.md)",
     )  # fmt: skip
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
     parser.add_argument(
@@ -69,7 +81,24 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--loss-inputs", nargs="+", metavar="NAME", help="the model outputs the loss reads (default: all, in order)"
     )
+    parser.add_argument(
+        "--no-scores", action="store_true",
+        help=f"for {', '.join(SCORED)}: leave the class scores out of the training and eval models' outputs "
+        "(train then reports no accuracy), for scores too large to copy at every step",
+    )  # fmt: skip
     parser.set_defaults(run=run, prog=parser.prog)
+
+
+def loss_option(text: str) -> str:
+    """An argument type: a built-in loss (a key of :data:`LOSSES`), or a class as ``module:Class``."""
+    from onnxtrain.cli.custom_loss import names_a_class
+
+    if text in LOSSES or names_a_class(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"invalid choice: {text!r} (choose from {', '.join(LOSSES)}, or name a loss class as module:Class or "
+        "path/to/loss.py:Class)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,11 +107,15 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain.loop import with_learning_rate
 
     optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm)
-    requires = trainable_names(args.model, args.requires_grad, args.frozen)
-    built = artifacts.build_artifacts(
-        args.model, requires_grad=requires, frozen_params=args.frozen, loss=LOSSES[args.loss], optimizer=optimizer,
-        loss_input_names=args.loss_inputs, target=args.target,
-    )  # fmt: skip
+    if not args.model.is_file():
+        raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
+    loss = loss_of(args.loss)
+    with speaking_options(LIBRARY_ARGUMENTS):
+        requires = trainable_names(args.model, args.requires_grad, args.frozen)
+        built = artifacts.build_artifacts(
+            args.model, requires_grad=requires, frozen_params=args.frozen, loss=loss, optimizer=optimizer,
+            additional_output_names=scores_output(args), loss_input_names=args.loss_inputs, target=args.target,
+        )  # fmt: skip
     if args.lr is not None:  # in the one checkpoint written, not a second write of it
         built = replace(built, checkpoint=with_learning_rate(built.checkpoint, args.lr))
     paths = artifacts.write_artifacts(built, args.out, args.prefix)
@@ -94,6 +127,31 @@ def run(args: argparse.Namespace) -> int:
         print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
     print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
     return 0
+
+
+def loss_of(option: str) -> Block | str | None:
+    """The loss for ``--loss``: a ``LossType`` name, ``None`` (the model's first output), or a custom block."""
+    if option in LOSSES:
+        return LOSSES[option]
+    from onnxtrain.cli.custom_loss import custom_loss
+
+    return custom_loss(option)
+
+
+def scores_output(args: argparse.Namespace) -> list[str]:
+    """The model output a classification loss reads (``[]`` for the other losses, or with ``--no-scores``).
+
+    The training and eval models output it too, so that ``train`` can
+    measure the accuracy of each step's and each validation batch's scores.
+    """
+    if args.loss not in SCORED or args.no_scores:
+        return []
+    if args.loss_inputs:
+        return args.loss_inputs[:1]
+    from onnxtrain.graph.io import load_base_model
+
+    proto, _ = load_base_model(args.model, check_data=False)  # without external data: only the names are read
+    return [value.name for value in proto.graph.output[:1]]
 
 
 def optimizer_block(
@@ -129,4 +187,17 @@ def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> lis
     return list(dict.fromkeys([*found, *named]))
 
 
-__all__ = ["ALL_FLOAT", "LOSSES", "OPTIMIZERS", "add_parser", "optimizer_block", "run", "trainable_names"]
+__all__ = [
+    "ALL_FLOAT",
+    "LIBRARY_ARGUMENTS",
+    "LOSSES",
+    "OPTIMIZERS",
+    "SCORED",
+    "add_parser",
+    "loss_of",
+    "loss_option",
+    "optimizer_block",
+    "run",
+    "scores_output",
+    "trainable_names",
+]

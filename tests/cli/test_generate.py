@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +17,11 @@ from onnxtrain.artifacts.generate import OPTIMIZER_KEY
 from onnxtrain.artifacts.metadata import LOSS_KEY, MODEL_OUTPUTS_KEY, read_metadata
 from onnxtrain.cli import generate
 from onnxtrain.loop import LEARNING_RATE_PROPERTY
-from tests.cli.helpers import assert_error, cli, corrupt
+from tests.cli.docs import console_commands, python_example
+from tests.cli.helpers import assert_error, classification, cli, corrupt
 from tests.folders import visible_names
 
+HISTORY = "onnxtrain.run.history"
 ARTIFACTS = {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"}
 
 
@@ -148,3 +152,94 @@ def test_a_model_without_float_initializers(capsys, tmp_path: Path):
     status, _, err = _generate(capsys, tmp_path / "m.onnx", tmp_path / "art")
     assert status == 1
     assert_error(err, "generate", "no floating-point initializers")
+
+
+@pytest.mark.parametrize(
+    ("options", "fragments"),
+    [
+        (["--requires-grad", "w9"], ["--requires-grad names 'w9'"]),
+        (["--requires-grad", "all-float", "--frozen", "nope"], ["--frozen names 'nope'"]),
+        (["--requires-grad", "all-float", "--loss-inputs", "nope"], ["--loss-inputs names ['nope']"]),
+        (["--requires-grad", "linear.weight_0", "--frozen", "linear.weight_0"], ["--requires-grad and --frozen"]),
+    ],
+)
+def test_errors_name_the_options_not_the_librarys_arguments(
+    capsys, model_path: Path, tmp_path: Path, options: list[str], fragments: list[str]
+):
+    status, _, err = cli(capsys, "generate", model_path, *options, "--loss", "ce", "-o", tmp_path / "art")
+    assert status == 1
+    assert_error(err, "generate", *fragments)
+    assert not any(name in err for name in ("requires_grad", "frozen_params", "loss_input_names", "ModelProto"))
+
+
+def test_a_missing_model_is_named_in_the_commands_words(capsys, tmp_path: Path):
+    status, _, err = _generate(capsys, tmp_path / "nowhere.onnx", tmp_path / "art")
+    assert status == 1
+    assert_error(err, "generate", "nowhere.onnx", ".onnx file")
+    assert "ModelProto" not in err
+
+
+@pytest.fixture
+def loss_file(tmp_path: Path) -> Path:
+    """The custom loss of docs/cli.md, as written there, in ``tmp_path / "losses" / "mse_plus_l1.py"``."""
+    (tmp_path / "losses").mkdir()
+    path = tmp_path / "losses" / "mse_plus_l1.py"
+    path.write_text(python_example("# mse_plus_l1.py"))
+    return path
+
+
+def test_the_documented_custom_loss_from_a_file_trains(capsys, model_path: Path, loss_file: Path, tmp_path: Path):
+    (command,) = console_commands("--loss mse_plus_l1.py:MSEPlusL1")
+    words = shlex.split(command)[1:]
+    words[words.index("model.onnx")] = str(model_path)
+    words[words.index("mse_plus_l1.py:MSEPlusL1")] = f"{loss_file}:MSEPlusL1"
+    words[words.index("art")] = str(tmp_path / "art")
+    status, _, err = cli(capsys, *words)
+    assert (status, err) == (0, "")
+    training = onnx.load(tmp_path / "art" / "training_model.onnx")
+    assert read_metadata(training)[LOSS_KEY] == "MSEPlusL1"
+    assert [i.name for i in training.graph.input][:2] == ["x", "target"]
+    x, labels = classification()
+    np.savez(tmp_path / "data.npz", X=x, y=np.eye(3, dtype=np.float32)[labels])
+    status, _, err = cli(capsys, "train", tmp_path / "art", "--data", tmp_path / "data.npz", "--epochs", "3",
+                         "--batch-size", "20", "--lr", "0.05")  # fmt: skip
+    assert (status, err) == (0, "")
+    history = json.loads(str(checkpoint.load(tmp_path / "art" / "trained_checkpoint").properties[HISTORY]))
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+
+
+def test_a_custom_loss_from_a_module(capsys, monkeypatch, model_path: Path, loss_file: Path, tmp_path: Path):
+    monkeypatch.syspath_prepend(str(loss_file.parent))
+    monkeypatch.delitem(sys.modules, "mse_plus_l1", raising=False)
+    status, _, err = _custom(capsys, model_path, tmp_path, "mse_plus_l1:MSEPlusL1")
+    assert (status, err) == (0, "")
+    assert read_metadata(onnx.load(tmp_path / "art" / "eval_model.onnx"))[LOSS_KEY] == "MSEPlusL1"
+
+
+def _custom(capsys, model_path: Path, tmp_path: Path, loss: str) -> tuple[int, str, str]:
+    return cli(capsys, "generate", model_path, "--requires-grad", "all-float", "--loss", loss, "-o", tmp_path / "art")
+
+
+@pytest.mark.parametrize(
+    ("loss", "status", "fragments"),
+    [
+        ("{file}:Nothing", 1, ["has no 'Nothing'", "['MSEPlusL1']"]),
+        ("{file}:onnxblock", 1, ["onnxblock is a module, not a Block class"]),
+        ("{folder}/missing.py:MSEPlusL1", 1, ["no Python file", "missing.py"]),
+        ("no_such_module_here:Loss", 1, ["no module 'no_such_module_here'", "path/to/no_such_module_here.py:Loss"]),
+        ("{folder}/needs_arguments.py:Weighted", 1, ["Weighted() needs weight", "without arguments"]),
+        ("hinge", 2, ["--loss", "'hinge'", "module:Class"]),
+    ],
+)
+def test_custom_loss_errors(
+    capsys, model_path: Path, loss_file: Path, tmp_path: Path, loss: str, status: int, fragments: list[str]
+):
+    (loss_file.parent / "needs_arguments.py").write_text(
+        "import onnxtrain.onnxblock as onnxblock\n\n\nclass Weighted(onnxblock.Block):\n"
+        "    def __init__(self, weight):\n        super().__init__()\n"
+    )
+    spec = loss.format(file=loss_file, folder=loss_file.parent)
+    result, out, err = _custom(capsys, model_path, tmp_path, spec)
+    assert result == status and out == ""
+    assert_error(err, "generate", *fragments)
+    assert not (tmp_path / "art").exists()
