@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from onnxtrain.cli.common import INTERRUPTED, Parser, count, fraction, non_negative
+from onnxtrain.cli.common import INTERRUPTED, CommandError, Parser, count, fraction, non_negative
 
 
 def add_parser(subcommands: Any) -> None:
@@ -39,7 +39,9 @@ def add_parser(subcommands: Any) -> None:
         help="the learning rate (default: the one `generate --lr` stored, or the resumed run's, else 1e-3)",
     )  # fmt: skip
     parser.add_argument("--seed", type=count(0), default=0, metavar="S", help="fixes the split and the order (0)")
-    parser.add_argument("--device", default="cpu", metavar="DEVICE", help="cpu (default), cuda or cuda:N")
+    parser.add_argument(
+        "--device", default="cpu", type=device_option, metavar="DEVICE", help="cpu (default), cuda or cuda:N"
+    )
     parser.add_argument(
         "--target-column", metavar="NAME_OR_INDEX", help="the .csv column holding the target (default: the last)"
     )
@@ -51,10 +53,33 @@ def add_parser(subcommands: Any) -> None:
     parser.set_defaults(run=run, prog=parser.prog)
 
 
+def device_option(text: str) -> str:
+    """An argument type: ``cpu``, ``cuda`` or ``cuda:N``, in lower case."""
+    kind, colon, index = text.strip().lower().partition(":")
+    if (kind == "cpu" and not colon) or (kind == "cuda" and (not colon or index.isdigit())):
+        return f"{kind}{colon}{index}"
+    raise argparse.ArgumentTypeError(f"{text!r} is not a device: give cpu, cuda or cuda:N")
+
+
+def check_device(device: str) -> None:
+    """``CommandError`` when this onnxruntime cannot run on ``device`` (CUDA needs onnxruntime-gpu)."""
+    if device == "cpu":
+        return
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise CommandError(
+            f"--device {device}: this onnxruntime runs on the CPU only (its execution providers: "
+            f"{', '.join(available)}); install onnxruntime-gpu for CUDA, or pass --device cpu (the default)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Train; on Ctrl-C save the state and say how to resume (exit status 130)."""
     from onnxtrain.loop import ArtifactFiles, Settings, TrainingInterrupted, train
 
+    check_device(args.device)
     files = ArtifactFiles.at(args.directory, args.prefix)
     settings = Settings(args.epochs, args.batch_size, args.seed, args.val_split or 0.0, args.checkpoint_every, args.lr)
     try:
@@ -106,4 +131,4 @@ def resume_command(args: argparse.Namespace) -> str:
     return shlex.join([*words, "--resume"])
 
 
-__all__ = ["add_parser", "resume_command", "run"]
+__all__ = ["add_parser", "check_device", "device_option", "resume_command", "run"]

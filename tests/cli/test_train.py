@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 import onnxtrain.onnxblock as onnxblock
@@ -369,3 +370,18 @@ def test_a_second_ctrl_c_stops_at_once_and_the_last_checkpoint_stands(
     assert _trained(stopped).optimizer.step == 6  # saved after the first epoch
     assert _train(capsys, stopped, data_path, *RUN, "--resume")[0] == 0
     _assert_same_run(_trained(whole), _trained(stopped))
+
+
+def test_a_device_that_is_no_device_is_a_usage_error(capsys, artifacts: Path, data_path: Path):
+    status, _, err = _train(capsys, artifacts, data_path, *RUN, "--device", "gpu")
+    assert status == 2
+    assert_error(err, "train", "--device", "'gpu'", "cpu, cuda or cuda:N")
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="this onnxruntime has CUDA")
+def test_cuda_without_a_cuda_onnxruntime_is_said_in_options(capsys, artifacts: Path, data_path: Path):
+    status, _, err = _train(capsys, artifacts, data_path, *RUN, "--device", "cuda:1")
+    assert status == 1
+    assert_error(err, "train", "--device cuda:1", "onnxruntime-gpu", "--device cpu")
+    assert "device=" not in err and "providers" not in err.split("(")[0]
+    assert not (artifacts / "trained_checkpoint").exists()
