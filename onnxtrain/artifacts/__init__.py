@@ -1,4 +1,5 @@
-"""Artifacts: ``generate_artifacts`` (``build_artifacts`` in memory), ``LossType``, ``OptimType``.
+"""Artifacts: ``generate_artifacts`` (``build_artifacts`` in memory), ``LossType``, ``OptimType``, and
+``trainable_parameters`` (the weights of a model, for ``requires_grad``).
 
 The names are ONNX Runtime's (``onnxruntime.training.artifacts``).
 """
@@ -18,6 +19,8 @@ from onnxtrain.autodiff.accumulation import (
     buffer_name,
     remove_gradient_accumulation,
 )
+from onnxtrain.autodiff.training import RunningStatisticsWarning
+from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
 
 __all__ = [
     "LAZY_RESET_GRAD",
@@ -29,6 +32,8 @@ __all__ = [
     "LossType",
     "OptimType",
     "ResetTrainingModel",
+    "Role",
+    "RunningStatisticsWarning",
     "accumulated_name",
     "add_gradient_accumulation",
     "buffer_name",
@@ -36,6 +41,8 @@ __all__ = [
     "export_model_for_inferencing",
     "fuse_update_and_train",
     "generate_artifacts",
+    "initializer_roles",
     "remove_gradient_accumulation",
+    "trainable_parameters",
     "write_artifacts",
 ]

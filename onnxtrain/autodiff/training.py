@@ -13,6 +13,7 @@ BatchNormalization switched to inference mode.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,7 @@ from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.roles import running_statistics
 
 #: The suffix of the training-model outputs carrying updated running statistics.
 UPDATED_SUFFIX = ".updated"
@@ -72,6 +74,47 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
                 f"frozen_params names {name!r}, which is not an initializer of the model; "
                 f"initializers: {list(initializers)}"
             )
+
+
+class RunningStatisticsWarning(UserWarning):
+    """``requires_grad`` named BatchNormalization running statistics, which are updated, not trained."""
+
+
+def statistics_as_parameters(
+    model: onnx.ModelProto, requires_grad: Sequence[str], frozen: Sequence[str]
+) -> tuple[list[str], list[str]]:
+    """``(requires_grad, frozen)`` with BatchNormalization's running statistics where they belong.
+
+    Running statistics are never trained: those ``requires_grad`` names leave
+    it, with a :class:`RunningStatisticsWarning` naming them. Those of a
+    training-mode BatchNormalization are parameters whatever the lists say:
+    each train step outputs their new values (``<stat>.updated``, momentum as
+    the node's attribute), which the runtime keeps, as torch updates its
+    buffers; they join ``frozen`` (not trained) where no list names them.
+    """
+    statistics = running_statistics(model)
+    trained = [name for name in requires_grad if name in set(statistics)]
+    if trained:
+        warnings.warn(
+            f"requires_grad names {trained}, the running statistics of BatchNormalization: the optimizer does not "
+            "train them; each train step in training mode updates them (they are kept as frozen parameters, "
+            "updated as torch updates its buffers). Leave them out of requires_grad",
+            RunningStatisticsWarning,
+            stacklevel=3,
+        )
+    updated = {name for node in model.graph.node if _trains_statistics(node) for name in node.input[3:5]}
+    requires = [name for name in requires_grad if name not in set(trained)]
+    added = [name for name in statistics if (name in updated or name in trained) and name not in set(frozen)]
+    return requires, [*frozen, *added]
+
+
+def _trains_statistics(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is a training-mode BatchNormalization, which outputs new running statistics."""
+    return (
+        node.op_type == "BatchNormalization"
+        and node.domain in ("", "ai.onnx")
+        and bool(_attribute(node, "training_mode", 0))
+    )
 
 
 def _check_input_gradients(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
@@ -157,9 +200,7 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
     exposed: dict[str, str] = {}
     identities: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
-            continue
-        if not _attribute(node, "training_mode", 0):
+        if not _trains_statistics(node):
             continue
         stats = (node.input[3], node.input[4])  # input_mean -> output 1, input_var -> output 2
         if not all(stat in parameters and stat not in exposed for stat in stats):
@@ -207,6 +248,8 @@ def build_training_models(
 
     ``input_gradients`` names float graph inputs whose gradients the training
     model outputs too (before the parameters'). ``forward`` is not changed.
+    BatchNormalization's running statistics are never trainable, and those of
+    a training-mode node are always parameters (:func:`statistics_as_parameters`).
     Raises ``ValueError`` for unknown, integer or overlapping parameter names,
     and the engine's errors for a non-scalar loss or an operator without a
     gradient rule.
@@ -214,6 +257,7 @@ def build_training_models(
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
     check_parameters(forward, requires_grad, frozen_params)
+    requires_grad, frozen_params = statistics_as_parameters(forward, requires_grad, frozen_params)
     input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
     wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)
     order = {t.name: k for k, t in enumerate(forward.graph.initializer)}
@@ -250,6 +294,7 @@ def build_training_models(
 
 __all__ = [
     "UPDATED_SUFFIX",
+    "RunningStatisticsWarning",
     "TrainingModels",
     "build_training_models",
     "check_parameters",
@@ -257,4 +302,5 @@ __all__ = [
     "names_read",
     "prune_unused_nodes",
     "set_inference_mode",
+    "statistics_as_parameters",
 ]

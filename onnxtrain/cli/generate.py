@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from onnxtrain import optim
     from onnxtrain.blocks import Block
 
-
 #: ``--loss`` choices: ``onnxtrain.artifacts.LossType`` names; ``none``: the model's first output is the loss.
 LOSSES: dict[str, str | None] = {
     "mse": "MSELoss",
@@ -36,13 +35,14 @@ LIBRARY_ARGUMENTS = {
     "loss_input_names": "--loss-inputs",
 }
 #: ``--optimizer`` choices: ``onnxtrain.optim`` classes.
-
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "rmsprop": "RMSprop"}
 #: Optimizers that take a momentum.
 WITH_MOMENTUM = ("sgd", "rmsprop")
 #: ``--target`` choices (``onnxtrain.artifacts.TARGETS``; not imported, to keep ``--help`` fast).
 TARGETS = ("onnxruntime", "onnxruntime-training")
-#: ``--requires-grad`` value that selects every floating-point initializer.
+#: ``--requires-grad`` value that selects every weight (``onnxtrain.artifacts.trainable_parameters``).
+WEIGHTS = "weights"
+#: An older name of ``weights``, kept for the command lines that use it.
 ALL_FLOAT = "all-float"
 
 
@@ -58,7 +58,8 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument("model", metavar="MODEL", type=Path, help="the forward-only ONNX model (.onnx)")
     parser.add_argument(
         "--requires-grad", nargs="+", required=True, metavar="NAME",
-        help=f"the initializers to train; {ALL_FLOAT}: every floating-point initializer (but those --frozen)",
+        help=f"the initializers to train; {WEIGHTS} (or {ALL_FLOAT}): every weight, as `onnxtrain inspect MODEL` "
+        "lists them (not constants nor BatchNorm running statistics), but those --frozen",
     )  # fmt: skip
     parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
     parser.add_argument(
@@ -122,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {len(paths)} files to {args.out.resolve()}:")
     for path in paths.values():
         print(f"  {path.name} ({size_text(path.stat().st_size)})")
-    print(f"{len(requires)} trainable, {len(args.frozen)} frozen; optimizer {optimizer!r}")
+    updated = [o.name[: -len(".updated")] for o in built.training_model.graph.output if o.name.endswith(".updated")]
+    statistics = f", {len(updated)} running statistics (updated in training mode)" if updated else ""
+    frozen = len(built.checkpoint.frozen) - len(updated)
+    print(f"{len(built.checkpoint.trainable)} trainable, {frozen} frozen{statistics}; optimizer {optimizer!r}")
     if args.lr is not None:
         print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
     print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
@@ -173,17 +177,21 @@ def optimizer_block(
 
 
 def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> list[str]:
-    """``requested``, with ``all-float`` replaced by every floating-point initializer of ``model`` not frozen."""
-    if ALL_FLOAT not in requested:
+    """``requested``, with ``weights`` (or ``all-float``) replaced by every weight of ``model`` not frozen
+    (``onnxtrain.artifacts.trainable_parameters``: constants and running statistics are not weights)."""
+    if WEIGHTS not in requested and ALL_FLOAT not in requested:
         return requested
-    from onnxtrain.graph.dtypes import is_float
+    from onnxtrain.artifacts import trainable_parameters
     from onnxtrain.graph.io import load_base_model
 
     proto, _ = load_base_model(model, check_data=False)  # without external data: only names and types are read
-    found = [t.name for t in proto.graph.initializer if is_float(t.data_type) and t.name not in frozen]
+    found = [name for name in trainable_parameters(proto) if name not in frozen]
     if not found:
-        raise ValueError(f"{model} has no floating-point initializers to train (besides those --frozen)")
-    named = [name for name in requested if name != ALL_FLOAT]
+        raise ValueError(
+            f"{model} has no weights to train (besides those --frozen); `onnxtrain inspect {model}` lists its "
+            "initializers and their roles: name the ones to train"
+        )
+    named = [name for name in requested if name not in (WEIGHTS, ALL_FLOAT)]
     return list(dict.fromkeys([*found, *named]))
 
 
@@ -193,6 +201,7 @@ __all__ = [
     "LOSSES",
     "OPTIMIZERS",
     "SCORED",
+    "WEIGHTS",
     "add_parser",
     "loss_of",
     "loss_option",

@@ -57,24 +57,32 @@ def dtype_text(elem_type: int) -> str:
 
 
 def _initializers(graph: onnx.GraphProto) -> list[str]:
-    from onnxtrain.graph.dtypes import is_float
+    """The initializers, each with its role (``onnxtrain.artifacts.initializer_roles``): a weight, which
+    ``--requires-grad weights`` trains; a constant; a running statistic, which training mode updates."""
+    from onnxtrain.graph.roles import initializer_roles
 
     if not graph.initializer:
         return ["initializers: none"]
-    rows = [["name", "shape", "dtype", "elements", ""]]
-    total = floats = 0
+    model = onnx.ModelProto(graph=graph)
+    roles = initializer_roles(model)
+    rows = [["name", "shape", "dtype", "elements", "role"]]
+    total = 0
+    by_role: Counter[str] = Counter()
     for tensor in graph.initializer:
         count = elements(tensor.dims)
         total += count
-        trainable = is_float(tensor.data_type)
-        floats += count if trainable else 0
+        by_role[roles[tensor.name]] += count
         rows.append(
             [tensor.name, shape_text(list(tensor.dims)), dtype_text(tensor.data_type), number(count),
-             "float (trainable)" if trainable else ""]
+             roles[tensor.name]]
         )  # fmt: skip
     size = sum(elements(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize for t in graph.initializer)
-    summary = f"  total: {number(total)} elements ({number(floats)} float, trainable), {size_text(size)}"
-    return [f"initializers ({len(graph.initializer)}):", *table(rows, right=[3]), summary]
+    kinds = ", ".join(
+        f"{number(by_role[r])} in {r}s" for r in ("weight", "running statistic", "constant") if by_role[r]
+    )
+    summary = f"  total: {number(total)} elements ({kinds}), {size_text(size)}"
+    note = "  weights are what --requires-grad weights trains; running statistics are updated in training mode"
+    return [f"initializers ({len(graph.initializer)}):", *table(rows, right=[3]), summary, note]
 
 
 def _operators(model: onnx.ModelProto) -> list[str]:

@@ -151,7 +151,7 @@ def test_a_model_without_float_initializers(capsys, tmp_path: Path):
     onnx.save(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), tmp_path / "m.onnx")
     status, _, err = _generate(capsys, tmp_path / "m.onnx", tmp_path / "art")
     assert status == 1
-    assert_error(err, "generate", "no floating-point initializers")
+    assert_error(err, "generate", "has no weights to train", "onnxtrain inspect")
 
 
 @pytest.mark.parametrize(
@@ -243,3 +243,29 @@ def test_custom_loss_errors(
     assert result == status and out == ""
     assert_error(err, "generate", *fragments)
     assert not (tmp_path / "art").exists()
+
+
+def test_weights_selects_the_weights_and_leaves_constants_and_statistics(capsys, tmp_path: Path):
+    """``--requires-grad weights`` (and its older name all-float) trains what inspect lists as weights; a
+    BatchNorm's running statistics become parameters updated in training mode, never trained."""
+    from tests.graph.test_roles import _graph_of_every_use
+
+    model = _graph_of_every_use()
+    for node in model.graph.node:
+        if node.op_type == "BatchNormalization":
+            node.attribute.append(onnx.helper.make_attribute("training_mode", 1))
+            node.output.extend(["bn_mean_out", "bn_var_out"])
+    onnx.save(model, tmp_path / "m.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "m.onnx")
+    assert status == 0
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("  bn.running_")] == ["statistic"] * 2
+    for option in ("weights", "all-float"):
+        argv = ["generate", tmp_path / "m.onnx", "--requires-grad", option, "--loss", "mse", "-o", tmp_path / option]
+        status, out, err = cli(capsys, *argv)
+        assert (status, err) == (0, ""), err
+        assert "6 trainable, 0 frozen, 2 running statistics (updated in training mode)" in out
+        state = checkpoint.load(tmp_path / option / "checkpoint")
+        assert sorted(state.trainable) == sorted(
+            ["linear.weight", "linear.bias", "head.bias", "bn.weight", "bn.bias", "table"]
+        )
+        assert sorted(state.frozen) == ["bn.running_mean", "bn.running_var"]

@@ -37,7 +37,11 @@ def test_a_plain_model(capsys, model_path: Path):
     status, out, err = cli(capsys, "inspect", model_path)
     assert (status, err) == (0, "")
     assert "inputs:\n  x: float32[batch, 4]" in out
-    assert "float (trainable)" in out and "Gemm  2" in out
+    assert "Gemm  2" in out
+    lines = out.splitlines()
+    first = lines.index("initializers (4):") + 2  # after the header row
+    roles = {line.split()[0]: line.split()[-1] for line in lines[first : first + 4]}
+    assert set(roles.values()) == {"weight"}, roles  # two Linear blocks' weights and biases
     assert "gradient rules: every differentiable operator has one" in out
 
 

@@ -1,0 +1,146 @@
+"""BatchNormalization's running statistics: recognised wherever the lists put them, updated, never trained."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from onnxtrain import api, optim
+from onnxtrain.artifacts import LossType, RunningStatisticsWarning, generate_artifacts
+from tests.helpers import export_for_training
+
+STATISTICS = ["bn.running_mean", "bn.running_var"]
+
+
+def _torch_net():
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+            self.bn = torch.nn.BatchNorm1d(3)
+            self.head = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.bn(self.fc(x))))
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():  # statistics away from their defaults, so that a wrong update shows
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+    return torch, net
+
+
+def _batches(steps: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    return [
+        (rng.normal(size=(8, 4)).astype(np.float32), rng.normal(size=(8, 2)).astype(np.float32)) for _ in range(steps)
+    ]
+
+
+def _torch_run(torch, net, batches, weight_decay: float) -> dict[str, np.ndarray]:
+    """``batches`` of SGD(lr=1, weight_decay) on the mean squared error in torch; every parameter and buffer.
+
+    The running variance is ONNX's: torch updates it with the unbiased batch variance, ONNX's
+    BatchNormalization with the biased one (tests/autodiff/test_whole_models.py), so it is replayed here from
+    the batches BatchNorm saw."""
+    net.train()
+    momentum = net.bn.momentum
+    variance = net.bn.running_var.detach().numpy().astype(np.float64)
+    seen: list[np.ndarray] = []
+    hook = net.bn.register_forward_hook(lambda _module, args, _output: seen.append(args[0].detach().numpy()))
+    sgd = torch.optim.SGD(net.parameters(), lr=1.0, weight_decay=weight_decay)
+    for x, t in batches:
+        sgd.zero_grad()
+        torch.nn.functional.mse_loss(net(torch.from_numpy(x)), torch.from_numpy(t)).backward()
+        sgd.step()
+        variance = (1 - momentum) * variance + momentum * seen[-1].astype(np.float64).var(axis=0)
+    hook.remove()
+    state = {name: value.detach().numpy() for name, value in net.state_dict().items() if "num_batches" not in name}
+    state["bn.running_var"] = variance.astype(np.float32)
+    return state
+
+
+def _our_run(tmp_path, model, requires_grad, frozen, batches, weight_decay: float) -> tuple[dict, dict]:
+    paths = generate_artifacts(
+        model, requires_grad=requires_grad, frozen_params=frozen, loss=LossType.MSELoss,
+        optimizer=optim.SGD(weight_decay=weight_decay), artifact_directory=tmp_path,
+    )  # fmt: skip
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    optimizer = api.Optimizer(paths["optimizer_model"], module)
+    optimizer.set_learning_rate(1.0)
+    for x, t in batches:
+        module(x, t)
+        optimizer.step()
+        module.lazy_reset_grad()
+    values = {name: parameter.data for name, parameter in state.parameters}
+    trainable = {name for name, parameter in state.parameters if parameter.requires_grad}
+    return values, {"trainable": trainable}
+
+
+def _assert_as_torch(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        np.testing.assert_allclose(ours[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_statistics_named_in_requires_grad_are_updated_not_trained_with_a_warning(tmp_path):
+    """All initializers in requires_grad, SGD with weight decay 0.5 at lr 1: weight decay must not shrink the
+    statistics (it halved running_mean); they are updated as torch updates its buffers."""
+    torch, net = _torch_net()
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17)
+    everything = [t.name for t in model.graph.initializer]
+    assert set(STATISTICS) <= set(everything)
+    batches = _batches(1)
+    with pytest.warns(RunningStatisticsWarning, match="bn.running_mean"):
+        ours, info = _our_run(tmp_path, model, everything, [], batches, 0.5)
+    assert not set(STATISTICS) & info["trainable"]
+    _assert_as_torch(ours, _torch_run(torch, net, batches, 0.5))
+
+
+def test_statistics_no_list_names_are_parameters_updated_at_each_step(tmp_path):
+    """The README's pattern: requires_grad lists the parameters, frozen_params=[]; the statistics (in neither)
+    were constants and never changed."""
+    torch, net = _torch_net()
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17)
+    parameters = [name for name, _ in net.named_parameters()]
+    batches = _batches(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunningStatisticsWarning)  # nothing to warn about
+        ours, info = _our_run(tmp_path, model, parameters, [], batches, 0.0)
+    assert info["trainable"] == set(parameters)
+    _assert_as_torch(ours, _torch_run(torch, net, batches, 0.0))
+
+
+def test_statistics_in_frozen_params_are_updated_too(tmp_path):
+    torch, net = _torch_net()
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17)
+    parameters = [name for name, _ in net.named_parameters()]
+    batches = _batches(2)
+    ours, _ = _our_run(tmp_path, model, parameters, STATISTICS, batches, 0.0)
+    _assert_as_torch(ours, _torch_run(torch, net, batches, 0.0))
+
+
+def test_statistics_of_an_inference_mode_normalization_stay_constant_and_untrained(tmp_path):
+    """An eval-mode export normalizes with its running statistics and never updates them (as torch in eval mode):
+    named in requires_grad they are not trained either."""
+    torch, net = _torch_net()
+    net.eval()
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17)
+    for node in model.graph.node:  # as an inference export writes it
+        if node.op_type == "BatchNormalization":
+            for attribute in node.attribute:
+                if attribute.name == "training_mode":
+                    attribute.i = 0
+            del node.output[1:]
+    before = {name: value.detach().numpy().copy() for name, value in net.named_buffers()}
+    with pytest.warns(RunningStatisticsWarning):
+        ours, info = _our_run(tmp_path, model, [t.name for t in model.graph.initializer], [], _batches(2), 0.5)
+    assert not set(STATISTICS) & info["trainable"]
+    for name in STATISTICS:
+        np.testing.assert_array_equal(ours[name], before[name])

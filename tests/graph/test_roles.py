@@ -1,0 +1,147 @@
+"""Which initializers are weights, constants and running statistics, read from how the graph uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from onnxtrain.artifacts import initializer_roles, trainable_parameters
+from tests.helpers import FLOAT, INT64, export_for_training, make_model
+
+
+def _graph_of_every_use() -> onnx.ModelProto:
+    """One model reading initializers in each way the roles distinguish."""
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    initializers = [
+        ("linear.weight", rng.normal(size=(3, 4)).astype(f32)),  # read through Transpose by MatMul: a weight
+        ("linear.bias", np.zeros(3, f32)),  # added to a MatMul's output: a weight
+        ("head.bias", np.zeros(1, f32)),  # a bias of one element is still a weight (rank 1)
+        ("scale", np.array(0.5, f32)),  # rank 0, multiplying: a constant
+        ("fill", np.array(-3.4e38, f32)),  # Where's fill value: a constant
+        ("ratio", np.array(0.1, f32)),  # Dropout's ratio: a constant
+        ("bn.weight", np.ones(3, f32)),
+        ("bn.bias", np.zeros(3, f32)),
+        ("bn.running_mean", np.zeros(3, f32)),
+        ("bn.running_var", np.ones(3, f32)),
+        ("table", rng.normal(size=(10, 3)).astype(f32)),  # an embedding (Gather's data): a weight
+        ("positions", np.arange(2, dtype=np.int64)),  # integers: a constant
+        ("frequencies", np.ones(3, f32)),  # read only by Unsqueeze: a constant
+        ("offset", np.ones(3, f32)),  # added to another constant: a constant
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["linear.weight"], ["wt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "wt"], ["xw"]),
+        helper.make_node("Add", ["xw", "linear.bias"], ["h"]),
+        helper.make_node("Mul", ["h", "scale"], ["hs"]),
+        helper.make_node("Greater", ["hs", "h"], ["mask"]),
+        helper.make_node("Where", ["mask", "fill", "hs"], ["masked"]),
+        helper.make_node("Dropout", ["masked", "ratio"], ["dropped"]),
+        helper.make_node("Unsqueeze", ["dropped", "one"], ["four_d"]),
+        helper.make_node(
+            "BatchNormalization",
+            ["four_d", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],
+            ["normed"],
+        ),
+        helper.make_node("Squeeze", ["normed", "one"], ["flat"]),
+        helper.make_node("Gather", ["table", "positions"], ["embedded"]),
+        helper.make_node("ReduceSum", ["embedded"], ["pooled"], keepdims=0),
+        helper.make_node("Add", ["frequencies", "offset"], ["shifted"]),
+        helper.make_node("Unsqueeze", ["shifted", "zero"], ["row"]),
+        helper.make_node("Add", ["flat", "row"], ["y0"]),
+        helper.make_node("Add", ["y0", "pooled"], ["y1"]),
+        helper.make_node("ReduceSum", ["y1", "last"], ["y2"], keepdims=1),
+        helper.make_node("Add", ["y2", "head.bias"], ["y"]),
+    ]
+    initializers += [("one", np.array([2], np.int64)), ("zero", np.array([0], np.int64))]
+    initializers += [("last", np.array([1], np.int64))]
+    return make_model({"x": (FLOAT, ["batch", 4])}, nodes, {"y": (FLOAT, ["batch", 1])}, initializers, opset=15)
+
+
+def test_each_use_gives_its_role():
+    roles = initializer_roles(_graph_of_every_use())
+    assert roles == {
+        "linear.weight": "weight",
+        "linear.bias": "weight",
+        "head.bias": "weight",
+        "scale": "constant",
+        "fill": "constant",
+        "ratio": "constant",
+        "bn.weight": "weight",
+        "bn.bias": "weight",
+        "bn.running_mean": "running statistic",
+        "bn.running_var": "running statistic",
+        "table": "weight",
+        "positions": "constant",
+        "frequencies": "constant",
+        "offset": "constant",
+        "one": "constant",
+        "zero": "constant",
+        "last": "constant",
+    }
+    assert trainable_parameters(_graph_of_every_use()) == [
+        "linear.weight", "linear.bias", "head.bias", "bn.weight", "bn.bias", "table",
+    ]  # fmt: skip
+
+
+def test_a_path_is_read_without_its_external_data(tmp_path):
+    model = _graph_of_every_use()
+    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data", size_threshold=0)
+    (tmp_path / "m.data").unlink()  # the roles need names, types and the graph only
+    assert initializer_roles(tmp_path / "m.onnx") == initializer_roles(model)
+
+
+def test_an_initializer_used_both_as_weight_and_otherwise_is_a_weight():
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["xw"]),
+        helper.make_node("Shape", ["w"], ["s"]),
+        helper.make_node("Cast", ["s"], ["sf"], to=FLOAT),
+        helper.make_node("Add", ["xw", "sf"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 2])}, nodes, {"y": (FLOAT, ["n", 2])}, [("w", np.ones((2, 2), np.float32))])
+    assert initializer_roles(model) == {"w": "weight"}
+
+
+def test_integer_tensors_are_never_weights():
+    nodes = [helper.make_node("Gather", ["table", "x"], ["y"])]
+    model = make_model({"x": (INT64, ["n"])}, nodes, {"y": (INT64, ["n"])}, [("table", np.arange(5, dtype=np.int64))])
+    assert initializer_roles(model) == {"table": "constant"}
+
+
+def _torch_exports():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    class ConvNet(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+            self.drop = torch.nn.Dropout(0.1)
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(self.drop(torch.relu(self.bn(self.conv(x)))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    config = transformers.DistilBertConfig(
+        vocab_size=50, dim=16, n_layers=1, n_heads=2, hidden_dim=32, max_position_embeddings=16
+    )
+    bert = transformers.DistilBertForSequenceClassification(config).train()
+    ids = torch.randint(0, 50, (2, 5))
+    conv = ConvNet().train()
+    return [
+        (conv, export_for_training(conv, (torch.randn(2, 3, 6, 6),), ["x"], ["y"], opset=17)),
+        (bert, export_for_training(bert, (ids, torch.ones_like(ids)), ["ids", "mask"], ["logits"], opset=17)),
+    ]
+
+
+def test_the_weights_of_torch_exports_are_its_parameters_and_the_buffers_are_statistics():
+    for module, model in _torch_exports():
+        roles = initializer_roles(model)
+        parameters = [name for name, _ in module.named_parameters()]
+        assert sorted(trainable_parameters(model)) == sorted(parameters)
+        buffers = [name for name, _ in module.named_buffers() if "running" in name]
+        assert sorted(n for n, r in roles.items() if r == "running statistic") == sorted(buffers)
