@@ -11,12 +11,19 @@ evaluates every node of :data:`FOLDABLE` whose inputs are all initializers and
 whose output is small, with NumPy: the same IEEE arithmetic (one operation,
 correctly rounded) onnxruntime computes at run time. (Not with
 ``onnx.reference``, whose import alone takes 11 MiB.)
+
+:func:`fold_constants` folds the same operators for shape inference, on any
+graph: onnx's shape inference reads the values of ``Constant`` nodes and
+initializers, but not of what is computed from them (data propagation only
+follows integer shape vectors), so a ``Resize`` whose scales are
+``Concat(Constant, Constant)`` (torch's TorchScript exporter in training
+mode) would have an unknown output shape.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -79,6 +86,80 @@ def fold_static_shapes(
     return copy
 
 
+def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` in which each node of :data:`FOLDABLE` whose inputs are all constants is a ``Constant``.
+
+    Constants are ``Constant`` nodes, initializers and the nodes folded before:
+    only tensors stored in the model (not in external data) of at most
+    :data:`MAX_ELEMENTS` elements are read, so the weights of a large model
+    are never loaded. A folded node becomes ``Constant(value=...)`` with the
+    same output name, in its place, when its value has at most
+    :data:`MAX_ELEMENTS` elements; everything else is left as it is
+    (subgraphs and nodes of other domains included). For shape inference:
+    the graph computes what it computed, in the same order and IR version.
+    """
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    graph = copy.graph
+    opset = next((entry.version for entry in copy.opset_import if entry.domain in ("", "ai.onnx")), None)
+    constants = _SmallConstants({tensor.name: tensor for tensor in graph.initializer})
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            constants.add_constant_node(node)
+            continue
+        value = _folded(node, {}, constants, opset)
+        if value is None:
+            continue
+        try:
+            tensor = numpy_helper.from_array(value, node.output[0])
+        except (ValueError, TypeError, KeyError):  # an element type numpy_helper cannot write back
+            continue
+        constants.add_value(node.output[0], value)
+        node.CopyFrom(helper.make_node("Constant", [], [node.output[0]], name=node.name, value=tensor))
+    return copy
+
+
+class _SmallConstants(Mapping[str, np.ndarray]):
+    """The values of a graph's small constants, each converted to NumPy when it is first read."""
+
+    def __init__(self, tensors: Mapping[str, onnx.TensorProto]) -> None:
+        self._tensors = {name: tensor for name, tensor in tensors.items() if _small(tensor)}
+        self._values: dict[str, np.ndarray] = {}
+
+    def add_constant_node(self, node: onnx.NodeProto) -> None:
+        """Take in a ``Constant`` node's value when it is small (a sparse or string value is not a constant here)."""
+        if len(node.output) != 1 or len(node.attribute) != 1:
+            return
+        attribute = node.attribute[0]
+        if attribute.name == "value" and _small(attribute.t):
+            self._tensors[node.output[0]] = attribute.t
+        elif attribute.name in ("value_float", "value_floats", "value_int", "value_ints"):
+            dtype = np.float32 if attribute.name.startswith("value_float") else np.int64
+            self._values[node.output[0]] = np.array(helper.get_attribute_value(attribute), dtype)
+
+    def add_value(self, name: str, value: np.ndarray) -> None:
+        self._values[name] = value
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._values:
+            self._values[name] = numpy_helper.to_array(self._tensors[name])
+        return self._values[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._values or name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter({**self._tensors, **self._values})
+
+    def __len__(self) -> int:
+        return len({**self._tensors, **self._values})
+
+
+def _small(tensor: onnx.TensorProto) -> bool:
+    """Whether ``tensor`` holds its values in the model and has at most :data:`MAX_ELEMENTS` elements."""
+    return tensor.data_location != onnx.TensorProto.EXTERNAL and math.prod(tensor.dims) <= MAX_ELEMENTS
+
+
 def _folded(
     node: onnx.NodeProto,
     known: Mapping[str, Sequence[int] | None],
@@ -106,8 +187,8 @@ def _folded(
         return None
     try:
         value = evaluate_constant(node, [constants[name] for name in inputs], opset)
-    except (ValueError, IndexError, TypeError):  # NumPy's, for a node onnxruntime would refuse: left to run time
-        return None
+    except (ValueError, LookupError, TypeError):  # a node onnxruntime would refuse (NumPy's errors, an attribute
+        return None  # missing): left to run time
     return None if value is None or value.size > MAX_ELEMENTS else value
 
 
@@ -132,7 +213,10 @@ def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int
     if op == "Concat":
         return np.concatenate(inputs, axis=attrs["axis"])
     if op == "Expand":
-        return np.array(np.broadcast_to(inputs[0], np.broadcast_shapes(inputs[0].shape, tuple(inputs[1]))))
+        shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1]))
+        if math.prod(shape) > MAX_ELEMENTS:
+            return None  # never materialized: it would stay computed anyway
+        return np.array(np.broadcast_to(inputs[0], shape))
     if op == "Gather":
         return np.take(inputs[0], inputs[1], axis=attrs.get("axis", 0))
     if op == "Reshape":
@@ -192,6 +276,7 @@ __all__ = [
     "ShapeInference",
     "drop_unread_initializers",
     "evaluate_constant",
+    "fold_constants",
     "fold_static_shapes",
     "onnx_shapes",
 ]

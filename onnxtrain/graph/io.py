@@ -11,6 +11,7 @@ from onnx import shape_inference, version_converter
 
 from onnxtrain.graph import dtypes, external, versions
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
+from onnxtrain.graph.fold import fold_constants
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -143,6 +144,10 @@ LONGEST_SHAPE_VECTOR = 4096
 def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """:func:`skeleton` of ``model`` with inferred types, with onnx's data propagation where it is cheap.
 
+    Its constant subgraphs are folded first (:func:`~onnxtrain.graph.fold.fold_constants`),
+    so that inference reads the values computed from small constants
+    (``Resize`` scales that are a ``Concat`` of ``Constant`` nodes).
+
     The outputs of ONNX Runtime's contrib operators that onnx cannot type are
     typed where they follow from an input (:mod:`onnxtrain.graph.contrib_types`).
 
@@ -152,7 +157,7 @@ def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     static batch of 10**7 would take 1.4 GB. A first pass without it finds
     such vectors; only a model without them gets the second pass.
     """
-    light = skeleton(model)
+    light = fold_constants(skeleton(model))
     plain = shape_inference.infer_shapes(light, strict_mode=False)
     for value in (*plain.graph.input, *plain.graph.value_info, *plain.graph.output):
         tensor = value.type.tensor_type
