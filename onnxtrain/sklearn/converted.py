@@ -16,7 +16,8 @@ ALTERNATIVES: dict[str, str] = {
     "initializers 'coef' and 'intercept'",
     "LinearClassifier": "to_onnx(model, X, black_op={'LinearClassifier'}, options={'zipmap': False}) writes "
     "MatMul, Add and Sigmoid or Softmax with trainable initializers 'coef' and 'intercept'",
-    "Scaler": "to_onnx(model, X, black_op={'Scaler'}) writes Sub and Div",
+    "Scaler": "its offset and scale stay as fitted (the layers after it train); to train them too, "
+    "to_onnx(model, X, black_op={'Scaler'}) writes Sub and Div with initializers",
     "ZipMap": "to_onnx(model, X, options={'zipmap': False}) returns the probabilities as a tensor",
 }
 #: ai.onnx.ml operators of models that have no gradient at all (trees, kernels).

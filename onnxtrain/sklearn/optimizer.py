@@ -68,8 +68,8 @@ class OrtGradientOptimizer:
         model_onnx: a model whose inputs are the features, the label and
             optionally the sample weight, with a loss output
             (:func:`~onnxtrain.sklearn.add_loss_output` makes one).
-        weights_to_train: the initializers to train, e.g. ``list(get_train_initializer(model))``
-            of the model before its loss was added (the loss's constants are initializers too).
+        weights_to_train: the initializers to train, e.g. ``trainable_weights(model)`` (the
+            initializers the graph reads as weights, not the constants converters store beside them).
         loss_output_name: the loss output (a scalar, summed over the batch).
         max_iter: iterations (passes over the data).
         training_optimizer_name: ``"SGDOptimizer"`` (SGD; with momentum when
@@ -484,7 +484,7 @@ class OrtGradientOptimizer:
         if isinstance(names, str) or not isinstance(names, Sequence) or not names:
             raise TypeError(
                 f"weights_to_train must be a non-empty list of initializer names, not {names!r}; "
-                "list(get_train_initializer(model)) lists the float initializers of the model before its loss"
+                "trainable_weights(model) lists the initializers the model reads as weights"
             )
         return list(names)
 

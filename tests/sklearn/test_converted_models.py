@@ -23,6 +23,8 @@ linear_model = pytest.importorskip("sklearn.linear_model")
 metrics = pytest.importorskip("sklearn.metrics")
 model_selection = pytest.importorskip("sklearn.model_selection")
 neural_network = pytest.importorskip("sklearn.neural_network")
+pipeline = pytest.importorskip("sklearn.pipeline")
+preprocessing = pytest.importorskip("sklearn.preprocessing")
 
 
 @pytest.fixture(autouse=True)
@@ -151,3 +153,17 @@ def test_tree_models_are_reported_as_not_differentiable() -> None:
     onx = skl2onnx.to_onnx(tree.DecisionTreeRegressor(max_depth=2).fit(x, y), x[:1])
     with pytest.raises(TypeError, match=r"TreeEnsemble\w* \(ai.onnx.ml\) is piecewise constant.*no gradient"):
         OrtGradientOptimizer(add_loss_output(onx), [], max_iter=1).fit(x, y)
+
+
+def test_a_scaler_kept_as_fitted_names_black_op_to_train_its_values() -> None:
+    """A pipeline's ai.onnx.ml Scaler trains the layers after it; naming a value it would have with
+    black_op={'Scaler'} says so and names the option."""
+    x, y = datasets.make_classification(60, n_features=4, random_state=0)
+    x = x.astype(np.float32)
+    fitted = pipeline.make_pipeline(preprocessing.StandardScaler(), linear_model.LogisticRegression()).fit(x, y)
+    onx = skl2onnx.to_onnx(fitted, x[:1], black_op={"LinearClassifier"}, options={"zipmap": False})
+    loss = add_loss_output(onx, score_name="log", output_index=1)
+    with pytest.raises(
+        ValueError, match=r"Scaler \(ai.onnx.ml\): its offset and scale stay as fitted.*black_op=\{'Scaler'\}"
+    ):
+        OrtGradientOptimizer(loss, ["coef", "Su_Subcst"], max_iter=1).fit(x, y)
