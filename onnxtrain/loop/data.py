@@ -7,10 +7,13 @@
   columns the features. A model with one user input takes every column.
 
 Each array is cast to its input's dtype (floats become integers only when
-they hold whole numbers) and reshaped to its input's rank (a ``[N]`` label
-for an input declared ``[batch, 1]``); all must have the same number of
-samples (the first dimension). Problems raise ``ValueError`` or ``TypeError``
-naming the array and the input.
+they hold whole numbers) and shaped for its input: axes of size 1 are added
+or removed (a ``[N]`` label for an input declared ``[batch, 1]``), and rows
+of values are reshaped to the input's per-sample shape only when asked
+(``reshape``). All must have the same number of samples (the first
+dimension). Problems raise ``ValueError`` or ``TypeError`` naming the array
+and the input, and say how to fix the array (the transposition that turns
+channels-last images into channels-first ones, ``--reshape``).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,9 +36,10 @@ TARGET_NAMES = ("y",)
 
 
 def load_data(
-    path: str | os.PathLike[str], inputs: Sequence[TensorSpec], target_column: str | None = None
+    path: str | os.PathLike[str], inputs: Sequence[TensorSpec], target_column: str | None = None, reshape: bool = False
 ) -> list[np.ndarray]:
-    """The arrays for the user inputs ``inputs``, in their order, from an .npz or a .csv file."""
+    """The arrays for the user inputs ``inputs``, in their order, from an .npz or a .csv file (``reshape``: see
+    :func:`fit_to_inputs`)."""
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no data file {str(file)!r}")
@@ -50,17 +55,23 @@ def load_data(
             f"{file.name}: unknown data format {suffix or '(no suffix)'!r}; give an .npz (arrays named after the "
             "model's inputs, or X and y) or a .csv of numbers"
         )
-    return fit_to_inputs(named, inputs, file.name)
+    return fit_to_inputs(named, inputs, file.name, reshape)
 
 
 def fit_to_inputs(
-    named: Sequence[tuple[str, np.ndarray]], inputs: Sequence[TensorSpec], source: str
+    named: Sequence[tuple[str, np.ndarray]], inputs: Sequence[TensorSpec], source: str, reshape: bool = False
 ) -> list[np.ndarray]:
-    """``(what the array is, array)`` per input, cast and reshaped to the inputs; as many samples in each.
+    """``(what the array is, array)`` per input, cast and shaped for the inputs; as many samples in each.
 
     ``what`` names the array in errors: ``array 'X'``, ``the target column 'label'``.
+    Axes of size 1 are added or removed as the input needs; rows of values
+    (``[N, k]``) are reshaped to the input's per-sample shape, in C order, only
+    with ``reshape`` (``onnxtrain train --reshape``): flattened data of another
+    layout would be scrambled silently.
     """
-    arrays = [_fit(np.asarray(array), spec, name, source) for (name, array), spec in zip(named, inputs, strict=True)]
+    arrays = [
+        _fit(np.asarray(array), spec, name, source, reshape) for (name, array), spec in zip(named, inputs, strict=True)
+    ]
     for (name, array), spec in zip(named[1:], inputs[1:], strict=True):
         if len(array) != len(arrays[0]):
             raise ValueError(
@@ -161,12 +172,13 @@ def _column_index(target_column: str | None, header: list[str] | None, width: in
     return index % width
 
 
-def _fit(array: np.ndarray, spec: TensorSpec, name: str, source: str) -> np.ndarray:
-    """``array`` cast to ``spec``'s dtype and reshaped to its rank."""
+def _fit(array: np.ndarray, spec: TensorSpec, name: str, source: str, reshape: bool) -> np.ndarray:
+    """``array`` cast to ``spec``'s dtype and shaped for it (see :func:`fit_to_inputs`)."""
     what = f"{source}: {name} (for input {spec.name!r}, {spec.describe()})"
     if array.ndim == 0:
         raise ValueError(f"{what} is a scalar; it needs one row per sample")
-    return _reshape(_cast(array, spec.dtype, what), spec, what)
+    variable = match.group(1) if (match := re.fullmatch(r"array '(\w+)'", name)) else "array"
+    return _reshape(_cast(array, spec.dtype, what), spec, what, variable, reshape)
 
 
 def _cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
@@ -187,20 +199,71 @@ def _cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     return np.ascontiguousarray(array.astype(dtype))
 
 
-def _reshape(array: np.ndarray, spec: TensorSpec, what: str) -> np.ndarray:
+def _reshape(array: np.ndarray, spec: TensorSpec, what: str, variable: str, reshape: bool) -> np.ndarray:
+    """``array`` shaped ``[N, *spec's per-sample dims]``: axes of size 1 added or removed, flat rows only if asked."""
     dims = spec.dims
     if dims is None or not dims:
         return array
     rest = dims[1:]
-    if array.ndim == len(dims):
-        wrong = [axis for axis, d in enumerate(rest, start=1) if isinstance(d, int) and array.shape[axis] != d]
-        if not wrong:
-            return array
-    elif all(isinstance(d, int) for d in rest):
-        size = math.prod(int(d) for d in rest if d is not None)
-        if array.size == len(array) * size:
-            return array.reshape((len(array), *[int(d) for d in rest if d is not None]))
-    raise ValueError(f"{what} has shape {list(array.shape)}, which does not fit; give one row of the input per sample")
+    sample = tuple(array.shape[1:])
+    if array.ndim == len(dims) and all(not isinstance(d, int) or n == d for n, d in zip(sample, rest, strict=True)):
+        return array
+    if all(isinstance(d, int) for d in rest):
+        wanted = tuple(int(d) for d in rest if d is not None)
+        unit_axes_only = [n for n in sample if n != 1] == [n for n in wanted if n != 1]
+        if unit_axes_only or (reshape and array.ndim == 2 and math.prod(sample) == math.prod(wanted)):
+            return array.reshape((len(array), *wanted))
+    raise ValueError(_misfit(array, rest, what, variable, reshape))
+
+
+def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, variable: str, reshape: bool) -> str:
+    """Why ``array`` does not fit samples of shape ``rest``, and how to make it fit (``variable``: its name)."""
+    sample = tuple(array.shape[1:])
+    wanted = _shape(rest)
+    said = f"{what} has shape {list(array.shape)}, which does not fit: the input takes {wanted} per sample"
+    known = all(isinstance(d, int) for d in rest)
+    order = _permutation(sample, tuple(int(d) for d in rest if d is not None)) if known else None
+    if order is not None:
+        axes = (0, *(axis + 1 for axis in order))
+        return f"{said}; {_layouts(axes)}: transpose it, numpy.transpose({variable}, {axes})"
+    if known and array.ndim == 2:
+        values, size = sample[0], math.prod(int(d) for d in rest if d is not None)
+        if values != size:
+            return f"{said}; each row holds {values:,} values per sample, but {wanted} holds {size:,}"
+        if not reshape:
+            return (
+                f"{said}; each row holds its {values:,} values: pass --reshape to reshape each row to {wanted} in "
+                f"C order (row-major: the last axis varies fastest), or give the array shaped [N, {wanted[1:]}. "
+                "Rows of flattened data of another layout (channels last, NHWC) must be reshaped to their own "
+                "shape and transposed instead"
+            )
+    return f"{said}; give one row of the input per sample"
+
+
+def _shape(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _permutation(sample: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The order of ``sample``'s axes that gives ``wanted`` (equal sizes keep their order); None if there is none."""
+    if len(sample) != len(wanted) or sorted(sample) != sorted(wanted) or sample == wanted:
+        return None
+    free = list(range(len(sample)))
+    order = []
+    for size in wanted:
+        axis = next(axis for axis in free if sample[axis] == size)
+        free.remove(axis)
+        order.append(axis)
+    return tuple(order)
+
+
+def _layouts(axes: tuple[int, ...]) -> str:
+    """``channels last (NHWC) where the input takes channels first (NCHW)``, or what the order of axes says."""
+    if axes == (0, 3, 1, 2):
+        return "its samples look channels last (NHWC) where the input takes channels first (NCHW)"
+    if axes == (0, 2, 3, 1):
+        return "its samples look channels first (NCHW) where the input takes channels last (NHWC)"
+    return "its axes have the input's sizes in another order"
 
 
 __all__ = ["FEATURE_NAMES", "TARGET_NAMES", "fit_to_inputs", "load_data"]

@@ -80,3 +80,52 @@ def test_unknown_formats_and_misplaced_options(tmp_path: Path):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     with pytest.raises(ValueError, match=r"not a readable \.npz"):
         load_data(tmp_path / "bad.npz", [X, LABELS])
+
+
+IMAGES = TensorSpec("images", np.dtype(np.float32), ("batch", 3, 32, 32))
+
+
+def test_channels_last_images_for_a_channels_first_input_say_how_to_transpose():
+    nhwc = np.zeros((256, 32, 32, 3), np.float32)
+    with pytest.raises(ValueError, match=r"has shape \[256, 32, 32, 3\]") as raised:
+        fit_to_inputs([("array 'X'", nhwc)], [IMAGES], "data.npz")
+    message = str(raised.value)
+    assert "[3, 32, 32] per sample" in message and "channels last (NHWC)" in message
+    assert "channels first (NCHW)" in message and "numpy.transpose(X, (0, 3, 1, 2))" in message
+    nchw = np.zeros((4, 3, 32, 32), np.float32)
+    channels_last = TensorSpec("images", np.dtype(np.float32), ("batch", 32, 32, 3))
+    with pytest.raises(ValueError, match=r"channels first \(NCHW\) .* numpy\.transpose\(X, \(0, 2, 3, 1\)\)"):
+        fit_to_inputs([("array 'X'", nchw)], [channels_last], "data.npz")
+
+
+def test_axes_in_another_order():
+    sequences = TensorSpec("tokens", np.dtype(np.float32), ("batch", 5, 7))
+    with pytest.raises(ValueError, match=r"\[5, 7\] per sample.*another order.*numpy\.transpose\(x, \(0, 2, 1\)\)"):
+        fit_to_inputs([("array 'x'", np.zeros((2, 7, 5)))], [sequences], "data.npz")
+
+
+def test_flat_rows_are_reshaped_only_when_asked():
+    flat = np.arange(2 * 3072, dtype=np.float32).reshape(2, 3072)
+    with pytest.raises(ValueError, match=r"has shape \[2, 3072\]") as raised:
+        fit_to_inputs([("the columns", flat)], [IMAGES], "data.csv")
+    message = str(raised.value)
+    assert "[3, 32, 32] per sample" in message and "--reshape" in message and "C order" in message
+    (images,) = fit_to_inputs([("the columns", flat)], [IMAGES], "data.csv", reshape=True)
+    np.testing.assert_array_equal(images, flat.reshape(2, 3, 32, 32))
+    with pytest.raises(ValueError, match=r"3,000 values per sample.*\[3, 32, 32\] holds 3,072"):
+        fit_to_inputs([("the columns", flat[:, :3000])], [IMAGES], "data.csv", reshape=True)
+
+
+def test_reshape_leaves_arrays_of_several_axes_alone():
+    """--reshape reshapes rows of values; an array with axes of its own would be scrambled, so it stays an error."""
+    with pytest.raises(ValueError, match="channels last"):
+        fit_to_inputs([("array 'X'", np.zeros((2, 32, 32, 3), np.float32))], [IMAGES], "data.npz", reshape=True)
+
+
+def test_axes_of_size_one_are_added_or_removed_without_asking():
+    column = TensorSpec("y", np.dtype(np.float32), ("batch", 1))
+    (target,) = fit_to_inputs([("b", np.arange(4.0).reshape(4, 1, 1))], [column], "data")
+    assert target.shape == (4, 1)
+    image = TensorSpec("image", np.dtype(np.float32), ("batch", 1, 2, 2))
+    (gray,) = fit_to_inputs([("a", np.zeros((3, 2, 2)))], [image], "data")
+    assert gray.shape == (3, 1, 2, 2)
