@@ -15,13 +15,18 @@ in training mode reads ``Linear``'s weight through a ``Transpose``):
   ``Gemm``'s ``A``, ``B`` and ``C``, a convolution's weight and bias, a
   normalization's scale and bias, a recurrent layer's ``W``, ``R`` and ``B``,
   an embedding table (``Gather``'s data), ``PRelu``'s slope, the fused layers
-  of ONNX Runtime's transformer optimizer; or a tensor of rank 1 or more added
-  to, subtracted from, multiplied with or dividing a computed value (a bias
-  after ``MatMul``, LayerNorm's decomposed scale and shift). A rank-0 tensor
-  there is a constant (a scale, a fill value).
+  of ONNX Runtime's transformer optimizer; or an operand of an element-wise
+  ``Add`` or ``Mul`` (the second of a ``Sub`` or ``Div``) whose other operand
+  is computed from weights: a bias after ``MatMul`` (of one element too, for a
+  single output), LayerNorm's decomposed scale and shift, a layer scale.
+  There a rank-0 tensor is a constant (an attention scale, a fill value), and
+  so is a single element that multiplies or divides (a sign, a temperature).
 - **constant**: everything else: integer and boolean tensors, scalars used as
   constants, Dropout's ratio, shapes, scales of ``Resize``, tensors read only
-  by other operators (a rotary embedding's frequencies through ``Unsqueeze``).
+  by other operators (a rotary embedding's frequencies through ``Unsqueeze``),
+  tensors applied to the inputs before any weight (a converted scaler's
+  offset and scale, an image normalization's mean and deviation), a constant
+  minus a computed value (a converted classifier's ``1 - p``).
 
 A running statistic wins over a weight slot, and a weight slot over any
 other use.
@@ -29,6 +34,7 @@ other use.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from typing import Literal
@@ -36,7 +42,7 @@ from typing import Literal
 import onnx
 
 from onnxtrain.graph import dtypes
-from onnxtrain.graph.walk import all_nodes
+from onnxtrain.graph.walk import all_nodes, subgraphs
 
 Role = Literal["weight", "constant", "running statistic"]
 
@@ -68,8 +74,15 @@ WEIGHT_SLOTS: Mapping[tuple[str, str], frozenset[int]] = {
     ("com.microsoft", "EmbedLayerNormalization"): frozenset({2, 3, 4, 5, 6}),
 }
 
-#: Element-wise operators whose float tensor of rank 1 or more, beside a computed value, is a weight.
-AFFINE = frozenset({"Add", "Sub", "Mul", "Div"})
+#: Element-wise operators, with the input positions where a tensor beside a value computed from weights is one.
+AFFINE: Mapping[str, frozenset[int]] = {
+    "Add": frozenset({0, 1}),
+    "Mul": frozenset({0, 1}),
+    "Sub": frozenset({1}),
+    "Div": frozenset({1}),
+}
+#: Of those, the operators that scale: a single element there is a constant (a sign, a temperature).
+SCALING = frozenset({"Mul", "Div"})
 
 #: Operators a weight may be read through before its slot (a view or a cast of it).
 PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
@@ -83,19 +96,28 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(os.fspath(model), load_external_data=False)
     graph = model.graph
-    float_tensors = {t.name for t in graph.initializer if dtypes.is_float(t.data_type)}
-    ranks = {t.name: len(t.dims) for t in graph.initializer}
-    constants = {t.name for t in graph.initializer} | {
-        o for n in all_nodes(graph) if n.op_type == "Constant" for o in n.output
-    }
+    tensors = {t.name: t for t in graph.initializer if dtypes.is_float(t.data_type)}
+    uses = list(_uses(graph, set(tensors)))
     statistics: set[str] = set()
     weights: set[str] = set()
-    for origin, node, position, other in _uses(graph, float_tensors):
+    for origin, node, position, _ in uses:
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain == "" and node.op_type == "BatchNormalization" and position in RUNNING_STATISTICS:
             statistics.add(origin)
-        elif _weight_slot(domain, node.op_type, position, ranks[origin], other in constants):
+        elif position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset()):
             weights.add(origin)
+    weights -= statistics
+    while True:  # element-wise weights beside what the weights found so far compute, which may compute more
+        computed = _computed_from(graph, weights)
+        found = {
+            origin
+            for origin, node, position, other in uses
+            if origin not in weights | statistics
+            and _elementwise_weight(node, position, tensors[origin], other in computed)
+        }
+        if not found:
+            break
+        weights |= found
     roles: dict[str, Role] = {}
     for tensor in graph.initializer:
         name = tensor.name
@@ -103,11 +125,37 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
     return roles
 
 
-def _weight_slot(domain: str, op_type: str, position: int, rank: int, beside_constant: bool) -> bool:
-    """Whether input ``position`` of the operator holds a weight (see the module docstring)."""
-    if position in WEIGHT_SLOTS.get((domain, op_type), frozenset()):
-        return True
-    return domain == "" and op_type in AFFINE and rank > 0 and not beside_constant
+def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.TensorProto, beside_weights: bool) -> bool:
+    """Whether ``tensor``, input ``position`` of element-wise ``node``, is a weight (see the module docstring)."""
+    if node.domain not in ("", "ai.onnx") or position not in AFFINE.get(node.op_type, frozenset()):
+        return False
+    if not beside_weights or not tensor.dims:
+        return False
+    return node.op_type not in SCALING or math.prod(tensor.dims) > 1
+
+
+def _computed_from(graph: onnx.GraphProto, sources: set[str]) -> set[str]:
+    """The values computed from ``sources``, at any distance; a node with subgraphs computes its outputs
+    from everything they read."""
+    computed = set(sources)
+    reads = [(node, _reads(node)) for node in all_nodes(graph)]
+    changed = True
+    while changed:  # nodes are in order within a graph; what a subgraph computes reaches its node's outputs
+        changed = False
+        for node, read in reads:
+            if not read.isdisjoint(computed):
+                fresh = [name for name in node.output if name and name not in computed]
+                computed.update(fresh)
+                changed = changed or bool(fresh)
+    return computed
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The inputs of ``node`` and of every node of its subgraphs."""
+    read = {name for name in node.input if name}
+    for subgraph in subgraphs(node):
+        read.update(name for inner in all_nodes(subgraph) for name in inner.input if name)
+    return read
 
 
 def trainable_parameters(model: onnx.ModelProto | str | os.PathLike[str]) -> list[str]:
@@ -149,6 +197,7 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx
 __all__ = [
     "AFFINE",
     "PASS_THROUGH",
+    "SCALING",
     "WEIGHT_SLOTS",
     "Role",
     "initializer_roles",

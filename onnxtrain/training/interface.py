@@ -179,6 +179,18 @@ class TensorSpec:
         return True
 
 
+def _class_scores_for_labels(spec: TensorSpec, dtype: np.dtype, shape: Sequence[int]) -> bool:
+    """Whether a float array of ``shape`` given for integer labels ``spec`` has one more (trailing) axis: one
+    column per class, which ``.astype`` cannot turn into labels."""
+    return (
+        spec.dtype.kind in "iu"
+        and dtype.kind == "f"
+        and spec.dims is not None
+        and len(shape) == len(spec.dims) + 1
+        and shape[-1] > 1
+    )
+
+
 def _array_signature(args: Sequence[Any]) -> tuple[tuple[np.dtype, tuple[int, ...]], ...] | None:
     """``(dtype, shape)`` per argument when all are C-contiguous native ``numpy.ndarray``s (which the
     check passes through unchanged), else None."""
@@ -324,6 +336,12 @@ class UserInputs:
         if not spec.fits(dtype, shape):
             if spec.is_string:
                 hint = ": cast it with .astype(str) (arrays of str or bytes, and object arrays of str, are taken)"
+            elif _class_scores_for_labels(spec, dtype, shape):
+                hint = (
+                    ": these look like one-hot labels or class probabilities (one more axis than the labels); "
+                    f"pass the class indices, labels.argmax(axis=-1).astype({cast_hint(spec.dtype)}), or train "
+                    "with a loss that takes probabilities as targets"
+                )
             else:
                 hint = f": cast it with .astype({cast_hint(spec.dtype)})"
             hint = hint if dtype != spec.dtype else ""

@@ -410,7 +410,7 @@ class Module:
         names = [*io.outputs, *(out for _, out, _ in self._grad_slots), *(out for out, _ in self._stat_slots)]
         step = self._train_steps + 1
         try:
-            results = self._train_session.session.run(names, inputs)
+            results = self._train_session.session.run(names, inputs, self._train_session.run_options)
         except Exception as error:  # onnxruntime's own exception types
             self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {step}")
             raise
@@ -629,7 +629,7 @@ class Module:
             inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
             inputs.update((name, tensor.value) for name, tensor in self._eval_slots)
             try:
-                results = session.session.run(list(io.outputs), inputs)
+                results = session.session.run(list(io.outputs), inputs, session.run_options)
             except Exception as error:
                 self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
                 raise
@@ -680,6 +680,7 @@ class Module:
 
         The buffer has the parameters' dtype; parameters of several dtypes
         raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
+        Its ``device_name()`` is ONNX Runtime's training API's (``"Cpu"``, ``"Cuda"``).
         """
         tensors = self._tensors(trainable_only)
         self._store.check_loaded(self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state.")
@@ -690,7 +691,7 @@ class Module:
                 "get_contiguous_parameters_per_dtype(), which returns {dtype: buffer}"
             )
         return self.get_contiguous_parameters_per_dtype(trainable_only).get(kinds[0] if kinds else "float32") or (
-            values.from_numpy(np.zeros(0, np.float32), self._device)
+            values.parameter_buffer(values.from_numpy(np.zeros(0, np.float32), self._device))
         )
 
     def get_contiguous_parameters_per_dtype(self, trainable_only: bool = False) -> dict[str, ort.OrtValue]:
@@ -703,7 +704,10 @@ class Module:
         groups: dict[str, list[np.ndarray]] = {}
         for _, tensor in self._tensors(trainable_only):
             groups.setdefault(str(tensor.dtype), []).append(tensor.numpy().ravel())
-        return {kind: values.from_numpy(np.concatenate(parts), self._device) for kind, parts in groups.items()}
+        return {
+            kind: values.parameter_buffer(values.from_numpy(np.concatenate(parts), self._device))
+            for kind, parts in groups.items()
+        }
 
     def copy_buffer_to_parameters(self, buffer: Buffer, trainable_only: bool = True) -> None:
         """Write a contiguous buffer (as :meth:`get_contiguous_parameters` gives) into the parameters.

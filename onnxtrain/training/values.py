@@ -97,6 +97,19 @@ def from_numpy(array: np.ndarray, device: Device) -> ort.OrtValue:
     return value
 
 
+class ParameterBuffer(ort.OrtValue):
+    """A contiguous parameter buffer: an ``OrtValue`` whose ``device_name()`` is ONNX Runtime's training API's,
+    the device's own name (``"Cpu"``, ``"Cuda"``), where onnxruntime's ``OrtValue`` lower-cases it."""
+
+    def device_name(self) -> str:
+        return str(self._ortvalue.device_name())
+
+
+def parameter_buffer(value: ort.OrtValue) -> ParameterBuffer:
+    """``value`` as a :class:`ParameterBuffer` over the same memory (and the same NumPy array, if any)."""
+    return ParameterBuffer(value._ortvalue, getattr(value, "_numpy_obj", None))
+
+
 def filled(shape: tuple[int, ...], dtype: np.dtype, fill: float, device: Device) -> ort.OrtValue:
     """An OrtValue of ``shape`` and ``dtype`` on ``device`` with every element ``fill``."""
     return from_numpy(np.full(shape, fill, dtype=dtype), device)

@@ -145,3 +145,32 @@ def test_the_weights_of_torch_exports_are_its_parameters_and_the_buffers_are_sta
         assert sorted(trainable_parameters(model)) == sorted(parameters)
         buffers = [name for name, _ in module.named_buffers() if "running" in name]
         assert sorted(n for n, r in roles.items() if r == "running statistic") == sorted(buffers)
+
+
+def test_element_wise_tensors_are_weights_only_beside_what_weights_compute():
+    """An input normalization before any weight and ``1 - p`` are constants; a layer scale, a bias of one
+    element after a MatMul and a decomposed LayerNorm's shift are weights; a single-element sign is not."""
+    f32 = np.float32
+    initializers = [
+        ("mean", np.full(4, 0.5, f32)),  # x - mean, before any weight: a constant
+        ("std", np.full(4, 2.0, f32)),  # (x - mean) / std: a constant
+        ("w", np.ones((4, 1), f32)),
+        ("b", np.zeros(1, f32)),  # a single output's bias: a weight
+        ("gamma", np.ones(1, f32)),  # a single element multiplying: a constant (a sign, a temperature)
+        ("layer_scale", np.ones((1, 1), f32) * 0.1),  # one element too: a constant by that rule
+        ("unity", np.ones(1, f32)),  # 1 - p: the minuend is a constant
+        ("shift", np.zeros(2, f32)),  # added to what weights computed: a weight
+    ]
+    nodes = [
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("Div", ["centred", "std"], ["scaled"]),
+        helper.make_node("MatMul", ["scaled", "w"], ["xw"]),
+        helper.make_node("Add", ["xw", "b"], ["logit"]),
+        helper.make_node("Mul", ["logit", "gamma"], ["signed"]),
+        helper.make_node("Mul", ["signed", "layer_scale"], ["p"]),
+        helper.make_node("Sub", ["unity", "p"], ["q"]),
+        helper.make_node("Concat", ["p", "q"], ["pq"], axis=1),
+        helper.make_node("Add", ["pq", "shift"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 2])}, initializers)
+    assert trainable_parameters(model) == ["w", "b", "shift"]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from onnxtrain import api, checkpoint
-from tests.training.helpers import open_module, parameters, regression_batch
+from tests.training.helpers import classifier_batch, open_module, parameters, regression_batch
 
 
 @pytest.fixture
@@ -95,3 +95,16 @@ def test_eval_without_an_eval_model(regression, rng):
     with pytest.raises(RuntimeError, match="no eval model"):
         module(*regression_batch(rng))
     assert module.input_names() == [] and module.output_names() == []
+
+
+def test_one_hot_labels_are_told_to_take_the_argmax(classifier, rng):
+    """Float one-hot labels ``[N, C]`` for int64 labels ``[N]``: ``.astype`` cannot fix them, the argmax does."""
+    _state, module, _optimizer = open_module(classifier)
+    x, labels = classifier_batch(rng)
+    one_hot = np.eye(4, dtype=np.float32)[labels]
+    with pytest.raises(TypeError, match=r"one-hot labels or class probabilities.*labels\.argmax\(axis=-1\)") as caught:
+        module(x, one_hot)
+    assert ".astype(np.int64)" in str(caught.value)
+    with pytest.raises(TypeError, match=r"cast it with \.astype\(np\.int64\)"):  # floats of the labels' shape
+        module(x, labels.astype(np.float32))
+    module(x, one_hot.argmax(axis=-1).astype(np.int64))

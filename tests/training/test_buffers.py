@@ -65,3 +65,21 @@ def test_parameters_of_several_dtypes_have_one_buffer_per_dtype(mixed):
         module.copy_buffer_to_parameters(np.ones(8, np.float32))
     with pytest.raises(ValueError, match="dtypes"):
         module.copy_buffer_to_parameters({"float32": np.ones(6, np.float32)})
+
+
+def test_the_buffers_device_name_is_onnx_runtimes(regression, mixed):
+    """ONNX Runtime's training API gives the device's own name ("Cpu", "Cuda"); onnxruntime's OrtValue lower-cases
+    it. The buffer is still an OrtValue that copy_buffer_to_parameters takes back."""
+    _state, module, _ = open_module(regression, optimizer=False)
+    buffer = module.get_contiguous_parameters()
+    assert buffer.device_name() == "Cpu"
+    module.copy_buffer_to_parameters(buffer)
+    _state, module, _ = open_module(mixed, optimizer=False)
+    assert {value.device_name() for value in module.get_contiguous_parameters_per_dtype().values()} == {"Cpu"}
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(), reason="no CUDA here")
+def test_a_cuda_buffers_device_name_is_onnx_runtimes(regression):
+    """ONNX Runtime's test_cuda_execution_provider asserts ``device_name() == "Cuda"``."""
+    _state, module, _ = open_module(regression, optimizer=False, device="cuda")
+    assert module.get_contiguous_parameters().device_name() == "Cuda"

@@ -80,6 +80,29 @@ def test_a_label_out_of_range_raises_value_error(artifacts, mode, bad):
     assert not isinstance(caught.value.__cause__, ValueError)
 
 
+@pytest.mark.parametrize("path", ["reset", "fused", "accumulating", "eval", "epoch"])
+def test_only_the_message_reaches_the_user(artifacts, capfd, path):
+    """onnxruntime logs a failed kernel to standard error before raising; the runtime's runs log only fatal
+    errors, so that the ValueError is all the user sees, on every path of a step."""
+    _, paths = artifacts
+    _, module, optimizer = open_module(paths)
+    if path != "reset":
+        module(*batch([0, 1, 2, 3]))
+        if path != "accumulating":
+            optimizer.step()
+            module.lazy_reset_grad()
+    module.train(path != "eval")
+    capfd.readouterr()
+    with pytest.raises(ValueError, match="out of range"):
+        if path == "epoch":
+            x, labels = batch([0, 1, 2, 3, 9, 1, 2, 0])
+            module.train_epoch(optimizer, x, labels, 4)
+        else:
+            module(*batch([0, 9, 3, 1]))
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "")
+
+
 def test_symbolic_classes_are_counted_at_run_time(tmp_path):
     paths = models.generate(tmp_path, classes_model("classes", False), loss=LossType.CrossEntropyLoss)
     _, module, _ = open_module(paths, optimizer=False)
