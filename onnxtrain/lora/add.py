@@ -5,8 +5,10 @@ For each product ``y = x W`` (see :mod:`onnxtrain.lora.sites`) it emits::
     x' = Dropout(x, ratio, training_mode=True)      # only when dropout > 0
     y  = Add(y_base, Mul(MatMul(MatMul(x', A), B), alpha / rank))
 
-``A: [in, rank]``, ``B: [rank, out]``. For Gemm, ``x`` is ``A'`` (transposed
-when ``transA=1``) and the scale carries Gemm's ``alpha``.
+``A: [in, rank]``, ``B: [rank, out]``, in the product's view of ``W`` (a
+weight stored ``[out, in]``, for Gemm ``transB=1`` or read through a
+``Transpose``, is ``W^T`` there). For Gemm, ``x`` is ``A'`` (transposed when
+``transA=1``) and the scale carries Gemm's ``alpha``.
 """
 
 from __future__ import annotations
@@ -46,9 +48,12 @@ def add_adapters(
     ``y = x W + (alpha / rank) * dropout(x) A B``: ``A: [in, rank]`` drawn as ``init``
     says from ``seed`` (which also seeds the Dropout nodes), ``B: [rank, out]``
     zeros, so the adapted model starts equal to the base. ``targets``: glob
-    patterns (``fnmatch``, case-sensitive, over the whole name) of weight
-    initializers; each must match at least one weight that is the second input
-    of a MatMul or Gemm (``transA``, ``transB``, ``alpha`` handled), the ``B`` of
+    patterns (``fnmatch``, case-sensitive) matched against the names a weight
+    is known by (:mod:`onnxtrain.lora.names`: its initializer's, its readers'
+    node names and torch module paths such as ``encoder.layer.0.attention.q_lin``),
+    each whole or its part after a dot; each must match at least one weight that
+    is the second input of a MatMul or Gemm (``transA``, ``transB``, ``alpha``
+    handled; directly or through a ``Transpose``), the ``B`` of
     ``com.microsoft::MatMulNBits``, or an integer weight ``DequantizeLinear``
     feeds into such a product. The outputs of every ``MatMulNBits`` get their
     types declared, for the gradient graph. The base weights stay initializers:
@@ -61,7 +66,7 @@ def add_adapters(
     del folder  # weights are only read for their shapes and types
     graph = base.graph
     sites, reasons = find_sites(graph)
-    chosen = select(patterns, sites, reasons)
+    chosen = select(patterns, sites, reasons, graph)
     existing = record.adapters_of(base)
     again = sorted({a.weight for a in existing} & set(chosen))
     if again:

@@ -31,7 +31,7 @@ class Placement:
 
 @dataclass(frozen=True)
 class Adapter:
-    """One adapted weight: ``W + scale * A B`` (``[in, out]``; transposed for Gemm ``transB=1``)."""
+    """One adapted weight: ``W + scale * A B`` (``[in, out]``; transposed when ``W`` is stored ``[out, in]``)."""
 
     weight: str
     kind: SiteKind

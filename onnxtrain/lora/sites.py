@@ -4,18 +4,21 @@ A *site* is one product reading a weight initializer ``W`` as its right operand:
 
 - ``MatMul(x, W)``, ``W: [in, out]``;
 - ``Gemm(x, W)``, ``W: [in, out]`` (``transB=0``) or ``[out, in]`` (``transB=1``);
+- ``MatMul(x, Transpose(W))`` (or Gemm), ``W`` a float 2-D initializer stored
+  transposed, ``[out, in]`` for MatMul, as torch's TorchScript exporter writes
+  a ``Linear`` in training mode;
 - ``MatMul(x, DequantizeLinear(W, ...))`` (or Gemm), ``W`` an integer ``[in, out]``
   initializer (the weight named is the quantized one);
 - ``com.microsoft::MatMulNBits(x, W, scales, ...)``, ``in = K``, ``out = N``.
 
 Only the top-level graph is searched. A weight also read by anything else
 (a ``Gather`` of tied embeddings, the left operand of a product) has no site:
-an adapter beside it would change one reader and not the others.
+an adapter beside it would change one reader and not the others. Which sites
+a target pattern chooses: :func:`select`, by the names of :mod:`onnxtrain.lora.names`.
 """
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -24,6 +27,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.graph import dtypes
+from onnxtrain.lora.names import KnownAs, names_of_initializers
 
 #: What kind of product reads the weight.
 SiteKind = Literal["MatMul", "Gemm", "DequantizeLinear", "MatMulNBits"]
@@ -40,7 +44,8 @@ class Site:
             dequantized weight) or ``MatMulNBits``.
         fan_in, fan_out: the logical ``[in, out]`` of the product.
         elem_type: the float type the product computes in (the adapter's).
-        transposed: whether the float weight is stored ``[out, in]`` (Gemm ``transB=1``).
+        transposed: whether the float weight is stored ``[out, in]`` (Gemm ``transB=1``, or
+            read through a ``Transpose`` by MatMul or Gemm ``transB=0``).
     """
 
     weight: str
@@ -95,6 +100,12 @@ def find_sites(graph: onnx.GraphProto) -> tuple[dict[str, list[Site]], dict[str,
                 found.append(site)
             else:
                 problems.append(site)
+        orientations = {site.transposed: site for site in found}
+        if len(orientations) > 1:
+            problems.append(
+                f"read as [in, out] by {_describe(graph, orientations[False].node, 1)} and as [out, in] by "
+                f"{_describe(graph, orientations[True].node, 1)}: one adapter cannot update both"
+            )
         if found and not problems:
             sites[name] = found
         else:
@@ -134,12 +145,52 @@ def _site(
         return Site(name, pk, "DequantizeLinear", fan_in, fan_out, elem, transposed)
     if not dtypes.is_float(tensor.data_type):
         return f"read by {where} (an integer weight must feed DequantizeLinear or MatMulNBits)"
+    if standard and node.op_type == "Transpose" and j == 0:
+        return _transposed_site(graph, name, tensor, k, readers, outputs)
     inner = _product(graph, k, j, dims)
     if isinstance(inner, str):
         return inner
     fan_in, fan_out, transposed = inner
     kind: SiteKind = "Gemm" if node.op_type == "Gemm" else "MatMul"
     return Site(name, k, kind, fan_in, fan_out, tensor.data_type, transposed)
+
+
+def _transposed_site(
+    graph: onnx.GraphProto,
+    name: str,
+    tensor: onnx.TensorProto,
+    k: int,
+    readers: dict[str, list[tuple[int, int]]],
+    outputs: set[str],
+) -> Site | str:
+    """The site of 2-D float weight ``name`` read by ``Transpose`` node ``k`` into the right operand of a product.
+
+    The product sees ``W^T``: the weight is stored transposed unless a Gemm ``transB=1`` transposes it back.
+    """
+    node = graph.node[k]
+    where = _describe(graph, k, 0)
+    dims = list(tensor.dims)
+    perm = _ints(node, "perm")
+    product = node.output[0]
+    users = readers.get(product, [])
+    if len(dims) != 2 or perm not in (None, [1, 0]):
+        return f"read by {where}, which is no transposition of a 2-D weight"
+    if product in outputs or len(users) != 1:
+        return f"read by {where}, whose output is not the right operand of exactly one MatMul/Gemm"
+    (pk, pj) = users[0]
+    inner = _product(graph, pk, pj, dims[::-1])
+    if isinstance(inner, str):
+        return f"transposed by {where}, then {inner}"
+    fan_in, fan_out, transposed = inner
+    kind: SiteKind = "Gemm" if graph.node[pk].op_type == "Gemm" else "MatMul"
+    return Site(name, pk, kind, fan_in, fan_out, tensor.data_type, not transposed)
+
+
+def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
+    for attribute in node.attribute:
+        if attribute.name == name:
+            return [int(v) for v in helper.get_attribute_value(attribute)]
+    return None
 
 
 def _product(graph: onnx.GraphProto, k: int, j: int, dims: Sequence[int]) -> tuple[int, int, bool] | str:
@@ -163,27 +214,41 @@ def _elem_type_of(graph: onnx.GraphProto, name: str) -> int:
     return onnx.TensorProto.FLOAT
 
 
-def select(patterns: Sequence[str], sites: dict[str, list[Site]], reasons: dict[str, str]) -> list[str]:
+def select(
+    patterns: Sequence[str], sites: dict[str, list[Site]], reasons: dict[str, str], graph: onnx.GraphProto
+) -> list[str]:
     """The adaptable weights matched by the glob ``patterns``, in initializer order.
 
-    ``ValueError`` for a pattern that matches no adaptable weight, naming what
-    it matched instead (and why that is not adaptable) or the weights there are.
+    A pattern matches a weight when it matches one of the names the weight is
+    known by in ``graph`` (:mod:`onnxtrain.lora.names`: its own, its readers',
+    their module paths). ``ValueError`` for a pattern that matches no adaptable
+    weight, naming what it matched instead (and why that is not adaptable) or
+    the weights there are.
     """
+    known = names_of_initializers(graph)
     chosen: set[str] = set()
     for pattern in patterns:
-        hits = {name for name in sites if fnmatch.fnmatchcase(name, pattern)}
+        hits = {name for name in sites if known[name].matched_by(pattern)}
         if not hits:
-            others = sorted(name for name in reasons if fnmatch.fnmatchcase(name, pattern))
+            others = sorted(name for name in reasons if known[name].matched_by(pattern))
             if others:
                 why = "; ".join(f"{name!r}: {reasons[name]}" for name in others[:5])
                 raise ValueError(
                     f"target pattern {pattern!r} matches no weight an adapter can go beside: it matches {why}. "
                     "Adapters go beside a weight that is the second input of a MatMul or Gemm (or of "
-                    f"MatMulNBits, or dequantized into one) and nothing else; those here: {sorted(sites)}"
+                    "MatMulNBits, or dequantized or transposed into one) and nothing else; those here: "
+                    f"{_listing(sites, known)}"
                 )
             raise ValueError(
-                f"target pattern {pattern!r} matches no initializer (patterns are globs over the whole name, "
-                f"as fnmatch: '*', '?', '[...]'); the weights adapters can go beside: {sorted(sites)}"
+                f"target pattern {pattern!r} matches no initializer, node or module name (patterns are globs, as "
+                "fnmatch: '*', '?', '[...]', over a whole name or the part after one of its dots); the weights "
+                f"adapters can go beside: {_listing(sites, known)}"
             )
         chosen |= hits
     return [name for name in sites if name in chosen]
+
+
+def _listing(sites: dict[str, list[Site]], known: dict[str, KnownAs]) -> str:
+    """The adaptable weights, sorted, and the modules of their products when the nodes name any."""
+    modules = sorted({path for name in sites for path in known[name].modules})
+    return f"{sorted(sites)}" + (f", in the modules {modules}" if modules else "")

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto, helper
 
@@ -85,3 +86,55 @@ def test_merge_needs_the_adapters_in_the_checkpoint(tmp_path: Path) -> None:
     wrong = CheckpointState(trainable={name: np.zeros((3, 3), np.float32) for name in names})
     with pytest.raises(ValueError, match="belongs to another adapted model"):
         merge_adapters(adapted, wrong)
+
+
+def test_a_transposed_weight_read_elsewhere_is_refused() -> None:
+    """``MatMul(x, Transpose(W))`` is a site only when the Transpose feeds that product alone."""
+    model = small_model()
+    model.graph.node[1].input[1] = "W1t"
+    model.graph.node.insert(1, helper.make_node("Transpose", ["W1"], ["W1t"], name="/fc/Transpose"))
+    model.graph.initializer[1].CopyFrom(onnx.numpy_helper.from_array(np.ones((3, 4), np.float32), "W1"))
+    add_adapters(model, "W1", 2, 4)  # the product alone reads it: fine
+    model.graph.node.append(helper.make_node("Identity", ["W1t"], ["w1t_copy"]))
+    model.graph.output.append(helper.make_tensor_value_info("w1t_copy", TensorProto.FLOAT, [4, 3]))
+    with pytest.raises(ValueError, match=re.escape("'W1': read by Transpose node '/fc/Transpose' as input 0, whose")):
+        add_adapters(model, "fc", 2, 4)
+
+
+def test_a_module_without_an_adaptable_weight_names_what_it_matched() -> None:
+    model = small_model()
+    for node, name in zip(model.graph.node, ["/emb/Gather", "/fc1/MatMul", "/fc2/Gemm"], strict=True):
+        node.name = name
+    with pytest.raises(ValueError, match=re.escape("'E': read by Gather node '/emb/Gather' as input 0")):
+        add_adapters(model, "emb", 2, 4)
+    with pytest.raises(ValueError, match=re.escape("['W1', 'W2'], in the modules ['fc1', 'fc2']")):
+        add_adapters(model, "attn", 2, 4)
+
+
+def test_merge_refuses_a_value_of_another_shape() -> None:
+    adapted, names = add_adapters(small_model(), "W1", 2, 4)
+    values = {
+        name: np.zeros([*next(t.dims for t in adapted.graph.initializer if t.name == name)], np.float32)
+        for name in names
+    }
+    wrong = CheckpointState(trainable=values, frozen={"b": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=re.escape("the checkpoint's b is float32[3] and the model's float32[2]")):
+        merge_adapters(adapted, wrong)
+
+
+def test_a_weight_read_both_ways_round_is_refused() -> None:
+    """``MatMul(x, W)`` reads ``W`` as ``[in, out]``, ``Gemm(x, W, transB=1)`` as ``[out, in]``: one adapter
+    ``A B`` cannot be both updates."""
+    weight = onnx.numpy_helper.from_array(np.eye(3, dtype=np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["y1"], name="/a/MatMul"),
+        helper.make_node("Gemm", ["x", "W"], ["y2"], name="/b/Gemm", transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    outputs = [helper.make_tensor_value_info(y, TensorProto.FLOAT, [2, 3]) for y in ("y1", "y2")]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], outputs, [weight]))
+    with pytest.raises(
+        ValueError,
+        match=re.escape("'W': read as [in, out] by MatMul node '/a/MatMul' as input 1 and as [out, in] by Gemm"),
+    ):
+        add_adapters(model, "W", 2, 4)
