@@ -23,7 +23,7 @@ mode) would have an unknown output shape.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -102,12 +102,12 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.CopyFrom(model)
     graph = copy.graph
     opset = next((entry.version for entry in copy.opset_import if entry.domain in ("", "ai.onnx")), None)
-    constants = _SmallConstants({tensor.name: tensor for tensor in graph.initializer})
+    constants = _SmallConstants(graph.initializer)
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             constants.add_constant_node(node)
             continue
-        value = _folded(node, {}, constants, opset)
+        value = _folded(node, {}, constants, opset) if node.op_type in FOLDABLE else None
         if value is None:
             continue
         try:
@@ -120,18 +120,18 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 class _SmallConstants(Mapping[str, np.ndarray]):
-    """The values of a graph's small constants, each converted to NumPy when it is first read."""
+    """The values of a graph's small constants (:func:`_small`), each converted to NumPy when first read."""
 
-    def __init__(self, tensors: Mapping[str, onnx.TensorProto]) -> None:
-        self._tensors = {name: tensor for name, tensor in tensors.items() if _small(tensor)}
+    def __init__(self, initializers: Iterable[onnx.TensorProto]) -> None:
+        self._tensors = {tensor.name: tensor for tensor in initializers}
         self._values: dict[str, np.ndarray] = {}
 
     def add_constant_node(self, node: onnx.NodeProto) -> None:
-        """Take in a ``Constant`` node's value when it is small (a sparse or string value is not a constant here)."""
+        """Take in a ``Constant`` node's value (a sparse or string value is not a constant here)."""
         if len(node.output) != 1 or len(node.attribute) != 1:
             return
         attribute = node.attribute[0]
-        if attribute.name == "value" and _small(attribute.t):
+        if attribute.name == "value":
             self._tensors[node.output[0]] = attribute.t
         elif attribute.name in ("value_float", "value_floats", "value_int", "value_ints"):
             dtype = np.float32 if attribute.name.startswith("value_float") else np.int64
@@ -141,18 +141,23 @@ class _SmallConstants(Mapping[str, np.ndarray]):
         self._values[name] = value
 
     def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self:
+            raise KeyError(name)
         if name not in self._values:
             self._values[name] = numpy_helper.to_array(self._tensors[name])
         return self._values[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._values or name in self._tensors
+        if name in self._values:
+            return True
+        tensor = self._tensors.get(name) if isinstance(name, str) else None
+        return tensor is not None and _small(tensor)
 
     def __iter__(self) -> Iterator[str]:
-        return iter({**self._tensors, **self._values})
+        return iter([name for name in {**self._tensors, **self._values} if name in self])
 
     def __len__(self) -> int:
-        return len({**self._tensors, **self._values})
+        return sum(1 for _ in self)
 
 
 def _small(tensor: onnx.TensorProto) -> bool:
@@ -211,6 +216,8 @@ def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int
             return None  # float to integer: left to onnxruntime's rounding
         return inputs[0].astype(target)
     if op == "Concat":
+        if len({value.dtype for value in inputs}) != 1:
+            return None  # NumPy would promote what ONNX refuses
         return np.concatenate(inputs, axis=attrs["axis"])
     if op == "Expand":
         shape = np.broadcast_shapes(inputs[0].shape, tuple(int(d) for d in inputs[1]))

@@ -131,15 +131,19 @@ def test_an_expand_to_a_huge_shape_is_not_materialized() -> None:
 
 
 def test_malformed_nodes_are_left_as_they_are() -> None:
-    """A ``Concat`` without its ``axis`` (or of mismatched ranks) is onnxruntime's to refuse, not the folding's."""
+    """A ``Concat`` without its ``axis``, of mismatched ranks or of mismatched types is onnxruntime's to refuse,
+    not the folding's."""
     nodes = [
         helper.make_node("Constant", [], ["a"], value_ints=[1, 2]),
         helper.make_node("Constant", [], ["b"], value_int=3),
         helper.make_node("Concat", ["a", "a"], ["no_axis"]),
         helper.make_node("Concat", ["a", "b"], ["ranks"], axis=0),
+        helper.make_node("Constant", [], ["c"], value_floats=[1.0]),
+        helper.make_node("Concat", ["a", "c"], ["types"], axis=0),
     ]
-    folded = fold_constants(make_model({}, nodes, {"no_axis": (INT64, None), "ranks": (INT64, None)}))
-    assert [node.op_type for node in folded.graph.node] == ["Constant", "Constant", "Concat", "Concat"]
+    outputs = {name: (INT64, None) for name in ("no_axis", "ranks", "types")}
+    folded = fold_constants(make_model({}, nodes, outputs))
+    assert [node.op_type for node in folded.graph.node] == [*["Constant"] * 2, *["Concat"] * 2, "Constant", "Concat"]
 
 
 def test_a_model_given_by_path_folds_without_its_external_data(tmp_path: Path) -> None:
