@@ -86,9 +86,10 @@ def merge_adapters(
             for placement in adapter.placements:
                 nodes, inputs = _float_product(nodes, initializers, placement.node, adapter, delta, folder)
                 freed.update(inputs)
+    nodes, flags = _inference_mode(nodes, {value.name for value in graph.output})
+    freed.update(flags)
     del graph.node[:]
     graph.node.extend(nodes)
-    set_inference_mode(merged)
     produced = {name for node in graph.node for name in node.output}
     infos = [_copy_info(value) for value in graph.value_info if value.name not in gone and value.name in produced]
     del graph.value_info[:]
@@ -100,6 +101,20 @@ def merge_adapters(
     record.write(merged, [])
     versions.stamp_ir_version(merged)
     return merged
+
+
+def _inference_mode(nodes: list[onnx.NodeProto], outputs: set[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """``nodes`` with Dropout and BatchNormalization in inference mode, as in the eval model, less the
+    ``Constant`` nodes that gave only the Dropouts' training flags; and the names of the flags no node reads now
+    (initializers to drop)."""
+    flags = {n.input[2] for n in nodes if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2}
+    model = onnx.ModelProto()
+    model.graph.node.extend(nodes)
+    set_inference_mode(model)
+    read = {name for node in model.graph.node for name in names_read(node)} | outputs
+    unread = {flag for flag in flags if flag and flag not in read}
+    kept = [n for n in model.graph.node if not (n.op_type == "Constant" and set(n.output) <= unread)]
+    return kept, unread
 
 
 def _copy_info(value: onnx.ValueInfoProto) -> onnx.ValueInfoProto:

@@ -77,6 +77,13 @@ def run(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], optimized: bool
     return list(ort.InferenceSession(model.SerializeToString(), options).run(None, dict(feeds)))
 
 
+def inference_op_types(model: onnx.ModelProto) -> list[str]:
+    """The op types of ``model``'s nodes less the ``Constant`` nodes that give its Dropouts' training flags:
+    the nodes a merged model keeps (its Dropouts in inference mode read no flag)."""
+    flags = {n.input[2] for n in model.graph.node if n.op_type == "Dropout" and len(n.input) > 2}
+    return [n.op_type for n in model.graph.node if not (n.op_type == "Constant" and set(n.output) <= flags)]
+
+
 def generate(adapted: onnx.ModelProto, names: Sequence[str], folder: Path) -> Path:
     """Cross-entropy and AdamW artifacts training ``names`` only, in ``folder``."""
     artifacts.generate_artifacts(
