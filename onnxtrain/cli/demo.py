@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     model = digits.forward_model(args.seed)
     built = artifacts.build_artifacts(
         model, requires_grad=[t.name for t in model.graph.initializer], loss=artifacts.LossType.CrossEntropyLoss,
-        optimizer=artifacts.OptimType.AdamW,
-    )  # fmt: skip
+        optimizer=artifacts.OptimType.AdamW, additional_output_names=[model.graph.output[0].name],
+    )  # fmt: skip  # the class scores as an output too: the loop reports the accuracy
     artifacts.write_artifacts(replace(built, checkpoint=with_learning_rate(built.checkpoint, LEARNING_RATE)), out)
     print(f"generated the training artifacts of a 64-64-10 MLP in {out}")
     files = ArtifactFiles(out)

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from onnxtrain.cli.common import Parser
 from onnxtrain.fileio import temporary_beside
 
+#: ``--checkpoint`` value that names the best checkpoint of the artifact directory.
+BEST = "best"
+
 if TYPE_CHECKING:
     import onnx
 
@@ -32,7 +35,10 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--outputs", nargs="+", metavar="NAME", help="the values it outputs (default: the forward model's outputs)"
     )
-    parser.add_argument("--checkpoint", type=Path, metavar="PATH", help="the parameters to use")
+    parser.add_argument(
+        "--checkpoint", metavar="PATH|best",
+        help=f"the parameters to use; {BEST}: DIR/best_checkpoint, the best state of a run with --early-stopping",
+    )  # fmt: skip
     parser.add_argument("--prefix", default="", help="the artifacts' file-name prefix (as given to generate)")
     parser.set_defaults(run=run, prog=parser.prog)
 
@@ -61,18 +67,30 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_inference_model(
-    files: ArtifactFiles, out: Path, outputs: list[str] | None = None, checkpoint_path: Path | None = None
+    files: ArtifactFiles, out: Path, outputs: list[str] | None = None, checkpoint_path: str | Path | None = None
 ) -> Exported:
-    """Write the inference model of ``files`` to ``out`` atomically, once onnxruntime has loaded it."""
+    """Write the inference model of ``files`` to ``out`` atomically, once onnxruntime has loaded it.
+
+    ``checkpoint_path``: the parameters' checkpoint (default: the latest);
+    the text ``best`` names the artifact directory's best checkpoint (a file
+    named ``best`` is ``./best``, or a ``Path``).
+    """
     from onnxtrain import checkpoint
     from onnxtrain.artifacts.export import export_model_for_inferencing
     from onnxtrain.artifacts.metadata import inference_outputs
     from onnxtrain.training.interface import load_model
 
-    source = checkpoint_path if checkpoint_path is not None else files.latest_checkpoint()
+    source = Path(checkpoint_path) if checkpoint_path is not None else files.latest_checkpoint()
     files.require(files.eval_model)
     if checkpoint_path is None:
         files.require(source)
+    elif checkpoint_path == BEST:  # the text, not a Path: a file named best in the working directory is ./best
+        source = files.best_checkpoint
+        if not source.exists():
+            raise FileNotFoundError(
+                f"{files.directory} has no {source.name}: a run keeps its best state with `onnxtrain train "
+                "--early-stopping PATIENCE` and validation data (--val-split or --val-data)"
+            )
     state = checkpoint.load(source)
     eval_model = load_model(files.eval_model, "eval model").with_data()
     names = outputs or inference_outputs(eval_model)
@@ -140,4 +158,4 @@ def _describe(arg: Any) -> str:
     return f"{arg.name}: {kind}[{dims}]"
 
 
-__all__ = ["Exported", "add_parser", "export_inference_model", "run"]
+__all__ = ["BEST", "Exported", "add_parser", "export_inference_model", "run"]

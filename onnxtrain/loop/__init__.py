@@ -8,9 +8,11 @@ and ``onnxtrain demo`` use:
   shaped for the training model's inputs;
 - :mod:`~onnxtrain.loop.batches`: the validation split, each epoch's order, the batches;
 - :mod:`~onnxtrain.loop.record`: where a run stands, in its checkpoint's properties;
+- :mod:`~onnxtrain.loop.metrics`: the accuracy, where the loss implies classes;
+- :mod:`~onnxtrain.loop.schedule`: the learning-rate schedule of a run;
 - :mod:`~onnxtrain.loop.interrupts`: Ctrl-C taken between steps;
 - :mod:`~onnxtrain.loop.settings`: what a run does (:class:`Settings`);
-- :mod:`~onnxtrain.loop.steps`: the epochs and steps of one run, and its saves;
+- :mod:`~onnxtrain.loop.steps`: the epochs and steps of one run, early stopping, and its saves;
 - :mod:`~onnxtrain.loop.run`: :func:`train`, which starts or resumes a run.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 from onnxtrain.loop.batches import batch_count, epoch_order, fingerprint, split
 from onnxtrain.loop.data import fit_to_inputs, load_data
-from onnxtrain.loop.files import TRAINED_CHECKPOINT, ArtifactFiles
+from onnxtrain.loop.files import BEST_CHECKPOINT, TRAINED_CHECKPOINT, ArtifactFiles, remove_checkpoint
+from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import (
     LEARNING_RATE_PROPERTY,
     EpochLosses,
@@ -27,24 +30,32 @@ from onnxtrain.loop.record import (
     with_learning_rate,
 )
 from onnxtrain.loop.run import train, user_inputs
+from onnxtrain.loop.schedule import Schedule
 from onnxtrain.loop.settings import Settings
-from onnxtrain.loop.steps import RunResult, TrainingInterrupted
+from onnxtrain.loop.steps import RunResult, TrainingInterrupted, measured, stopped_line
 
 __all__ = [
+    "BEST_CHECKPOINT",
     "LEARNING_RATE_PROPERTY",
     "TRAINED_CHECKPOINT",
+    "Accuracy",
     "ArtifactFiles",
     "EpochLosses",
     "RunRecord",
     "RunResult",
+    "Schedule",
     "Settings",
     "TrainingInterrupted",
+    "accuracy_of",
     "batch_count",
     "epoch_order",
     "fingerprint",
     "fit_to_inputs",
     "load_data",
+    "measured",
+    "remove_checkpoint",
     "split",
+    "stopped_line",
     "stored_learning_rate",
     "train",
     "user_inputs",

@@ -8,6 +8,8 @@ from pathlib import Path
 
 #: The checkpoint a training run writes (and resumes from); ``checkpoint`` stays the initial state.
 TRAINED_CHECKPOINT = "trained_checkpoint"
+#: The state after the epoch with the lowest validation loss, kept by a run with early stopping.
+BEST_CHECKPOINT = "best_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,11 @@ class ArtifactFiles:
         """The state of the latest training run (parameters, optimizer state, where the run stands)."""
         return self._file(TRAINED_CHECKPOINT)
 
+    @property
+    def best_checkpoint(self) -> Path:
+        """With early stopping: the state after the epoch with the lowest validation loss (and its record)."""
+        return self._file(BEST_CHECKPOINT)
+
     def latest_checkpoint(self) -> Path:
         """The trained checkpoint when there is one, else the initial checkpoint."""
         return self.trained_checkpoint if self.trained_checkpoint.exists() else self.checkpoint
@@ -67,4 +74,17 @@ class ArtifactFiles:
             )
 
 
-__all__ = ["TRAINED_CHECKPOINT", "ArtifactFiles"]
+def remove_checkpoint(path: Path) -> None:
+    """Remove the checkpoint at ``path``: the file, its data file and the hidden versions they link to."""
+    from onnxtrain.checkpoint.files import checkpoint_files
+
+    group = checkpoint_files(path)
+    with group.locked():
+        for name in group.names:  # the checkpoint first: without it, a data file left by a crash is never read
+            member = group.directory / name
+            if os.path.lexists(member):
+                os.unlink(member)
+        group.release_unused()
+
+
+__all__ = ["BEST_CHECKPOINT", "TRAINED_CHECKPOINT", "ArtifactFiles", "remove_checkpoint"]

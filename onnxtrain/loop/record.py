@@ -5,10 +5,19 @@ A checkpoint's properties (int64, float32 or str) hold, under ``onnxtrain.run.``
 - ``epochs`` (planned), ``epoch`` (finished), ``batch`` (batches done in the next epoch);
 - what fixes the trajectory: ``seed``, ``val_split``, ``batch_size``,
   ``samples`` and ``data`` (a fingerprint of the arrays);
+- ``val_data``: a fingerprint of separate validation data (empty when there
+  is none); ``schedule``: the learning-rate schedule (JSON, empty for a
+  constant rate); ``patience``: the epochs early stopping waits for a better
+  validation loss (0: no early stopping);
 - ``learning_rate``; ``history``, a JSON list with one
-  ``{"epoch", "train_loss", "val_loss"}`` per finished epoch; ``epoch_loss``,
-  the JSON ``[loss sum, samples]`` of the unfinished epoch's batches, so that
-  its mean comes out the same after a resume. JSON keeps Python floats exactly.
+  ``{"epoch", "train_loss", "val_loss", "train_accuracy", "val_accuracy"}``
+  per finished epoch (``null`` where there is none); ``epoch_loss``, the JSON
+  ``[loss sum, samples]`` of the unfinished epoch's batches, and
+  ``epoch_accuracy``, its ``[correct, counted]``, so that its means come out
+  the same after a resume. JSON keeps Python floats exactly.
+
+Records written before ``val_data``, ``schedule``, ``patience`` and
+``epoch_accuracy`` existed lack them: they read as none.
 
 The optimizer's step count and initial learning rate live in the checkpoint's
 optimizer state, as in ONNX Runtime. ``onnxtrain.learning_rate`` (no ``run.``)
@@ -34,6 +43,8 @@ RUN_PREFIX = "onnxtrain.run."
 _INTS = ("epochs", "epoch", "batch", "seed", "batch_size", "samples")
 _FLOATS = ("val_split", "learning_rate")
 _TEXTS = ("data", "history", "epoch_loss")
+#: Properties added later, with the value a record without them has.
+_OPTIONAL: dict[str, PropertyValue] = {"val_data": "", "schedule": "", "patience": 0, "epoch_accuracy": "[0, 0]"}
 
 
 def with_learning_rate(state: CheckpointState, learning_rate: float) -> CheckpointState:
@@ -53,14 +64,23 @@ def stored_learning_rate(properties: Mapping[str, PropertyValue]) -> float | Non
 
 @dataclass(frozen=True)
 class EpochLosses:
-    """One finished epoch: its number (from 1), the mean training loss and the validation loss (or None)."""
+    """One finished epoch: its number (from 1), the mean training loss, the validation loss, and the accuracies.
+
+    ``None`` where there is no validation data, or no accuracy (a loss that
+    implies no classes, or a model without the class scores as an output).
+    """
 
     epoch: int
     train_loss: float
     val_loss: float | None
+    train_accuracy: float | None = None
+    val_accuracy: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "train_loss": self.train_loss, "val_loss": self.val_loss}
+        return {
+            "epoch": self.epoch, "train_loss": self.train_loss, "val_loss": self.val_loss,
+            "train_accuracy": self.train_accuracy, "val_accuracy": self.val_accuracy,
+        }  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,10 +99,28 @@ class RunRecord:
     loss_sum: float = 0.0
     loss_samples: int = 0
     history: tuple[EpochLosses, ...] = field(default_factory=tuple)
+    val_data: str = ""
+    schedule: str = ""
+    patience: int = 0
+    correct: int = 0
+    counted: int = 0
 
     @property
     def finished(self) -> bool:
-        return self.epoch >= self.epochs
+        """All epochs done, or stopped early."""
+        return self.epoch >= self.epochs or self.stopped_early
+
+    @property
+    def best(self) -> EpochLosses | None:
+        """The finished epoch with the lowest validation loss (the first of equals); ``None`` without validation."""
+        validated = [entry for entry in self.history if entry.val_loss is not None]
+        return min(validated, key=lambda entry: entry.val_loss) if validated else None  # type: ignore[arg-type, return-value]
+
+    @property
+    def stopped_early(self) -> bool:
+        """Early stopping is on and ``patience`` epochs have passed without a lower validation loss."""
+        best = self.best
+        return bool(self.patience) and best is not None and self.epoch - best.epoch >= self.patience
 
     def position(self) -> str:
         """``epoch 3 of 10`` after an epoch, ``epoch 4 of 10, batch 7`` within one."""
@@ -102,13 +140,26 @@ class RunRecord:
         found = [f"{what} {mine} (now {theirs})" for what, mine, theirs, same in pairs if not same]
         if self.samples == other.samples and self.data != other.data:
             found.append("the data's values")
+        if self.val_data != other.val_data:
+            found.append(
+                "other validation data" if self.val_data and other.val_data
+                else f"validation data {'from a file' if self.val_data else 'none'} "
+                f"(now {'from a file' if other.val_data else 'none'})"
+            )  # fmt: skip
+        if self.schedule != other.schedule:
+            mine, theirs = _schedule_text(self.schedule), _schedule_text(other.schedule)
+            found.append(f"learning-rate schedule {mine} (now {theirs})")
+        if self.patience != other.patience:
+            found.append(f"early stopping {_patience_text(self.patience)} (now {_patience_text(other.patience)})")
         return found
 
     def to_properties(self) -> dict[str, PropertyValue]:
         """The properties that hold this record."""
-        values: dict[str, PropertyValue] = {name: getattr(self, name) for name in (*_INTS, *_FLOATS, "data")}
+        names = (*_INTS, *_FLOATS, "data", "val_data", "schedule", "patience")
+        values: dict[str, PropertyValue] = {name: getattr(self, name) for name in names}
         values["history"] = json.dumps([entry.to_json() for entry in self.history])
         values["epoch_loss"] = json.dumps([self.loss_sum, self.loss_samples])
+        values["epoch_accuracy"] = json.dumps([self.correct, self.counted])
         return {RUN_PREFIX + name: value for name, value in values.items()}
 
     @classmethod
@@ -117,16 +168,39 @@ class RunRecord:
         if not any(name.startswith(RUN_PREFIX) for name in properties):
             return None
         values = {name: properties.get(RUN_PREFIX + name) for name in (*_INTS, *_FLOATS, *_TEXTS)}
+        values |= {name: properties.get(RUN_PREFIX + name, default) for name, default in _OPTIONAL.items()}
         kinds = {**dict.fromkeys(_INTS, int), **dict.fromkeys(_FLOATS, float), **dict.fromkeys(_TEXTS, str)}
+        kinds |= {name: type(default) for name, default in _OPTIONAL.items()}
         wrong = [RUN_PREFIX + name for name, kind in kinds.items() if type(values[name]) is not kind]
         if wrong:
             raise ValueError(f"the checkpoint's run record is damaged: {', '.join(wrong)} missing or of the wrong type")
         try:
             history = tuple(EpochLosses(**entry) for entry in json.loads(str(values.pop("history"))))
             loss_sum, loss_samples = json.loads(str(values.pop("epoch_loss")))
+            correct, counted = json.loads(str(values.pop("epoch_accuracy")))
         except (ValueError, TypeError) as error:
             raise ValueError(f"the checkpoint's run record is damaged: {error}") from None
-        return cls(**values, loss_sum=float(loss_sum), loss_samples=int(loss_samples), history=history)  # type: ignore[arg-type]
+        return cls(
+            **values, loss_sum=float(loss_sum), loss_samples=int(loss_samples), history=history,  # type: ignore[arg-type]
+            correct=int(correct), counted=int(counted),
+        )  # fmt: skip
+
+
+def _schedule_text(schedule: str) -> str:
+    """A recorded schedule (JSON) in words: ``cosine (warmup_steps 10, min_lr 0)``; ``constant`` for none."""
+    if not schedule:
+        return "constant"
+    try:
+        settings = json.loads(schedule)
+        kind = settings.pop("kind")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return repr(schedule)
+    details = ", ".join(f"{name} {value:g}" for name, value in settings.items() if value is not None)
+    return f"{kind} ({details})" if details else str(kind)
+
+
+def _patience_text(patience: int) -> str:
+    return f"after {patience} epoch{'' if patience == 1 else 's'} without improvement" if patience else "off"
 
 
 __all__ = [

@@ -27,12 +27,13 @@ from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
 from onnxtrain.loop.data import fit_to_inputs, load_data
-from onnxtrain.loop.files import ArtifactFiles
+from onnxtrain.loop.files import ArtifactFiles, remove_checkpoint
+from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import RunRecord, stored_learning_rate
 from onnxtrain.loop.settings import Settings
-from onnxtrain.loop.steps import Echo, Loop, RunResult
+from onnxtrain.loop.steps import Echo, Loop, Measures, Rows, RunResult
 from onnxtrain.training import Module, Optimizer, TrainingState
-from onnxtrain.training.interface import ParameterInfo, TensorSpec, load_model, training_io
+from onnxtrain.training.interface import ParameterInfo, TensorSpec, eval_io, load_model, training_io
 
 
 def parameter_infos(state: checkpoint.CheckpointState) -> dict[str, ParameterInfo]:
@@ -63,22 +64,35 @@ def train(
     val_label: str = "val",
     progress: bool | None = None,
     distributed: bool = False,
+    val_data: str | Path | Sequence[np.ndarray] | None = None,
+    reshape: bool = False,
 ) -> RunResult:
     """Train the artifacts in ``files`` on ``data`` (a file for :func:`~onnxtrain.loop.data.load_data`, or arrays).
 
     An existing ``trained_checkpoint`` is continued with ``resume`` (whose
-    data, batch size, seed and split must be the earlier run's) or replaced
-    with ``restart``; otherwise it is an error. ``echo`` gets one line per
-    ``report_every`` epochs (and the first and last); ``progress`` draws bars
-    (``None``: when standard output is a terminal). Raises
-    :class:`~onnxtrain.loop.steps.TrainingInterrupted` after saving, on ``KeyboardInterrupt``.
-    Error messages name the ``onnxtrain train`` options (``--resume``, ...).
-    ``distributed``: under ``mpiexec``, every rank runs this with the same
-    arguments and trains on its part of every batch (``batch_size`` a
-    multiple of the number of ranks), averaging the gradients
-    (:mod:`onnxtrain.distributed`); rank 0 alone writes checkpoints and
-    echoes.
+    data, batch size, seed, split, validation data, schedule and early
+    stopping must be the earlier run's) or replaced with ``restart`` (its
+    best checkpoint too); otherwise it is an error. ``val_data`` (a file or
+    arrays, as ``data``) is the validation data, instead of
+    ``settings.val_split``; ``reshape`` reshapes rows of values to the
+    inputs' shapes (:func:`~onnxtrain.loop.data.fit_to_inputs`). ``echo``
+    gets one line per ``report_every`` epochs (and the first and last);
+    ``progress`` draws bars (``None``: when standard output is a terminal).
+    Raises :class:`~onnxtrain.loop.steps.TrainingInterrupted` after saving,
+    on ``KeyboardInterrupt``; saves, then raises, on ``BrokenPipeError``
+    from ``echo``. Error messages name the ``onnxtrain train`` options
+    (``--resume``, ...). ``distributed``: under ``mpiexec``, every rank runs
+    this with the same arguments and trains on its part of every batch
+    (``batch_size`` a multiple of the number of ranks), averaging the
+    gradients (:mod:`onnxtrain.distributed`); rank 0 alone writes
+    checkpoints and echoes.
     """
+    if val_data is not None and settings.val_split:
+        raise ValueError("--val-data and --val-split exclude each other: give the validation data one way")
+    if settings.early_stopping is not None and val_data is None and not settings.val_split:
+        raise ValueError(
+            "--early-stopping watches the validation loss: give validation data with --val-split F or --val-data FILE"
+        )
     comm = batch_communicator(settings.batch_size, "--batch-size {}") if distributed else None
     if comm is not None and comm.Get_rank() != 0:
         echo, progress = None, False
@@ -95,23 +109,27 @@ def train(
             f"include_optimizer_state=True, or pass --restart to start from {files.checkpoint}"
         )
     inputs = user_inputs(files, saved)
-    if isinstance(data, (str, Path)):
-        arrays = load_data(data, inputs, target_column)
-    else:
-        arrays = fit_to_inputs([(f"array {i}", array) for i, array in enumerate(data)], inputs, "the data")
+    arrays = _arrays(data, inputs, target_column, reshape, "the data")
     train_rows, val_rows = split(len(arrays[0]), settings.val_split, settings.seed)
+    validation = Rows(arrays, val_rows)
+    if val_data is not None:
+        val_arrays = _arrays(val_data, inputs, target_column, reshape, "the validation data")
+        validation = Rows(val_arrays, np.arange(len(val_arrays[0])))
     record = RunRecord(
         settings.epochs, settings.seed, settings.val_split, settings.batch_size, len(arrays[0]), fingerprint(arrays),
-        learning_rate=DEFAULT_LEARNING_RATE,
+        learning_rate=DEFAULT_LEARNING_RATE, val_data="" if val_data is None else fingerprint(validation.arrays),
+        schedule="" if settings.schedule is None else settings.schedule.to_json(),
+        patience=settings.early_stopping or 0,
     )  # fmt: skip
     if earlier is not None:
         differences = earlier.differences(record)
         if differences:
             raise ValueError(
                 f"cannot resume the run in {source}: it used {'; '.join(differences)}; pass the same data, "
-                "--batch-size, --seed and --val-split, or --restart"
+                "--batch-size, --seed, validation data (--val-split or --val-data), --schedule and --early-stopping, "
+                "or --restart"
             )
-        if earlier.epoch >= settings.epochs:
+        if earlier.epoch >= settings.epochs or earlier.stopped_early:
             return RunResult(earlier, source, 0)  # nothing left to do
         record = replace(earlier, epochs=settings.epochs)
     state = TrainingState(saved)
@@ -122,16 +140,54 @@ def train(
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds
         stored = stored_learning_rate(saved.properties)
         rate = DEFAULT_LEARNING_RATE if stored is None else stored
-    if rate is not None:
+    total_steps = settings.epochs * batch_count(len(train_rows), settings.batch_size)
+    scheduler = None
+    if settings.schedule is not None:  # the rate for the saved step count: a resumed run continues on it
+        initial = optimizer.initial_learning_rate if rate is None else rate
+        scheduler = settings.schedule.scheduler(optimizer, initial, total_steps)
+    elif rate is not None:
         optimizer.set_learning_rate(rate)
-    record = replace(record, learning_rate=optimizer.get_learning_rate())
+    record = replace(record, learning_rate=optimizer.initial_learning_rate)
     if echo is not None:
-        echo(_start_line(record, source, len(train_rows), len(val_rows), optimizer.step_count, earlier is not None))
+        echo(_start_line(record, source, len(train_rows), len(validation.rows), optimizer.step_count, earlier))
+        if settings.schedule is not None:
+            echo(f"learning rate: {settings.schedule.describe(total_steps)}")
+    if earlier is None and files.best_checkpoint.exists() and (comm is None or comm.Get_rank() == 0):
+        remove_checkpoint(files.best_checkpoint)  # the best state of the run this one replaces
     if comm is not None:
         broadcast_parameters(state, comm=comm)
         optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
-    loop = Loop(module, optimizer, state, files.trained_checkpoint, record, arrays, (train_rows, val_rows), comm)
+    measures = Measures(
+        accuracy_of(module.train_model.proto, module.io.outputs, module.io.inputs.specs),
+        _eval_accuracy(files, saved) if len(validation.rows) else None,
+    )
+    best = files.best_checkpoint if settings.early_stopping is not None else None
+    loop = Loop(
+        module, optimizer, state, files.trained_checkpoint, record, (Rows(arrays, train_rows), validation), comm,
+        measures=measures, scheduler=scheduler, best_path=best,
+    )  # fmt: skip
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
+
+
+def _arrays(
+    data: str | Path | Sequence[np.ndarray],
+    inputs: Sequence[TensorSpec],
+    target_column: str | None,
+    reshape: bool,
+    what: str,
+) -> list[np.ndarray]:
+    """One array per user input, from a file or from arrays."""
+    if isinstance(data, (str, Path)):
+        return load_data(data, inputs, target_column, reshape)
+    named = [(f"array {i}", array) for i, array in enumerate(data)]
+    return fit_to_inputs(named, inputs, what, reshape)
+
+
+def _eval_accuracy(files: ArtifactFiles, state: checkpoint.CheckpointState) -> Accuracy | None:
+    """How to measure the accuracy from the eval model's outputs, if it outputs the class scores."""
+    model = load_model(files.eval_model, "eval model").proto
+    io = eval_io(model, parameter_infos(state))
+    return accuracy_of(model, io.outputs, io.inputs.specs)
 
 
 def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> Path:
@@ -153,15 +209,20 @@ def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> P
             f"{trained} holds an earlier run{where}: pass --resume to continue it or --restart to start again "
             f"from {files.checkpoint}"
         )
+    if files.best_checkpoint.exists() and not restart:
+        raise ValueError(
+            f"{files.best_checkpoint} holds the best state of an earlier run: pass --restart to start again from "
+            f"{files.checkpoint} (a new run replaces it), or move it elsewhere to keep it"
+        )
     return files.checkpoint
 
 
-def _start_line(record: RunRecord, source: Path, train: int, val: int, step: int, resumed: bool) -> str:
+def _start_line(record: RunRecord, source: Path, train: int, val: int, step: int, earlier: RunRecord | None) -> str:
     """What the run is about to do."""
-    held_out = f" ({val} more held out for validation)" if val else ""
+    held_out = f" ({val} more {'for' if record.val_data else 'held out for'} validation)" if val else ""
     batches = f"{batch_count(train, record.batch_size)} batches of {record.batch_size}"
     what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
-    if resumed:
+    if earlier is not None:
         return f"resuming {source} at {record.position()} (step {step}): {what}"
     return f"training from {source}: {what}"
 

@@ -27,7 +27,7 @@ def test_two_epochs(capsys, tmp_path: Path):
     assert (out_dir / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     accuracy = next(line for line in out.splitlines() if "accuracy on 360 held-out digits" in line)
     assert float(accuracy.rsplit(" ", 1)[1].rstrip("%")) > 85
-    assert "epoch 1/2: train loss" in out and "held-out loss" in out
+    assert "epoch 1/2: train loss" in out and "held-out loss" in out and "held-out accuracy" in out
     assert str(out_dir.resolve()) in out
     assert_no_progress_bar(out)
     assert checkpoint.load(out_dir / "trained_checkpoint").optimizer.step == 2 * 45  # 1,437 digits, batches of 32

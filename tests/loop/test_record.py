@@ -50,3 +50,42 @@ def test_the_learning_rate_property(tmp_path: Path):
     checkpoint.save(with_learning_rate(checkpoint.load(tmp_path / "c"), 0.5), tmp_path / "c")
     assert stored_learning_rate(checkpoint.load(tmp_path / "c").properties) == 0.5
     assert checkpoint.load(tmp_path / "c").trainable["w"].tolist() == [1, 1]
+
+
+def test_a_record_written_before_validation_files_schedules_and_accuracies(tmp_path: Path):
+    """Records of an earlier onnxtrain lack val_data, schedule, patience, epoch_accuracy and the accuracies."""
+    properties = RECORD.to_properties()
+    for name in ("val_data", "schedule", "patience", "epoch_accuracy"):
+        del properties[f"onnxtrain.run.{name}"]
+    properties["onnxtrain.run.history"] = '[{"epoch": 1, "train_loss": 0.5, "val_loss": null}]'
+    record = RunRecord.from_properties(properties)
+    assert record is not None
+    assert (record.val_data, record.schedule, record.patience, record.correct, record.counted) == ("", "", 0, 0, 0)
+    assert record.history == (EpochLosses(1, 0.5, None, None, None),)
+
+
+def test_the_best_epoch_and_early_stopping():
+    history = (EpochLosses(1, 1.0, 0.5), EpochLosses(2, 0.9, 0.4), EpochLosses(3, 0.8, 0.4), EpochLosses(4, 0.7, 0.6))
+    record = replace(RECORD, epoch=4, batch=0, history=history, patience=2)
+    assert record.best == history[1]  # the first of equal losses
+    assert record.stopped_early and record.finished
+    assert not replace(record, patience=3).stopped_early
+    assert not replace(record, patience=0).stopped_early
+    assert replace(record, history=(EpochLosses(1, 1.0, None),)).best is None
+
+
+def test_differences_in_validation_schedule_and_early_stopping():
+    schedule = '{"kind": "cosine", "warmup_steps": 10, "min_lr": null, "step_size": null, "gamma": null}'
+    assert RECORD.differences(replace(RECORD, val_data="f1")) == ["validation data none (now from a file)"]
+    assert replace(RECORD, val_data="f1").differences(replace(RECORD, val_data="f2")) == ["other validation data"]
+    assert RECORD.differences(replace(RECORD, schedule=schedule)) == [
+        "learning-rate schedule constant (now cosine (warmup_steps 10))"
+    ]
+    assert RECORD.differences(replace(RECORD, patience=3)) == [
+        "early stopping off (now after 3 epochs without improvement)"
+    ]
+
+
+def test_accuracy_counts_round_trip():
+    record = replace(RECORD, correct=17, counted=20, history=(EpochLosses(1, 0.25, 0.5, 0.75, 1 / 3),))
+    assert RunRecord.from_properties(record.to_properties()) == record

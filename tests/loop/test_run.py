@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from onnxtrain import artifacts, checkpoint
-from onnxtrain.loop import ArtifactFiles, Settings, train
+from onnxtrain.loop import ArtifactFiles, RunRecord, Settings, train
 from tests.cli.helpers import classification, tiny_mlp
 
 
@@ -68,3 +68,19 @@ def test_a_checkpoint_of_another_model(files: ArtifactFiles):
     with pytest.raises(ValueError, match=r"\['extra'\] that the training model does not take"):
         train(files, classification(), Settings(1, 20), echo=None)
     assert not files.trained_checkpoint.exists()
+
+
+def test_a_reader_gone_away_saves_the_run_before_the_error(files: ArtifactFiles):
+    """An echo that raises BrokenPipeError (``onnxtrain train ... | head``) leaves the state of the epochs done."""
+    lines: list[str] = []
+
+    def echo(line: str) -> None:
+        if line.startswith("epoch 2/"):
+            raise BrokenPipeError(32, "Broken pipe")
+        lines.append(line)
+
+    with pytest.raises(BrokenPipeError):
+        train(files, classification(), Settings(5, 20), echo=echo)
+    record = RunRecord.from_properties(checkpoint.load(files.trained_checkpoint).properties)
+    assert record is not None and (record.epoch, record.batch) == (2, 0)
+    assert checkpoint.load(files.trained_checkpoint).optimizer.step == 12
