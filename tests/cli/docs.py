@@ -17,6 +17,15 @@ def python_example(first_line: str) -> str:
     return found[0]
 
 
+def section_commands(heading: str) -> list[str]:
+    """The ``$ onnxtrain ...`` lines of docs/cli.md's section ``## heading``, without ``$ ``."""
+    text = CLI_DOCS.read_text(encoding="utf-8")
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    lines = text[start : None if end < 0 else end].splitlines()
+    return [line[2:] for line in lines if line.startswith("$ onnxtrain ")]
+
+
 def console_commands(fragment: str) -> list[str]:
     """The ``$ onnxtrain ...`` lines of docs/cli.md's console blocks that contain ``fragment``, without ``$ ``."""
     lines = CLI_DOCS.read_text(encoding="utf-8").splitlines()

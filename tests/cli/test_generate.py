@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -17,11 +16,10 @@ from onnxtrain.artifacts.generate import OPTIMIZER_KEY
 from onnxtrain.artifacts.metadata import LOSS_KEY, MODEL_OUTPUTS_KEY, read_metadata
 from onnxtrain.cli import generate
 from onnxtrain.loop import LEARNING_RATE_PROPERTY
-from tests.cli.docs import console_commands, python_example
-from tests.cli.helpers import assert_error, classification, cli, corrupt
+from tests.cli.docs import python_example
+from tests.cli.helpers import assert_error, cli, corrupt
 from tests.folders import visible_names
 
-HISTORY = "onnxtrain.run.history"
 ARTIFACTS = {"training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint"}
 
 
@@ -181,31 +179,12 @@ def test_a_missing_model_is_named_in_the_commands_words(capsys, tmp_path: Path):
 
 @pytest.fixture
 def loss_file(tmp_path: Path) -> Path:
-    """The custom loss of docs/cli.md, as written there, in ``tmp_path / "losses" / "mse_plus_l1.py"``."""
+    """The custom loss of docs/cli.md, as written there, in ``tmp_path / "losses" / "mse_plus_l1.py"``
+    (tests/cli/test_docs.py runs its documented command)."""
     (tmp_path / "losses").mkdir()
     path = tmp_path / "losses" / "mse_plus_l1.py"
     path.write_text(python_example("# mse_plus_l1.py"))
     return path
-
-
-def test_the_documented_custom_loss_from_a_file_trains(capsys, model_path: Path, loss_file: Path, tmp_path: Path):
-    (command,) = console_commands("--loss mse_plus_l1.py:MSEPlusL1")
-    words = shlex.split(command)[1:]
-    words[words.index("model.onnx")] = str(model_path)
-    words[words.index("mse_plus_l1.py:MSEPlusL1")] = f"{loss_file}:MSEPlusL1"
-    words[words.index("art")] = str(tmp_path / "art")
-    status, _, err = cli(capsys, *words)
-    assert (status, err) == (0, "")
-    training = onnx.load(tmp_path / "art" / "training_model.onnx")
-    assert read_metadata(training)[LOSS_KEY] == "MSEPlusL1"
-    assert [i.name for i in training.graph.input][:2] == ["x", "target"]
-    x, labels = classification()
-    np.savez(tmp_path / "data.npz", X=x, y=np.eye(3, dtype=np.float32)[labels])
-    status, _, err = cli(capsys, "train", tmp_path / "art", "--data", tmp_path / "data.npz", "--epochs", "3",
-                         "--batch-size", "20", "--lr", "0.05")  # fmt: skip
-    assert (status, err) == (0, "")
-    history = json.loads(str(checkpoint.load(tmp_path / "art" / "trained_checkpoint").properties[HISTORY]))
-    assert history[-1]["train_loss"] < history[0]["train_loss"]
 
 
 def test_a_custom_loss_from_a_module(capsys, monkeypatch, model_path: Path, loss_file: Path, tmp_path: Path):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +16,6 @@ import onnxtrain.onnxblock as onnxblock
 from onnxtrain import checkpoint
 from onnxtrain.loop import RunRecord, split
 from onnxtrain.training import Module
-from tests.cli.docs import console_commands
 from tests.cli.helpers import CLASSES, FEATURES, TinyMLP, assert_error, classification, cli
 
 RUN = ["--epochs", "4", "--batch-size", "16", "--seed", "3"]
@@ -330,19 +328,6 @@ def test_a_run_with_every_option_resumes_exactly_after_a_crash(
         _assert_same_parameters(a, b)
         assert a.properties == b.properties
     assert _state(whole / "trained_checkpoint").optimizer == _state(crashed / "trained_checkpoint").optimizer
-
-
-def test_documented_commands_run(capsys, monkeypatch: pytest.MonkeyPatch, shared: Path, tmp_path: Path):
-    """The commands of docs/cli.md's section on validation, schedules and early stopping, as written there."""
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(shared / "art", tmp_path / "mlp")
-    _split_files(tmp_path, 0.2, 0)
-    commands = console_commands("--early-stopping") + console_commands("--checkpoint best")
-    assert len(commands) == 2
-    for command in commands:
-        status, _, err = cli(capsys, *shlex.split(command)[1:])
-        assert (status, err) == (0, ""), command
-    assert (tmp_path / "mlp.onnx").is_file()
 
 
 # ---------------------------------------------------------------- --reshape
