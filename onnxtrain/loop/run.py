@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
@@ -132,6 +133,8 @@ def train(
         if earlier.epoch >= settings.epochs or earlier.stopped_early:
             return RunResult(earlier, source, 0)  # nothing left to do
         record = replace(earlier, epochs=settings.epochs)
+    eval_model = load_model(files.eval_model, "eval model").proto  # read here, so that errors name the file
+    load_model(files.optimizer_model, "optimizer model")
     state = TrainingState(saved)
     options = None if comm is None else session_options(comm)  # the machine's cores shared among its ranks
     module = Module(files.training_model, state, files.eval_model, device=device, session_options=options)
@@ -159,7 +162,7 @@ def train(
         optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
     measures = Measures(
         accuracy_of(module.train_model.proto, module.io.outputs, module.io.inputs.specs),
-        _eval_accuracy(files, saved) if len(validation.rows) else None,
+        _eval_accuracy(eval_model, saved) if len(validation.rows) else None,
     )
     best = files.best_checkpoint if settings.early_stopping is not None else None
     loop = Loop(
@@ -183,9 +186,8 @@ def _arrays(
     return fit_to_inputs(named, inputs, what, reshape)
 
 
-def _eval_accuracy(files: ArtifactFiles, state: checkpoint.CheckpointState) -> Accuracy | None:
+def _eval_accuracy(model: onnx.ModelProto, state: checkpoint.CheckpointState) -> Accuracy | None:
     """How to measure the accuracy from the eval model's outputs, if it outputs the class scores."""
-    model = load_model(files.eval_model, "eval model").proto
     io = eval_io(model, parameter_infos(state))
     return accuracy_of(model, io.outputs, io.inputs.specs)
 

@@ -385,3 +385,13 @@ def test_cuda_without_a_cuda_onnxruntime_is_said_in_options(capsys, artifacts: P
     assert_error(err, "train", "--device cuda:1", "onnxruntime-gpu", "--device cpu")
     assert "device=" not in err and "providers" not in err.split("(")[0]
     assert not (artifacts / "trained_checkpoint").exists()
+
+
+@pytest.mark.parametrize("what", ["eval model", "optimizer model"])
+def test_a_corrupt_eval_or_optimizer_model_is_named_as_a_file(capsys, artifacts: Path, data_path: Path, what: str):
+    name = what.replace(" ", "_") + ".onnx"
+    corrupt(artifacts / name)
+    status, _, err = _train(capsys, artifacts, data_path)
+    assert status == 1
+    assert_error(err, "train", f"{what}: ", name, "not a readable ONNX model")
+    assert "_uri" not in err
