@@ -104,7 +104,8 @@ def _optimizer_lines(files: ArtifactFiles, state: checkpoint.CheckpointState) ->
     from onnxtrain.artifacts.generate import OPTIMIZER_KEY
     from onnxtrain.artifacts.metadata import read_metadata
     from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
-    from onnxtrain.loop import RunRecord, stored_learning_rate
+    from onnxtrain.loop import RunRecord, measured, stored_learning_rate
+    from onnxtrain.loop.record import schedule_text
     from onnxtrain.training.interface import load_model
 
     if not files.optimizer_model.is_file():
@@ -124,12 +125,24 @@ def _optimizer_lines(files: ArtifactFiles, state: checkpoint.CheckpointState) ->
     step = 0 if state.optimizer is None else state.optimizer.step
     lines.append(
         f"training: {record.position()}, step {step}; {record.samples} samples, batch size {record.batch_size}, "
-        f"seed {record.seed}" + (f", validation split {record.val_split:g}" if record.val_split else "")
+        f"seed {record.seed}"
+        + (f", validation split {record.val_split:g}" if record.val_split else "")
+        + (", validation data from a file" if record.val_data else "")
+        + (f", schedule {schedule_text(record.schedule)}" if record.schedule else "")
     )
     if record.history:
         last = record.history[-1]
-        val = "" if last.val_loss is None else f", val loss {last.val_loss:.4f}"
-        lines.append(f"  last epoch ({last.epoch}): train loss {last.train_loss:.4f}{val}")
+        lines.append(f"  last epoch ({last.epoch}): {measured(last)}")
+    best = record.best
+    if record.patience and best is not None:
+        if record.stopped_early:
+            lines.append(
+                f"  stopped early: no lower validation loss for {record.patience} epoch"
+                f"{'' if record.patience == 1 else 's'}; the best, epoch {best.epoch}, is in "
+                f"{files.best_checkpoint.name}"
+            )
+        else:
+            lines.append(f"  early stopping: the best so far, epoch {best.epoch}, is in {files.best_checkpoint.name}")
     return lines
 
 

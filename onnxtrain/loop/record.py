@@ -147,7 +147,7 @@ class RunRecord:
                 f"(now {'from a file' if other.val_data else 'none'})"
             )  # fmt: skip
         if self.schedule != other.schedule:
-            mine, theirs = _schedule_text(self.schedule), _schedule_text(other.schedule)
+            mine, theirs = schedule_text(self.schedule), schedule_text(other.schedule)
             found.append(f"learning-rate schedule {mine} (now {theirs})")
         if self.patience != other.patience:
             found.append(f"early stopping {_patience_text(self.patience)} (now {_patience_text(other.patience)})")
@@ -186,7 +186,7 @@ class RunRecord:
         )  # fmt: skip
 
 
-def _schedule_text(schedule: str) -> str:
+def schedule_text(schedule: str) -> str:
     """A recorded schedule (JSON) in words: ``cosine (warmup_steps 10, min_lr 0)``; ``constant`` for none."""
     if not schedule:
         return "constant"
@@ -208,6 +208,7 @@ __all__ = [
     "RUN_PREFIX",
     "EpochLosses",
     "RunRecord",
+    "schedule_text",
     "stored_learning_rate",
     "with_learning_rate",
 ]

@@ -8,7 +8,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tests.cli.helpers import assert_error, cli, corrupt
+from tests.cli.helpers import assert_error, classification, cli, corrupt
 
 
 def test_an_untrained_directory(capsys, artifacts: Path):
@@ -117,3 +117,19 @@ def test_a_directory_that_holds_no_artifacts(capsys, tmp_path: Path):
     status, _, err = cli(capsys, "inspect", tmp_path)
     assert status == 1
     assert_error(err, "inspect", "training_model.onnx", "onnxtrain generate")
+
+
+def test_a_run_with_validation_data_a_schedule_and_early_stopping(
+    capsys, artifacts: Path, data_path: Path, tmp_path: Path
+):
+    x, y = classification(40, seed=1)
+    np.savez(tmp_path / "val.npz", X=x, y=y)
+    options = ["--epochs", "30", "--batch-size", "16", "--seed", "3", "--val-data", tmp_path / "val.npz",
+               "--schedule", "cosine", "--warmup-steps", "4", "--early-stopping", "1"]  # fmt: skip
+    assert cli(capsys, "train", artifacts, "--data", data_path, *options)[0] == 0
+    status, out, _ = cli(capsys, "inspect", artifacts)
+    assert status == 0
+    assert "seed 3, validation data from a file, schedule cosine (warmup_steps 4)" in out
+    last = next(line for line in out.splitlines() if line.startswith("  last epoch"))
+    assert "accuracy" in last and "val accuracy" in last
+    assert "stopped early: no lower validation loss for 1 epoch; the best, epoch" in out and "best_checkpoint" in out
