@@ -186,6 +186,15 @@ def checkpoint_arrays(folder: Path) -> Namespace:
     return names
 
 
+def gpt2_model(folder: Path) -> Namespace:
+    """``gpt2.onnx``: a GPT-2-style model with GPT-2's names (tests/lora/models.py; needs torch) and ``batches``
+    of its token ids and next-token labels (docs/lora.md)."""
+    from tests.lora import models
+
+    onnx.save(models.export(models.tiny_gpt(), batch=4), folder / "gpt2.onnx")
+    return {"batches": [models.toy_task(4, seed=seed) for seed in range(3)]}
+
+
 def sklearn_regression(folder: Path) -> Namespace:
     """onnxcustom's names: ``X``, ``y``, ``X_train``, ``y_train``, ``w_train``, ``skl2onnx``, ``LinearRegression``."""
     import skl2onnx
@@ -205,6 +214,6 @@ SETUPS: dict[str, Callable[[Path], Namespace]] = {
     setup.__name__: setup
     for setup in (
         mlp_model, mlp_artifacts, distributed_loop, epoch_loop, two_outputs_model, critic, embedding_classifier,
-        training_block, checkpoint_arrays, sklearn_regression,
+        training_block, checkpoint_arrays, gpt2_model, sklearn_regression,
     )
 }  # fmt: skip
