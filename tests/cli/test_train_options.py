@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -349,3 +350,16 @@ def test_rows_of_values_are_reshaped_only_with_reshape(capsys, tmp_path: Path):
     status, _, err = _train(capsys, art, tmp_path / "images.csv", *RUN, "--reshape")
     assert (status, err) == (0, "")
     assert FEATURES == 4
+
+
+def test_the_resume_command_repeats_every_option():
+    """What Ctrl-C prints to continue a run parses back to the same run, with --resume."""
+    from onnxtrain.cli import build_parser
+    from onnxtrain.cli.train import resume_command
+
+    argv = ["train", "art", "--data", "a b.csv", "--epochs", "9", "--batch-size", "8", "--val-data", "v.csv",
+            "--checkpoint-every", "5", "--schedule", "cosine", "--warmup-steps", "3", "--min-lr", "0.001",
+            "--early-stopping", "2", "--target-column", "label", "--reshape", "--seed", "4"]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    again = build_parser().parse_args(shlex.split(resume_command(args))[1:])
+    assert again.resume and vars(again) == {**vars(args), "resume": True}
