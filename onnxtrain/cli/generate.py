@@ -63,10 +63,10 @@ def add_parser(subcommands: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
     parser.add_argument(
-        "--loss", required=True, type=loss_option, metavar="{" + ",".join(LOSSES) + "} or module:Class",
-        help="ce: cross-entropy on class scores; bce: binary cross-entropy on logits, bce-probs: on probabilities; "
-        "none: the model's first output already is the loss; module:Class or path/to/loss.py:Class: a loss Block "
-        "of yours (docs/cli.md)",
+        "--loss", required=True, type=loss_option, metavar="LOSS",
+        help=f"{', '.join(LOSSES)}, or a loss Block of yours as module:Class or path/to/loss.py:Class "
+        "(docs/cli.md). ce: cross-entropy on class scores; bce: binary cross-entropy on logits, bce-probs: on "
+        "probabilities; none: the model's first output already is the loss",
     )  # fmt: skip
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
     parser.add_argument(
