@@ -87,13 +87,15 @@ def instrument(counter: RunCounter) -> None:
         kind.run = _counted_run(kind.run, labels, counter)  # type: ignore[method-assign]
 
 
-def _counted_run(run: Callable[[Any], None], labels: dict[int, str], counter: RunCounter) -> Callable[[Any], None]:
+def _counted_run(
+    run: Callable[[Any, Any], None], labels: dict[int, str], counter: RunCounter
+) -> Callable[[Any, Any], None]:
     clock, record = time.perf_counter, counter.record
 
-    def counted(io: Any) -> None:
+    def counted(io: Any, options: Any) -> None:
         start = clock()
         try:
-            run(io)
+            run(io, options)
         finally:
             elapsed = clock() - start
             record(labels.get(id(io), NEW_SESSION), elapsed)
