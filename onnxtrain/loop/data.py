@@ -178,7 +178,24 @@ def _fit(array: np.ndarray, spec: TensorSpec, name: str, source: str, reshape: b
     if array.ndim == 0:
         raise ValueError(f"{what} is a scalar; it needs one row per sample")
     variable = match.group(1) if (match := re.fullmatch(r"array '(\w+)'", name)) else "array"
+    if _class_columns_for_labels(array, spec):
+        raise ValueError(
+            f"{what} has shape {list(array.shape)}: one column per class, one-hot labels or class probabilities, "
+            f"where the input takes class indices; save {variable}.argmax(axis=-1) instead, or generate the "
+            "artifacts with a loss that takes probabilities as targets"
+        )
     return _reshape(_cast(array, spec.dtype, what), spec, what, variable, reshape)
+
+
+def _class_columns_for_labels(array: np.ndarray, spec: TensorSpec) -> bool:
+    """Whether float ``array`` given for integer labels has one more axis, of several columns: one per class."""
+    return (
+        spec.dtype.kind in "iu"
+        and array.dtype.kind == "f"
+        and spec.dims is not None
+        and array.ndim == len(spec.dims) + 1
+        and array.shape[-1] > 1
+    )
 
 
 def _cast(array: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:

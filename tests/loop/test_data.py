@@ -129,3 +129,14 @@ def test_axes_of_size_one_are_added_or_removed_without_asking():
     image = TensorSpec("image", np.dtype(np.float32), ("batch", 1, 2, 2))
     (gray,) = fit_to_inputs([("a", np.zeros((3, 2, 2)))], [image], "data")
     assert gray.shape == (3, 1, 2, 2)
+
+
+def test_one_hot_labels_are_told_to_take_the_argmax():
+    """Float one-hot rows for int64 labels are whole numbers, so they cast; the message must say what fixes them."""
+    labels = np.eye(5, dtype=np.float32)[[0, 3, 1]]
+    with pytest.raises(ValueError, match=r"one column per class.*save y\.argmax\(axis=-1\) instead"):
+        fit_to_inputs([("array 'X'", np.zeros((3, 3), np.float32)), ("array 'y'", labels)], [X, LABELS], "data.npz")
+    _, y = fit_to_inputs(
+        [("array 'X'", np.zeros((3, 3), np.float32)), ("array 'y'", labels.argmax(-1))], [X, LABELS], "d"
+    )
+    assert y.tolist() == [0, 3, 1]
