@@ -41,9 +41,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, flatten_and_concat, pack_updates, split_and_reshape
-from onnxtrain.graph.fold import ShapeInference, drop_unread_initializers, fold_static_shapes, onnx_shapes
+from onnxtrain.graph.fold import ShapeInference, onnx_shapes
+from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.naming import keep_or_tag, names_in
-from onnxtrain.losses.label_check import LabelCheck, strip_label_checks
+from onnxtrain.graph.passes import drop_unread_initializers, fold_static_shapes
+from onnxtrain.losses.label_check import LabelCheck, strip_label_checks, strippable_label_checks
 
 #: ``(body input, body output)``: a tensor the fused step reads and writes a new value of, carried by the scan.
 Carried = tuple[str, str]
@@ -84,7 +86,7 @@ def epoch_scan_model(
     keys of ``batches``, each with the shape of one batch), the carried
     tensors' inputs, ``learning_rate`` and ``step`` (both ``[1]``) and the
     frozen parameters. Its computations that depend only on the shapes, now
-    fixed, are folded into constants (:mod:`onnxtrain.graph.fold`), and those
+    fixed, are folded into constants (:mod:`onnxtrain.graph.passes.static_shapes`), and those
     that depend only on the step number and the learning rate (an update's
     bias corrections and step size) are computed for every iteration at once,
     before the ``Scan``, and scanned in. The chains of ``updates`` (the
@@ -97,7 +99,9 @@ def epoch_scan_model(
     ``unpack_with_slices`` unpacks with ``Slice`` nodes rather than ``Split``
     (for CUDA: :mod:`onnxtrain.artifacts.vectorize`). ``fused`` is not changed.
     """
-    folded, checks = strip_label_checks(fold_static_shapes(fused, batches, shapes_of), batches)
+    folded = fold_static_shapes(copy_model(fused), shapes=batches, shapes_of=shapes_of)
+    checks = strippable_label_checks(folded, batches)
+    strip_label_checks(folded, inputs=batches)
     unique = keep_or_tag(names_in(folded.graph), "epoch")
     packed_model, packs = (folded, [])
     if updates:
@@ -143,7 +147,7 @@ def epoch_scan_model(
         body.node.append(helper.make_node("ReduceMean", [loss], [batch_loss], name=unique("epoch_loss"), keepdims=0))
     body.output.extend([helper.make_value_info(out, types[name]) for name, out in carried])
     body.output.append(helper.make_tensor_value_info(batch_loss, loss_type.elem_type, []))
-    drop_unread_initializers(body)  # the axes of the squeezes skipped, the constants hoisted
+    body = drop_unread_initializers(onnx.ModelProto(graph=body)).graph  # the squeezes' axes, the constants hoisted
 
     graph = onnx.GraphProto()
     graph.name = f"{source.name or 'fused'}_epoch"

@@ -9,10 +9,10 @@ import onnx
 from onnx import numpy_helper
 
 from onnxtrain.artifacts.metadata import drop_training_metadata
-from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type
+from onnxtrain.graph.passes import prune_unused_nodes
 
 
 def export_model_for_inferencing(

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.autodiff.accumulation import AccumulationFormError, remove_gradient_accumulation
-from onnxtrain.autodiff.training import names_read
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.graph.walk import names_read
 from onnxtrain.optim.base import grad_name, updated_name
 
 

@@ -28,10 +28,10 @@ from onnx import helper
 
 from onnxtrain import optim
 from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
-from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.graph import empty_base, versions
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.onnxblock.optim import MOMENTS, optimizer_of, sequence_optimizer
+from onnxtrain.graph.passes import prune_unused_nodes
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 
 ACCUMULATOR = "InPlaceAccumulatorV2"

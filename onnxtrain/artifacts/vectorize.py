@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import TensorProto, helper
 
-from onnxtrain.autodiff.training import names_read
 from onnxtrain.graph.fold import ShapeInference, onnx_shapes
+from onnxtrain.graph.walk import names_read
 
 #: Element-wise operators a chain may be made of (each element of the result depends on the same element of
 #: each input, and on scalars).

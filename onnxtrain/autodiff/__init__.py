@@ -12,9 +12,13 @@
 from __future__ import annotations
 
 from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.coverage import CoverageRow, coverage_rows
 from onnxtrain.autodiff.derivatives import hessian_vector_product, jacobian
-from onnxtrain.autodiff.engine import MissingGradientError, RuleError, build_gradients, build_vjp, gradient_name
-from onnxtrain.autodiff.registry import CoverageRow, GradientRegistry, Rule, builtin_registry
+from onnxtrain.autodiff.engine import gradient_name
+from onnxtrain.autodiff.errors import MissingGradientError, RuleError
+from onnxtrain.autodiff.gradients import build_gradients, build_vjp
+from onnxtrain.autodiff.registry import GradientRegistry, Rule
+from onnxtrain.autodiff.rules import builtin_registry
 
 __all__ = [
     "CoverageRow",
@@ -26,6 +30,7 @@ __all__ = [
     "build_gradients",
     "build_vjp",
     "builtin_registry",
+    "coverage_rows",
     "gradient_name",
     "hessian_vector_product",
     "jacobian",

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.autodiff.training import names_read, prune_unused_nodes
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import GraphBuilder, tensor_type
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.graph.passes import prune_unused_nodes
+from onnxtrain.graph.walk import names_read
 
 #: The flag input: true for the first train step after a gradient reset.
 LAZY_RESET_GRAD = "lazy_reset_grad"

@@ -9,25 +9,24 @@ other operand's element type, so rules are written once for every float type::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from onnxtrain.autodiff.paths import subgraph_references
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import Dim, GraphBuilder
 from onnxtrain.graph.naming import names_in
-
-if TYPE_CHECKING:
-    from onnxtrain.autodiff.registry import GradientRegistry
-    from onnxtrain.autodiff.subgraph import Subgraph
+from onnxtrain.graph.walk import subgraph_references, subgraphs
 
 #: An operand of the algebra helpers: a value name or a Python number.
 Operand = str | float | int
+#: ``vjp(builder, seeds, wrt)``: the engine's vector-Jacobian product with its rules, which the context hands to
+#: the subgraphs of control-flow rules (:meth:`RuleContext.subgraph`).
+Vjp = Callable[[GraphBuilder, Mapping[str, str], Sequence[str]], dict[str, "str | None"]]
 #: Zero tensors of more elements than this are made at run time (:meth:`RuleContext.zeros_shaped`).
 FOLDED_ZEROS_LIMIT = 4096
 
@@ -95,14 +94,8 @@ class NodeEdit:
     @property
     def reserved(self) -> tuple[str, ...]:
         """Every name it adds to the model: the new outputs and the names inside the new subgraphs."""
-        inner = {name for attr in self.node.attribute for g in _graphs(attr) for name in names_in(g)}
+        inner = {name for graph in subgraphs(self.node) for name in names_in(graph)}
         return (*self.names, *sorted(inner))
-
-
-def _graphs(attribute: onnx.AttributeProto) -> list[onnx.GraphProto]:
-    if attribute.type == onnx.AttributeProto.GRAPH:
-        return [attribute.g]
-    return list(attribute.graphs) if attribute.type == onnx.AttributeProto.GRAPHS else []
 
 
 @dataclass(frozen=True)
@@ -142,7 +135,7 @@ class RuleContext:
         constants: dict[tuple[Any, ...], str],
         requests: list[OutputRequest | NodeEdit] | None = None,
         view: GraphView | None = None,
-        registry: GradientRegistry | None = None,
+        vjp: Vjp | None = None,
     ) -> None:
         self.builder = builder
         self.node = node
@@ -155,7 +148,7 @@ class RuleContext:
         self._hint = f"{node.op_type.lower()}_grad"
         self._requests = requests
         self._view = view
-        self._registry = registry
+        self._vjp = vjp
         #: Gradients this rule gives to values that are not its node's inputs (see :meth:`contribute`).
         self.contributed: list[tuple[str, str]] = []
 
@@ -247,20 +240,13 @@ class RuleContext:
         """
         self.contributed.append((value, grad))
 
-    def subgraph(self, graph: onnx.GraphProto, input_types: Sequence[onnx.TypeProto | None] = ()) -> Subgraph:
-        """A copy of subgraph ``graph`` to differentiate (:class:`~onnxtrain.autodiff.subgraph.Subgraph`).
-
-        ``input_types[k]`` overrides the declared type of the subgraph's input
-        ``k`` (``None``: keep it); the values it reads from outside get their
-        types from this graph. Its gradient is built by the engine, with this
-        rule's registry, so every rule (and nested control flow) works inside.
-        """
-        from onnxtrain.autodiff.subgraph import Subgraph
-
-        if self._registry is None:
-            raise RuntimeError(f"subgraph needs the engine's context; {self.node.op_type} was given a bare one")
-        where = f"{self.node.op_type} {self.node.name!r}" if self.node.name else self.node.op_type
-        return Subgraph(self.builder, graph, input_types, self._registry, where)
+    @property
+    def vjp(self) -> Vjp:
+        """The vector-Jacobian product of the engine that calls this rule, with its rules: what a control-flow
+        rule runs on its subgraphs (:class:`~onnxtrain.autodiff.subgraph.Subgraph`)."""
+        if self._vjp is None:
+            raise RuntimeError(f"{self.node.op_type}'s rule needs the engine's context; it was given a bare one")
+        return self._vjp
 
     # --------------------------------------------------------------- emitting
 

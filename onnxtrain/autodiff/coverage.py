@@ -9,13 +9,18 @@ per exported layer). This module never imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
+from onnxtrain.autodiff.engine import backward
+from onnxtrain.autodiff.paths import find_path
+from onnxtrain.autodiff.registry import GradientRegistry, Rule, domain_key
+from onnxtrain.autodiff.rules import builtin_registry
+from onnxtrain.graph import versions
 
 #: The heading that starts the torch.nn section of the document (everything before it is the registry part).
 LAYERS_HEADING = "## torch.nn layers"
@@ -26,10 +31,102 @@ SECOND_ORDER_HEADING = "## Second derivatives"
 COMMAND = "python tools/gradient_coverage.py"
 
 
+@dataclass(frozen=True)
+class CoverageRow:
+    """One row of the coverage table (see :func:`coverage_rows`)."""
+
+    domain: str
+    op_type: str
+    since: int
+    until: int | None
+    inputs: tuple[str, ...]
+    differentiable: bool
+    formula: str
+
+    @property
+    def opsets(self) -> str:
+        """``"13+"``, ``"13-17"``: the opset range as text."""
+        return f"{self.since}+" if self.until is None else f"{self.since}-{self.until}"
+
+
+def differentiable_inputs(rule: Rule) -> tuple[str, ...]:
+    """Names of the inputs ``rule`` differentiates (``"inputs"`` for variadic ones)."""
+    names = _input_names(rule.domain, rule.op_type, rule.since)
+    if names is None:
+        return tuple(str(i) for i in rule.inputs) if rule.inputs is not None else ("all",)
+    candidates = range(len(names)) if rule.inputs is None else rule.inputs
+    return tuple(names[i][0] for i in candidates if i < len(names) and (rule.inputs is not None or names[i][1]))
+
+
+def coverage_rows(registry: GradientRegistry) -> list[CoverageRow]:
+    """The coverage table of ``registry``: one row per rule and per non-differentiable operator."""
+    rows = [
+        CoverageRow(
+            rule.domain,
+            rule.op_type,
+            _first_row_opset(rule),
+            rule.until,
+            differentiable_inputs(rule),
+            True,
+            rule.formula,
+        )
+        for rule in registry.rules()
+    ]
+    rows += [
+        CoverageRow(domain, op, max(first_version(domain, op) or 1, _oldest(domain)), None, (), False, "")
+        for domain, op in sorted(registry.non_differentiable_operators())
+    ]
+    return rows
+
+
+def _first_row_opset(rule: Rule) -> int:
+    """The first opset a rule's row shows: from onnxtrain's oldest and the rule's own, and from ONNX's first
+    definition of the operator unless the rule ends before it (ONNX Runtime's LayerNormalization below 17)."""
+    start = max(rule.since, _oldest(rule.domain))
+    defined = first_version(rule.domain, rule.op_type) or 1
+    if rule.until is None or defined <= rule.until:
+        start = max(start, defined)
+    return start
+
+
+def _oldest(domain: str) -> int:
+    """The oldest opset of ``domain`` onnxtrain supports (``ai.onnx``: 13; others: 1)."""
+    return versions.MIN_OPSET if domain == "" else 1
+
+
+@functools.cache
+def first_version(domain: str, op_type: str) -> int | None:
+    """The first opset version of ``domain`` that defines ``op_type`` (``None``: unknown op)."""
+    versions = [
+        schema.since_version
+        for schema in onnx.defs.get_all_schemas_with_history()
+        if schema.name == op_type and domain_key(schema.domain) == domain
+    ]
+    return min(versions) if versions else None
+
+
+_FLOAT_TYPE_STRINGS = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)")
+
+
+@functools.cache
+def _input_names(domain: str, op_type: str, since: int) -> tuple[tuple[str, bool], ...] | None:
+    """``(name, can_be_float)`` for each input of the newest schema, or ``None``."""
+    try:
+        schema = onnx.defs.get_schema(op_type, 1 << 16, domain)
+    except onnx.defs.SchemaError:
+        return None
+    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
+    result = []
+    for formal in schema.inputs:
+        allowed: Iterable[str] = constraints.get(formal.type_str, [formal.type_str])
+        result.append((formal.name, any(t in _FLOAT_TYPE_STRINGS for t in allowed)))
+    return tuple(result)
+
+
 def coverage_markdown(registry: GradientRegistry | None = None) -> str:
     """The coverage table of ``registry`` (default: the built-in one) as Markdown."""
     registry = builtin_registry() if registry is None else registry
-    rows = registry.coverage()
+    rows = coverage_rows(registry)
     rules = [row for row in rows if row.differentiable]
     stops = [row for row in rows if not row.differentiable]
     lines = [
@@ -130,8 +227,6 @@ def check_training(
     ``model`` itself is run too, so that a model onnxruntime cannot run is told apart. ``model``
     is not changed.
     """
-    from onnxtrain.autodiff.engine import build_gradients
-    from onnxtrain.autodiff.paths import find_path
     from onnxtrain.graph import GraphBuilder, dtypes
 
     registry = builtin_registry() if registry is None else registry
@@ -154,7 +249,7 @@ def check_training(
         terms = [builder.add_node1("ReduceSum", [name], keepdims=0) for name in outputs]
         terms = [builder.add_node1("Cast", [t], to=onnx.TensorProto.FLOAT) for t in terms]
         loss = terms[0] if len(terms) == 1 else builder.add_node1("Sum", terms)
-        grads = build_gradients(builder, loss, list(wrt), registry=registry)
+        grads = backward(builder, loss, list(wrt), registry)
         builder.set_outputs([loss, *grads.values()])
         trained = builder.finalize()
     except Exception as error:  # reported, not raised: it is the answer

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 
-from onnxtrain.autodiff.engine import build_gradients, build_vjp
+from onnxtrain.autodiff.gradients import build_gradients, build_vjp
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import GraphBuilder, dtypes, ops
 

@@ -1,7 +1,9 @@
-"""Reverse-mode autodiff over an ONNX graph, emitting standard ONNX operators.
+"""Reverse-mode autodiff over an ONNX graph, emitting standard ONNX operators: the backward walk.
 
-:func:`build_gradients` appends to a :class:`GraphBuilder` the nodes computing
-``d loss / d x`` for each requested ``x``, named ``x_grad``. The engine does the
+:func:`backward` appends to a :class:`GraphBuilder` the nodes computing
+``d loss / d x`` for each requested ``x``, named ``x_grad``, with the rules of
+the registry it is given (:mod:`onnxtrain.autodiff.gradients` gives the
+public functions, with the built-in rules by default). The engine does the
 shared work once, so that rules stay pure math:
 
 1. find the nodes on a path from a ``wrt`` value to the loss (the rest is pruned);
@@ -10,10 +12,11 @@ shared work once, so that rules stay pure math:
 3. seed ``d loss / d loss = 1`` and walk the path backwards, calling each rule
    with its output gradients, summing fan-out contributions with ``Sum`` and
    un-broadcasting the gradients of broadcasting rules;
-4. merge repeated nodes, fold stacked transposes (``Transpose(Transpose(x))``,
+4. run the graph passes over the draft (:mod:`onnxtrain.graph.passes`): merge
+   repeated nodes, fold stacked transposes (``Transpose(Transpose(x))``,
    ``Transpose(Gemm(a, b))``), drop the nodes no requested gradient needs (a
-   rule may emit gradients for inputs that turn out to be unwanted) and name
-   the results ``x_grad``.
+   rule may emit gradients for inputs that turn out to be unwanted); then
+   name the results ``x_grad``.
 
 A rule may reuse an optional output its forward node omitted (Dropout's mask,
 MaxPool's indices) through ``ctx.ensure_output``: the output is declared on
@@ -23,9 +26,10 @@ node reads it; on error, or when unused, the node gets its outputs back.
 Integer and bool values never carry gradients; ``wrt`` values the loss does
 not depend on get zeros.
 
-:func:`build_vjp` is the general form: it seeds several outputs with given
-cotangents and returns ``None`` for the values they do not depend on. The
-control-flow rules run it on copies of their subgraphs
+:func:`vector_jacobian_product` is the general form: it seeds several outputs
+with given cotangents and returns ``None`` for the values they do not depend
+on. The engine hands it, bound to its registry, to the rules' context, and
+the control-flow rules run it on copies of their subgraphs
 (:mod:`onnxtrain.autodiff.subgraph`); a rule may rewrite its forward node
 (``ctx.extend_forward``: a loop body that also outputs its state at every
 iteration), kept, like ``ensure_output``, only when a surviving gradient node
@@ -35,7 +39,7 @@ pruning and renaming below follow those reads.
 
 from __future__ import annotations
 
-from collections import Counter
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -43,28 +47,15 @@ import numpy as np
 import onnx
 
 from onnxtrain.autodiff.broadcast import unbroadcast
-from onnxtrain.autodiff.context import GraphView, NodeEdit, OutputRequest, RuleContext
-from onnxtrain.autodiff.paths import (
-    Path,
-    PathNode,
-    find_path,
-    node_label,
-    rename_references,
-    subgraph_references,
-)
-from onnxtrain.autodiff.registry import GradientRegistry, builtin_registry
+from onnxtrain.autodiff.context import GraphView, NodeEdit, OutputRequest, RuleContext, Vjp
+from onnxtrain.autodiff.errors import MissingGradientError, RuleError
+from onnxtrain.autodiff.paths import Path, PathNode, find_path
+from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type
 from onnxtrain.graph.naming import names_in
-from onnxtrain.graph.walk import subgraphs
-
-
-class MissingGradientError(ValueError):
-    """An operator on the path from a ``wrt`` value to the loss has no gradient rule."""
-
-
-class RuleError(TypeError):
-    """A gradient rule returned something the engine cannot use (a bug in the rule)."""
+from onnxtrain.graph.passes import fold_transposes, merge_duplicates, prune_unused_nodes
+from onnxtrain.graph.walk import names_read, node_label, rename_references, subgraph_references, subgraphs
 
 
 def gradient_name(value: str) -> str:
@@ -72,12 +63,7 @@ def gradient_name(value: str) -> str:
     return f"{value}_grad"
 
 
-def build_gradients(
-    builder: GraphBuilder,
-    loss: str,
-    wrt: Sequence[str],
-    registry: GradientRegistry | None = None,
-) -> dict[str, str]:
+def backward(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: GradientRegistry) -> dict[str, str]:
     """Append ``d loss / d x`` for every ``x`` in ``wrt``; return ``{x: "x_grad"}``.
 
     Args:
@@ -86,7 +72,7 @@ def build_gradients(
             rank is unknown is taken to be a scalar, and seeded with ones of its
             run-time shape).
         wrt: float initializers, graph inputs or intermediate values.
-        registry: the rules to use; default :func:`builtin_registry`.
+        registry: the rules to use.
 
     Raises:
         ValueError: a bad ``loss`` or ``wrt`` name, or a ``x_grad`` name already used.
@@ -94,7 +80,6 @@ def build_gradients(
 
     On error the model is left as it was.
     """
-    registry = builtin_registry() if registry is None else registry
     builder.sync()
     wrt = _check_wrt(builder, wrt)
     _check_loss(builder, loss)
@@ -109,11 +94,8 @@ def build_gradients(
     return _Backward(builder, path, registry).run(loss, wrt)
 
 
-def build_vjp(
-    builder: GraphBuilder,
-    seeds: Mapping[str, str],
-    wrt: Sequence[str],
-    registry: GradientRegistry | None = None,
+def vector_jacobian_product(
+    builder: GraphBuilder, seeds: Mapping[str, str], wrt: Sequence[str], registry: GradientRegistry
 ) -> dict[str, str | None]:
     """Append ``sum_y <seeds[y], d y / d x>`` for every ``x`` in ``wrt`` (a vector-Jacobian product).
 
@@ -121,12 +103,11 @@ def build_vjp(
         builder: the model being built; the gradient nodes are appended to it.
         seeds: ``{value: cotangent}``, each cotangent a value of its value's type.
         wrt: float values of the model.
-        registry: the rules to use; default :func:`builtin_registry`.
+        registry: the rules to use.
 
     Returns ``{x: gradient value}`` (generated names), ``None`` for an ``x`` no
     seeded value depends on. On error the model is left as it was.
     """
-    registry = builtin_registry() if registry is None else registry
     builder.sync()
     wrt = _check_wrt(builder, wrt)
     if not seeds:
@@ -227,10 +208,6 @@ def _elem_type(builder: GraphBuilder, name: str) -> int | None:
     return type_proto.tensor_type.elem_type or None
 
 
-class _Replay(Exception):
-    """Raised inside the builder's transaction to undo the draft backward pass."""
-
-
 class _Backward:
     """One backward pass: accumulates contributions and calls the rules."""
 
@@ -243,6 +220,8 @@ class _Backward:
         # optional forward outputs and forward rewrites the rules declared
         self.requests: list[OutputRequest | NodeEdit] = []
         self.view = _graph_view(builder, path)
+        # what the rules' context runs on subgraphs: this engine, with these rules
+        self.nested_vjp: Vjp = functools.partial(vector_jacobian_product, registry=registry)
 
     def run(self, loss: str, wrt: Sequence[str]) -> dict[str, str]:
         """``d loss / d x`` for ``x`` in ``wrt`` (zeros where independent), named ``x_grad``."""
@@ -256,20 +235,18 @@ class _Backward:
     def _run(self, seeds: Callable[[], dict[str, str]], wrt: Sequence[str], complete: bool) -> dict[str, str | None]:
         builder = self.builder
         graph = builder.model.graph
-        n_nodes, n_inits, n_opsets = len(graph.node), len(graph.initializer), len(builder.model.opset_import)
+        mark = builder.mark()  # the draft is rolled back; the commit appends what it needs
         try:
-            with builder.transaction():
-                results = self._draft(seeds(), wrt, complete)
-                nodes = list(graph.node[n_nodes:])
-                inits = list(graph.initializer[n_inits:])
-                opsets = list(builder.model.opset_import[n_opsets:])
-                raise _Replay
-        except _Replay:
-            pass
+            results = self._draft(seeds(), wrt, complete)
         except BaseException:
+            builder.rollback(mark)
             for request in reversed(self.requests):
                 request.undo()
             raise
+        nodes = list(graph.node[mark.lengths["node"] :])
+        inits = list(graph.initializer[mark.lengths["initializer"] :])
+        opsets = list(builder.model.opset_import[mark.opsets :])
+        builder.rollback(mark)
         return self._commit(results, nodes, inits, opsets, rename=complete)
 
     # -- draft: every rule's output, some of it unneeded
@@ -308,7 +285,7 @@ class _Backward:
             self.constants,
             self.requests,
             self.view,
-            registry=self.registry,
+            vjp=self.nested_vjp,
         )
 
     def _total(self, name: str) -> str | None:
@@ -370,19 +347,9 @@ class _Backward:
         opsets: list[onnx.OperatorSetIdProto],
         rename: bool,
     ) -> dict[str, str | None]:
-        forward = self.builder.model.graph.node
-        nodes, aliases = _merge_duplicates(nodes, forward)
-        results = {value: None if grad is None else aliases.get(grad, grad) for value, grad in results.items()}
-        wanted = {grad for grad in results.values() if grad is not None}
-        nodes = _fold_transposes(nodes, forward, wanted)
-        needed = set(wanted)
-        live: list[onnx.NodeProto] = []
-        for node in reversed(nodes):
-            if any(name in needed for name in node.output):
-                live.append(node)
-                needed.update(name for name in node.input if name)
-                needed.update(subgraph_references(node))
-        live.reverse()
+        live, results = _simplified(self.builder.model.graph.node, nodes, results)
+        needed = {grad for grad in results.values() if grad is not None}
+        needed.update(name for node in live for name in names_read(node))
         produced = {name for node in live for name in node.output}
         renames: dict[str, str] = {}
         copies: list[tuple[str, str]] = []
@@ -434,114 +401,24 @@ def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:
     return GraphView(producers, readers, outputs, frozenset(path.forward))
 
 
-#: Operators whose repeated evaluation may differ: never merged.
-_IMPURE = frozenset(
-    {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
-)
+def _simplified(
+    forward: Sequence[onnx.NodeProto], draft: Sequence[onnx.NodeProto], results: Mapping[str, str | None]
+) -> tuple[list[onnx.NodeProto], dict[str, str | None]]:
+    """The draft gradient nodes after the graph passes (duplicates merged, transposes folded, what no result
+    needs pruned), over a model of the forward nodes (read-only) and the draft; and ``results`` renamed where
+    a result was merged into an equal value."""
+    model = onnx.ModelProto()
+    model.graph.node.extend(forward)
+    model.graph.node.extend(draft)
+    fixed = len(forward)
+    wanted = [grad for grad in results.values() if grad is not None]
+    model.graph.output.extend(onnx.ValueInfoProto(name=name) for name in wanted)
+    merge_duplicates(model, fixed=fixed)
+    aliases = {old: value.name for old, value in zip(wanted, model.graph.output, strict=True)}
+    fold_transposes(model, fixed=fixed)
+    prune_unused_nodes(model, fixed=fixed)
+    renamed = {value: None if grad is None else aliases[grad] for value, grad in results.items()}
+    return list(model.graph.node[fixed:]), renamed
 
 
-def _pure_key(node: onnx.NodeProto) -> tuple[Any, ...] | None:
-    if node.domain not in ("", "ai.onnx") or node.op_type in _IMPURE:
-        return None
-    attributes = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
-    return (node.op_type, tuple(node.input), len(node.output), attributes)
-
-
-def _merge_duplicates(
-    nodes: list[onnx.NodeProto], existing: Sequence[onnx.NodeProto] = ()
-) -> tuple[list[onnx.NodeProto], dict[str, str]]:
-    """Drop nodes that repeat an earlier one or one of ``existing`` (same operator, inputs, attributes).
-
-    Returns the remaining nodes, with inputs rewired, and ``{dropped output: kept output}``.
-    """
-    aliases: dict[str, str] = {}
-    seen: dict[tuple[Any, ...], onnx.NodeProto] = {}
-    for node in existing:
-        key = _pure_key(node)
-        if key is not None and all(node.output):
-            seen.setdefault(key, node)
-    kept: list[onnx.NodeProto] = []
-    for node in nodes:
-        rename_references(node, aliases)
-        key = _pure_key(node)
-        if key is None:
-            kept.append(node)
-            continue
-        first = seen.get(key)
-        if first is None:
-            seen[key] = node
-            kept.append(node)
-        else:
-            aliases.update((dup, orig) for dup, orig in zip(node.output, first.output, strict=True) if dup)
-    return kept, aliases
-
-
-def _perm(node: onnx.NodeProto) -> list[int] | None:
-    """The ``perm`` of a standard Transpose node, ``None`` when absent (it then depends on the rank)."""
-    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
-        return None
-    for attribute in node.attribute:
-        if attribute.name == "perm":
-            return list(attribute.ints)
-    return None
-
-
-def _fold_transposes(
-    nodes: list[onnx.NodeProto], existing: Sequence[onnx.NodeProto], results: set[str]
-) -> list[onnx.NodeProto]:
-    """Fold the transposes the rules stack on each other; return the remaining nodes, rewired.
-
-    Gradients of a transposed weight (``MatMul(x, Transpose(W))``, as PyTorch
-    exports ``nn.Linear`` on 3-D inputs) are full of these:
-
-    - ``Transpose(Transpose(x, p), q)`` becomes ``Transpose(x, p[q])``, or ``x``
-      when ``p[q]`` is the identity;
-    - ``Transpose(Gemm(a, b), [1, 0])`` (no ``C``, its only use) becomes
-      ``Gemm(b, a)`` with ``transA = not transB`` and ``transB = not transA``.
-
-    Only ``nodes`` (the gradient graph) change; ``existing`` (the forward graph)
-    is read. Nodes left unused are dropped by the caller's pruning.
-    """
-    producer = {name: node for node in (*existing, *nodes) for name in node.output if name}
-    backward = {id(node) for node in nodes}
-    uses = Counter(name for node in nodes for name in node.input if name)
-    aliases: dict[str, str] = {}
-    kept: list[onnx.NodeProto] = []
-    for node in nodes:
-        rename_references(node, aliases)
-        outer = _perm(node)
-        source = producer.get(node.input[0]) if outer is not None else None
-        if outer is None or source is None:
-            kept.append(node)
-            continue
-        inner = _perm(source)
-        if inner is not None and len(inner) == len(outer):
-            composed = [inner[axis] for axis in outer]
-            if composed == list(range(len(composed))) and node.output[0] not in results:
-                aliases[node.output[0]] = source.input[0]
-                continue
-            node.input[0] = source.input[0]
-            del node.attribute[:]
-            node.attribute.append(onnx.helper.make_attribute("perm", composed))
-        elif (
-            outer == [1, 0]
-            and source.op_type == "Gemm"
-            and source.domain in ("", "ai.onnx")
-            and id(source) in backward
-            and len([name for name in source.input if name]) == 2
-            and uses[source.output[0]] == 1
-            and source.output[0] not in results
-        ):
-            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in source.attribute}
-            trans_a, trans_b = int(attributes.pop("transA", 0)), int(attributes.pop("transB", 0))
-            source.input[:] = [source.input[1], source.input[0]]
-            del source.attribute[:]
-            source.attribute.extend(
-                onnx.helper.make_attribute(name, value)
-                for name, value in {**attributes, "transA": 1 - trans_b, "transB": 1 - trans_a}.items()
-            )
-            source.output[0] = node.output[0]
-            producer[node.output[0]] = source
-            continue
-        kept.append(node)
-    return kept
+__all__ = ["backward", "gradient_name", "vector_jacobian_product"]

@@ -8,7 +8,7 @@ loss depends on one of its outputs. Only those nodes are differentiated.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -16,87 +16,7 @@ import onnx
 from onnxtrain.autodiff.registry import GradientRegistry, Rule
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
-
-
-def node_label(node: onnx.NodeProto, index: int) -> str:
-    """``MatMul 'mm_3'`` (or ``MatMul #3`` for an unnamed node), for messages."""
-    return f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
-
-
-def _outer_references(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from the enclosing scope."""
-    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(name for name in node.input if name)
-        used.update(subgraph_references(node))
-        defined.update(node.output)
-    return used - defined
-
-
-def outer_references(graph: onnx.GraphProto) -> list[str]:
-    """The values ``graph`` (a subgraph) reads from the enclosing scopes, sorted."""
-    return sorted(_outer_references(graph))
-
-
-def subgraph_references(node: onnx.NodeProto) -> set[str]:
-    """The values ``node``'s subgraphs (``If`` branches, ``Loop``/``Scan`` bodies) read from the enclosing scopes."""
-    refs: set[str] = set()
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            refs |= _outer_references(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            for graph in attr.graphs:
-                refs |= _outer_references(graph)
-    return refs
-
-
-def rename_references(node: onnx.NodeProto, renames: Mapping[str, str]) -> None:
-    """Rename the values ``node`` reads, in its inputs and in its subgraphs (recursively).
-
-    Value names are unique across a model and its subgraphs, so a name a
-    subgraph reads without defining it is always the enclosing scope's value.
-    """
-    if not renames:
-        return
-    node.input[:] = [renames.get(name, name) for name in node.input]
-    for attr in node.attribute:
-        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-        for graph in graphs:
-            defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-            defined.update(name for inner in graph.node for name in inner.output)
-            outer = {old: new for old, new in renames.items() if old not in defined}
-            for inner in graph.node:
-                rename_references(inner, outer)
-            for value in graph.output:
-                value.name = outer.get(value.name, value.name)
-
-
-def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
-    """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
-    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
-    deps: list[set[int]] = []
-    users: list[list[int]] = [[] for _ in nodes]
-    for i, node in enumerate(nodes):
-        names = {n for n in node.input if n} | subgraph_references(node)
-        before = {producer[n] for n in names if n in producer and producer[n] != i}
-        deps.append(before)
-        for j in before:
-            users[j].append(i)
-    remaining = [len(d) for d in deps]
-    ready = collections.deque(i for i, r in enumerate(remaining) if r == 0)
-    order: list[int] = []
-    while ready:
-        i = ready.popleft()
-        order.append(i)
-        for j in sorted(users[i]):
-            remaining[j] -= 1
-            if remaining[j] == 0:
-                ready.append(j)
-    if len(order) != len(nodes):
-        stuck = [node_label(nodes[i], i) for i, r in enumerate(remaining) if r > 0][:5]
-        raise ValueError(f"the graph has a cycle (nodes {stuck} wait on each other); an ONNX graph must be acyclic")
-    return order
+from onnxtrain.graph.walk import node_label, subgraph_references, topological_order
 
 
 @dataclass

@@ -13,33 +13,34 @@ and returns one entry per node input (``None``: no gradient for that input)::
 
 Operators declared *non-differentiable* (``Shape``, ``Floor``, comparisons, ...)
 stop the gradient; an operator with *no rule* on the path to the loss is an
-error. The built-in registry (:func:`builtin_registry`) is populated when
-``onnxtrain.autodiff.rules`` is imported and frozen afterwards; extend a
-:meth:`~GradientRegistry.copy` of it for custom operators.
+error. The built-in registry (:func:`onnxtrain.autodiff.rules.builtin_registry`)
+is built and frozen by the package of the rules, which registers into it; this
+module knows nothing of them. Extend a :meth:`~GradientRegistry.copy` of it for
+custom operators.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import onnx
-
-from onnxtrain.graph import versions
 
 if TYPE_CHECKING:
     from onnxtrain.autodiff.context import RuleContext
 
+#: What a rule receives: the gradient of each output of its node (``None`` where none flows).
+Grads = Sequence["str | None"]
+#: What a rule returns: one gradient (or ``None``) per input of its node.
+Result = list["str | None"]
 #: A rule: output gradients in, one input gradient (or ``None``) per node input out.
-RuleFn = Callable[["RuleContext", Sequence["str | None"]], Sequence["str | None"]]
+RuleFn = Callable[["RuleContext", Grads], Sequence["str | None"]]
 
 #: An opset range: ``(since, until)``, both inclusive; ``until=None`` is open.
 OpsetRange = tuple[int, "int | None"]
 
 
-def _domain(domain: str) -> str:
+def domain_key(domain: str) -> str:
+    """The registry's key of an operator domain: ``""`` for ``ai.onnx``, else the domain."""
     return "" if domain == "ai.onnx" else domain
 
 
@@ -81,24 +82,6 @@ class Rule:
         """The first line of the rule's docstring: its math."""
         doc = (self.fn.__doc__ or "").strip()
         return doc.splitlines()[0].strip() if doc else ""
-
-
-@dataclass(frozen=True)
-class CoverageRow:
-    """One row of the coverage table (see :meth:`GradientRegistry.coverage`)."""
-
-    domain: str
-    op_type: str
-    since: int
-    until: int | None
-    inputs: tuple[str, ...]
-    differentiable: bool
-    formula: str
-
-    @property
-    def opsets(self) -> str:
-        """``"13+"``, ``"13-17"``: the opset range as text."""
-        return f"{self.since}+" if self.until is None else f"{self.since}-{self.until}"
 
 
 class GradientRegistry:
@@ -151,7 +134,7 @@ class GradientRegistry:
         since, until = opsets if opsets is not None else (1, None)
         if since < 1 or (until is not None and until < since):
             raise ValueError(f"opsets={opsets!r} for {op_type} is not a range (since >= 1, until >= since or None)")
-        key = (_domain(domain), op_type)
+        key = (domain_key(domain), op_type)
 
         def register(fn: RuleFn) -> RuleFn:
             self._check_mutable(f"register a rule for {op_type}")
@@ -177,7 +160,7 @@ class GradientRegistry:
         """Declare operators whose outputs carry no gradient (``Shape``, ``Floor``, ...)."""
         self._check_mutable("declare operators non-differentiable")
         for op_type in op_types:
-            key = (_domain(domain), op_type)
+            key = (domain_key(domain), op_type)
             if key in self._rules:
                 raise ValueError(f"{_label(key)} has a gradient rule; it cannot also be non-differentiable")
             self._non_differentiable.add(key)
@@ -198,14 +181,14 @@ class GradientRegistry:
 
     def lookup(self, op_type: str, domain: str = "", opset: int | None = None) -> Rule | None:
         """The rule for ``domain::op_type`` at opset ``opset`` (any opset when ``None``)."""
-        for rule in self._rules.get((_domain(domain), op_type), []):
+        for rule in self._rules.get((domain_key(domain), op_type), []):
             if opset is None or rule.applies(opset):
                 return rule
         return None
 
     def is_non_differentiable(self, op_type: str, domain: str = "") -> bool:
         """Whether ``domain::op_type`` was declared non-differentiable."""
-        return (_domain(domain), op_type) in self._non_differentiable
+        return (domain_key(domain), op_type) in self._non_differentiable
 
     def rules(self) -> list[Rule]:
         """Every registered rule, sorted by domain, operator and opset."""
@@ -221,49 +204,6 @@ class GradientRegistry:
         """The (domain, op_type) pairs declared non-differentiable."""
         return set(self._non_differentiable)
 
-    def differentiable_inputs(self, rule: Rule) -> tuple[str, ...]:
-        """Names of the inputs ``rule`` differentiates (``"inputs"`` for variadic ones)."""
-        names = _input_names(rule.domain, rule.op_type, rule.since)
-        if names is None:
-            return tuple(str(i) for i in rule.inputs) if rule.inputs is not None else ("all",)
-        candidates = range(len(names)) if rule.inputs is None else rule.inputs
-        return tuple(names[i][0] for i in candidates if i < len(names) and (rule.inputs is not None or names[i][1]))
-
-    def coverage(self) -> list[CoverageRow]:
-        """The coverage table: one row per rule and per non-differentiable operator."""
-        rows = [
-            CoverageRow(
-                rule.domain,
-                rule.op_type,
-                _first_row_opset(rule),
-                rule.until,
-                self.differentiable_inputs(rule),
-                True,
-                rule.formula,
-            )
-            for rule in self.rules()
-        ]
-        rows += [
-            CoverageRow(domain, op, max(first_version(domain, op) or 1, _oldest(domain)), None, (), False, "")
-            for domain, op in sorted(self._non_differentiable)
-        ]
-        return rows
-
-
-def _first_row_opset(rule: Rule) -> int:
-    """The first opset a rule's row shows: from onnxtrain's oldest and the rule's own, and from ONNX's first
-    definition of the operator unless the rule ends before it (ONNX Runtime's LayerNormalization below 17)."""
-    start = max(rule.since, _oldest(rule.domain))
-    defined = first_version(rule.domain, rule.op_type) or 1
-    if rule.until is None or defined <= rule.until:
-        start = max(start, defined)
-    return start
-
-
-def _oldest(domain: str) -> int:
-    """The oldest opset of ``domain`` onnxtrain supports (``ai.onnx``: 13; others: 1)."""
-    return versions.MIN_OPSET if domain == "" else 1
-
 
 def _label(key: tuple[str, str]) -> str:
     return f"{key[0] or 'ai.onnx'}::{key[1]}"
@@ -275,37 +215,4 @@ def _overlap(a: OpsetRange, b: OpsetRange) -> bool:
     return a[0] <= b_end and b[0] <= a_end
 
 
-@functools.cache
-def first_version(domain: str, op_type: str) -> int | None:
-    """The first opset version of ``domain`` that defines ``op_type`` (``None``: unknown op)."""
-    versions = [
-        schema.since_version
-        for schema in onnx.defs.get_all_schemas_with_history()
-        if schema.name == op_type and _domain(schema.domain) == domain
-    ]
-    return min(versions) if versions else None
-
-
-_FLOAT_TYPE_STRINGS = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)")
-
-
-@functools.cache
-def _input_names(domain: str, op_type: str, since: int) -> tuple[tuple[str, bool], ...] | None:
-    """``(name, can_be_float)`` for each input of the newest schema, or ``None``."""
-    try:
-        schema = onnx.defs.get_schema(op_type, 1 << 16, domain)
-    except onnx.defs.SchemaError:
-        return None
-    constraints = {c.type_param_str: c.allowed_type_strs for c in schema.type_constraints}
-    result = []
-    for formal in schema.inputs:
-        allowed: Iterable[str] = constraints.get(formal.type_str, [formal.type_str])
-        result.append((formal.name, any(t in _FLOAT_TYPE_STRINGS for t in allowed)))
-    return tuple(result)
-
-
-def builtin_registry() -> GradientRegistry:
-    """The frozen registry of onnxtrain's built-in rules."""
-    from onnxtrain.autodiff.rules import BUILTIN
-
-    return BUILTIN
+__all__ = ["GradientRegistry", "Grads", "OpsetRange", "Result", "Rule", "RuleFn", "domain_key"]

@@ -3,8 +3,9 @@
 A :class:`Subgraph` copies the subgraph into a model of its own, whose graph
 inputs are the subgraph's inputs and the values it reads from the enclosing
 scopes (typed from the enclosing graph). A control-flow rule adds inputs
-(cotangents, accumulators), runs :meth:`Subgraph.vjp` (the engine, with the
-rule's registry, so every rule and nested control flow work inside), emits a
+(cotangents, accumulators), runs :meth:`Subgraph.vjp` (the engine that calls
+the rule, handed over by its context, so every rule and nested control flow
+work inside), emits a
 little more algebra through :meth:`Subgraph.context`, and takes the result out
 with :meth:`Subgraph.to_graph`: the forward nodes the gradient needs (they are
 recomputed inside the gradient subgraph) and the gradient nodes, pruned to the
@@ -20,9 +21,9 @@ import onnx
 from onnx import helper
 
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.paths import outer_references, subgraph_references
-from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.autodiff.errors import MissingGradientError, RuleError
 from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph.walk import outer_references, subgraph_references
 
 
 class Subgraph:
@@ -36,16 +37,18 @@ class Subgraph:
     """
 
     def __init__(
-        self,
-        outer: GraphBuilder,
-        graph: onnx.GraphProto,
-        input_types: Sequence[onnx.TypeProto | None],
-        registry: GradientRegistry,
-        where: str,
+        self, ctx: RuleContext, graph: onnx.GraphProto, input_types: Sequence[onnx.TypeProto | None] = ()
     ) -> None:
+        """A copy of ``graph``, a subgraph of ``ctx``'s node, to differentiate with ``ctx``'s engine.
+
+        ``input_types[k]`` overrides the declared type of the subgraph's input
+        ``k`` (``None``: keep it); the values it reads from outside get their
+        types from the enclosing graph.
+        """
+        outer = ctx.builder
         self._outer = outer
-        self._registry = registry
-        self._where = where
+        self._vjp = ctx.vjp
+        self._where = f"{ctx.node.op_type} {ctx.node.name!r}" if ctx.node.name else ctx.node.op_type
         self.inputs: tuple[str, ...] = tuple(value.name for value in graph.input)
         self.outputs: tuple[str, ...] = tuple(value.name for value in graph.output)
         self.captured: tuple[str, ...] = tuple(outer_references(graph))
@@ -95,19 +98,17 @@ class Subgraph:
 
         Errors name the node this subgraph belongs to.
         """
-        from onnxtrain.autodiff.engine import MissingGradientError, RuleError, build_vjp
-
         if not seeds or not wrt:
             return dict.fromkeys(wrt)
         try:
-            return build_vjp(self.builder, seeds, wrt, self._registry)
+            return self._vjp(self.builder, seeds, wrt)
         except (MissingGradientError, RuleError) as error:
             raise type(error)(f"in a subgraph of {self._where}: {error}") from error
 
     def context(self) -> RuleContext:
         """A context over the subgraph, for the algebra a rule adds (``ctx.add``, ``ctx.zeros_like``)."""
         node = helper.make_node("Identity", [], [], name=self._where)
-        return RuleContext(self.builder, node, 0, [], {}, registry=self._registry)
+        return RuleContext(self.builder, node, 0, [], {}, vjp=self._vjp)
 
     def reads(self, outputs: Sequence[str]) -> set[str]:
         """The values the nodes computing ``outputs`` read without computing them (``outputs`` included)."""

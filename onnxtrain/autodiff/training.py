@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from onnxtrain.autodiff.engine import build_gradients
-from onnxtrain.autodiff.paths import subgraph_references
+from onnxtrain.autodiff.gradients import build_gradients
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.passes import prune_unused_nodes
 from onnxtrain.graph.roles import running_statistics
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -168,28 +168,6 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
             del node.output[1:]
 
 
-def names_read(node: onnx.NodeProto) -> set[str]:
-    """The values ``node`` reads: its inputs, and the outer values its subgraphs read, at any depth."""
-    return {name for name in node.input if name} | subgraph_references(node)
-
-
-def prune_unused_nodes(model: onnx.ModelProto) -> None:
-    """Remove the nodes no graph output depends on, and the initializers they alone used."""
-    graph = model.graph
-    needed = {value.name for value in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for node in reversed(graph.node):
-        if any(name in needed for name in node.output if name):
-            kept.append(node)
-            needed.update(names_read(node))
-    kept.reverse()
-    del graph.node[:]
-    graph.node.extend(kept)
-    initializers = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-
-
 def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[str, str]:
     """Make the running statistics of training-mode BatchNormalization graph outputs.
 
@@ -299,8 +277,6 @@ __all__ = [
     "build_training_models",
     "check_parameters",
     "move_initializers_to_inputs",
-    "names_read",
-    "prune_unused_nodes",
     "set_inference_mode",
     "statistics_as_parameters",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ def describe_type(type_proto: onnx.TypeProto | None) -> str:
     if dims is None:
         return f"{name}[...]"
     return f"{name}[{','.join('?' if d is None else str(d) for d in dims)}]"
+
+
+@dataclass(frozen=True)
+class BuildMark:
+    """Where a build stood (:meth:`GraphBuilder.mark`): the lengths of the graph's repeated fields, its outputs,
+    its opset imports, the name generator's state and the builder's own records."""
+
+    lengths: dict[str, int]
+    outputs: list[onnx.ValueInfoProto]
+    opsets: int
+    names: tuple[int, int]
+    tracked: tuple[int, int, tuple[int, int, int, int]]
 
 
 class GraphBuilder:
@@ -369,25 +382,37 @@ class GraphBuilder:
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """Undo everything appended inside the ``with`` block if it raises."""
-        self.sync()
-        graph = self.model.graph
-        marks = {field: len(getattr(graph, field)) for field in ("input", "initializer", "node", "value_info")}
-        outputs = list(graph.output)
-        opsets = len(self.model.opset_import)
-        names = self.names.state()
-        n_values, n_constants, seen = len(self._values), len(self._constants), self._seen
+        mark = self.mark()
         try:
             yield
         except BaseException:
-            for field, mark in marks.items():
-                del getattr(graph, field)[mark:]
-            del graph.output[:]
-            graph.output.extend(outputs)
-            del self.model.opset_import[opsets:]
-            self.names.restore(names)
-            for key in list(self._values)[n_values:]:
-                del self._values[key]
-            for key in list(self._constants)[n_constants:]:
-                del self._constants[key]
-            self._seen = seen
+            self.rollback(mark)
             raise
+
+    def mark(self) -> BuildMark:
+        """Where the build stands: :meth:`rollback` undoes everything appended after it."""
+        self.sync()
+        graph = self.model.graph
+        return BuildMark(
+            {field: len(getattr(graph, field)) for field in ("input", "initializer", "node", "value_info")},
+            list(graph.output),
+            len(self.model.opset_import),
+            self.names.state(),
+            (len(self._values), len(self._constants), self._seen),
+        )
+
+    def rollback(self, mark: BuildMark) -> None:
+        """Undo everything appended since ``mark`` (its nodes, initializers, names, types, outputs)."""
+        graph = self.model.graph
+        for field, length in mark.lengths.items():
+            del getattr(graph, field)[length:]
+        del graph.output[:]
+        graph.output.extend(mark.outputs)
+        del self.model.opset_import[mark.opsets :]
+        self.names.restore(mark.names)
+        n_values, n_constants, seen = mark.tracked
+        for key in list(self._values)[n_values:]:
+            del self._values[key]
+        for key in list(self._constants)[n_constants:]:
+            del self._constants[key]
+        self._seen = seen

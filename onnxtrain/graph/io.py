@@ -11,7 +11,7 @@ from onnx import shape_inference, version_converter
 
 from onnxtrain.graph import dtypes, external, versions
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
-from onnxtrain.graph.fold import fold_constants
+from onnxtrain.graph.passes.constants import fold_constants
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -115,6 +115,13 @@ def type_only_tensor(tensor: onnx.TensorProto) -> onnx.TensorProto:
     return stub
 
 
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (for a pass, which rewrites the model it is given, :mod:`onnxtrain.graph.passes`)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without the values of its large initializers, for shape inference.
 
@@ -144,7 +151,7 @@ LONGEST_SHAPE_VECTOR = 4096
 def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """:func:`skeleton` of ``model`` with inferred types, with onnx's data propagation where it is cheap.
 
-    Its constant subgraphs are folded first (:func:`~onnxtrain.graph.fold.fold_constants`),
+    Its constant subgraphs are folded first (:func:`~onnxtrain.graph.passes.constants.fold_constants`),
     so that inference reads the values computed from small constants
     (``Resize`` scales that are a ``Concat`` of ``Constant`` nodes).
 

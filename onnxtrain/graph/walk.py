@@ -1,8 +1,14 @@
-"""Walking a graph with its subgraphs (the branches and bodies of ``If``, ``Loop`` and ``Scan``)."""
+"""Walking a graph with its subgraphs (the branches and bodies of ``If``, ``Loop`` and ``Scan``): the one home
+of graph traversal.
+
+Value names are unique across a model and its subgraphs, so a name a
+subgraph reads without defining it is always a value of an enclosing scope.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import collections
+from collections.abc import Iterator, Mapping, Sequence
 
 import onnx
 
@@ -25,4 +31,102 @@ def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
             yield from all_nodes(subgraph)
 
 
-__all__ = ["all_nodes", "subgraphs"]
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """``MatMul 'mm_3'`` (or ``MatMul #3`` for an unnamed node), for messages."""
+    return f"{node.op_type} {node.name!r}" if node.name else f"{node.op_type} #{index}"
+
+
+def _outer_references(graph: onnx.GraphProto) -> set[str]:
+    """Names a subgraph reads from the enclosing scopes."""
+    defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(name for name in node.input if name)
+        used.update(subgraph_references(node))
+        defined.update(node.output)
+    return used - defined
+
+
+def outer_references(graph: onnx.GraphProto) -> list[str]:
+    """The values ``graph`` (a subgraph) reads from the enclosing scopes, sorted."""
+    return sorted(_outer_references(graph))
+
+
+def subgraph_references(node: onnx.NodeProto) -> set[str]:
+    """The values ``node``'s subgraphs (``If`` branches, ``Loop``/``Scan`` bodies) read from the enclosing scopes."""
+    refs: set[str] = set()
+    for graph in subgraphs(node):
+        refs |= _outer_references(graph)
+    return refs
+
+
+def names_read(node: onnx.NodeProto) -> set[str]:
+    """The values ``node`` reads: its inputs, and the outer values its subgraphs read, at any depth."""
+    return {name for name in node.input if name} | subgraph_references(node)
+
+
+def rename_references(node: onnx.NodeProto, renames: Mapping[str, str]) -> None:
+    """Rename the values ``node`` reads, in its inputs and in its subgraphs (recursively), where a subgraph does
+    not define the name itself."""
+    if not renames:
+        return
+    node.input[:] = [renames.get(name, name) for name in node.input]
+    for graph in subgraphs(node):
+        defined = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+        defined.update(name for inner in graph.node for name in inner.output)
+        outer = {old: new for old, new in renames.items() if old not in defined}
+        for inner in graph.node:
+            rename_references(inner, outer)
+        for value in graph.output:
+            value.name = outer.get(value.name, value.name)
+
+
+def rename_values(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
+    """Rename values everywhere in ``graph`` and its subgraphs: node inputs and outputs, graph outputs and value
+    infos (for names that are unique across the model, as ONNX requires)."""
+    for node in graph.node:
+        node.input[:] = [renames.get(name, name) for name in node.input]
+        node.output[:] = [renames.get(name, name) for name in node.output]
+        for subgraph in subgraphs(node):
+            rename_values(subgraph, renames)
+    for value in (*graph.output, *graph.value_info):
+        value.name = renames.get(value.name, value.name)
+
+
+def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
+    """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
+    producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    deps: list[set[int]] = []
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, node in enumerate(nodes):
+        before = {producer[n] for n in names_read(node) if n in producer and producer[n] != i}
+        deps.append(before)
+        for j in before:
+            users[j].append(i)
+    remaining = [len(d) for d in deps]
+    ready = collections.deque(i for i, r in enumerate(remaining) if r == 0)
+    order: list[int] = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for j in sorted(users[i]):
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                ready.append(j)
+    if len(order) != len(nodes):
+        stuck = [node_label(nodes[i], i) for i, r in enumerate(remaining) if r > 0][:5]
+        raise ValueError(f"the graph has a cycle (nodes {stuck} wait on each other); an ONNX graph must be acyclic")
+    return order
+
+
+__all__ = [
+    "all_nodes",
+    "names_read",
+    "node_label",
+    "outer_references",
+    "rename_references",
+    "rename_values",
+    "subgraph_references",
+    "subgraphs",
+    "topological_order",
+]

@@ -24,10 +24,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain import checkpoint
-from onnxtrain.autodiff.training import names_read, set_inference_mode
+from onnxtrain.autodiff.training import set_inference_mode
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import versions
 from onnxtrain.graph.io import load_base_model
+from onnxtrain.graph.walk import names_read
 from onnxtrain.lora import record
 from onnxtrain.lora.dequantize import dequantize_linear, matmul_nbits_weight
 from onnxtrain.training.state import TrainingState

@@ -47,7 +47,7 @@ from onnx import helper
 
 from onnxtrain.graph import ops
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.fold import drop_unread_initializers
+from onnxtrain.graph.passes import drop_unread_initializers
 
 #: Starts the ``doc_string`` of every node of a label check.
 PREFIX = "onnxtrain label check"
@@ -207,18 +207,22 @@ def _error(check: LabelCheck, classes: int | None, count: int | None, listed: st
     )
 
 
-def strip_label_checks(model: onnx.ModelProto, inputs: Iterable[str]) -> tuple[onnx.ModelProto, list[LabelCheck]]:
-    """A copy of ``model`` without the checks of labels that are among its ``inputs`` and whose class count is
-    known, and those checks: a caller that runs the model on labels it checked itself (with
+def strippable_label_checks(model: onnx.ModelProto, inputs: Iterable[str]) -> list[LabelCheck]:
+    """The checks of labels that are among ``model``'s ``inputs`` and whose class count is known: those
+    :func:`strip_label_checks` takes out."""
+    given = set(inputs)
+    return [c for c in label_checks([model]).values() if c.labels in given and c.classes is not None]
+
+
+def strip_label_checks(model: onnx.ModelProto, *, inputs: Iterable[str]) -> onnx.ModelProto:
+    """``model`` without the checks of :func:`strippable_label_checks`, in place (a pass,
+    :mod:`onnxtrain.graph.passes`): a caller that runs the model on labels it checked itself (with
     :func:`labels_out_of_range`) saves their nodes. The loss then reads the labels themselves, which is what
     it read through the check whenever the check passed."""
-    given = set(inputs)
-    checks = [c for c in label_checks([model]).values() if c.labels in given and c.classes is not None]
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    checks = strippable_label_checks(model, inputs)
     if not checks:
-        return copy, []
-    graph = copy.graph
+        return model
+    graph = model.graph
     stripped = {check.labels for check in checks}
     owned = [n for n in graph.node if is_label_check(n) and _checked_labels(n) in stripped]
     renamed = {}
@@ -231,8 +235,7 @@ def strip_label_checks(model: onnx.ModelProto, inputs: Iterable[str]) -> tuple[o
         node.input[:] = [renamed.get(name, name) for name in node.input]
     del graph.node[:]
     graph.node.extend(kept)
-    drop_unread_initializers(graph)  # the checks' constants
-    return copy, checks
+    return drop_unread_initializers(model)  # the checks' constants
 
 
 def _checked_labels(node: onnx.NodeProto) -> str | None:
@@ -279,4 +282,5 @@ __all__ = [
     "label_error",
     "labels_out_of_range",
     "strip_label_checks",
+    "strippable_label_checks",
 ]

@@ -26,11 +26,11 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.autodiff.training import prune_unused_nodes
 from onnxtrain.blocks import Abs, Add, Block, Clip, Div, ForwardBlock, Log, Mul, Neg, ReduceSum, Sub
 from onnxtrain.graph import base, dtypes, empty_base, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.graph.passes import prune_unused_nodes
 from onnxtrain.graph.walk import subgraphs
 from onnxtrain.losses import NLLLoss
 from onnxtrain.losses._common import target_input

@@ -34,7 +34,8 @@ import onnxruntime as ort
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.artifacts.vectorize import ParameterUpdate
-from onnxtrain.graph.fold import fold_static_shapes
+from onnxtrain.graph.io import copy_model
+from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.sessions import inferred_shapes
@@ -156,7 +157,7 @@ class FusedStep:
         largest = largest_step_input(self.model.proto, by_input)
         if largest is None or largest >= SMALL_TENSOR:  # a step of much data: its arithmetic is the cost
             return self.session
-        folded = fold_static_shapes(self.model.proto, by_input, inferred_shapes)
+        folded = fold_static_shapes(copy_model(self.model.proto), shapes=by_input, shapes_of=inferred_shapes)
         model = LoadedModel(folded, folded.SerializeToString())
         session = self._open_session(model, f"fused training step for inputs of shapes {shapes}")
         self._fixed = (shapes, session)

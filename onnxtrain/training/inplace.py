@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import onnx
 
-from onnxtrain.autodiff.training import names_read
+from onnxtrain.graph.walk import names_read
 
 #: Operators whose output element ``i`` depends on input element ``i`` only (same shapes), so that the
 #: output may overwrite an input of the same shape while the kernel runs.

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, find, given, settings
 
 from onnxtrain.autodiff import MissingGradientError, build_vjp
 from onnxtrain.graph import GraphBuilder, dtypes, ops
-from onnxtrain.graph.fold import drop_unread_initializers
+from onnxtrain.graph.passes import drop_unread_initializers
 from tests.autodiff import gradcheck
 from tests.autodiff.gradcheck import DIM_MODES, Compiled, DimMode, Result
 from tests.autodiff.specs import Case, Spec
@@ -68,7 +68,7 @@ def build_second_order(spec: Spec, case: Case, mode: DimMode) -> SecondOrder:
         products.append(second[name] or ops.filled_like(builder, name, 0.0, "zeros"))
     builder.set_outputs([loss2, *products])
     built = builder.finalize()
-    drop_unread_initializers(built.graph)  # the seed, where no rule read it (a second derivative of zeros)
+    drop_unread_initializers(built)  # the seed, where no rule read it (a second derivative of zeros)
     return SecondOrder(first, built, vectors)
 
 

@@ -26,8 +26,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from onnxtrain.autodiff import MissingGradientError, build_gradients, builtin_registry
-from onnxtrain.autodiff.engine import build_vjp
+from onnxtrain.autodiff import MissingGradientError, build_gradients, build_vjp, builtin_registry
 from onnxtrain.graph import GraphBuilder
 from onnxtrain.graph.walk import all_nodes
 from tests.autodiff.models import Runner, training_block

@@ -437,7 +437,7 @@ def test_fold_transposes_composes_chains_and_gemm() -> None:
     """Transpose(Transpose(Gemm)) is the Gemm; three transposes of [1, 0] are one."""
     from onnx.reference import ReferenceEvaluator
 
-    from onnxtrain.autodiff.engine import _fold_transposes
+    from onnxtrain.graph.passes import fold_transposes
 
     def nodes() -> list[onnx.NodeProto]:
         return [
@@ -458,7 +458,8 @@ def test_fold_transposes_composes_chains_and_gemm() -> None:
 
     rng = np.random.default_rng(1)
     feeds = {"a": rng.normal(size=(3, 4)), "b": rng.normal(size=(3, 5))}
-    folded = _fold_transposes(nodes(), [], {"out"})
+    graph = helper.make_graph(nodes(), "g", [], [helper.make_tensor_value_info("out", DOUBLE, None)])
+    folded = list(fold_transposes(helper.make_model(graph)).graph.node)
     used = {name for node in folded for name in node.input} | {"out"}
     live = [node for node in folded if node.output[0] in used]
     assert [node.op_type for node in live] == ["Gemm", "Relu", "Transpose"]

@@ -7,7 +7,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxtrain.graph.fold import MAX_ELEMENTS, evaluate_constant, fold_static_shapes
+from onnxtrain.graph.fold import MAX_ELEMENTS, evaluate_constant
+from onnxtrain.graph.io import copy_model
+from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.sessions import inference_session
 from tests.helpers import FLOAT, make_model
 
@@ -34,7 +36,7 @@ def _run(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
 
 def test_fixed_shapes_fold_the_computations_into_constants() -> None:
     model = _mean_gradient_model()
-    folded = fold_static_shapes(model, {"x": [7, 3]})
+    folded = fold_static_shapes(copy_model(model), shapes={"x": [7, 3]})
     assert [node.op_type for node in folded.graph.node] == ["ReduceMean", "Mul"]
     onnx.checker.check_model(folded, full_check=True)
     x = np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32)
@@ -45,7 +47,7 @@ def test_fixed_shapes_fold_the_computations_into_constants() -> None:
 
 def test_unknown_sizes_stay_computed() -> None:
     model = _mean_gradient_model()
-    folded = fold_static_shapes(model, {})  # the batch size unknown: only the scalar mean's size is
+    folded = fold_static_shapes(copy_model(model), shapes={})  # the batch size unknown: only the scalar mean's size is
     assert [node.op_type for node in folded.graph.node] == [
         "ReduceMean",
         "Size",
@@ -65,7 +67,7 @@ def test_graph_outputs_and_large_values_stay_computed() -> None:
     model = _mean_gradient_model()
     model.graph.output.append(helper.make_tensor_value_info("scale", FLOAT, []))
     rows = MAX_ELEMENTS  # `scales` would have 3 * MAX_ELEMENTS elements
-    folded = fold_static_shapes(model, {"x": [rows, 3]})
+    folded = fold_static_shapes(copy_model(model), shapes={"x": [rows, 3]})
     kept = [node.op_type for node in folded.graph.node]
     assert "Div" in kept and "Expand" in kept and "Size" not in kept and "Shape" not in kept
 
@@ -112,8 +114,8 @@ def test_onnxruntime_infers_the_same_shapes_without_loading_onnx_schemas() -> No
     model = _mean_gradient_model()
     model.ir_version = 8
     fixed = {"x": [7, 3]}
-    by_onnx = fold_static_shapes(model, fixed)
-    by_onnxruntime = fold_static_shapes(model, fixed, inferred_shapes)
+    by_onnx = fold_static_shapes(copy_model(model), shapes=fixed)
+    by_onnxruntime = fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes)
     assert [n.op_type for n in by_onnxruntime.graph.node] == [n.op_type for n in by_onnx.graph.node]
     assert inferred_shapes(model, ["m", "shape", "nowhere"]) == {
         "m": None,

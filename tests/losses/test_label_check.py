@@ -20,7 +20,14 @@ from hypothesis import strategies as st
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import autodiff
-from onnxtrain.losses.label_check import is_label_check, label_checks, label_error, strip_label_checks
+from onnxtrain.graph.io import copy_model
+from onnxtrain.losses.label_check import (
+    is_label_check,
+    label_checks,
+    label_error,
+    strip_label_checks,
+    strippable_label_checks,
+)
 from onnxtrain.sklearn import add_loss_output
 from tests.helpers import DOUBLE, FLOAT, make_model
 from tests.losses.test_losses_forward import scaled_model
@@ -174,7 +181,8 @@ def test_the_check_changes_neither_loss_nor_gradient(loss, kwargs, classes):
 def test_stripping_the_check_keeps_the_loss_and_leaves_nothing_unread(loss, kwargs):
     """``strip_label_checks``: the check's nodes and the constants only they read go; the loss stays."""
     model = checked_model(loss, N_CLASSES, elem_type=DOUBLE, **kwargs)
-    stripped, checks = strip_label_checks(model, ["labels"])
+    checks = strippable_label_checks(model, ["labels"])
+    stripped = strip_label_checks(copy_model(model), inputs=["labels"])
     assert [check.labels for check in checks] == ["labels"] and check_names(stripped) == []
     read = {name for node in stripped.graph.node for name in node.input}
     assert [t.name for t in stripped.graph.initializer if t.name not in read] == []

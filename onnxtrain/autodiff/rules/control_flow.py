@@ -179,7 +179,7 @@ def _save(
 @registry.rule("If", inputs=())
 def if_(ctx: RuleContext, grads: Grads) -> Result:
     """dc = If(cond, vjp(then_branch), vjp(else_branch)) for each outer value c read (0 in a branch that does not)"""
-    bodies = [ctx.subgraph(ctx.attr(name)) for name in ("then_branch", "else_branch")]
+    bodies = [Subgraph(ctx, ctx.attr(name)) for name in ("then_branch", "else_branch")]
     wanted = sorted({c for body in bodies for c in _wanted_captured(ctx, body)})
     if not wanted:
         return [None]
@@ -221,7 +221,7 @@ def scan(ctx: RuleContext, grads: Grads) -> Result:
     types = _state_types(ctx, graph, ctx.inputs[:n], 0)
     for j in range(m):
         types[n + j] = _element(ctx.builder.type_of(ctx.inputs[n + j]), in_axes[j]) or types[n + j]
-    body = ctx.subgraph(graph, types)
+    body = Subgraph(ctx, graph, types)
     s_in, x_in = body.inputs[:n], body.inputs[n:]
     s_out, z_out = body.outputs[:n], body.outputs[n:]
     _check_states(ctx, body, s_in, ctx.inputs[:n], grads)
@@ -292,7 +292,7 @@ def loop(ctx: RuleContext, grads: Grads) -> Result:
     types = _state_types(ctx, graph, ctx.inputs[2:], 2)
     types[0] = helper.make_tensor_type_proto(_INT64, [])
     types[1] = helper.make_tensor_type_proto(_BOOL, [])
-    body = ctx.subgraph(graph, types)
+    body = Subgraph(ctx, graph, types)
     iteration, condition, v_in = body.inputs[0], body.inputs[1], body.inputs[2:]
     v_out, z_out = body.outputs[1 : 1 + n], body.outputs[1 + n :]
     _check_states(ctx, body, v_in, ctx.inputs[2:], grads)

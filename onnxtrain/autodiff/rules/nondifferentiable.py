@@ -8,6 +8,7 @@ mistakes them for "no rule yet".
 from __future__ import annotations
 
 from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
+from onnxtrain.graph.operators import RANDOM_OPERATORS
 
 # Shapes, sizes and indices.
 registry.non_differentiable("Shape", "Size", "NonZero", "ArgMax", "ArgMin", "EyeLike", "Range")
@@ -19,9 +20,7 @@ registry.non_differentiable("BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
 # Piecewise-constant functions: the derivative is zero almost everywhere.
 registry.non_differentiable("Floor", "Ceil", "Round", "Sign")
 # Random numbers.
-registry.non_differentiable(
-    "RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli"
-)
+registry.non_differentiable(*RANDOM_OPERATORS)
 # Float inputs to integer results (detection, quantized kernels), or no float input at all.
 registry.non_differentiable("NonMaxSuppression", "QLinearConv", "QLinearMatMul", "TfIdfVectorizer", "ImageDecoder")
 # Integer and string operators (listed so that the coverage table accounts for every standard operator).

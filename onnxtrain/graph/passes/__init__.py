@@ -1,0 +1,35 @@
+"""Graph rewrites, each a small pass with one signature: ``pass_(model, **options) -> model``.
+
+A pass rewrites the model it is given, in place, and returns it; it computes
+what it computed before (the same outputs, under the same names). Its
+options are keyword-only; ``fixed=k`` marks the graph's first ``k`` nodes
+(the forward graph a gradient is drafted after) as read-only. Callers that
+need the model as it was copy it first.
+
+- :func:`~onnxtrain.graph.passes.duplicates.merge_duplicates`: common-subexpression merging;
+- :func:`~onnxtrain.graph.passes.transposes.fold_transposes`: stacked transposes folded;
+- :func:`~onnxtrain.graph.passes.unused.prune_unused_nodes`: nodes no output needs removed;
+- :func:`~onnxtrain.graph.passes.unused.drop_unread_initializers`: initializers nothing reads removed;
+- :func:`~onnxtrain.graph.passes.static_shapes.fold_static_shapes`: fixed input shapes, shape computations folded;
+- :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes.
+
+Label-check stripping (:func:`onnxtrain.losses.label_check.strip_label_checks`)
+has the same signature; it lives with the label checks, whose nodes it knows.
+"""
+
+from __future__ import annotations
+
+from onnxtrain.graph.passes.constants import fold_constants
+from onnxtrain.graph.passes.duplicates import merge_duplicates
+from onnxtrain.graph.passes.static_shapes import fold_static_shapes
+from onnxtrain.graph.passes.transposes import fold_transposes
+from onnxtrain.graph.passes.unused import drop_unread_initializers, prune_unused_nodes
+
+__all__ = [
+    "drop_unread_initializers",
+    "fold_constants",
+    "fold_static_shapes",
+    "fold_transposes",
+    "merge_duplicates",
+    "prune_unused_nodes",
+]
