@@ -78,7 +78,7 @@ def export_inference_model(
     from onnxtrain import checkpoint
     from onnxtrain.artifacts.export import export_model_for_inferencing
     from onnxtrain.artifacts.metadata import inference_outputs
-    from onnxtrain.training.interface import load_model
+    from onnxtrain.training.models import load_model
 
     source = Path(checkpoint_path) if checkpoint_path is not None else files.latest_checkpoint()
     files.require(files.eval_model)

@@ -50,7 +50,8 @@ def artifact_report(files: ArtifactFiles) -> list[str]:
     """Parameters, training model inputs and outputs, loss, optimizer and progress of an artifact directory."""
     from onnxtrain import checkpoint
     from onnxtrain.loop.run import parameter_infos
-    from onnxtrain.training.interface import load_model, training_io
+    from onnxtrain.training.model_io import training_io
+    from onnxtrain.training.models import load_model
 
     files.require(files.training_model, files.checkpoint)
     source = files.latest_checkpoint()
@@ -106,7 +107,7 @@ def _optimizer_lines(files: ArtifactFiles, state: checkpoint.CheckpointState) ->
     from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
     from onnxtrain.loop import RunRecord, measured, stored_learning_rate
     from onnxtrain.loop.record import schedule_text
-    from onnxtrain.training.interface import load_model
+    from onnxtrain.training.models import load_model
 
     if not files.optimizer_model.is_file():
         return [f"optimizer: none ({files.optimizer_model.name} is missing)"]
@@ -148,7 +149,7 @@ def _optimizer_lines(files: ArtifactFiles, state: checkpoint.CheckpointState) ->
 
 def _export_lines(files: ArtifactFiles) -> list[str]:
     from onnxtrain.artifacts.metadata import inference_outputs
-    from onnxtrain.training.interface import load_model
+    from onnxtrain.training.models import load_model
 
     if not files.eval_model.is_file():
         return [f"export: not possible ({files.eval_model.name} is missing)"]

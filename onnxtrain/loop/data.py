@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from onnxtrain.training.interface import TensorSpec
+from onnxtrain.training.tensor_spec import TensorSpec
 
 #: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
 FEATURE_NAMES = ("X", "x")

@@ -23,7 +23,7 @@ import numpy as np
 import onnx
 
 from onnxtrain.artifacts.metadata import loss_description, loss_inputs
-from onnxtrain.training.interface import TensorSpec
+from onnxtrain.training.tensor_spec import TensorSpec
 
 Prediction = Literal["classes", "logits", "probabilities"]
 #: The losses that imply classes, and how their input predicts.

@@ -34,7 +34,9 @@ from onnxtrain.loop.record import RunRecord, stored_learning_rate
 from onnxtrain.loop.settings import Settings
 from onnxtrain.loop.steps import Echo, Loop, Measures, Rows, RunResult
 from onnxtrain.training import Module, Optimizer, TrainingState
-from onnxtrain.training.interface import ParameterInfo, TensorSpec, eval_io, load_model, training_io
+from onnxtrain.training.model_io import ParameterInfo, eval_io, training_io
+from onnxtrain.training.models import load_model
+from onnxtrain.training.tensor_spec import TensorSpec
 
 
 def parameter_infos(state: checkpoint.CheckpointState) -> dict[str, ParameterInfo]:

@@ -25,7 +25,7 @@ import onnxruntime as ort
 from onnxtrain.sessions import inference_session
 from onnxtrain.training import values
 from onnxtrain.training.device import Device, ProviderSpec
-from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.models import LoadedModel
 
 
 class _PublicBinding:

@@ -1,7 +1,6 @@
 """The epoch step: many train and optimizer steps in one onnxruntime run (:mod:`onnxtrain.artifacts.epoch`).
 
-``Module.train_epoch`` drives it: :class:`EpochOptimizer` is what it needs of
-the optimizer, :class:`EpochRates` the learning rate of each batch's step.
+``Module.train_epoch`` drives it (:mod:`onnxtrain.training.train_epoch`).
 
 :class:`EpochStep` holds the session of the epoch model built from a fused
 step (:class:`~onnxtrain.training.fused.FusedStep`) for one shape of batch,
@@ -15,7 +14,6 @@ finite, with ``check_finite``), leaves the state as it was.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
 
 import numpy as np
 
@@ -25,7 +23,7 @@ from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device
 from onnxtrain.training.fused import FusedStep
-from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.store import StateTensor
 
 _HOST = Device("cpu")
@@ -116,74 +114,4 @@ class EpochStep:
             tensor.swap()
 
 
-class Schedule(Protocol):
-    """A learning-rate scheduler (:mod:`onnxtrain.training.schedulers`), as an optimizer holds it."""
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate after ``step`` optimizer steps."""
-
-    def step(self) -> None:
-        """Set the optimizer's learning rate for its current step count."""
-
-
-class EpochOptimizer(Protocol):
-    """What ``Module.train_epoch`` uses of an ``Optimizer`` (all public there)."""
-
-    @property
-    def module(self) -> object: ...
-
-    @property
-    def fused_step(self) -> FusedStep | None: ...
-
-    @property
-    def scheduler(self) -> Schedule | None: ...
-
-    def recorded_update(self) -> tuple[float, int]: ...
-
-    def record_applied(self, count: int) -> None: ...
-
-    def step(self) -> None: ...
-
-    def set_learning_rate(self, learning_rate: float) -> None: ...
-
-    def get_learning_rate(self) -> float: ...
-
-
-class EpochRates:
-    """The learning rate of each batch's optimizer step in ``train_epoch``, as the per-step loop sets it.
-
-    Given per batch (``optimizer.set_learning_rate`` before the step), else
-    the scheduler's for the step count before the step (``scheduler.step()``
-    after each step), else the optimizer's rate when the pass starts.
-    """
-
-    def __init__(self, optimizer: EpochOptimizer, given: Sequence[float] | np.ndarray | None, batches: int) -> None:
-        self._optimizer = optimizer
-        self._given = None if given is None else np.asarray(given, dtype=np.float64).reshape(-1)
-        if self._given is not None and self._given.size != batches:
-            raise ValueError(f"learning_rates has {self._given.size} values; the pass has {batches} batches")
-        self._scheduler = optimizer.scheduler if given is None else None
-        self._fixed = optimizer.get_learning_rate()
-
-    def of_batches(self, first: int, count: int, step_count: int) -> np.ndarray:
-        """The rates of batches ``first .. first + count - 1``, the first's taken after ``step_count`` steps."""
-        if self._given is not None:
-            return self._given[first : first + count]
-        if self._scheduler is not None:
-            return np.array([self._scheduler.lr_at(step_count + j) for j in range(count)])
-        return np.full(count, self._fixed)
-
-    def before_step(self, batch: int) -> None:
-        """Set the optimizer's rate for batch ``batch``'s step."""
-        if self._given is not None:
-            self._optimizer.set_learning_rate(float(self._given[batch]))
-        elif self._scheduler is not None:
-            self._scheduler.step()  # for the step count now (a run may have applied steps since the last)
-
-    def after_step(self) -> None:
-        """What the per-step loop does after the optimizer step: the scheduler's step."""
-        if self._scheduler is not None:
-            self._scheduler.step()
-
-
-__all__ = ["EpochOptimizer", "EpochRates", "EpochStep", "Schedule", "unpacks_with_slices"]
+__all__ = ["EpochStep", "unpacks_with_slices"]

@@ -41,7 +41,7 @@ from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.inplace import unsafe_in_place
-from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.options import SMALL_TENSOR, largest_step_input
 from onnxtrain.training.store import RecordedUpdate, StateStore, StateTensor
 

@@ -74,33 +74,23 @@ import onnxruntime as ort
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.losses.label_check import label_error, labels_out_of_range
+from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
+from onnxtrain.training.buffers import Buffer, buffers_per_dtype, copy_into_parameters, one_buffer
 from onnxtrain.training.device import Device, ProviderSpec, resolve
-from onnxtrain.training.epoch import EpochOptimizer, EpochRates, EpochStep
+from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
-from onnxtrain.training.interface import (
-    EvalModelIO,
-    LoadedModel,
-    ModelSource,
-    TrainingModelIO,
-    eval_io,
-    load_model,
-    training_io,
-)
+from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
+from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import TrainingState
-from onnxtrain.training.store import StateTensor
+from onnxtrain.training.train_epoch import EpochOptimizer, EpochTrainer
 
 _HOST = Device("cpu")
-#: The epoch steps a module keeps (one per shape of batch, the most recent).
-_EPOCH_SESSIONS = 4
 
 Outputs = np.ndarray | ort.OrtValue | tuple[np.ndarray, ...] | tuple[ort.OrtValue, ...]
-#: A contiguous parameter buffer: one array/OrtValue, or ``{dtype name: buffer}`` for mixed dtypes.
-Buffer = np.ndarray | ort.OrtValue | Mapping[str, np.ndarray | ort.OrtValue]
 
 
 class Module:
@@ -192,7 +182,8 @@ class Module:
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
         # (and whether its user inputs are bound to the staged buffers)
         self._last_fused: tuple[BoundSession, tuple[int, ...], bool] | None = None
-        self._epochs: dict[tuple[FusedStep, tuple[tuple[int, ...], ...]], EpochStep] = {}  # per batch shapes
+        self._epoch_trainer = EpochTrainer(self)  # train_epoch, with its epoch steps per shape of batch
+        self._epochs = self._epoch_trainer.steps
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
         tensors, grads = store.tensors, store.gradients
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
@@ -299,7 +290,7 @@ class Module:
         try:
             session.run()
         except Exception as error:  # onnxruntime's own exception types
-            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {self._train_steps + 1}")
+            self.raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {self._train_steps + 1}")
             raise
         finally:
             if fused is not None:  # the update ran first (see onnxtrain.training.fused), even where the step failed
@@ -307,7 +298,7 @@ class Module:
         results = session.outputs(len(io.outputs)) if host_outputs is None else host_outputs
         step = self._train_steps + 1
         if self._check_finite and results:
-            self._raise_if_not_finite(results[0], step)
+            raise_if_not_finite(results[0], step, self._store.step)
         if session is self._train_session:  # the others wrote the gradients in place (see _bind_train_step)
             for _, _, grad in self._grad_slots:
                 grad.swap()
@@ -412,11 +403,11 @@ class Module:
         try:
             results = self._train_session.session.run(names, inputs, self._train_session.run_options)
         except Exception as error:  # onnxruntime's own exception types
-            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {step}")
+            self.raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {step}")
             raise
         user = len(io.outputs)
         if self._check_finite and user:
-            self._raise_if_not_finite(results[0], step)
+            raise_if_not_finite(results[0], step, self._store.step)
         new = results[user:]
         for (_, out, grad), array in zip(self._grad_slots, new[: len(self._grad_slots)], strict=True):
             values.write(grad.value, array, f"gradient {out!r}")
@@ -461,7 +452,8 @@ class Module:
         :meth:`train_step`'s are.
 
         The full batches run as an ONNX ``Scan`` over the fused step
-        (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
+        (:mod:`onnxtrain.training.epoch`, driven by :mod:`onnxtrain.training.train_epoch`), in one
+        onnxruntime call; a batch
         runs as a step of its own where no update is recorded yet (the first
         batch of the first epoch), where the last batch is shorter, and
         everywhere when the optimizer has no fused step. The last batch's
@@ -470,152 +462,9 @@ class Module:
         ``FloatingPointError`` with the state the per-step loop leaves; any
         other error of the run leaves the state as it was before the run.
         """
-        if getattr(optimizer, "module", None) is not self:
-            raise TypeError("train_epoch needs the Optimizer made over this module: Optimizer(optimizer_uri, module)")
-        data = self._epoch_data(inputs, labels)
-        rows = len(data[0])
-        size = _count(batch_size, "batch_size")
-        self._check_epoch_batches(data, size)
-        self._check_loaded("Cannot perform TrainStep with a nominal state.")
-        order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
-        batches = -(-rows // size)
-        rates = EpochRates(optimizer, learning_rates, batches)
-        full = rows // size  # the batches of `size` rows
-        shapes = [(size, *array.shape[1:]) for array in data]
-        epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
-        if epoch is not None:  # the labels its model does not check, checked here, before any batch runs
-            by_name = dict(zip(self._io.inputs.names, data, strict=True))
-            for check in epoch.epoch.label_checks:
-                error = labels_out_of_range(check, by_name[check.labels], "train_epoch")
-                if error is not None:
-                    raise error
-        # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
-        # records one) and a last, shorter batch; the others in one run of the epoch model
-        first = 0
-        if epoch is None:
-            first = full = batches
-        elif self._accumulate or self._store.gradient_status == "ready" or self._store.recorded_update is not optimizer:
-            first = 1
-        by_step = [
-            self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b) for b in range(first)
-        ]
-        scanned = np.zeros(0)
-        if epoch is not None and first < full:
-            rows_of = order[first * size : full * size] if shuffle else slice(first * size, full * size)  # a view
-            batched = [array[rows_of].reshape(full - first, *shape) for array, shape in zip(data, shapes, strict=True)]
-            scanned = self._epoch_batches_in_one_run(epoch, optimizer, batched, rates, first)
-        for b in range(full, batches):
-            by_step.append(self._epoch_batch_by_step(optimizer, data, order[b * size : (b + 1) * size], rates, b))
-        return np.concatenate([by_step[:first], scanned, by_step[first:]]).astype(np.float64)
-
-    def _epoch_data(self, inputs: Any, labels: Any) -> list[np.ndarray]:
-        """The arrays of the user inputs, in model order, with as many rows each (``ValueError`` otherwise)."""
-        names = self._io.inputs.names
-        given = [inputs] if isinstance(inputs, np.ndarray) else list(inputs)
-        if labels is not None:
-            given.append(labels)
-        if len(given) != len(names):
-            raise TypeError(
-                f"train_epoch: the training model takes {len(names)} user input(s) {list(names)}; got {len(given)} "
-                "array(s) (inputs, then labels)"
-            )
-        arrays = []
-        for name, value in zip(names, given, strict=True):
-            if not isinstance(value, np.ndarray) or value.ndim == 0:
-                raise TypeError(f"train_epoch: the data of input {name!r} must be a numpy.ndarray of rows")
-            arrays.append(np.ascontiguousarray(value))
-        counts = {name: len(array) for name, array in zip(names, arrays, strict=True)}
-        if len(set(counts.values())) != 1 or not arrays[0].shape[0]:
-            raise ValueError(f"train_epoch: every input needs the same number of rows (at least 1); got {counts}")
-        return arrays
-
-    def _check_epoch_batches(self, data: Sequence[np.ndarray], size: int) -> None:
-        """Check a full batch and the last batch against the model's inputs, as a train step would."""
-        rows = len(data[0])
-        for count in dict.fromkeys((min(size, rows), rows % size or size)):
-            self._io.inputs.collect([array[:count] for array in data], {})
-
-    def _epoch_step(self, fused: FusedStep | None, shapes: Sequence[tuple[int, ...]]) -> EpochStep | None:
-        """The epoch step over ``fused`` for batches of ``shapes`` (one per user input; made on first use);
-        ``None`` without a fused step."""
-        if fused is None or self._unbound:
-            return None
-        key = (fused, tuple(shapes))
-        epoch = self._epochs.get(key)
-        if epoch is None:
-            if len(self._epochs) >= _EPOCH_SESSIONS:  # batches of yet another shape: forget the oldest
-                del self._epochs[next(iter(self._epochs))]
-            tensors, trainable, statistics = self._store.tensors, set(self._io.trainable), self._io.statistics
-            frozen = {n: tensors[n] for n in self._io.parameters if n not in trainable and n not in statistics}
-            epoch = self._epochs[key] = EpochStep.create(
-                fused,
-                dict(zip(self._io.inputs.names, shapes, strict=True)),
-                self._io.outputs[0],
-                {p: (out, tensors[p]) for p, out in statistics.items()},
-                frozen,
-                lambda model, what: self.open_session(model, what, alone=True),
-                self._device,
-            )
-        return epoch
-
-    def _epoch_batch_by_step(
-        self, optimizer: EpochOptimizer, data: list[np.ndarray], rows: np.ndarray, rates: EpochRates, index: int
-    ) -> float:
-        """Batch ``index`` (``rows`` of ``data``) of ``train_epoch`` as the per-step loop runs it; its loss."""
-        outputs = self._train_step([array[rows] for array in data], {})
-        loss = outputs[0] if isinstance(outputs, tuple) else outputs
-        rates.before_step(index)
-        optimizer.step()
-        rates.after_step()
-        self.lazy_reset_grad()
-        return float(np.asarray(loss, dtype=np.float64).mean())
-
-    def _epoch_batches_in_one_run(
-        self, epoch: EpochStep, optimizer: EpochOptimizer, batched: list[np.ndarray], rates: EpochRates, first: int
-    ) -> np.ndarray:
-        """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input) in one
-        run of the epoch model, after the update the optimizer recorded."""
-        store = self._store
-        batches = len(batched[0])
-        first_rate, first_step = optimizer.recorded_update()
-        # iteration j applies the recorded update (j = 0), then that of batch first + j - 1
-        applied = np.empty(batches, np.float32)
-        applied[0] = first_rate
-        applied[1:] = rates.of_batches(first, batches - 1, first_step)
-        try:
-            losses = epoch.run(batched, applied, first_step)
-        except Exception as error:  # onnxruntime's own exception types
-            where = f"train_epoch, batches {first + 1}-{first + batches}"
-            self._raise_if_labels_out_of_range(error, self._io.inputs.names, batched, where)
-            raise
-        failed = self._check_finite and not bool(np.all(np.isfinite(losses)))
-        trained = int(np.argmin(np.isfinite(losses))) if failed else batches
-        bad = losses[trained : trained + 1]
-        if failed and trained:  # again, up to the batch before the failed one: the state a per-step loop keeps
-            losses = epoch.run([array[:trained] for array in batched], applied[:trained], first_step)
-        if trained:
-            epoch.commit()
-            store.recorded_update = None  # the run's first iteration applied it
-            optimizer.record_applied(trained - 1)  # and the updates of all but the last batch after it
-            self._train_steps += trained
-            store.gradient_status = "ready"  # the last batch's: its optimizer step records its update
-            rates.before_step(first + trained - 1)
-            optimizer.step()
-            rates.after_step()
-            self.lazy_reset_grad()
-        if failed:  # the state is as after the batches before (the last one's update recorded)
-            self._raise_if_not_finite(bad, self._train_steps + 1)
-        return losses
-
-    def _raise_if_not_finite(self, loss: ort.OrtValue | np.ndarray, step: int) -> None:
-        value = loss if isinstance(loss, np.ndarray) else values.to_numpy(loss, copy=False)
-        if not np.all(np.isfinite(value)):
-            shown = value.item() if value.size == 1 else value
-            raise FloatingPointError(
-                f"train step {step} (after {self._store.step} optimizer steps): the loss is {shown}; the step "
-                "was discarded (gradients and running statistics are as before it). Lower the learning rate or "
-                "check the inputs"
-            )
+        return self._epoch_trainer.train_epoch(
+            optimizer, inputs, labels, batch_size, shuffle, seed, learning_rates=learning_rates
+        )
 
     def _eval_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
         if self._eval_io is None or self._eval_session is None:
@@ -631,7 +480,7 @@ class Module:
             try:
                 results = session.session.run(list(io.outputs), inputs, session.run_options)
             except Exception as error:
-                self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
+                self.raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
                 raise
             return results[0] if len(results) == 1 else tuple(results)
         on_device = bool(feeds) and all(isinstance(f, ort.OrtValue) for f in feeds)
@@ -644,14 +493,15 @@ class Module:
         try:
             session.run()
         except Exception as error:
-            self._raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
+            self.raise_if_labels_out_of_range(error, io.inputs.names, feeds, "eval step")
             raise
         return _pack(session.outputs(len(io.outputs)), on_device)
 
-    def _raise_if_labels_out_of_range(
+    def raise_if_labels_out_of_range(
         self, error: Exception, names: Sequence[str], feeds: Sequence[np.ndarray | ort.OrtValue], step: str
     ) -> None:
-        """``ValueError`` from ``error`` when it is a loss's label check failing (onnxtrain.losses.label_check)."""
+        """``ValueError`` from ``error`` when it is a loss's label check failing (onnxtrain.losses.label_check);
+        ``names`` and ``feeds``: the step's user inputs; ``step`` names the step in the message."""
         models = [m.proto for m in (self._train_model, self._eval_model) if m is not None]
         given = dict(zip(names, feeds, strict=True))
 
@@ -668,12 +518,9 @@ class Module:
     def _names(self, trainable_only: bool) -> list[str]:
         return list(self._io.trainable) if trainable_only else list(self._io.parameters)
 
-    def _tensors(self, trainable_only: bool) -> list[tuple[str, StateTensor]]:
-        return [(name, self._store.tensors[name]) for name in self._names(trainable_only)]
-
     def get_parameters_size(self, trainable_only: bool = True) -> int:
         """The number of elements of the (trainable) parameters."""
-        return sum(tensor.size for _, tensor in self._tensors(trainable_only))
+        return sum(self._store.tensors[name].size for name in self._names(trainable_only))
 
     def get_contiguous_parameters(self, trainable_only: bool = False) -> ort.OrtValue:
         """The parameters, flattened and concatenated in training-model order, as one OrtValue on the device.
@@ -682,32 +529,14 @@ class Module:
         raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
         Its ``device_name()`` is ONNX Runtime's training API's (``"Cpu"``, ``"Cuda"``).
         """
-        tensors = self._tensors(trainable_only)
-        self._store.check_loaded(self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state.")
-        kinds = list(dict.fromkeys(str(t.dtype) for _, t in tensors))
-        if len(kinds) > 1:
-            raise TypeError(
-                f"the parameters have several dtypes {kinds}, and one buffer holds one dtype; use "
-                "get_contiguous_parameters_per_dtype(), which returns {dtype: buffer}"
-            )
-        return self.get_contiguous_parameters_per_dtype(trainable_only).get(kinds[0] if kinds else "float32") or (
-            values.parameter_buffer(values.from_numpy(np.zeros(0, np.float32), self._device))
-        )
+        return one_buffer(self._store, self._names(trainable_only), self._device)
 
     def get_contiguous_parameters_per_dtype(self, trainable_only: bool = False) -> dict[str, ort.OrtValue]:
         """``{dtype name: buffer}``: per dtype, its parameters flattened and concatenated in model order.
 
         ``NominalStateError`` while some of these parameters hold no value (a nominal state not yet loaded).
         """
-        self._store.check_loaded(self._names(trainable_only), "Cannot copy parameters from a nominal checkpoint state.")
-        self._store.settle()
-        groups: dict[str, list[np.ndarray]] = {}
-        for _, tensor in self._tensors(trainable_only):
-            groups.setdefault(str(tensor.dtype), []).append(tensor.numpy().ravel())
-        return {
-            kind: values.parameter_buffer(values.from_numpy(np.concatenate(parts), self._device))
-            for kind, parts in groups.items()
-        }
+        return buffers_per_dtype(self._store, self._names(trainable_only), self._device)
 
     def copy_buffer_to_parameters(self, buffer: Buffer, trainable_only: bool = True) -> None:
         """Write a contiguous buffer (as :meth:`get_contiguous_parameters` gives) into the parameters.
@@ -722,39 +551,7 @@ class Module:
         ones, and the steps still refuse to run until the frozen ones hold
         values too.
         """
-        tensors = self._tensors(trainable_only)
-        groups: dict[str, list[tuple[str, StateTensor]]] = {}
-        for name, tensor in tensors:
-            groups.setdefault(str(tensor.dtype), []).append((name, tensor))
-        if isinstance(buffer, Mapping):
-            given = {str(kind): _host_array(value, f"buffer[{kind!r}]") for kind, value in buffer.items()}
-        else:
-            array = _host_array(buffer, "buffer")
-            if len(groups) > 1:
-                raise TypeError(
-                    f"the parameters have several dtypes {list(groups)}; pass {{dtype name: buffer}} as "
-                    "get_contiguous_parameters_per_dtype() gives"
-                )
-            given = {next(iter(groups), str(array.dtype)): array}
-        if set(given) != set(groups):
-            raise ValueError(f"the buffers are for dtypes {sorted(given)}; the parameters have {sorted(groups)}")
-        which = "trainable parameters" if trainable_only else "parameters"
-        for kind, members in groups.items():
-            array, expected = given[kind], sum(t.size for _, t in members)
-            if str(array.dtype) != kind:
-                raise TypeError(f"the buffer is {array.dtype}, but the {which} are {kind}")
-            if array.size != expected:
-                raise ValueError(
-                    f"the buffer has {array.size} {kind} elements, but the {which} have {expected} "
-                    f"(get_parameters_size(trainable_only={trainable_only}))"
-                )
-        self._store.settle()
-        for kind, members in groups.items():  # all checked: now write
-            flat, offset = given[kind].reshape(-1), 0
-            for name, tensor in members:
-                tensor.write(flat[offset : offset + tensor.size].reshape(tensor.shape), f"parameter {name!r}")
-                self._store.unloaded.discard(name)
-                offset += tensor.size
+        copy_into_parameters(self._store, self._names(trainable_only), buffer, trainable_only)
 
     # --------------------------------------------------------------- export
 
@@ -831,28 +628,26 @@ class Module:
         """Train steps run by this module (discarded ones not counted)."""
         return self._train_steps
 
+    def count_train_steps(self, count: int) -> None:
+        """Count ``count`` train steps that a run of the epoch model took (``train_epoch``)."""
+        self._train_steps += count
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether the next train step adds to the gradients: a train step ran since ``lazy_reset_grad()``."""
+        return self._accumulate
+
+    @property
+    def checks_finite(self) -> bool:
+        """Whether a train step whose loss is not finite raises (``check_finite``)."""
+        return self._check_finite
+
 
 def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
     if on_device:
         return results[0] if len(results) == 1 else tuple(results)
     arrays = tuple(values.to_numpy(value, copy=False) for value in results)
     return arrays[0] if len(arrays) == 1 else arrays
-
-
-def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{what} must be >= 1, not {value}")
-    return int(value)
-
-
-def _host_array(value: Any, what: str) -> np.ndarray:
-    if isinstance(value, ort.OrtValue):
-        return values.to_numpy(value)
-    if isinstance(value, np.ndarray):
-        return value
-    raise TypeError(f"{what} must be an onnxruntime.OrtValue or a numpy.ndarray, not {type(value).__name__}")
 
 
 __all__ = ["Buffer", "Module"]

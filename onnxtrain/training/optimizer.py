@@ -44,10 +44,11 @@ from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training import values
-from onnxtrain.training.epoch import Schedule
+from onnxtrain.training.batch_step import Schedule
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.inplace import unsafe_in_place
-from onnxtrain.training.interface import LoadedModel, ModelSource, ParameterInfo, load_model, optimizer_io
+from onnxtrain.training.model_io import ParameterInfo, optimizer_io
+from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.module import Module
 from onnxtrain.training.state import OPTIMIZER_STATE_DROPPED, TrainingState
 from onnxtrain.training.store import OptimizerRecord, StateTensor

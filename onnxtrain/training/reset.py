@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.autodiff.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.training.binding import BoundSession
-from onnxtrain.training.interface import LoadedModel
+from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.store import StateTensor
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxtrain.training.device import Device, ProviderSpec
-from onnxtrain.training.interface import ModelSource
+from onnxtrain.training.models import ModelSource
 from onnxtrain.training.module import Buffer, Module
 from onnxtrain.training.optimizer import Optimizer
 from onnxtrain.training.schedulers import LinearLRScheduler, LRScheduler

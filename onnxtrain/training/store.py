@@ -25,7 +25,7 @@ from onnxtrain import checkpoint as ckpt
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE, check_nominal_allocation, placeholder
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
-from onnxtrain.training.interface import ParameterInfo
+from onnxtrain.training.model_io import ParameterInfo
 
 #: ``"none"``: no train step yet; ``"ready"``: the last train steps' gradients; ``"reset"``: reset since
 #: (the buffers may still hold the old values, which only a recorded update reads).

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from onnxtrain.loop import fit_to_inputs, load_data
-from onnxtrain.training.interface import TensorSpec
+from onnxtrain.training.tensor_spec import TensorSpec
 
 X = TensorSpec("pixels", np.dtype(np.float32), ("batch", 3))
 LABELS = TensorSpec("labels", np.dtype(np.int64), ("batch",))

@@ -7,7 +7,7 @@ import pytest
 
 from onnxtrain import artifacts
 from onnxtrain.loop import Accuracy, accuracy_of
-from onnxtrain.training.interface import TensorSpec
+from onnxtrain.training.tensor_spec import TensorSpec
 from tests.cli.helpers import tiny_mlp
 
 LABELS = TensorSpec("labels", np.dtype(np.int64), ("batch",))

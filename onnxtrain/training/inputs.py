@@ -1,0 +1,202 @@
+"""The user inputs of a model, checked in one place before anything runs (:class:`UserInputs`).
+
+Inputs come by position or by name, as NumPy arrays or OrtValues; each is
+checked against the model's declared dtype and shape, symbolic dimensions
+must agree across inputs, and STRING inputs are converted to what
+onnxruntime reads. Errors name the input and list what the model takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from onnxtrain.graph import dtypes
+from onnxtrain.training.tensor_spec import TensorSpec, shape_text
+from onnxtrain.training.values import cast_hint, dtype_text
+
+
+def _class_scores_for_labels(spec: TensorSpec, dtype: np.dtype, shape: Sequence[int]) -> bool:
+    """Whether a float array of ``shape`` given for integer labels ``spec`` has one more (trailing) axis: one
+    column per class, which ``.astype`` cannot turn into labels."""
+    return (
+        spec.dtype.kind in "iu"
+        and dtype.kind == "f"
+        and spec.dims is not None
+        and len(shape) == len(spec.dims) + 1
+        and shape[-1] > 1
+    )
+
+
+def _array_signature(args: Sequence[Any]) -> tuple[tuple[np.dtype, tuple[int, ...]], ...] | None:
+    """``(dtype, shape)`` per argument when all are C-contiguous native ``numpy.ndarray``s (which the
+    check passes through unchanged), else None."""
+    signature = []
+    for value in args:
+        if value.__class__ is not np.ndarray:
+            return None
+        flags = value.flags
+        if not flags.c_contiguous or not value.dtype.isnative:
+            return None
+        signature.append((value.dtype, value.shape))
+    return tuple(signature)
+
+
+def _string_array(value: np.ndarray, what: str) -> np.ndarray:
+    """``value`` as the runtime feeds a STRING tensor: a C-contiguous object array of ``str``.
+
+    ``<U`` arrays are converted; ``S`` arrays and ``bytes`` elements are decoded
+    as UTF-8 (onnxruntime reads an ``S`` element that fills its width past its
+    end, and feeds a ``bytes`` object as its repr). ``ValueError`` for bytes
+    that are not UTF-8, ``TypeError`` for an element that is neither ``str``
+    nor ``bytes``; ``what`` names the input.
+    """
+    kind = value.dtype.kind
+    if kind == "U":
+        return np.ascontiguousarray(value.astype(object))
+    if kind == "S":
+        try:
+            return np.ascontiguousarray(np.char.decode(value, "utf-8").astype(object))
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{what}: the bytes are not UTF-8 ({error}); decode them to str first") from None
+    flat = value.ravel()
+    if all([element.__class__ is str for element in flat]):  # a list: faster than a generator here
+        return np.ascontiguousarray(value)
+    converted = np.empty(flat.shape, object)
+    for i, element in enumerate(flat):
+        if isinstance(element, str):
+            converted[i] = element
+        elif isinstance(element, (bytes, np.bytes_)):
+            try:
+                converted[i] = bytes(element).decode("utf-8")
+            except UnicodeDecodeError as error:
+                at = [int(d) for d in np.unravel_index(i, value.shape)] if value.ndim else []
+                raise ValueError(f"{what}: the bytes at {at} are not UTF-8 ({error}); decode them first") from None
+        else:
+            at = [int(d) for d in np.unravel_index(i, value.shape)] if value.ndim else []
+            raise TypeError(
+                f"{what} is a string tensor, so each element must be a str (or UTF-8 bytes); the element at {at} "
+                f"is {type(element).__name__} ({element!r}): convert the array with .astype(str)"
+            )
+    return converted.reshape(value.shape)
+
+
+class UserInputs:
+    """The user inputs of a model: checks what the caller passes, in one place, before anything runs."""
+
+    def __init__(self, specs: Sequence[TensorSpec], model: str) -> None:
+        self.specs = tuple(specs)
+        self.names = tuple(spec.name for spec in self.specs)
+        self._model = model
+        self._index = {name: i for i, name in enumerate(self.names)}
+        # per input, its symbolic dimensions as (axis, name): sizes must agree across inputs
+        self._symbolic = tuple(
+            tuple((axis, d) for axis, d in enumerate(spec.dims or ()) if isinstance(d, str)) for spec in self.specs
+        )
+        # (dtype, shape) per input of the last positional call whose inputs were all plain C-contiguous
+        # native NumPy arrays and passed the check: the same signature again skips the check (never for a
+        # model with string inputs: their arrays are converted, and their elements checked, on every call)
+        self._passed: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None
+        #: Whether some input is a STRING tensor; onnxruntime's IOBinding cannot bind those.
+        self.strings = any(spec.is_string for spec in self.specs)
+
+    def signature(self) -> str:
+        return ", ".join(f"{spec.name}: {spec.describe()}" for spec in self.specs) or "no inputs"
+
+    def collect(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[np.ndarray | ort.OrtValue]:
+        """The inputs in model order, from positional and keyword arguments, each checked.
+
+        Inputs with the dtypes and shapes of the last call that passed (all
+        plain C-contiguous NumPy arrays, by position) are not checked again.
+        """
+        if not kwargs and len(args) == len(self.specs):
+            signature = _array_signature(args)
+            if signature is not None and signature == self._passed:
+                return list(args)
+            values = args
+        else:
+            signature, values = None, self._arrange(args, kwargs)
+        sizes: dict[str, tuple[int, str]] = {}
+        checked = [self._check(i, value, sizes) for i, value in enumerate(values)]
+        if signature is not None and not self.strings:
+            self._passed = signature
+        return checked
+
+    def _arrange(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
+        if len(args) > len(self.specs):
+            raise TypeError(
+                f"the {self._model} takes {len(self.specs)} user input(s) ({self.signature()}); got {len(args)}"
+            )
+        values: list[Any] = list(args) + [None] * (len(self.specs) - len(args))
+        given = [True] * len(args) + [False] * (len(self.specs) - len(args))
+        for name, value in kwargs.items():
+            index = self._index.get(name)
+            if index is None:
+                raise TypeError(
+                    f"the {self._model} has no input {name!r}; its user inputs are {list(self.names)} "
+                    f"({self.signature()})"
+                )
+            if given[index]:
+                raise TypeError(f"input {name!r} of the {self._model} is given twice (by position and by name)")
+            values[index], given[index] = value, True
+        missing = [self.specs[i] for i, ok in enumerate(given) if not ok]
+        if missing:
+            listed = ", ".join(f"{spec.name!r} ({spec.describe()})" for spec in missing)
+            raise TypeError(f"missing input {listed} of the {self._model}; it takes {self.signature()}")
+        return values
+
+    def _check(self, index: int, value: Any, sizes: dict[str, tuple[int, str]]) -> np.ndarray | ort.OrtValue:
+        spec = self.specs[index]
+        if value.__class__ is np.ndarray and value.flags.c_contiguous and value.dtype.isnative:
+            dtype, shape = value.dtype, value.shape
+        elif isinstance(value, ort.OrtValue):
+            if not value.is_tensor():
+                raise TypeError(f"input {spec.name!r} of the {self._model} must be a tensor OrtValue")
+            dtype, shape = dtypes.to_numpy_dtype(value.element_type()), tuple(value.shape())
+        elif isinstance(value, (np.ndarray, np.generic)):
+            value = np.ascontiguousarray(value)
+            if not value.dtype.isnative:
+                value = value.astype(value.dtype.newbyteorder("="))
+            dtype, shape = value.dtype, value.shape
+        else:
+            raise TypeError(
+                f"input {spec.name!r} of the {self._model} must be a numpy.ndarray or an onnxruntime.OrtValue "
+                f"({spec.describe()}), not {type(value).__name__}"
+            )
+        if spec.is_string and not isinstance(value, ort.OrtValue) and dtype.kind in "USO":
+            value = _string_array(value, f"input {spec.name!r} of the {self._model}")
+            dtype = value.dtype
+        if not spec.fits(dtype, shape):
+            if spec.is_string:
+                hint = ": cast it with .astype(str) (arrays of str or bytes, and object arrays of str, are taken)"
+            elif _class_scores_for_labels(spec, dtype, shape):
+                hint = (
+                    ": these look like one-hot labels or class probabilities (one more axis than the labels); "
+                    f"pass the class indices, labels.argmax(axis=-1).astype({cast_hint(spec.dtype)}), or train "
+                    "with a loss that takes probabilities as targets"
+                )
+            else:
+                hint = f": cast it with .astype({cast_hint(spec.dtype)})"
+            hint = hint if dtype != spec.dtype else ""
+            raise (TypeError if dtype != spec.dtype else ValueError)(
+                f"input {spec.name!r} of the {self._model} is {spec.describe()}; got "
+                f"{dtype_text(dtype)}{shape_text(shape)}{hint}"
+            )
+        for axis, dim in self._symbolic[index]:
+            size = shape[axis]
+            seen = sizes.setdefault(dim, (size, spec.name))
+            if seen[0] != size:
+                notes = "".join(
+                    f"; {s.name!r}: {s.note}" for s in self.specs if s.name in (spec.name, seen[1]) and s.note
+                )
+                raise ValueError(
+                    f"input {spec.name!r} of the {self._model} has {dim} = {size}, but input {seen[1]!r} has "
+                    f"{dim} = {seen[0]} ({self.signature()}){notes}"
+                )
+        return value
+
+
+__all__ = ["UserInputs"]

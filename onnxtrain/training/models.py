@@ -1,0 +1,105 @@
+"""The models as the runtime takes them: from a path, the serialized bytes or a ``ModelProto``.
+
+A model is read without its external data (:class:`LoadedModel` keeps the
+graph and what onnxruntime loads the model from). A path's data files must
+lie inside the model's folder, with their declared sizes; a model given in
+memory must hold all its data. ONNX Runtime's in-place accumulators are
+rewritten in standard operators on the way in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+from onnxtrain.artifacts.ort_training import to_standard_accumulation
+from onnxtrain.graph import external
+
+#: A model as the runtime takes it: a path, the serialized bytes, or a ModelProto.
+ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model's graph (external data not loaded) and what onnxruntime loads it from."""
+
+    proto: onnx.ModelProto
+    source: str | bytes
+    path: Path | None = None
+
+    def with_data(self) -> onnx.ModelProto:
+        """The full model, external data included (read from beside the file)."""
+        if self.path is None:
+            return self.proto
+        return onnx.load(os.fspath(self.path))
+
+
+def load_model(source: ModelSource, what: str) -> LoadedModel:
+    """``source`` as a :class:`LoadedModel`; ``what`` names the argument in errors.
+
+    ONNX Runtime's in-place accumulators (``com.microsoft::InPlaceAccumulatorV2``,
+    artifacts of ``target="onnxruntime-training"``) are rewritten in standard
+    operators (:func:`onnxtrain.artifacts.ort_training.to_standard_accumulation`).
+    """
+    return _in_standard_operators(_load_model(source, what))
+
+
+def _in_standard_operators(model: LoadedModel) -> LoadedModel:
+    """``model``, or its translation when it accumulates gradients with ONNX Runtime's kernel."""
+    translated = to_standard_accumulation(model.proto)
+    if translated is model.proto:
+        return model
+    if model.path is not None and external.has_external_data(translated):
+        translated = to_standard_accumulation(model.with_data())
+    data = translated.SerializeToString()
+    return LoadedModel(translated, data)
+
+
+def _load_model(source: ModelSource, what: str) -> LoadedModel:
+    """``source`` as read: its graph (external data not loaded) and what onnxruntime loads."""
+    if isinstance(source, onnx.ModelProto):
+        if source.ByteSize() > PROTOBUF_LIMIT:
+            raise ValueError(
+                f"{what} is a ModelProto over protobuf's 2 GiB limit; save it with external data and pass the path"
+            )
+        _check_no_external_data(source, what)
+        data = source.SerializeToString()
+        return LoadedModel(onnx.load_from_string(data), data)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        try:
+            proto = onnx.load_from_string(data)
+        except Exception as error:  # protobuf's DecodeError
+            raise ValueError(f"{what}: the bytes are not a serialized ONNX model ({error})") from error
+        _check_no_external_data(proto, what)
+        return LoadedModel(proto, data)
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"{what}: no ONNX model at {str(path)!r}")
+        try:
+            proto = onnx.load(os.fspath(path), load_external_data=False)
+        except Exception as error:
+            raise ValueError(f"{what}: {str(path)!r} is not a readable ONNX model ({error})") from error
+        try:  # onnxruntime reads the data itself: only files inside the model's folder, of the declared sizes
+            external.check_model_data(proto, path.resolve().parent)
+        except ValueError as error:
+            raise ValueError(f"{what} {str(path)!r}: {error}") from None
+        return LoadedModel(proto, os.fspath(path), path.resolve())
+    raise TypeError(f"{what} must be a path, the model's bytes or an onnx.ModelProto, not {type(source).__name__}")
+
+
+def _check_no_external_data(model: onnx.ModelProto, what: str) -> None:
+    """``ValueError`` when a model given without its path refers to data files (found nowhere safe)."""
+    if external.has_external_data(model):
+        raise ValueError(
+            f"{what} refers to external data files, and a model given in memory has no folder to find them in: "
+            "pass the path of the .onnx file instead"
+        )
+
+
+__all__ = ["LoadedModel", "ModelSource", "load_model"]
