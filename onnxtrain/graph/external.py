@@ -28,6 +28,7 @@ from onnx import helper
 from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.walk import subgraphs
 
 #: Elements per byte of the packed sub-byte types (their raw data holds ``ceil(n / k)`` bytes).
 _PACKED: dict[int, int] = {onnx.TensorProto.INT4: 2, onnx.TensorProto.UINT4: 2}
@@ -211,10 +212,8 @@ def _node_tensors(node: onnx.NodeProto, where: str) -> Iterator[tuple[onnx.Tenso
         if attribute.HasField("sparse_tensor"):
             yield attribute.sparse_tensor.values, inner
             yield attribute.sparse_tensor.indices, inner
-        if attribute.HasField("g"):
-            yield from _graph_tensors(attribute.g, inner)
-        for graph in attribute.graphs:
-            yield from _graph_tensors(graph, inner)
+    for graph in subgraphs(node):
+        yield from _graph_tensors(graph, inner)
 
 
 def check_model_data(model: onnx.ModelProto, base_dir: str | os.PathLike[str] | None) -> None:

@@ -31,7 +31,7 @@ from onnxtrain.graph import base, dtypes, empty_base, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes import prune_unused_nodes
-from onnxtrain.graph.walk import subgraphs
+from onnxtrain.graph.walk import rename_values
 from onnxtrain.losses import NLLLoss
 from onnxtrain.losses._common import target_input
 
@@ -338,19 +338,8 @@ def _free_names(onx: onnx.ModelProto, output: str, new_names: Mapping[str, str])
     taken = names_in(graph)
     renames = {name: keep_or_tag(taken, "renamed")(name) for name in new_names.values() if name in taken - fixed}
     if renames:
-        _rename_values(graph, renames)
+        rename_values(graph, renames)
     return model
-
-
-def _rename_values(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
-    """Rename values in ``graph``'s nodes, outputs and value infos, and where subgraphs read them."""
-    for node in graph.node:
-        node.input[:] = [renames.get(name, name) for name in node.input]
-        node.output[:] = [renames.get(name, name) for name in node.output]
-        for subgraph in subgraphs(node):
-            _rename_values(subgraph, renames)
-    for value in (*graph.output, *graph.value_info):
-        value.name = renames.get(value.name, value.name)
 
 
 def _check_scored_output(onx: onnx.ModelProto, output: str) -> None:
