@@ -8,7 +8,7 @@ in place and output bool flags:
   g)`` that onnxtrain writes becomes ``InPlaceAccumulatorV2(buffer, g,
   lazy_reset_grad)``, whose output is bool[1] (:func:`to_inplace_accumulation`);
   the gradient computation stays in standard operators;
-- optimizer model: :mod:`onnxtrain.onnxblock.optim`'s ``AdamW``/``SGD``
+- optimizer model: :mod:`onnxtrain.optim.sequence_model`'s ``SequenceOptimizer``
   with ``target="onnxruntime-training"``;
 - every model: an IR version and ``ai.onnx`` opset that 1.19.2 loads
   (:func:`check_loadable`).
@@ -30,9 +30,9 @@ from onnxtrain import optim
 from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.graph import empty_base, versions
 from onnxtrain.graph.naming import keep_or_tag, names_in
-from onnxtrain.onnxblock.optim import MOMENTS, optimizer_of, sequence_optimizer
 from onnxtrain.graph.passes import prune_unused_nodes
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.optim.sequence_model import MOMENTS, optimizer_of, sequence_optimizer
 
 ACCUMULATOR = "InPlaceAccumulatorV2"
 MS_DOMAIN = "com.microsoft"
