@@ -6,11 +6,7 @@ The names are ONNX Runtime's (``onnxruntime.training.artifacts``).
 
 from __future__ import annotations
 
-from onnxtrain.artifacts.export import export_model_for_inferencing
-from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
-from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
-from onnxtrain.artifacts.kinds import LossType, OptimType
-from onnxtrain.autodiff.accumulation import (
+from onnxtrain.artifacts.accumulation import (
     LAZY_RESET_GRAD,
     AccumulationFormError,
     ResetTrainingModel,
@@ -19,7 +15,11 @@ from onnxtrain.autodiff.accumulation import (
     buffer_name,
     remove_gradient_accumulation,
 )
-from onnxtrain.autodiff.training import RunningStatisticsWarning
+from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
+from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
+from onnxtrain.artifacts.kinds import LossType, OptimType
+from onnxtrain.artifacts.training_model import RunningStatisticsWarning
 from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
 
 __all__ = [

@@ -11,7 +11,7 @@ builds that model from the two artifacts:
   ``learning_rate`` and ``step``, and writes ``<p>.updated`` and
   ``<p>.momentumK.updated``;
 - then the training model with ``lazy_reset_grad`` taken as true
-  (:func:`~onnxtrain.autodiff.accumulation.remove_gradient_accumulation`:
+  (:func:`~onnxtrain.artifacts.accumulation.remove_gradient_accumulation`:
   each gradient ``g`` is an output of its own, and neither the accumulation
   buffers nor the flag are inputs any more), reading ``<p>.updated`` wherever
   it read a trainable ``<p>``.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.autodiff.accumulation import AccumulationFormError, remove_gradient_accumulation
+from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.walk import names_read
 from onnxtrain.optim.base import grad_name, updated_name

@@ -28,9 +28,9 @@ from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts import ort_training
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
 from onnxtrain.artifacts.metadata import NO_LOSS, set_metadata, training_metadata
-from onnxtrain.autodiff.registry import GradientRegistry
-from onnxtrain.autodiff.training import check_parameters
-from onnxtrain.autodiff.training_block import TrainingBlock
+from onnxtrain.artifacts.training_block import TrainingBlock
+from onnxtrain.artifacts.training_model import check_parameters
+from onnxtrain.autodiff import GradientRegistry
 from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import empty_base, external, versions

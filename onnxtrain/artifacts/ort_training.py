@@ -27,7 +27,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain import optim
-from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.graph import empty_base, versions
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes import prune_unused_nodes

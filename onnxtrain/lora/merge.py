@@ -24,7 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain import checkpoint
-from onnxtrain.autodiff.training import set_inference_mode
+from onnxtrain.artifacts.training_model import set_inference_mode
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import versions
 from onnxtrain.graph.io import load_base_model

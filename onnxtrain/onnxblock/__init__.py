@@ -11,7 +11,7 @@ as before.
 
 from __future__ import annotations
 
-from onnxtrain.autodiff.training_block import TrainingBlock
+from onnxtrain.artifacts.training_block import TrainingBlock
 from onnxtrain.blocks import Block, ForwardBlock
 from onnxtrain.graph import base, empty_base
 from onnxtrain.onnxblock import blocks, loss, optim

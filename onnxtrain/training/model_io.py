@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY
-from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.training.inputs import UserInputs

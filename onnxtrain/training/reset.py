@@ -4,7 +4,7 @@ A train step that starts from reset gradients (the first after the module is
 made or after ``lazy_reset_grad()``) adds nothing to the old gradients. Where
 nothing can observe them any more either (their status is not ``"ready"``),
 the module runs the training model with ``lazy_reset_grad`` taken as true
-(:func:`onnxtrain.autodiff.accumulation.remove_gradient_accumulation`): each
+(:func:`onnxtrain.artifacts.accumulation.remove_gradient_accumulation`): each
 gradient is an output of its own, bound to the gradient's buffer, so the
 step writes it there directly. No spare buffers, and none of the
 accumulation's additions and selections with their intermediate tensors. A
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.autodiff.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.store import StateTensor

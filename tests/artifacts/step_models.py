@@ -10,7 +10,7 @@ from onnx import helper
 
 from onnxtrain import losses, optim
 from onnxtrain.artifacts import LossType, OptimType
-from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, add_gradient_accumulation, buffer_name
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, add_gradient_accumulation, buffer_name
 from onnxtrain.sessions import inference_session
 from tests.helpers import FLOAT, make_model
 from tests.training import models

@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from onnxtrain import checkpoint
-from onnxtrain.autodiff.accumulation import (
+from onnxtrain.artifacts.accumulation import (
     LAZY_RESET_GRAD,
     AccumulationFormError,
     accumulated_name,

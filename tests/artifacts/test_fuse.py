@@ -8,8 +8,8 @@ import pytest
 
 from onnxtrain import checkpoint
 from onnxtrain.artifacts import LossType, OptimType
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import FusionError, fuse_update_and_train
-from onnxtrain.autodiff.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.optim.base import grad_name, state_name
 from tests.artifacts.step_models import (
     CASES,

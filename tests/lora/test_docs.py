@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onnxtrain.autodiff.training import set_inference_mode
+from onnxtrain.artifacts.training_model import set_inference_mode
 from tests.lora.helpers import run, trained_values, with_values
 from tests.lora.test_finetune import _cross_entropy
 

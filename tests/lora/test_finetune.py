@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 from onnxtrain.api import CheckpointState
-from onnxtrain.autodiff.training import set_inference_mode
+from onnxtrain.artifacts.training_model import set_inference_mode
 from onnxtrain.lora import METADATA_KEY, add_adapters, merge_adapters
 from tests.lora.helpers import (
     ALPHA,

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxtrain.autodiff.training import set_inference_mode
+from onnxtrain.artifacts.training_model import set_inference_mode
 from onnxtrain.lora import adapters_of, add_adapters, merge_adapters
 from tests.lora.helpers import ALPHA, RANK, fine_tune, generate, inference_op_types, run, trained_values, with_values
 from tests.lora.huggingface import ADAPTED, EXPORTS, Export, exported, torch_loss_and_gradients, torch_names

@@ -13,7 +13,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnxtrain import api, artifacts
-from onnxtrain.autodiff.training import set_inference_mode
+from onnxtrain.artifacts.training_model import set_inference_mode
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.lora import add_adapters, merge_adapters
 from tests.lora.helpers import (

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from onnxtrain.autodiff.gradients import build_gradients
-from onnxtrain.autodiff.registry import GradientRegistry
+from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import names_in

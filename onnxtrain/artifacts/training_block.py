@@ -7,9 +7,9 @@ from typing import Any
 
 import onnx
 
-from onnxtrain.autodiff.accumulation import add_gradient_accumulation
-from onnxtrain.autodiff.registry import GradientRegistry
-from onnxtrain.autodiff.training import TrainingModels, build_training_models
+from onnxtrain.artifacts.accumulation import add_gradient_accumulation
+from onnxtrain.artifacts.training_model import TrainingModels, build_training_models
+from onnxtrain.autodiff import GradientRegistry
 from onnxtrain.blocks.block import Block, output_names
 
 
@@ -25,7 +25,7 @@ class TrainingBlock(Block):
       further outputs and ``<x>_grad.accumulation.out`` per gradient, which
       is the accumulated gradient itself (``lazy_reset_grad ? grad : buffer +
       grad``: stock onnxruntime has no in-place accumulator, see
-      :mod:`onnxtrain.autodiff.accumulation`). The gradients are those of
+      :mod:`onnxtrain.artifacts.accumulation`). The gradients are those of
       the graph inputs marked, in input order, then of the trainable
       parameters, in parameter order;
     - the eval model: the same user inputs and parameters, the loss and
