@@ -146,10 +146,9 @@ def train(
         stored = stored_learning_rate(saved.properties)
         rate = DEFAULT_LEARNING_RATE if stored is None else stored
     total_steps = settings.epochs * batch_count(len(train_rows), settings.batch_size)
-    scheduler = None
     if settings.schedule is not None:  # the rate for the saved step count: a resumed run continues on it
         initial = optimizer.initial_learning_rate if rate is None else rate
-        scheduler = settings.schedule.scheduler(optimizer, initial, total_steps)
+        settings.schedule.scheduler(optimizer, initial, total_steps)  # attached to the optimizer, which steps it
     elif rate is not None:
         optimizer.set_learning_rate(rate)
     record = replace(record, learning_rate=optimizer.initial_learning_rate)
@@ -169,7 +168,7 @@ def train(
     best = files.best_checkpoint if settings.early_stopping is not None else None
     loop = Loop(
         module, optimizer, state, files.trained_checkpoint, record, (Rows(arrays, train_rows), validation), comm,
-        measures=measures, scheduler=scheduler, best_path=best,
+        measures=measures, best_path=best,
     )  # fmt: skip
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
 

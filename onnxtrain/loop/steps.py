@@ -28,7 +28,8 @@ from onnxtrain.loop.record import EpochLosses, RunRecord
 from onnxtrain.loop.settings import Settings
 from onnxtrain.progress import Progress
 from onnxtrain.training import Module, Optimizer, TrainingState
-from onnxtrain.training.schedulers import LRScheduler
+from onnxtrain.training.batch_step import BatchRates, BatchStep
+from onnxtrain.training.ranks import sum_over_ranks
 
 Echo = Callable[[str], None]
 
@@ -85,7 +86,6 @@ class Loop:
         comm: Any = None,
         *,
         measures: Measures | None = None,
-        scheduler: LRScheduler | None = None,
         best_path: Path | None = None,
     ) -> None:
         self.module, self.optimizer, self.state, self.path = module, optimizer, state, path
@@ -93,7 +93,6 @@ class Loop:
         self.record = record
         self.training, self.validation = data
         self.measures = measures or Measures()
-        self.scheduler = scheduler  # sets the rate for the step count after every optimizer step
         self.best_path = best_path  # with early stopping: where the state of the best epoch goes
         # the record of the step under way and the step count it is for: once optimizer.step() has counted
         # that step, it is the current one even if an interrupt came before `record` was updated
@@ -148,17 +147,19 @@ class Loop:
             size //= self.comm.Get_size()
             rows = batch_shares(rows, size, comm=self.comm)
         count = batch_count(len(rows), size)
+        # each batch stepped as every loop of onnxtrain steps it (the optimizer's scheduler after each update)
+        step = BatchStep(self.module, self.optimizer, BatchRates(self.optimizer))
         with Progress(count, f"epoch {epoch + 1}/{settings.epochs}", enabled=progress) as bar:
             bar.update(self.record.batch)
             for index in range(self.record.batch, count):
                 self.interrupt.check()
                 inputs = self.training.batch(rows[index * size : (index + 1) * size])
-                outputs = self.module(*inputs)
+                outputs = step.train(inputs)
                 loss = _loss(outputs)
                 weighted, samples = loss * len(inputs[0]), len(inputs[0])
                 correct, counted = (0, 0) if self.measures.train is None else self.measures.train.count(outputs, inputs)
-                if self.comm is not None:  # the batch's loss over all ranks: the same record everywhere
-                    summed = self.comm.allreduce(np.array([weighted, samples, correct, counted], np.float64))
+                if self.comm is not None:  # the batch's figures over all ranks: the same record everywhere
+                    summed = sum_over_ranks([weighted, samples, correct, counted], self.comm)
                     weighted, samples, correct, counted = float(summed[0]), *(int(value) for value in summed[1:])
                     loss = weighted / samples
                 record = self.record
@@ -168,10 +169,7 @@ class Loop:
                     counted=record.counted + counted,
                 )  # fmt: skip
                 self._next = (after, self.optimizer.step_count + 1)
-                self.optimizer.step()
-                if self.scheduler is not None:  # the rate of the next step, from the step count
-                    self.scheduler.step()
-                self.module.lazy_reset_grad()
+                step.update(index)
                 self.record, self._next = after, None
                 bar.update()
                 bar.describe(f"loss {loss:.4f}")

@@ -25,13 +25,14 @@ from onnx import numpy_helper
 from onnxtrain import distributed, optim
 from onnxtrain.artifacts import build_artifacts
 from onnxtrain.autodiff import MissingGradientError
-from onnxtrain.distributed.communicator import mpi
 from onnxtrain.graph import dtypes
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
 from onnxtrain.sklearn.weights import not_weights
 from onnxtrain.training import Module, Optimizer, TrainingState
+from onnxtrain.training.finite import first_non_finite
+from onnxtrain.training.ranks import sum_over_ranks
 
 #: Names of ``training_optimizer_name`` (onnxruntime-training's first, then short ones) -> optimizer kind.
 OPTIMIZER_NAMES: dict[str, str] = {
@@ -320,21 +321,17 @@ class OrtGradientOptimizer:
                 rates = eta / global_sizes if per_sample else np.full(len(sizes), eta)
                 # the whole iteration in one onnxruntime call (Module.train_epoch), the per-step loop's results
                 batch_losses = module.train_epoch(optimizer, shuffled, None, batch_size, learning_rates=rates)
-                finite = bool(np.all(np.isfinite(batch_losses)))
-                total = float(np.sum(batch_losses))
-                seen = rows
-                where = ""
-                if comm is not None:  # the same decisions and figures on every rank
-                    where = f" on rank {comm.Get_rank()}" if not finite else " on another rank"
-                    finite = bool(comm.allreduce(finite, op=mpi().LAND))
-                    total, seen = comm.allreduce(total), comm.allreduce(seen)
-                if not finite:
-                    batch = int(np.argmin(np.isfinite(batch_losses)))
+                total, seen = float(np.sum(batch_losses)), rows
+                if comm is not None:  # the same figures on every rank
+                    summed = sum_over_ranks([total, seen], comm)
+                    total, seen = float(summed[0]), int(summed[1])
+                diverged = first_non_finite(batch_losses, comm)  # and the same verdict
+                if diverged is not None:
                     self._diverged(state, last_good)
                     raise ConvergenceError(
-                        f"the loss became NaN or infinite ({batch_losses[batch]}{where}) at iteration "
-                        f"{iteration + 1} of {self.max_iter} (batch {batch + 1}) with learning rate {eta:.4g}: the "
-                        f"weights are those after iteration {iteration}; "
+                        f"the loss became NaN or infinite ({diverged.loss}{diverged.where}) at iteration "
+                        f"{iteration + 1} of {self.max_iter} (batch {diverged.batch + 1}) with learning rate "
+                        f"{eta:.4g}: the weights are those after iteration {iteration}; "
                         + self._divergence_advice("lower the learning rate or scale the features")
                     )
                 weights = _snapshot(state)
