@@ -56,7 +56,7 @@ before anything runs, and leave the state unchanged. Class labels out of
 range fail the loss's check (:mod:`onnxtrain.losses.label_check`) during the
 run; that failure becomes a ``ValueError`` naming the labels. A model with
 STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind,
-runs its steps with ``InferenceSession.run`` (:meth:`Module._unbound_train_step`),
+runs its steps with ``InferenceSession.run`` (:mod:`onnxtrain.training.unbound`),
 with the same results. A nominal state's steps raise ``NominalStateError``
 (ONNX Runtime's messages) until its parameters hold values.
 """
@@ -87,6 +87,7 @@ from onnxtrain.training.options import SMALL_TENSOR, default_session_options, la
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import TrainingState
 from onnxtrain.training.train_epoch import EpochOptimizer, EpochTrainer
+from onnxtrain.training.unbound import UnboundTrainStep
 
 _HOST = Device("cpu")
 
@@ -162,7 +163,7 @@ class Module:
         self._train_model = train
         self._train_session = self.open_session(train, "training model")
         # STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind: each step then runs the
-        # training (eval) model with InferenceSession.run, without the reset and fused steps (_unbound_train_step)
+        # training (eval) model with InferenceSession.run, without the reset and fused steps (training.unbound)
         self._unbound = self._io.strings
         self._unbound_eval = self._eval_io is not None and self._eval_io.strings
         # the steps from reset gradients, which write them in place (None: the training session runs those too)
@@ -189,6 +190,13 @@ class Module:
         self._param_slots = [(name, tensors[name]) for name in self._io.parameters]
         self._grad_slots = [(self._io.buffers[p], self._io.gradients[p], grads[p]) for p in self._io.trainable]
         self._stat_slots = [(out, tensors[p]) for p, out in self._io.statistics.items()]
+        self._unbound_step = (
+            UnboundTrainStep(
+                self._train_session, self._io, self._param_slots, self._grad_slots, self._stat_slots, self._flags
+            )
+            if self._unbound
+            else None
+        )
         # the user outputs (loss first), preallocated on the host where all their shapes are fixed
         specs = {spec.name: spec for spec in self._io.output_specs}
         self._host_outputs: list[ort.OrtValue] | None = None
@@ -378,41 +386,23 @@ class Module:
         session.settle()
 
     def _unbound_train_step(self, feeds: Sequence[np.ndarray | ort.OrtValue]) -> Outputs:
-        """A train step without IOBinding, for models with STRING user inputs or outputs.
-
-        Any recorded update is applied first (by the optimizer model alone, as
-        before any train step that is not fused), then the training model runs
-        with ``InferenceSession.run``: the user inputs as checked (strings as
-        object arrays of ``str``), every parameter and gradient buffer as its
-        OrtValue on the device, and ``lazy_reset_grad``. Once the run succeeds
-        (and the loss is finite, with ``check_finite``), the new gradients and
-        running statistics are copied into their buffers; a failed step leaves
-        them as they were. The same results as the bound steps: the training
-        model with ``lazy_reset_grad`` true is the reset step's computation.
-        """
-        io, store = self._io, self._store
+        """A train step without IOBinding (:mod:`onnxtrain.training.unbound`), for models with STRING user
+        inputs or outputs; any recorded update is applied first (by the optimizer model alone, as before any
+        train step that is not fused). Kept once the run succeeds (and the loss is finite, with
+        ``check_finite``)."""
+        unbound, store = self._unbound_step, self._store
+        assert unbound is not None
         store.settle()
-        inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
-        for name, tensor in self._param_slots:
-            inputs[name] = tensor.value
-        for buffer, _, grad in self._grad_slots:
-            inputs[buffer] = grad.value
-        inputs[io.flag] = self._flags[not self._accumulate]
-        names = [*io.outputs, *(out for _, out, _ in self._grad_slots), *(out for out, _ in self._stat_slots)]
         step = self._train_steps + 1
         try:
-            results = self._train_session.session.run(names, inputs, self._train_session.run_options)
+            results = unbound.run(feeds, self._accumulate)
         except Exception as error:  # onnxruntime's own exception types
-            self.raise_if_labels_out_of_range(error, io.inputs.names, feeds, f"train step {step}")
+            self.raise_if_labels_out_of_range(error, self._io.inputs.names, feeds, f"train step {step}")
             raise
-        user = len(io.outputs)
+        user = len(self._io.outputs)
         if self._check_finite and user:
-            raise_if_not_finite(results[0], step, self._store.step)
-        new = results[user:]
-        for (_, out, grad), array in zip(self._grad_slots, new[: len(self._grad_slots)], strict=True):
-            values.write(grad.value, array, f"gradient {out!r}")
-        for (out, tensor), array in zip(self._stat_slots, new[len(self._grad_slots) :], strict=True):
-            values.write(tensor.value, array, f"running statistic {out!r}")
+            raise_if_not_finite(results[0], step, store.step)
+        unbound.commit(results)
         self._accumulate = True
         store.gradient_status = "ready"
         self._train_steps = step
@@ -474,7 +464,7 @@ class Module:
         self._check_loaded("Cannot perform EvalStep with a nominal state.")
         self._store.settle()
         session = self._eval_session
-        if self._unbound_eval:  # STRING inputs or outputs: InferenceSession.run (see _unbound_train_step)
+        if self._unbound_eval:  # STRING inputs or outputs: InferenceSession.run (see onnxtrain.training.unbound)
             inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
             inputs.update((name, tensor.value) for name, tensor in self._eval_slots)
             try:

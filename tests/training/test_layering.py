@@ -42,6 +42,9 @@ def test_the_runtime_modules_import_in_one_direction() -> None:
     position = {name: i for i, name in enumerate(done)}
     assert position["store"] < position["fused"] < position["epoch"] < position["module"] < position["optimizer"]
     assert position["optimizer"] < position["schedulers"] < position["session"]
+    # what the models take and give before the state; the epoch's session before the pass that drives it
+    assert position["tensor_spec"] < position["inputs"] < position["model_io"] < position["store"]
+    assert position["epoch"] < position["train_epoch"] < position["module"]
 
 
 def test_no_module_reads_another_ones_private_names() -> None:
