@@ -442,11 +442,11 @@ class Module:
         :meth:`train_step`'s are.
 
         The full batches run as an ONNX ``Scan`` over the fused step
-        (:mod:`onnxtrain.training.epoch`, driven by :mod:`onnxtrain.training.train_epoch`), in one
-        onnxruntime call; a batch
-        runs as a step of its own where no update is recorded yet (the first
-        batch of the first epoch), where the last batch is shorter, and
-        everywhere when the optimizer has no fused step. The last batch's
+        (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
+        runs as a step of its own (:mod:`onnxtrain.training.batch_step`) where
+        no update is recorded yet (the first batch of the first epoch), where
+        the last batch is shorter, and everywhere when the optimizer has no
+        fused step (:mod:`onnxtrain.training.train_epoch` decides). The last batch's
         update is left recorded, as ``optimizer.step()`` leaves it. With
         ``check_finite``, a batch whose loss is not finite raises
         ``FloatingPointError`` with the state the per-step loop leaves; any

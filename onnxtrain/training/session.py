@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from onnxtrain.training.buffers import Buffer
 from onnxtrain.training.device import Device, ProviderSpec
 from onnxtrain.training.models import ModelSource
-from onnxtrain.training.module import Buffer, Module
+from onnxtrain.training.module import Module
 from onnxtrain.training.optimizer import Optimizer
 from onnxtrain.training.schedulers import LinearLRScheduler, LRScheduler
 from onnxtrain.training.state import TrainingState
