@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import onnx
 
-from onnxtrain.autodiff import sized
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.graph.builder import Dim
 
@@ -111,15 +111,15 @@ def sum_leading_by_product(ctx: RuleContext, grad: str, like: str, lead: int, g_
     vector-matrix product at matrix speed (3 µs; ``[8, 64, 256]`` to ``[256]``: 56 against 6 µs).
     Emits ``MatMul(ones, grad)`` for one leading axis and ``like`` of rank 0 or 1, else
     ``MatMul(ones, Reshape(grad, [-1, K]))``, reshaped to ``like``'s shape unless it has rank 1; ``ones``
-    is a constant up to :data:`~onnxtrain.autodiff.sized.SMALL_CONSTANT_LIMIT` elements, else a
-    ``ConstantOfShape`` (:func:`~onnxtrain.autodiff.sized.ones`), so that no constant grows with the
+    is a constant up to :data:`~onnxtrain.autodiff.dims.SMALL_CONSTANT_LIMIT` elements, else a
+    ``ConstantOfShape`` (:func:`~onnxtrain.autodiff.dims.ones`), so that no constant grows with the
     batch. Applies to float and double gradients whose shapes are all known sizes; with a symbolic
     batch the ones would cost two more nodes per graph, so the caller keeps ``ReduceSum``.
     """
     x_static, leading = ctx.static_shape(like), g_dims[:lead]
     if ctx.elem_type(grad) not in _PRODUCT_TYPES or x_static is None or not all(isinstance(d, int) for d in leading):
         return None
-    ones = sized.ones(ctx, [math.prod(leading)], grad)  # type: ignore[arg-type]
+    ones = dims.ones(ctx, [math.prod(leading)], grad)  # type: ignore[arg-type]
     if lead == 1 and len(x_static) <= 1:
         return ctx.op("MatMul", ones, grad)  # [M] @ [M, K] -> [K], or [M] @ [M] -> []
     summed = ctx.op("MatMul", ones, ctx.op("Reshape", grad, ctx.int64s([-1, math.prod(x_static)])))

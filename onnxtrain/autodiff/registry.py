@@ -11,6 +11,13 @@ and returns one entry per node input (``None``: no gradient for that input)::
         '''d/dx exp(x) = y'''
         return [ctx.mul(grads[0], ctx.outputs[0])]
 
+    # or, instead, the same rule in one line:
+    registry.unary("Exp", "dx = g * y", lambda ctx, g, x, y: ctx.mul(g, y))
+
+Family helpers make most rules one line, in the manner of JAX's ``deflinear``:
+:meth:`~GradientRegistry.unary` (``dx = f(g, x, y)``), :meth:`~GradientRegistry.derivative`
+(``dx = g * f'(x)``) and :meth:`~GradientRegistry.linear` (``dx = adjoint(g)``).
+
 Operators declared *non-differentiable* (``Shape``, ``Floor``, comparisons, ...)
 stop the gradient; an operator with *no rule* on the path to the loss is an
 error. The built-in registry (:func:`onnxtrain.autodiff.rules.builtin_registry`)
@@ -21,6 +28,7 @@ custom operators.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -37,6 +45,15 @@ RuleFn = Callable[["RuleContext", Grads], Sequence["str | None"]]
 
 #: An opset range: ``(since, until)``, both inclusive; ``until=None`` is open.
 OpsetRange = tuple[int, "int | None"]
+
+#: ``(ctx, g, x, y) -> dx``: the gradient of an operator's first input from its output's
+#: (:meth:`~GradientRegistry.unary`).
+UnaryGradient = Callable[["RuleContext", str, str, str], str]
+#: ``(ctx, x, y) -> f'(x)``: the derivative of an element-wise function, which its rule multiplies by the output's
+#: gradient (:meth:`~GradientRegistry.derivative`).
+Derivative = Callable[["RuleContext", str, str], str]
+#: ``(ctx, g) -> dx``: the adjoint of an operator linear in its data input (:meth:`~GradientRegistry.linear`).
+Adjoint = Callable[["RuleContext", str], str]
 
 
 def domain_key(domain: str) -> str:
@@ -165,6 +182,59 @@ class GradientRegistry:
                 raise ValueError(f"{_label(key)} has a gradient rule; it cannot also be non-differentiable")
             self._non_differentiable.add(key)
 
+    # ------------------------------------------------------------ rule families
+
+    def unary(self, op_type: str, formula: str, gradient: UnaryGradient, *, opsets: OpsetRange | None = None) -> RuleFn:
+        """Register ``dx = gradient(ctx, g, x, y)`` for an operator of one output whose only differentiable input is
+        the first, ``x`` (element-wise functions, reductions; the other inputs, such as axes, get no gradient).
+
+        ``formula`` is the rule's math, as its docstring's first line would give it.
+        """
+
+        def rule(ctx: RuleContext, grads: Grads) -> Result:
+            g = grads[0]
+            assert g is not None  # the engine calls a rule only when its output has a gradient
+            return [gradient(ctx, g, ctx.inputs[0], ctx.outputs[0])] + [None] * (len(ctx.inputs) - 1)
+
+        return self._register_family(op_type, opsets, rule, gradient, formula)
+
+    def derivative(self, op_type: str, *, opsets: OpsetRange | None = None) -> Callable[[Derivative], Derivative]:
+        """Decorator registering ``dx = g * f'(x)`` for an element-wise operator of one input from ``f'(ctx, x, y)``,
+        whose docstring gives the formula; it returns ``f'`` unchanged, for rules that reuse it."""
+
+        def register(derivative: Derivative) -> Derivative:
+            def rule(ctx: RuleContext, grads: Grads) -> Result:
+                return [ctx.mul(grads[0], derivative(ctx, ctx.inputs[0], ctx.outputs[0]))]  # type: ignore[arg-type]
+
+            self._register_family(op_type, opsets, rule, derivative, derivative.__doc__ or "")
+            return derivative
+
+        return register
+
+    def linear(self, op_type: str, formula: str, adjoint: Adjoint, *, opsets: OpsetRange | None = None) -> RuleFn:
+        """Register ``dx = adjoint(ctx, g)`` for an operator linear in its first input, whose other inputs (shapes,
+        axes, indices) carry no gradient: often the same data movement applied backwards (Reshape, Transpose).
+
+        ``formula`` is the rule's math, as its docstring's first line would give it.
+        """
+
+        def rule(ctx: RuleContext, grads: Grads) -> Result:
+            g = grads[0]
+            assert g is not None  # the engine calls a rule only when its output has a gradient
+            return [adjoint(ctx, g)] + [None] * (len(ctx.inputs) - 1)
+
+        return self._register_family(op_type, opsets, rule, adjoint, formula)
+
+    def _register_family(
+        self, op_type: str, opsets: OpsetRange | None, rule: RuleFn, source: Callable[..., str], formula: str
+    ) -> RuleFn:
+        """Register ``rule`` (made by a family helper from ``source``) for input 0, named and documented as a rule."""
+        rule.__doc__ = formula
+        rule.__module__ = source.__module__
+        name = source.__name__ if source.__name__ != "<lambda>" else _python_name(op_type)
+        rule.__name__ = rule.__qualname__ = name
+        return self.rule(op_type, opsets=opsets, inputs=(0,))(rule)
+
     def copy(self) -> GradientRegistry:
         """A mutable copy: register custom rules on it without touching this registry."""
         other = GradientRegistry()
@@ -205,6 +275,11 @@ class GradientRegistry:
         return set(self._non_differentiable)
 
 
+def _python_name(op_type: str) -> str:
+    """``leaky_relu`` for ``LeakyRelu``: the name a rule registered from a lambda goes by in messages."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", op_type).lower()
+
+
 def _label(key: tuple[str, str]) -> str:
     return f"{key[0] or 'ai.onnx'}::{key[1]}"
 
@@ -215,4 +290,15 @@ def _overlap(a: OpsetRange, b: OpsetRange) -> bool:
     return a[0] <= b_end and b[0] <= a_end
 
 
-__all__ = ["GradientRegistry", "Grads", "OpsetRange", "Result", "Rule", "RuleFn", "domain_key"]
+__all__ = [
+    "Adjoint",
+    "Derivative",
+    "GradientRegistry",
+    "Grads",
+    "OpsetRange",
+    "Result",
+    "Rule",
+    "RuleFn",
+    "UnaryGradient",
+    "domain_key",
+]

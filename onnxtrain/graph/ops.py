@@ -29,6 +29,33 @@ RANDOM_OPERATORS = (
 #: The opset from which each reduction takes its axes as an input.
 _AXES_AS_INPUT_SINCE = {"ReduceSum": 13}
 _AXES_AS_INPUT_DEFAULT = 18
+#: The opset from which ScatterND and ScatterElements take ``reduction`` (``"add"``, ``"mul"``, ...).
+_SCATTER_REDUCTION_SINCE = 16
+#: The opset from which Split takes ``num_outputs`` (an even split needs no sizes).
+_SPLIT_NUM_OUTPUTS_SINCE = 18
+#: The opset from which DFT takes its axis as an input (an attribute before).
+_DFT_AXIS_AS_INPUT_SINCE = 20
+
+
+def axes_as_input(op_type: str, opset: int) -> bool:
+    """Whether reduction ``op_type`` takes its axes as an input at ``opset`` (else as the ``axes`` attribute)."""
+    return opset >= _AXES_AS_INPUT_SINCE.get(op_type, _AXES_AS_INPUT_DEFAULT)
+
+
+def scatter_can_add(opset: int) -> bool:
+    """Whether ScatterND and ScatterElements take ``reduction="add"`` at ``opset`` (from 16 on)."""
+    return opset >= _SCATTER_REDUCTION_SINCE
+
+
+def dft_axis_as_input(opset: int) -> bool:
+    """Whether DFT takes its axis as an input at ``opset`` (from 20 on), else as the ``axis`` attribute."""
+    return opset >= _DFT_AXIS_AS_INPUT_SINCE
+
+
+def even_split(n: int, opset: int) -> dict[str, int]:
+    """The attributes of a Split into ``n`` equal parts without a sizes input: ``num_outputs`` from opset 18 on,
+    none before (the parts are then as many as the node's outputs)."""
+    return {"num_outputs": n} if opset >= _SPLIT_NUM_OUTPUTS_SINCE else {}
 
 
 def constant(b: GraphBuilder, value: object, elem_type: int, hint: str = "const") -> str:
@@ -68,7 +95,7 @@ def reduce(
     keep = int(keepdims)
     if axes is None or len(axes) == 0:
         return b.add_node1(op_type, [x], keepdims=keep, hint=hint)
-    if b.opset >= _AXES_AS_INPUT_SINCE.get(op_type, _AXES_AS_INPUT_DEFAULT):
+    if axes_as_input(op_type, b.opset):
         return b.add_node1(op_type, [x, int64s(b, axes)], keepdims=keep, hint=hint)
     return b.add_node1(op_type, [x], axes=list(axes), keepdims=keep, hint=hint)
 

@@ -1,4 +1,5 @@
-"""Specs for the matrix products, shape/data-movement and sequence operators (rules/matrix.py, shape.py, sequence.py).
+"""Specs for the matrix products, shape/data-movement and sequence operators (rules/matrix.py, shape.py, indexing.py,
+resize.py, spectral.py, sequence.py).
 
 See specs.py for the format. Index, shape and axes inputs are :class:`Extra` inputs,
 drawn in range (negative values included where the operator allows them) and given

@@ -1,4 +1,5 @@
-"""Specs for the neural-network operators (rules/nn.py); see specs.py for the format.
+"""Specs for the neural-network operators (rules/losses.py, convolution.py, pooling.py, normalization.py, sampling.py,
+region_pooling.py, attention.py, and Dropout in elementwise.py); see specs.py for the format.
 
 onnxruntime's CPU provider has no double kernels for Conv, ConvTranspose,
 AveragePool, GlobalAveragePool, GlobalMaxPool, InstanceNormalization, LpPool,

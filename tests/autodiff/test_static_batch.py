@@ -3,9 +3,9 @@
 The whole-model test models (symbolic batch ``batch``) get a static batch of
 10**7 or 10**12 and their training models are built, not run: each builds
 quickly under a cap on the address space, and its constants stay within
-:data:`~onnxtrain.autodiff.sized.SMALL_CONSTANT_LIMIT` elements. Above that
+:data:`~onnxtrain.autodiff.dims.SMALL_CONSTANT_LIMIT` elements. Above that
 limit the dimension-sized tensors of the rules are made at run time
-(:mod:`onnxtrain.autodiff.sized`); the finite-difference checks of the rules
+(:mod:`onnxtrain.autodiff.dims`); the finite-difference checks of the rules
 that use them run again with a limit of 0, so that every such tensor takes
 the run-time form, and one model runs with a batch past the limit.
 """
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from onnxtrain.autodiff import sized
+from onnxtrain.autodiff import dims as sized
 from tests.autodiff import models
 from tests.autodiff.gradcheck import DIM_MODES, build, check, excuse_forward_fault
 from tests.autodiff.test_rules import SPECS
@@ -40,7 +40,7 @@ MODEL_BYTES = 32 * 1024
 #: Seconds a build may take on a slow CI machine (about 0.2 s each here).
 SECONDS = 10.0
 
-#: The rules that make dimension-sized tensors with onnxtrain.autodiff.sized.
+#: The rules that make dimension-sized tensors with onnxtrain.autodiff.dims.
 SIZED_OPS = frozenset(
     {
         "Add",  # un-broadcasting: ones to sum the leading axes with

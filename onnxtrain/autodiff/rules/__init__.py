@@ -9,22 +9,31 @@ from __future__ import annotations
 
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.autodiff.rules import (
+    attention,
     contrib,
     control_flow,
+    convolution,
     elementwise,
+    indexing,
+    losses,
     matrix,
-    nn,
     nondifferentiable,
+    normalization,
+    pooling,
     quantized,
     recurrent,
     reductions,
+    region_pooling,
+    resize,
+    sampling,
     sequence,
     shape,
+    spectral,
 )
-from onnxtrain.autodiff.rules._builtin import REGISTRY
+from onnxtrain.autodiff.rules._builtin import registry
 
 #: The frozen registry of built-in rules.
-BUILTIN = REGISTRY.freeze()
+BUILTIN = registry.freeze()
 
 
 def builtin_registry() -> GradientRegistry:
@@ -34,16 +43,25 @@ def builtin_registry() -> GradientRegistry:
 
 __all__ = [
     "BUILTIN",
+    "attention",
     "builtin_registry",
     "contrib",
     "control_flow",
+    "convolution",
     "elementwise",
+    "indexing",
+    "losses",
     "matrix",
-    "nn",
     "nondifferentiable",
+    "normalization",
+    "pooling",
     "quantized",
     "recurrent",
     "reductions",
+    "region_pooling",
+    "resize",
+    "sampling",
     "sequence",
     "shape",
+    "spectral",
 ]

@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from onnxtrain.autodiff.registry import GradientRegistry
 
-#: Populated by ``onnxtrain.autodiff.rules.*`` when the package is imported, then frozen.
-REGISTRY = GradientRegistry()
+#: The registry each rule module of this package registers into (``@registry.rule``, ``registry.unary``, ...)
+#: when the package is imported; the package then freezes it (``onnxtrain.autodiff.rules.BUILTIN``).
+registry = GradientRegistry()

@@ -11,8 +11,9 @@ The optional ``mean`` / ``inv_std_var`` outputs carry gradients like
 LayerNormalization's (``g_mean / n`` and ``-g_inv * inv^2 * xhat / n``);
 ``input_skip_bias_sum`` is ``s`` itself, so its gradient adds to ``ds``.
 
-The reductions here pick ``axes`` as an input or an attribute by the model's
-``ai.onnx`` opset (``ctx.builder.opset``): the node's own opset is its domain's.
+The standard operators emitted here take their opset-dependent forms (a
+reduction's ``axes``, Split's ``num_outputs``) by the model's ``ai.onnx`` opset,
+``ctx.onnx_opset``: the node's own opset is its domain's.
 """
 
 from __future__ import annotations
@@ -22,25 +23,23 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.registry import RuleFn
+from onnxtrain.autodiff.registry import Grads, Result, RuleFn
 from onnxtrain.autodiff.rules import elementwise
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-from onnxtrain.autodiff.rules.nn import (
-    _dims,
-    _heads,
-    _rms_scale,
-    _rms_scale_grad,
-    _standardize,
-    _standardize_grad,
+from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.autodiff.rules.backward_helpers import (
+    rms_scale,
+    rms_scale_grad,
+    scatter_add_rows,
+    split_heads,
+    standardize,
+    standardize_grad,
 )
-from onnxtrain.autodiff.rules.shape import scatter_add_rows
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.graph import ops
 
 MS = "com.microsoft"
 #: QuickGelu's default ``alpha`` (ONNX Runtime's).
@@ -107,10 +106,10 @@ def _statistics_terms(
 
 def _last_size_inverse(ctx: RuleContext, x: str) -> str | float:
     """``1 / n``, ``n`` the size of ``x``'s last axis (a constant when known)."""
-    dims = ctx.shape(x)
-    if dims is not None and dims and isinstance(dims[-1], int):
-        return 1.0 / int(dims[-1])
-    last = ctx.op("Slice", ctx.op("Shape", x), ctx.int64s([-1]), ctx.int64s([2**63 - 1]))
+    x_dims = ctx.shape(x)
+    if x_dims is not None and x_dims and isinstance(x_dims[-1], int):
+        return 1.0 / int(x_dims[-1])
+    last = ctx.op("Slice", ctx.op("Shape", x), ctx.int64s([-1]), ctx.int64s([dims.INT64_MAX]))
     return ctx.op("Reciprocal", ctx.cast_like(last, x))
 
 
@@ -143,10 +142,10 @@ def _layer_norm_last(
     the output, the mean, the inverse deviation and ``s``."""
     gamma = ctx.inputs[gamma_index]
     g, g_mean, g_inv, g_sum = [*grads, None, None, None][:4]
-    xhat, inv = _standardize(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
+    xhat, inv = standardize(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
     terms = []
     if g is not None:
-        terms.append(_standardize_grad(ctx, ctx.mul(g, gamma), xhat, inv, [-1]))
+        terms.append(standardize_grad(ctx, ctx.mul(g, gamma), xhat, inv, [-1]))
     if g_mean is not None or g_inv is not None:
         terms += _statistics_terms(ctx, s, xhat, inv, g_mean, g_inv, _last_size_inverse(ctx, s))
     if g_sum is not None:
@@ -168,10 +167,10 @@ def _rms_norm_last(ctx: RuleContext, s: str, grads: Grads) -> tuple[str | None, 
             f"{ctx.node.op_type} node {ctx.node.name!r}: its mean output (output 1) is not computed by the RMS "
             "normalization; keep it off the path to the loss"
         )
-    xh, r = _rms_scale(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
+    xh, r = rms_scale(ctx, s, [-1], float(ctx.attr("epsilon", 1e-12)))
     terms = []
     if g is not None:
-        terms.append(_rms_scale_grad(ctx, ctx.mul(g, gamma), xh, r, [-1]))
+        terms.append(rms_scale_grad(ctx, ctx.mul(g, gamma), xh, r, [-1]))
     if g_inv is not None:
         terms += _statistics_terms(ctx, s, xh, r, None, g_inv, _last_size_inverse(ctx, s))
     if g_sum is not None:
@@ -251,7 +250,7 @@ def _normalized_axes(ctx: RuleContext, x: str) -> list[int]:
 
 def _inverse_size(ctx: RuleContext, x: str, axes: list[int]) -> str | float:
     """``1 / n``, ``n`` the number of normalized elements per row."""
-    size = _dims(ctx, x, axes[0])
+    size = dims.dims_of(ctx, x, axes[0])
     if isinstance(size, list):
         return 1.0 / math.prod(size)
     return ctx.op("Reciprocal", ctx.cast_like(ctx.op("ReduceProd", size, keepdims=0), x))
@@ -260,15 +259,15 @@ def _inverse_size(ctx: RuleContext, x: str, axes: list[int]) -> str | float:
 @_rule("LayerNormalization", opsets=(1, 16), inputs=(0, 1, 2))
 def layer_norm_contrib(ctx: RuleContext, grads: Grads) -> Result:
     """(ONNX Runtime's, below opset 17) dx = inv (gh - mean(gh) - xhat mean(gh xhat)), gh = g scale; dscale = sum(g xhat), dB = sum(g)"""  # noqa: E501
-    # onnx defines LayerNormalization from opset 17 (nn.layer_norm); below, ONNX Runtime
+    # onnx defines LayerNormalization from opset 17 (normalization.layer_norm); below, ONNX Runtime
     # registers its own with the same math, whose Mean / InvStdDev are recomputed here.
     x, scale = ctx.inputs[:2]
     axes = _normalized_axes(ctx, x)
     g, g_mean, g_inv = [*grads, None, None][:3]
-    xhat, inv = _standardize(ctx, x, axes, ctx.attr("epsilon", 1e-5))
+    xhat, inv = standardize(ctx, x, axes, ctx.attr("epsilon", 1e-5))
     terms = []
     if g is not None:
-        terms.append(_standardize_grad(ctx, ctx.mul(g, scale), xhat, inv, axes))
+        terms.append(standardize_grad(ctx, ctx.mul(g, scale), xhat, inv, axes))
     if g_mean is not None or g_inv is not None:
         terms += _statistics_terms(ctx, x, xhat, inv, g_mean, g_inv, _inverse_size(ctx, x, axes))
     dx = _sum_of(ctx, terms) if terms and ctx.needs(0) else None
@@ -283,10 +282,10 @@ def simplified_layer_norm(ctx: RuleContext, grads: Grads) -> Result:
     x, scale = ctx.inputs[:2]
     axes = _normalized_axes(ctx, x)
     g, g_inv = [*grads, None][:2]
-    xh, r = _rms_scale(ctx, x, axes, float(ctx.attr("epsilon", 1e-5)))
+    xh, r = rms_scale(ctx, x, axes, float(ctx.attr("epsilon", 1e-5)))
     terms = []
     if g is not None:
-        terms.append(_rms_scale_grad(ctx, ctx.mul(g, scale), xh, r, axes))
+        terms.append(rms_scale_grad(ctx, ctx.mul(g, scale), xh, r, axes))
     if g_inv is not None:
         terms += _statistics_terms(ctx, x, xh, r, None, g_inv, _inverse_size(ctx, x, axes))
     dx = _sum_of(ctx, terms) if terms and ctx.needs(0) else None
@@ -328,10 +327,7 @@ def bias_split_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """u = X + bias = [a, b] (halves of the last axis), y = a Gelu(b): dX = dbias = [g Gelu(b), g a (Phi(b) + b phi(b))]"""  # noqa: E501
     # ONNX Runtime's fusion of Add, two Slices, Gelu (erf) and Mul (a GEGLU); its kernel is CUDA's only
     u = ctx.add(ctx.inputs[0], ctx.inputs[1])
-    if ctx.onnx_opset >= 18:
-        a, b = ctx.op_n("Split", 2, u, axis=-1, num_outputs=2)
-    else:
-        a, b = ctx.op_n("Split", 2, u, axis=-1)
+    a, b = ctx.op_n("Split", 2, u, axis=-1, **ops.even_split(2, ctx.onnx_opset))
     cdf = ctx.mul(ctx.add(ctx.op("Erf", ctx.mul(b, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
     pdf = ctx.mul(ctx.op("Exp", ctx.mul(ctx.square(b), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
     g = grads[0]
@@ -421,7 +417,9 @@ def _attention_allowed(ctx: RuleContext, mask: str | None, x: str, rows: str, co
             batch = ctx.op("Slice", ctx.op("Shape", x), ctx.int64s([0]), ctx.int64s([1]))
             end = ctx.op("Slice", positions, ctx.int64s([0]), batch)
             # a [B] mask has no start positions: they are the zeros appended
-            padded = ctx.op("Concat", positions, ctx.op("ConstantOfShape", batch, value=_int64_zero()), axis=0)
+            padded = ctx.op(
+                "Concat", positions, ctx.op("ConstantOfShape", batch, value=dims.fill_value(ctx, positions, 0)), axis=0
+            )
             start = ctx.op("Slice", padded, batch, ctx.op("Add", batch, batch))
             column = ctx.op("Reshape", cols, ctx.int64s([1, 1, 1, -1]))
 
@@ -446,10 +444,6 @@ def _attention_allowed(ctx: RuleContext, mask: str | None, x: str, rows: str, co
     return allowed
 
 
-def _int64_zero() -> TensorProto:
-    return helper.make_tensor("value", TensorProto.INT64, [1], [0])
-
-
 def _arange_of(ctx: RuleContext, x: str, axis: int) -> str:
     """``0, 1, ..., x.shape[axis] - 1`` as int64."""
     size = ctx.op("Squeeze", ctx.op("Slice", ctx.op("Shape", x), ctx.int64s([axis]), ctx.int64s([axis + 1])))
@@ -460,7 +454,7 @@ def _scaled_dot_product_grads(
     ctx: RuleContext, g: str, q4: str, k4: str, v4: str, heads: int, allowed: str | None, bias_input: int | None
 ) -> tuple[str, str, str, str | None]:
     """dq, dk, dv (``[B, S, H]`` layouts) and d attention_bias of ``softmax(scale q k^T + bias + mask) v``."""
-    depth = _dims(ctx, q4, 3, 4)
+    depth = dims.dims_of(ctx, q4, 3, 4)
     if ctx.attr("scale") is not None and float(ctx.attr("scale")) != 0.0:
         scale: str | float = float(ctx.attr("scale"))
     elif isinstance(depth, list):
@@ -475,7 +469,7 @@ def _scaled_dot_product_grads(
         masked = ctx.const(float(ctx.attr("mask_filter_value", _MASK_FILTER_VALUE)), q4)
         z = ctx.add(z, ctx.where(allowed, ctx.const(0.0, q4), masked))
     p = ctx.op("Softmax", z, axis=-1)
-    g4 = _heads(ctx, g, heads)
+    g4 = split_heads(ctx, g, heads)
     dv = ctx.op("MatMul", ctx.op("Transpose", p, perm=t_last), g4)
     dp = ctx.op("MatMul", g4, ctx.op("Transpose", v4, perm=t_last))
     dz = ctx.mul(p, ctx.sub(dp, ctx.op("ReduceSum", ctx.mul(dp, p), ctx.int64s([-1]), keepdims=1)))
@@ -518,11 +512,9 @@ def attention_contrib(ctx: RuleContext, grads: Grads) -> Result:
     sizes = ctx.attr("qkv_hidden_sizes")
     if sizes:
         q, k, v = ctx.op_n("Split", 3, qkv, ctx.int64s([int(d) for d in sizes]), axis=-1)
-    elif ctx.builder.opset >= 18:
-        q, k, v = ctx.op_n("Split", 3, qkv, axis=-1, num_outputs=3)
     else:
-        q, k, v = ctx.op_n("Split", 3, qkv, axis=-1)
-    q4, k4, v4 = _heads(ctx, q, heads), _heads(ctx, k, heads), _heads(ctx, v, heads)
+        q, k, v = ctx.op_n("Split", 3, qkv, axis=-1, **ops.even_split(3, ctx.onnx_opset))
+    q4, k4, v4 = split_heads(ctx, q, heads), split_heads(ctx, k, heads), split_heads(ctx, v, heads)
     mask = ctx.inputs[3] if ctx.has_input(3) else None
     positions = _arange_of(ctx, x, 1)
     allowed = _attention_allowed(ctx, mask, x, positions, positions, bool(ctx.attr("unidirectional", 0)))
@@ -569,7 +561,7 @@ def multi_head_attention(ctx: RuleContext, grads: Grads) -> Result:
         widths = [ctx.op("Slice", ctx.op("Shape", t), ctx.int64s([-1]), ctx.int64s([3])) for t in parts]
         biases = ctx.op_n("Split", 3, ctx.inputs[3], ctx.op("Concat", *widths, axis=0), axis=0)
         parts = [ctx.add(t, b) for t, b in zip(parts, biases, strict=True)]
-    q4, k4, v4 = (_heads(ctx, t, heads) for t in parts)
+    q4, k4, v4 = (split_heads(ctx, t, heads) for t in parts)
     mask = ctx.inputs[4] if ctx.has_input(4) else None
     causal = bool(ctx.attr("unidirectional", 0))
     allowed = _attention_allowed(ctx, mask, query, _arange_of(ctx, query, 1), _arange_of(ctx, key, 1), causal)
@@ -613,7 +605,7 @@ def rotary_embedding_contrib(ctx: RuleContext, grads: Grads) -> Result:
     x, positions, cos_cache, sin_cache = ctx.inputs[:4]
     rank = ctx.known_rank(x)
     transposed = rank == 4
-    half = _dims(ctx, cos_cache, 1, 2)
+    half = dims.dims_of(ctx, cos_cache, 1, 2)
     rotary = int(ctx.attr("rotary_embedding_dim", 0))
     width: list[int] | str = [rotary] if rotary else (half if not isinstance(half, list) else [2 * half[0]])
     if isinstance(width, str):
@@ -623,20 +615,22 @@ def rotary_embedding_contrib(ctx: RuleContext, grads: Grads) -> Result:
         shape = (
             ctx.int64s([0, 0, heads, -1])
             if heads
-            else ctx.op("Concat", ctx.int64s([0, 0, -1]), _vector(ctx, width), axis=0)
+            else ctx.op("Concat", ctx.int64s([0, 0, -1]), dims.as_vector(ctx, width), axis=0)
         )
         g = ctx.op("Reshape", g, shape)  # type: ignore[arg-type]
     cos = _rotary_angles(ctx, cos_cache, positions, x, transposed)
     sin = _rotary_angles(ctx, sin_cache, positions, x, transposed)
     last = ctx.int64s([-1])
-    rotated = ctx.op("Slice", g, ctx.int64s([0]), _vector(ctx, width), last)  # type: ignore[arg-type]
-    rest = ctx.op("Slice", g, _vector(ctx, width), ctx.int64s([2**63 - 1]), last)  # type: ignore[arg-type]
+    rotated = ctx.op("Slice", g, ctx.int64s([0]), dims.as_vector(ctx, width), last)  # type: ignore[arg-type]
+    rest = ctx.op("Slice", g, dims.as_vector(ctx, width), ctx.int64s([dims.INT64_MAX]), last)  # type: ignore[arg-type]
     if ctx.attr("interleaved", 0):
         pairs = ctx.op("Reshape", rotated, ctx.int64s([0, 0, 0, -1, 2]))
         a, b = ctx.op_n("Split", 2, pairs, ctx.int64s([1, 1]), axis=-1)
         cos, sin = (ctx.op("Unsqueeze", t, last) for t in (cos, sin))
     else:
-        a, b = ctx.op_n("Split", 2, rotated, ctx.op("Concat", _vector(ctx, half), _vector(ctx, half), axis=0), axis=-1)
+        a, b = ctx.op_n(
+            "Split", 2, rotated, ctx.op("Concat", dims.as_vector(ctx, half), dims.as_vector(ctx, half), axis=0), axis=-1
+        )
     da = ctx.add(ctx.mul(a, cos), ctx.mul(b, sin))
     db = ctx.sub(ctx.mul(b, cos), ctx.mul(a, sin))
     back = ctx.op("Concat", da, db, axis=-1)
@@ -644,7 +638,3 @@ def rotary_embedding_contrib(ctx: RuleContext, grads: Grads) -> Result:
         back = ctx.op("Reshape", back, ctx.int64s([0, 0, 0, -1]))
     dx = ctx.op("Reshape", ctx.op("Concat", back, rest, axis=-1), ctx.shape_of(x))
     return [dx, None, None, None]
-
-
-def _vector(ctx: RuleContext, v: list[int] | str) -> str:
-    return ctx.int64s(v) if isinstance(v, list) else v

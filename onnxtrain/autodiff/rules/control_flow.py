@@ -37,13 +37,11 @@ from onnx import helper
 
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.paths import carries_float
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.subgraph import Subgraph
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import describe_type
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
 
 _INT64 = onnx.TensorProto.INT64
 _BOOL = onnx.TensorProto.BOOL

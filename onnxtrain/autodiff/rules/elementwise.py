@@ -1,4 +1,4 @@
-"""Element-wise operators: arithmetic, activations, selection and casts (and Det and OneHot, whose
+"""Element-wise operators: arithmetic, activations, selection, casts and Dropout (and Det and OneHot, whose
 gradients are as short).
 
 Notation: ``x`` (``a``, ``b``) are the inputs, ``y`` the output and ``g`` the
@@ -10,42 +10,24 @@ derivative of the right-hand piece only where the function is ``x`` there
 (``Relu'(0) = 0``, ``Abs'(0) = 0``), ``Clip`` passes the gradient to ``x`` on
 its (closed) interval, and ``Min``/``Max`` split the gradient evenly among tied
 inputs (as JAX and PyTorch do), so the input gradients always sum to ``g``.
+
+Most rules are one line: ``registry.unary`` for ``dx = f(g, x, y)``,
+``@registry.derivative`` for ``dx = g * f'(x)`` (``f'`` from ``x`` and ``y``),
+``registry.linear`` for operators linear in their input (Neg, Identity, casts).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
 
 import numpy as np
 from onnx import TensorProto
 
-from onnxtrain.autodiff import sized
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.registry import OpsetRange
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
-
-
-def unary(
-    op_type: str, opsets: OpsetRange | None = None
-) -> Callable[[Callable[[RuleContext, str, str], str]], Callable]:
-    """Register ``dx = g * f'(x)`` for a one-input operator from ``f'``, given ``(ctx, x, y)``."""
-
-    def register(derivative: Callable[[RuleContext, str, str], str]) -> Callable:
-        def rule(ctx: RuleContext, grads: Grads) -> Result:
-            return [ctx.mul(grads[0], derivative(ctx, ctx.inputs[0], ctx.outputs[0]))]
-
-        rule.__doc__ = derivative.__doc__
-        rule.__name__ = rule.__qualname__ = derivative.__name__
-        rule.__module__ = derivative.__module__
-        registry.rule(op_type, opsets=opsets, inputs=(0,))(rule)
-        return derivative
-
-    return register
-
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.autodiff.rules.backward_helpers import data_only
 
 # ------------------------------------------------------------------ arithmetic
 
@@ -79,10 +61,7 @@ def div(ctx: RuleContext, grads: Grads) -> Result:
     return [da, ctx.neg(ctx.mul(da, ctx.outputs[0]))]
 
 
-@registry.rule("Neg", inputs=(0,))
-def neg(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = -g"""
-    return [ctx.neg(grads[0])]
+registry.linear("Neg", "dx = -g", lambda ctx, g: ctx.neg(g))
 
 
 @registry.rule("Pow", broadcasting=True)
@@ -101,46 +80,17 @@ def pow_(ctx: RuleContext, grads: Grads) -> Result:
     return [dx, dp]
 
 
-@registry.rule("Reciprocal", inputs=(0,))
-def reciprocal(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = -g * y**2"""
-    return [ctx.neg(ctx.mul(grads[0], ctx.square(ctx.outputs[0])))]
-
-
-@registry.rule("Sqrt", inputs=(0,))
-def sqrt(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g * 0.5 / y"""
-    return [ctx.div(ctx.mul(grads[0], 0.5), ctx.outputs[0])]
-
-
-@registry.rule("Exp", inputs=(0,))
-def exp(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g * y"""
-    return [ctx.mul(grads[0], ctx.outputs[0])]
-
-
-@registry.rule("Log", inputs=(0,))
-def log(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g / x"""
-    return [ctx.div(grads[0], ctx.inputs[0])]
-
-
-@registry.rule("Abs", inputs=(0,))
-def abs_(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g * sign(x)  (0 at x = 0)"""
-    return [ctx.mul(grads[0], ctx.op("Sign", ctx.inputs[0]))]
-
-
-@registry.rule("Identity", inputs=(0,))
-def identity(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g"""
-    return [grads[0]]
-
-
-@registry.rule("Cast", inputs=(0,))
-def cast(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = cast(g, type of x); a cast from an integer type has no gradient"""
-    return [ctx.cast_like(grads[0], ctx.inputs[0])]
+registry.unary("Reciprocal", "dx = -g * y**2", lambda ctx, g, x, y: ctx.neg(ctx.mul(g, ctx.square(y))))
+registry.unary("Sqrt", "dx = g * 0.5 / y", lambda ctx, g, x, y: ctx.div(ctx.mul(g, 0.5), y))
+registry.unary("Exp", "dx = g * y", lambda ctx, g, x, y: ctx.mul(g, y))
+registry.unary("Log", "dx = g / x", lambda ctx, g, x, y: ctx.div(g, x))
+registry.unary("Abs", "dx = g * sign(x)  (0 at x = 0)", lambda ctx, g, x, y: ctx.mul(g, ctx.op("Sign", x)))
+registry.linear("Identity", "dx = g", lambda ctx, g: g)
+registry.linear(
+    "Cast",
+    "dx = cast(g, type of x); a cast from an integer type has no gradient",
+    lambda ctx, g: ctx.cast_like(g, ctx.inputs[0]),
+)
 
 
 # ----------------------------------------------------------- variadic and selection
@@ -205,13 +155,13 @@ def clip(ctx: RuleContext, grads: Grads) -> Result:
 # ------------------------------------------------------------------ transcendental
 
 
-@unary("Erf")
+@registry.derivative("Erf")
 def erf(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx erf(x) = 2 / sqrt(pi) * exp(-x**2)"""
     return ctx.mul(ctx.op("Exp", ctx.neg(ctx.square(x))), 2.0 / math.sqrt(math.pi))
 
 
-@unary("Sin")
+@registry.derivative("Sin")
 def sin(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx sin(x) = cos(x)"""
     if ctx.elem_type(x) == TensorProto.DOUBLE:  # as sin(x + pi/2): onnxruntime <= 1.23 has no double Cos kernel
@@ -219,67 +169,64 @@ def sin(ctx: RuleContext, x: str, y: str) -> str:
     return ctx.op("Cos", x)
 
 
-@registry.rule("Cos", inputs=(0,))
-def cos(ctx: RuleContext, grads: Grads) -> Result:
-    """d/dx cos(x) = -sin(x)"""
-    return [ctx.neg(ctx.mul(grads[0], ctx.op("Sin", ctx.inputs[0])))]
+registry.unary("Cos", "d/dx cos(x) = -sin(x)", lambda ctx, g, x, y: ctx.neg(ctx.mul(g, ctx.op("Sin", x))))
 
 
-@unary("Tan")
+@registry.derivative("Tan")
 def tan(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx tan(x) = 1 + y**2"""
     return ctx.add(ctx.square(y), 1.0)
 
 
-@unary("Asin")
+@registry.derivative("Asin")
 def asin(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx asin(x) = 1 / sqrt(1 - x**2)"""
     return ctx.op("Reciprocal", ctx.op("Sqrt", ctx.sub(1.0, ctx.square(x))))
 
 
-@unary("Acos")
+@registry.derivative("Acos")
 def acos(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx acos(x) = -1 / sqrt(1 - x**2)"""
     return ctx.div(-1.0, ctx.op("Sqrt", ctx.sub(1.0, ctx.square(x))))
 
 
-@unary("Atan")
+@registry.derivative("Atan")
 def atan(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx atan(x) = 1 / (1 + x**2)"""
     return ctx.op("Reciprocal", ctx.add(ctx.square(x), 1.0))
 
 
-@unary("Sinh")
+@registry.derivative("Sinh")
 def sinh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx sinh(x) = cosh(x)"""
     return ctx.op("Cosh", x)
 
 
-@unary("Cosh")
+@registry.derivative("Cosh")
 def cosh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx cosh(x) = sinh(x)"""
     return ctx.op("Sinh", x)
 
 
-@unary("Tanh")
+@registry.derivative("Tanh")
 def tanh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx tanh(x) = 1 - y**2"""
     return ctx.sub(1.0, ctx.square(y))
 
 
-@unary("Asinh")
+@registry.derivative("Asinh")
 def asinh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx asinh(x) = 1 / sqrt(x**2 + 1)"""
     return ctx.op("Reciprocal", ctx.op("Sqrt", ctx.add(ctx.square(x), 1.0)))
 
 
-@unary("Acosh")
+@registry.derivative("Acosh")
 def acosh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx acosh(x) = 1 / sqrt(x**2 - 1)"""
     return ctx.op("Reciprocal", ctx.op("Sqrt", ctx.sub(ctx.square(x), 1.0)))
 
 
-@unary("Atanh")
+@registry.derivative("Atanh")
 def atanh(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx atanh(x) = 1 / (1 - x**2)"""
     return ctx.op("Reciprocal", ctx.sub(1.0, ctx.square(x)))
@@ -288,43 +235,40 @@ def atanh(ctx: RuleContext, x: str, y: str) -> str:
 # --------------------------------------------------------------------- activations
 
 
-@unary("Sigmoid")
+def _positive(ctx: RuleContext, x: str) -> str:
+    """``x > 0``: where the rectifiers pass ``g`` through."""
+    return ctx.compare("Greater", x, 0.0)
+
+
+@registry.derivative("Sigmoid")
 def sigmoid(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx sigmoid(x) = y * (1 - y)"""
     return ctx.mul(y, ctx.sub(1.0, y))
 
 
-@unary("Softplus")
+@registry.derivative("Softplus")
 def softplus(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx log(1 + exp(x)) = sigmoid(x)"""
     return ctx.op("Sigmoid", x)
 
 
-@unary("Softsign")
+@registry.derivative("Softsign")
 def softsign(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x / (1 + |x|) = 1 / (1 + |x|)**2"""
     return ctx.op("Reciprocal", ctx.square(ctx.add(ctx.op("Abs", x), 1.0)))
 
 
-@registry.rule("Relu", inputs=(0,))
-def relu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > 0, else 0"""
-    return [ctx.where(ctx.compare("Greater", ctx.inputs[0], 0.0), grads[0], 0.0)]
-
-
-@registry.rule("LeakyRelu", inputs=(0,))
-def leaky_relu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > 0, else alpha * g"""
-    (g,) = grads
-    alpha = ctx.attr("alpha", 0.01)
-    return [ctx.where(ctx.compare("Greater", ctx.inputs[0], 0.0), g, ctx.mul(g, alpha))]
-
-
-@registry.rule("ThresholdedRelu", inputs=(0,))
-def thresholded_relu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > alpha, else 0"""
-    alpha = ctx.attr("alpha", 1.0)
-    return [ctx.where(ctx.compare("Greater", ctx.inputs[0], alpha), grads[0], 0.0)]
+registry.unary("Relu", "dx = g where x > 0, else 0", lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, 0.0))
+registry.unary(
+    "LeakyRelu",
+    "dx = g where x > 0, else alpha * g",
+    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.attr("alpha", 0.01))),
+)
+registry.unary(
+    "ThresholdedRelu",
+    "dx = g where x > alpha, else 0",
+    lambda ctx, g, x, y: ctx.where(ctx.compare("Greater", x, ctx.attr("alpha", 1.0)), g, 0.0),
+)
 
 
 @registry.rule("PRelu", broadcasting=True)
@@ -338,13 +282,11 @@ def prelu(ctx: RuleContext, grads: Grads) -> Result:
     return [dx, dslope]
 
 
-@registry.rule("Elu", inputs=(0,))
-def elu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > 0, else g * (y + alpha)"""
-    (g,) = grads
-    alpha = ctx.attr("alpha", 1.0)
-    y = ctx.outputs[0]
-    return [ctx.where(ctx.compare("Greater", ctx.inputs[0], 0.0), g, ctx.mul(g, ctx.add(y, alpha)))]
+registry.unary(
+    "Elu",
+    "dx = g where x > 0, else g * (y + alpha)",
+    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.add(y, ctx.attr("alpha", 1.0)))),
+)
 
 
 @registry.rule("Selu", inputs=(0,))
@@ -359,35 +301,30 @@ def selu(ctx: RuleContext, grads: Grads) -> Result:
     ]
 
 
-@registry.rule("Celu", inputs=(0,))
-def celu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > 0, else g * (y / alpha + 1)"""
-    (g,) = grads
-    alpha = ctx.attr("alpha", 1.0)
-    y = ctx.outputs[0]
-    return [ctx.where(ctx.compare("Greater", ctx.inputs[0], 0.0), g, ctx.mul(g, ctx.add(ctx.div(y, alpha), 1.0)))]
+registry.unary(
+    "Celu",
+    "dx = g where x > 0, else g * (y / alpha + 1)",
+    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.add(ctx.div(y, ctx.attr("alpha", 1.0)), 1.0))),
+)
+registry.unary(
+    "HardSigmoid",
+    "dx = alpha * g where 0 < y < 1, else 0",
+    lambda ctx, g, x, y: ctx.where(
+        ctx.op("And", ctx.compare("Greater", y, 0.0), ctx.compare("Less", y, 1.0)),
+        ctx.mul(g, ctx.attr("alpha", 0.2)),
+        0.0,
+    ),
+)
 
 
-@registry.rule("HardSigmoid", inputs=(0,))
-def hard_sigmoid(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = alpha * g where 0 < y < 1, else 0"""
-    (g,) = grads
-    y = ctx.outputs[0]
-    alpha = ctx.attr("alpha", 0.2)
-    linear = ctx.op("And", ctx.compare("Greater", y, 0.0), ctx.compare("Less", y, 1.0))
-    return [ctx.where(linear, ctx.mul(g, alpha), 0.0)]
-
-
-@registry.rule("HardSwish", inputs=(0,))
-def hard_swish(ctx: RuleContext, grads: Grads) -> Result:
+@registry.derivative("HardSwish")
+def hard_swish(ctx: RuleContext, x: str, y: str) -> str:
     """dx = g * (0 for x < -3, x / 3 + 1/2 for -3 <= x <= 3, 1 for x > 3)"""
-    (g,) = grads
-    x = ctx.inputs[0]
     middle = ctx.where(ctx.compare("Less", x, -3.0), 0.0, ctx.add(ctx.div(x, 3.0), 0.5))
-    return [ctx.mul(g, ctx.where(ctx.compare("Greater", x, 3.0), 1.0, middle))]
+    return ctx.where(ctx.compare("Greater", x, 3.0), 1.0, middle)
 
 
-@unary("Mish", opsets=(18, None))
+@registry.derivative("Mish", opsets=(18, None))
 def mish(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x * tanh(softplus(x)) = t + x * sigmoid(x) * (1 - t**2), t = y / x (tanh(log 2) at 0)"""
     t = ctx.where(ctx.compare("Equal", x, 0.0), math.tanh(math.log(2.0)), ctx.div(y, x))
@@ -398,7 +335,7 @@ _GELU_K = math.sqrt(2.0 / math.pi)
 _GELU_C = 0.044715
 
 
-@unary("Gelu", opsets=(20, None))
+@registry.derivative("Gelu", opsets=(20, None))
 def gelu(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x * Phi(x) = Phi(x) + x * phi(x); tanh form: (1 + t) / 2 + x (1 - t**2) k (1 + 3 c x**2) / 2"""
     x2 = ctx.square(x)
@@ -412,7 +349,7 @@ def gelu(ctx: RuleContext, x: str, y: str) -> str:
     return ctx.add(cdf, ctx.mul(x, pdf))
 
 
-@unary("Swish", opsets=(24, None))
+@registry.derivative("Swish", opsets=(24, None))
 def swish(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x * sigmoid(alpha x) = s + alpha * y * (1 - s), s = sigmoid(alpha x)"""
     alpha = float(ctx.attr("alpha", 1.0))
@@ -420,20 +357,46 @@ def swish(ctx: RuleContext, x: str, y: str) -> str:
     return ctx.add(s, ctx.mul(ctx.mul(y, alpha), ctx.sub(1.0, s)))
 
 
-@registry.rule("Shrink", inputs=(0,))
-def shrink(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where |x| > lambd, else 0"""
-    lambd = float(ctx.attr("lambd", 0.5))
-    return [ctx.where(ctx.compare("Greater", ctx.op("Abs", ctx.inputs[0]), lambd), grads[0], 0.0)]
+registry.unary(
+    "Shrink",
+    "dx = g where |x| > lambd, else 0",
+    lambda ctx, g, x, y: ctx.where(ctx.compare("Greater", ctx.op("Abs", x), float(ctx.attr("lambd", 0.5))), g, 0.0),
+)
+
+
+# --------------------------------------------------------------------- dropout
+
+
+@registry.rule("Dropout", opsets=(12, None), inputs=(0,))
+def dropout(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g * mask / (1 - ratio) in training mode (the forward pass's mask), else dx = g"""
+    g = grads[0]
+    x = ctx.inputs[0]
+    if g is None:
+        return [None] * len(ctx.inputs)
+    training = ctx.inputs[2] if ctx.has_input(2) else None
+    mode = ctx.constant_value(training) if training else np.array(False)
+    if mode is not None and not bool(mode):
+        return data_only(ctx, g)
+    mask = ctx.ensure_output(1, "dropout_mask")
+    ratio = ctx.constant_value(ctx.inputs[1]) if ctx.has_input(1) else np.array(0.5)
+    if ratio is not None:
+        scale: str | float = 1.0 / (1.0 - float(ratio))
+    else:
+        scale = ctx.op("Reciprocal", ctx.sub(1.0, ctx.cast_like(ctx.inputs[1], x)))
+    if mode is None:  # decided at run time; in inference mode the mask is all true
+        scale = ctx.where(training, scale if isinstance(scale, str) else ctx.const(scale, x), 1.0)  # type: ignore[arg-type]
+    return data_only(ctx, ctx.where(mask, ctx.mul(g, scale), 0.0))
 
 
 # --------------------------------------------------------------------- casts and remainders
 
 
-@registry.rule("CastLike", inputs=(0,))
-def cast_like(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = cast(g, type of x); target_type only gives the type"""
-    return [ctx.cast_like(grads[0], ctx.inputs[0]), None]
+registry.linear(
+    "CastLike",
+    "dx = cast(g, type of x); target_type only gives the type",
+    lambda ctx, g: ctx.cast_like(g, ctx.inputs[0]),
+)
 
 
 @registry.rule("Mod", broadcasting=True)
@@ -453,11 +416,6 @@ def mod(ctx: RuleContext, grads: Grads) -> Result:
 # --------------------------------------------------------------------- determinants
 
 
-def _i64(ctx: RuleContext, value: object) -> str:
-    """An int64 constant (a scalar for a scalar ``value``)."""
-    return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
-
-
 def _minor_indices(ctx: RuleContext, n: str | int) -> str:
     """``r[i, k] = k + (k >= i)``, shape ``[n, n - 1]``: the rows (or columns) left when row ``i`` goes."""
     if isinstance(n, int):
@@ -465,10 +423,8 @@ def _minor_indices(ctx: RuleContext, n: str | int) -> str:
             np.array([[k + (k >= i) for k in range(n - 1)] for i in range(n)], np.int64).reshape(n, max(n - 1, 0)),
             ctx.int64s([0]),
         )
-    i = ctx.op("Unsqueeze", ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1)), ctx.int64s([1]))
-    k = ctx.op(
-        "Unsqueeze", ctx.op("Range", _i64(ctx, 0), ctx.op("Sub", n, _i64(ctx, 1)), _i64(ctx, 1)), ctx.int64s([0])
-    )
+    i = ctx.op("Unsqueeze", dims.int64_range(ctx, n), ctx.int64s([1]))
+    k = ctx.op("Unsqueeze", dims.int64_range(ctx, ctx.op("Sub", n, dims.int64_scalar(ctx, 1))), ctx.int64s([0]))
     return ctx.op("Add", k, ctx.cast(ctx.op("GreaterOrEqual", k, i), TensorProto.INT64))
 
 
@@ -476,8 +432,8 @@ def _checkerboard(ctx: RuleContext, n: str | int, like: str) -> str:
     """``(-1)**(i + j)``, shape ``[n, n]``, of the element type of ``like``."""
     if isinstance(n, int):
         return ctx.const(np.fromfunction(lambda i, j: 1.0 - 2.0 * ((i + j) % 2), (n, n)), like)
-    i = ctx.op("Range", _i64(ctx, 0), n, _i64(ctx, 1))
-    parity = ctx.op("Mod", ctx.op("Add", ctx.op("Unsqueeze", i, ctx.int64s([1])), i), _i64(ctx, 2))
+    i = dims.int64_range(ctx, n)
+    parity = ctx.op("Mod", ctx.op("Add", ctx.op("Unsqueeze", i, ctx.int64s([1])), i), dims.int64_scalar(ctx, 2))
     return ctx.sub(1.0, ctx.mul(ctx.cast_like(parity, like), 2.0))
 
 
@@ -487,12 +443,12 @@ def det(ctx: RuleContext, grads: Grads) -> Result:
     # No inverse, so singular X is fine; n^2 determinants of size n - 1 per matrix (memory ~ n^4).
     (g,) = grads
     x = ctx.inputs[0]
-    dims = ctx.shape(x)
+    x_dims = ctx.shape(x)
     n: str | int
-    if dims is not None and isinstance(dims[-1], int) and sized.is_small(dims[-1], dims[-1]):
-        n = int(dims[-1])
+    if x_dims is not None and isinstance(x_dims[-1], int) and dims.is_small(x_dims[-1], x_dims[-1]):
+        n = int(x_dims[-1])
     else:  # unknown, or too large for the index and sign constants
-        n = ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, -1))
+        n = ctx.op("Gather", ctx.op("Shape", x), dims.int64_scalar(ctx, -1))
     if n == 0:  # 0 x 0 matrices (the minors of 1 x 1 ones, in a second derivative): an empty gradient
         return [ctx.mul(x, 0.0)]
     r = _minor_indices(ctx, n)

@@ -12,15 +12,11 @@ import string
 from collections import Counter
 from collections.abc import Sequence
 
-import onnx
-
-from onnxtrain.autodiff import sized
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
 
 
 def _swap_last(ctx: RuleContext, x: str) -> str:
@@ -153,20 +149,15 @@ def _terms(equation: str, ranks: Sequence[int | None]) -> tuple[list[list[str]],
 
 def _delta(ctx: RuleContext, x: str, p: int, q: int, rank: int) -> str:
     """The Kronecker delta of axes ``p < q`` of ``x`` (ones where the indices agree), shaped to broadcast."""
-    dims = ctx.static_shape(x)
-    if dims is not None:
-        eye = sized.eye(ctx, dims[p], x)
+    static = ctx.static_shape(x)
+    if static is not None:
+        eye = dims.eye(ctx, static[p], x)
     else:
         n = ctx.op("Gather", ctx.op("Shape", x), ctx.int64s([p]))
-        zero = ctx.op("ConstantOfShape", ctx.op("Concat", n, n, axis=0), value=_zero_tensor(ctx, x))
+        zero = ctx.op("ConstantOfShape", ctx.op("Concat", n, n, axis=0), value=dims.fill_value(ctx, x, 0))
         eye = ctx.op("EyeLike", zero)
     others = [k for k in range(rank) if k not in (p, q)]
     return ctx.op("Unsqueeze", eye, ctx.int64s(others)) if others else eye
-
-
-def _zero_tensor(ctx: RuleContext, like: str) -> onnx.TensorProto:
-    """The ``value`` attribute of a ``ConstantOfShape`` of zeros of ``like``'s element type."""
-    return onnx.helper.make_tensor("value", ctx.elem_type(like), [1], [0])
 
 
 def _einsum_operand_grad(

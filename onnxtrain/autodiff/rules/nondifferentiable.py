@@ -7,7 +7,7 @@ mistakes them for "no rule yet".
 
 from __future__ import annotations
 
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
+from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.graph.operators import RANDOM_OPERATORS
 
 # Shapes, sizes and indices.

@@ -18,16 +18,12 @@ it into a float copy of every quantized weight when a session loads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from onnx import TensorProto
 
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
 
 #: Bit widths whose codes never straddle a byte (the ones onnxruntime's kernels support).
 _BITS = (2, 4, 8)

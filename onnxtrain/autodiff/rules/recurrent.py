@@ -36,15 +36,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
 
 _INT64_MIN = -(2**63)
 #: The activations of each operator's gates that the rules differentiate, per direction.
@@ -124,11 +122,6 @@ def _setup(ctx: RuleContext, op: str) -> _Setup:
 # ------------------------------------------------------------------ helpers
 
 
-def _i64(ctx: RuleContext, value: int) -> str:
-    """An int64 scalar constant."""
-    return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
-
-
 def _transpose(ctx: RuleContext, v: str, perm: Sequence[int], layout: int) -> str:
     """``Transpose(v, perm)`` for ``layout=1`` (batch-major), ``v`` itself for ``layout=0``."""
     return ctx.op("Transpose", v, perm=list(perm)) if layout else v
@@ -138,7 +131,7 @@ def _pick(ctx: RuleContext, v: str, d: int, n: int, axis: int) -> str:
     """Direction ``d`` of ``v`` (``n`` directions along ``axis``), that axis removed."""
     if n == 1:
         return ctx.op("Squeeze", v, ctx.int64s([axis]))
-    return ctx.op("Gather", v, _i64(ctx, d), axis=axis)
+    return ctx.op("Gather", v, dims.int64_scalar(ctx, d), axis=axis)
 
 
 def _stack(ctx: RuleContext, parts: Sequence[str]) -> str:
@@ -185,7 +178,7 @@ def _linear(ctx: RuleContext, v: str, weight: str) -> str:
 
 def _zeros_state(ctx: RuleContext, seq: str) -> str:
     """Zeros ``[B, H]`` shaped like one step of ``seq`` ``[T, B, H]`` (``ctx.zeros_like`` of its first step)."""
-    return ctx.zeros_like(ctx.op("Gather", seq, _i64(ctx, 0), axis=0))
+    return ctx.zeros_like(ctx.op("Gather", seq, dims.int64_scalar(ctx, 0), axis=0))
 
 
 @dataclass(frozen=True)
@@ -204,11 +197,13 @@ def _masks(ctx: RuleContext, x: str) -> _Masks | None:
     if not ctx.has_input(4):
         return None
     lens = ctx.cast(ctx.inputs[4], onnx.TensorProto.INT64)
-    steps = ctx.op("Gather", ctx.op("Shape", x), _i64(ctx, 0))
-    times = ctx.op("Unsqueeze", ctx.op("Range", _i64(ctx, 0), steps, _i64(ctx, 1)), ctx.int64s([1]))
+    steps = ctx.op("Gather", ctx.op("Shape", x), dims.int64_scalar(ctx, 0))
+    times = ctx.op("Unsqueeze", dims.int64_range(ctx, steps), ctx.int64s([1]))
     valid = ctx.compare("Less", times, ctx.op("Unsqueeze", lens, ctx.int64s([0])))
     mask = ctx.op("Unsqueeze", ctx.cast_like(valid, x), ctx.int64s([2]))
-    nonempty = ctx.cast_like(ctx.compare("Greater", ctx.op("Unsqueeze", lens, ctx.int64s([1])), _i64(ctx, 0)), x)
+    nonempty = ctx.cast_like(
+        ctx.compare("Greater", ctx.op("Unsqueeze", lens, ctx.int64s([1])), dims.int64_scalar(ctx, 0)), x
+    )
     return _Masks(lens, mask, ctx.sub(1.0, mask), nonempty)
 
 

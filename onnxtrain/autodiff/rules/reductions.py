@@ -14,13 +14,10 @@ finite where those are zero.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.autodiff.rules.backward_helpers import data_only
 
 #: Only the data input is differentiable; the axes input is an integer tensor.
 _DATA = (0,)
@@ -64,15 +61,7 @@ def _expand(ctx: RuleContext, value: str) -> str:
     return ctx.expand_to(value, ctx.inputs[0])
 
 
-def _data(ctx: RuleContext, dx: str) -> Result:
-    """``dx`` for the data input, nothing for the axes input."""
-    return [dx] + [None] * (len(ctx.inputs) - 1)
-
-
-@registry.rule("ReduceSum", inputs=_DATA)
-def reduce_sum(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = expand(keep(g))"""
-    return _data(ctx, _expand(ctx, keep(ctx, grads[0])))
+registry.unary("ReduceSum", "dx = expand(keep(g))", lambda ctx, g, x, y: _expand(ctx, keep(ctx, g)))
 
 
 @registry.rule("ReduceMean", inputs=_DATA)
@@ -91,14 +80,14 @@ def reduce_mean(ctx: RuleContext, grads: Grads) -> Result:
     else:
         ratio = ctx.div(ctx.cast_like(ctx.op("Size", y), x), ctx.cast_like(ctx.op("Size", x), x))
         scaled = ctx.mul(keep(ctx, grads[0]), ratio)
-    return _data(ctx, _expand(ctx, scaled))
+    return data_only(ctx, _expand(ctx, scaled))
 
 
 def _extremum(ctx: RuleContext, grads: Grads) -> Result:
     """dx = keep(g) * m / keep(sum(m)), m = [x == keep(y)]  (ties share g evenly)"""
     x = ctx.inputs[0]
     mask = ctx.cast_like(ctx.compare("Equal", x, keep(ctx, ctx.outputs[0])), x)
-    return _data(ctx, ctx.mul(mask, ctx.div(keep(ctx, grads[0]), _count_keep(ctx, mask))))
+    return data_only(ctx, ctx.mul(mask, ctx.div(keep(ctx, grads[0]), _count_keep(ctx, mask))))
 
 
 registry.rule("ReduceMax", inputs=_DATA)(_extremum)
@@ -109,35 +98,23 @@ registry.rule("ReduceMin", inputs=_DATA)(_extremum)
 def reduce_prod(ctx: RuleContext, grads: Grads) -> Result:
     """dx = keep(g) * keep(y) / x  (x != 0)"""
     ky = keep(ctx, ctx.outputs[0])
-    return _data(ctx, ctx.div(ctx.mul(keep(ctx, grads[0]), ky), ctx.inputs[0]))
+    return data_only(ctx, ctx.div(ctx.mul(keep(ctx, grads[0]), ky), ctx.inputs[0]))
 
 
-@registry.rule("ReduceSumSquare", inputs=_DATA)
-def reduce_sum_square(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = 2 * x * keep(g)"""
-    return _data(ctx, ctx.mul(ctx.mul(ctx.inputs[0], 2.0), keep(ctx, grads[0])))
-
-
-@registry.rule("ReduceL1", inputs=_DATA)
-def reduce_l1(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = sign(x) * keep(g)"""
-    return _data(ctx, ctx.mul(ctx.op("Sign", ctx.inputs[0]), keep(ctx, grads[0])))
-
-
-@registry.rule("ReduceL2", inputs=_DATA)
-def reduce_l2(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = x * keep(g) / keep(y)  (y != 0)"""
-    return _data(ctx, ctx.mul(ctx.inputs[0], ctx.div(keep(ctx, grads[0]), keep(ctx, ctx.outputs[0]))))
-
-
-@registry.rule("ReduceLogSum", inputs=_DATA)
-def reduce_log_sum(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = expand(keep(g) / exp(keep(y)))"""
-    return _data(ctx, _expand(ctx, ctx.div(keep(ctx, grads[0]), ctx.op("Exp", keep(ctx, ctx.outputs[0])))))
-
-
-@registry.rule("ReduceLogSumExp", inputs=_DATA)
-def reduce_log_sum_exp(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = keep(g) * exp(x - keep(y))  (softmax of x, stable)"""
-    x = ctx.inputs[0]
-    return _data(ctx, ctx.mul(keep(ctx, grads[0]), ctx.op("Exp", ctx.sub(x, keep(ctx, ctx.outputs[0])))))
+registry.unary("ReduceSumSquare", "dx = 2 * x * keep(g)", lambda ctx, g, x, y: ctx.mul(ctx.mul(x, 2.0), keep(ctx, g)))
+registry.unary("ReduceL1", "dx = sign(x) * keep(g)", lambda ctx, g, x, y: ctx.mul(ctx.op("Sign", x), keep(ctx, g)))
+registry.unary(
+    "ReduceL2",
+    "dx = x * keep(g) / keep(y)  (y != 0)",
+    lambda ctx, g, x, y: ctx.mul(x, ctx.div(keep(ctx, g), keep(ctx, y))),
+)
+registry.unary(
+    "ReduceLogSum",
+    "dx = expand(keep(g) / exp(keep(y)))",
+    lambda ctx, g, x, y: _expand(ctx, ctx.div(keep(ctx, g), ctx.op("Exp", keep(ctx, y)))),
+)
+registry.unary(
+    "ReduceLogSumExp",
+    "dx = keep(g) * exp(x - keep(y))  (softmax of x, stable)",
+    lambda ctx, g, x, y: ctx.mul(keep(ctx, g), ctx.op("Exp", ctx.sub(x, keep(ctx, y)))),
+)

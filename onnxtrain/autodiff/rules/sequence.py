@@ -21,30 +21,16 @@ through, opset 18+) is registered.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
-from onnxtrain.autodiff.registry import GradientRegistry
-from onnxtrain.autodiff.rules._builtin import REGISTRY as registry
-
-Grads = Sequence["str | None"]
-Result = list["str | None"]
+from onnxtrain.autodiff.registry import GradientRegistry, Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
 
 _INT64 = onnx.TensorProto.INT64
-
-
-def _i64(ctx: RuleContext, value: object) -> str:
-    """An int64 constant (a scalar for a scalar ``value``)."""
-    return ctx.const(np.asarray(value, dtype=np.int64), ctx.int64s([0]))
-
-
-def _scalar(ctx: RuleContext, value: str) -> str:
-    """``value`` (a position or size, int32 or int64, shape [] or [1]) as an int64 scalar."""
-    return ctx.cast(ctx.op("Reshape", value, ctx.int64s([])), _INT64)
 
 
 def _as_1d(ctx: RuleContext, value: str) -> str:
@@ -64,10 +50,10 @@ def _static_numel(type_proto: onnx.TypeProto | None) -> int | None:
     """The number of elements of a tensor type whose dimensions are all known, else ``None``."""
     if type_proto is None or not type_proto.tensor_type.HasField("shape"):
         return None
-    dims = type_proto.tensor_type.shape.dim
-    if not all(d.HasField("dim_value") for d in dims):
+    declared = type_proto.tensor_type.shape.dim
+    if not all(d.HasField("dim_value") for d in declared):
         return None
-    return int(np.prod([d.dim_value for d in dims], dtype=np.int64))
+    return int(np.prod([d.dim_value for d in declared], dtype=np.int64))
 
 
 def _sizes(ctx: RuleContext, seq: str, elem_type: int) -> str:
@@ -103,13 +89,13 @@ def _sizes(ctx: RuleContext, seq: str, elem_type: int) -> str:
 
 def _span(ctx: RuleContext, sizes: str, index: str) -> tuple[str, str, str]:
     """``(start, size, total)`` of element ``index`` (a non-negative int64 scalar) in the flat layout."""
-    starts = ctx.op("CumSum", sizes, _i64(ctx, 0), exclusive=1)
+    starts = ctx.op("CumSum", sizes, dims.int64_scalar(ctx, 0), exclusive=1)
     return ctx.op("Gather", starts, index), ctx.op("Gather", sizes, index), ctx.op("ReduceSum", sizes, keepdims=0)
 
 
 def _wrap(ctx: RuleContext, position: str, count: str) -> str:
     """A position in ``[-count, count)`` as a non-negative int64 scalar."""
-    return ctx.op("Mod", _scalar(ctx, position), count)
+    return ctx.op("Mod", dims.int64_scalar(ctx, position), count)
 
 
 def _flat_slice(ctx: RuleContext, g: str, start: str, end: str) -> str:
@@ -152,15 +138,19 @@ def sequence_insert(ctx: RuleContext, grads: Grads) -> Result:
     seq, x = ctx.inputs[:2]
     count = ctx.op("SequenceLength", seq)
     if ctx.has_input(2):  # in [-n, n]: a negative position counts from the back of the input sequence
-        position = _scalar(ctx, ctx.inputs[2])
-        index = ctx.where(ctx.compare("Less", position, _i64(ctx, 0)), ctx.op("Add", position, count), position)
+        position = dims.int64_scalar(ctx, ctx.inputs[2])
+        index = ctx.where(
+            ctx.compare("Less", position, dims.int64_scalar(ctx, 0)), ctx.op("Add", position, count), position
+        )
     else:
         index = count
     start, size, total = _span(ctx, _sizes(ctx, ctx.outputs[0], ctx.elem_type(g)), index)
     end = ctx.op("Add", start, size)
     ds = dx = None
     if ctx.needs(0):
-        ds = ctx.op("Concat", _flat_slice(ctx, g, _i64(ctx, 0), start), _flat_slice(ctx, g, end, total), axis=0)
+        ds = ctx.op(
+            "Concat", _flat_slice(ctx, g, dims.int64_scalar(ctx, 0), start), _flat_slice(ctx, g, end, total), axis=0
+        )
     if ctx.needs(1):
         dx = ctx.op("Reshape", _flat_slice(ctx, g, start, end), ctx.shape_of(x))
     return [ds, dx, None][: len(ctx.inputs)]
@@ -171,27 +161,18 @@ def sequence_erase(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     seq = ctx.inputs[0]
     count = ctx.op("SequenceLength", seq)
-    last = ctx.op("Sub", count, _i64(ctx, 1))
+    last = ctx.op("Sub", count, dims.int64_scalar(ctx, 1))
     index = _wrap(ctx, ctx.inputs[1], count) if ctx.has_input(1) else last
     start, size, total = _span(ctx, _sizes(ctx, seq, ctx.elem_type(g)), index)
-    zero = onnx.helper.make_tensor("value", ctx.elem_type(g), [1], [0])
-    zeros = ctx.op("ConstantOfShape", _as_1d(ctx, size), value=zero)
+    zeros = ctx.op("ConstantOfShape", _as_1d(ctx, size), value=dims.fill_value(ctx, g, 0))
     rest = ctx.op("Sub", total, size)
-    ds = ctx.op("Concat", _flat_slice(ctx, g, _i64(ctx, 0), start), zeros, _flat_slice(ctx, g, start, rest), axis=0)
+    ds = ctx.op(
+        "Concat", _flat_slice(ctx, g, dims.int64_scalar(ctx, 0), start), zeros, _flat_slice(ctx, g, start, rest), axis=0
+    )
     return [ds, None][: len(ctx.inputs)]
 
 
 # ---------------------------------------------------------------- splitting and concatenating
-
-
-def _extent(ctx: RuleContext, value: str, begin: int, end: int) -> str:
-    """The product of dimensions ``begin:end`` of ``value`` (1 for none), an int64 scalar (a constant when known)."""
-    dims = ctx.shape(value)
-    part = dims[begin:end] if dims is not None else None
-    if part is not None and all(isinstance(d, int) for d in part):
-        return _i64(ctx, int(np.prod(part, dtype=np.int64)))
-    dims_1d = ctx.op("Slice", ctx.op("Shape", value), ctx.int64s([begin]), ctx.int64s([end]))
-    return ctx.op("ReduceProd", dims_1d, keepdims=0)
 
 
 def _layout(ctx: RuleContext, sizes: str, pre: str, length: str, post: str) -> str:
@@ -201,8 +182,8 @@ def _layout(ctx: RuleContext, sizes: str, pre: str, length: str, post: str) -> s
     Element ``(p, k, q)`` of piece ``i`` (starting at ``o_i`` along the axis) is at
     ``pre * post * o_i + (p * s_i + k - o_i) * post + q``.
     """
-    k = ctx.op("Range", _i64(ctx, 0), length, _i64(ctx, 1))
-    ends = ctx.op("CumSum", sizes, _i64(ctx, 0))
+    k = dims.int64_range(ctx, length)
+    ends = ctx.op("CumSum", sizes, dims.int64_scalar(ctx, 0))
     piece = ctx.op(
         "ReduceSum",
         ctx.cast(ctx.op("GreaterOrEqual", ctx.op("Unsqueeze", k, ctx.int64s([1])), ends), _INT64),
@@ -214,8 +195,8 @@ def _layout(ctx: RuleContext, sizes: str, pre: str, length: str, post: str) -> s
     base = ctx.op(
         "Add", ctx.op("Mul", start, ctx.op("Mul", pre, post)), ctx.op("Mul", ctx.op("Sub", k, start), post)
     )  # [length]
-    p = ctx.op("Reshape", ctx.op("Range", _i64(ctx, 0), pre, _i64(ctx, 1)), ctx.int64s([-1, 1, 1]))
-    q = ctx.op("Reshape", ctx.op("Range", _i64(ctx, 0), post, _i64(ctx, 1)), ctx.int64s([1, 1, -1]))
+    p = ctx.op("Reshape", dims.int64_range(ctx, pre), ctx.int64s([-1, 1, 1]))
+    q = ctx.op("Reshape", dims.int64_range(ctx, post), ctx.int64s([1, 1, -1]))
     stride = ctx.op("Reshape", ctx.op("Mul", size, post), ctx.int64s([1, -1, 1]))
     return ctx.op("Add", ctx.op("Add", ctx.op("Mul", p, stride), ctx.op("Reshape", base, ctx.int64s([1, -1, 1]))), q)
 
@@ -226,19 +207,21 @@ def split_to_sequence(ctx: RuleContext, grads: Grads) -> Result:
     x = ctx.inputs[0]
     rank = ctx.known_rank(x)
     axis = int(ctx.attr("axis", 0)) % rank
-    length = _extent(ctx, x, axis, axis + 1)
+    length = dims.dims_product(ctx, x, axis, axis + 1)
     split = ctx.inputs[1] if ctx.has_input(1) else None
     known = ctx.constant_value(split) if split else None
     if split is None:
         sizes = ctx.op("Expand", ctx.int64s([1]), _as_1d(ctx, length))
     elif (known is not None and known.ndim == 0) or (known is None and ctx.rank(split) == 0):
-        chunk = _scalar(ctx, split)  # chunks of `split`, the last one maybe shorter
-        count = ctx.op("Div", ctx.op("Sub", ctx.op("Add", length, chunk), _i64(ctx, 1)), chunk)
-        taken = ctx.op("Mul", ctx.op("Range", _i64(ctx, 0), count, _i64(ctx, 1)), chunk)
+        chunk = dims.int64_scalar(ctx, split)  # chunks of `split`, the last one maybe shorter
+        count = ctx.op("Div", ctx.op("Sub", ctx.op("Add", length, chunk), dims.int64_scalar(ctx, 1)), chunk)
+        taken = ctx.op("Mul", dims.int64_range(ctx, count), chunk)
         sizes = ctx.op("Min", ctx.op("Expand", chunk, _as_1d(ctx, count)), ctx.op("Sub", length, taken))
     else:
         sizes = ctx.cast(split, _INT64)
-    positions = _layout(ctx, sizes, _extent(ctx, x, 0, axis), length, _extent(ctx, x, axis + 1, rank))
+    positions = _layout(
+        ctx, sizes, dims.dims_product(ctx, x, 0, axis), length, dims.dims_product(ctx, x, axis + 1, rank)
+    )
     dx = ctx.op("Reshape", ctx.op("Gather", g, ctx.op("Reshape", positions, ctx.int64s([-1]))), ctx.shape_of(x))
     return [dx, None][: len(ctx.inputs)]
 
@@ -249,15 +232,14 @@ def concat_from_sequence(ctx: RuleContext, grads: Grads) -> Result:
     seq, y = ctx.inputs[0], ctx.outputs[0]
     rank = ctx.known_rank(y)
     axis = int(ctx.attr("axis")) % rank
-    pre, post = _extent(ctx, y, 0, axis), _extent(ctx, y, axis + 1, rank)
-    length = _extent(ctx, y, axis, axis + 1)
+    pre, post = dims.dims_product(ctx, y, 0, axis), dims.dims_product(ctx, y, axis + 1, rank)
+    length = dims.dims_product(ctx, y, axis, axis + 1)
     if int(ctx.attr("new_axis", 0)):
         sizes = ctx.op("Expand", ctx.int64s([1]), _as_1d(ctx, length))
     else:
         sizes = ctx.op("Div", _sizes(ctx, seq, ctx.elem_type(g)), ctx.op("Mul", pre, post))
     positions = ctx.op("Reshape", _layout(ctx, sizes, pre, length, post), ctx.int64s([-1]))
-    zero = onnx.helper.make_tensor("value", ctx.elem_type(g), [1], [0])
-    zeros = ctx.op("ConstantOfShape", _as_1d(ctx, _extent(ctx, y, 0, rank)), value=zero)
+    zeros = ctx.op("ConstantOfShape", _as_1d(ctx, dims.dims_product(ctx, y, 0, rank)), value=dims.fill_value(ctx, g, 0))
     flat = ctx.op("ScatterElements", zeros, positions, ctx.op("Reshape", g, ctx.int64s([-1])), axis=0)
     return [flat]
 

@@ -1,0 +1,148 @@
+"""Convolutions: Conv, ConvTranspose and Col2Im, differentiated with convolutions.
+
+Notation: ``x`` is the input ``[N, C, *S]`` (``S`` the spatial sizes), ``w`` the
+weight ``[M, C / group, *K]``, ``y`` the output with spatial sizes ``O``, ``g``
+its gradient; ``s``, ``d``, ``p`` are strides, dilations and pads (see
+:class:`~onnxtrain.autodiff.rules.backward_helpers.WindowGeometry`).
+
+Conv's gradient for ``x`` is a ConvTranspose with the same weights, for ``w`` a
+Conv of the batch-transposed input with the batch-transposed output gradient
+as kernel (strides and dilations swapped); ConvTranspose's gradients are the
+mirror image. Sizes known only at run time (symbolic spatial dimensions,
+``auto_pad=SAME_*``) are computed with Shape/Slice arithmetic on 1-D int64
+tensors; when every size is known while building, that arithmetic folds into
+attributes and constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxtrain.autodiff import dims
+from onnxtrain.autodiff.context import RuleContext
+from onnxtrain.autodiff.dims import DimVector
+from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.autodiff.rules.backward_helpers import WindowGeometry, data_only, framed, transposed_conv_to
+
+
+def _weight_grad(
+    ctx: RuleContext,
+    a: str,
+    pads: list[int],
+    b: str,
+    geo: WindowGeometry,
+    group: int,
+    kernel: DimVector,
+    fits: bool,
+) -> str:
+    """``dw[cb, ca, k] = sum_{n, o} a[n, group(cb) * Ca + ca, k * d + o * s] * b[n, cb, o]``, as ``[B, A/G, K]``.
+
+    One Conv of ``a`` as ``[A/G, G * N, L]`` (the batch as channels) with ``b`` as
+    ``[B, N, O]`` for weights, strides ``d``, dilations ``s`` and groups ``G``; its
+    output is cut to ``kernel`` unless ``fits``.
+    """
+    rest = list(range(2, geo.rank))
+    if group == 1:
+        a_t = ctx.op("Transpose", a, perm=[1, 0, *rest])
+    else:
+        tail = dims.dims_of(ctx, a, 2, rank=geo.rank)
+        grouped = ctx.op("Reshape", a, dims.as_vector(ctx, dims.concat_dims(ctx, [0, group, -1], tail)))
+        a_t = ctx.op("Transpose", grouped, perm=[2, 1, 0, *range(3, geo.rank + 1)])
+        a_t = ctx.op("Reshape", a_t, dims.as_vector(ctx, dims.concat_dims(ctx, [0, -1], tail)))
+    b_t = ctx.op("Transpose", b, perm=[1, 0, *rest])
+    attrs: dict[str, Any] = {"strides": geo.dilations, "dilations": geo.strides, "pads": pads}
+    if group != 1:
+        attrs["group"] = group
+    dw = ctx.op("Conv", a_t, b_t, **attrs)
+    if not fits:
+        dw = ctx.op("Slice", dw, ctx.int64s([0] * geo.n), dims.as_vector(ctx, kernel), ctx.int64s(geo.axes))
+    return ctx.op("Transpose", dw, perm=[1, 0, *rest])
+
+
+def _kernel(ctx: RuleContext, w: str) -> DimVector:
+    shape = ctx.attr("kernel_shape")
+    return [int(v) for v in shape] if shape is not None else dims.dims_of(ctx, w, 2)
+
+
+def _convolution(ctx: RuleContext) -> tuple[str, str, str, WindowGeometry, int]:
+    """``(x, w, y, geometry, group)`` of a Conv or ConvTranspose node."""
+    x, w = ctx.inputs[:2]
+    geo = WindowGeometry(ctx, x, _kernel(ctx, w), weight=w)
+    return x, w, ctx.outputs[0], geo, int(ctx.attr("group", 1))
+
+
+def _bias_grad(ctx: RuleContext, g: str, rank: int) -> str | None:
+    if not (ctx.has_input(2) and ctx.needs(2)):
+        return None
+    return ctx.op("ReduceSum", g, ctx.int64s([0, *dims.spatial_axes(rank)]), keepdims=0)
+
+
+@registry.rule("Conv", inputs=(0, 1, 2))
+def conv(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = ConvTranspose(g, w), dw = Conv(x^T, g^T) (strides and dilations swapped), db = sum(g)"""
+    (g,) = grads
+    x, w, y, geo, group = _convolution(ctx)
+    lead, tail = geo.forward_pads(ctx, x, y)
+    size, out = dims.dims_of(ctx, x, 2), dims.dims_of(ctx, y, 2, rank=geo.rank)
+    dx = transposed_conv_to(ctx, g, w, geo, group, lead, size, out) if ctx.needs(0) else None
+    dw = None
+    if ctx.needs(1):
+        padded = dims.combine(ctx, "Add", dims.combine(ctx, "Add", size, lead), tail)
+        framed_x, pads = framed(ctx, x, geo, lead, padded)
+        fits = False
+        if dims.all_known(padded, out, geo.kernel):
+            sizes = zip(padded, out, geo.strides, geo.dilations, strict=True)  # type: ignore[arg-type]
+            fits = [(p - (o - 1) * s - 1) // d + 1 for p, o, s, d in sizes] == geo.kernel
+        dw = _weight_grad(ctx, framed_x, pads, g, geo, group, geo.kernel, fits)
+    return [dx, dw, _bias_grad(ctx, g, geo.rank)][: len(ctx.inputs)]
+
+
+@registry.rule("ConvTranspose", inputs=(0, 1, 2))
+def conv_transpose(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = Conv(g, w), dw = Conv(g^T, x^T) (strides and dilations swapped), db = sum(g); g framed in the full output"""
+    (g,) = grads
+    x, w, y, geo, group = _convolution(ctx)
+    n = geo.n
+    extra = [int(v) for v in ctx.attr("output_padding", [0] * n)]
+    size, out = dims.dims_of(ctx, x, 2), dims.dims_of(ctx, y, 2, rank=geo.rank)
+    full = geo.full_size(ctx, size)
+    if ctx.attr("output_shape") is not None or geo.auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        total = dims.combine(ctx, "Sub", dims.combine(ctx, "Add", full, extra), out)
+        lead, _ = geo.split(ctx, total, head_larger=geo.auto_pad != "SAME_UPPER")
+    elif geo.auto_pad == "VALID":
+        lead = [0] * n
+    else:
+        lead = [int(v) for v in ctx.attr("pads", [0] * 2 * n)][:n]
+    # y is the full output (length `full`, then output_padding zeros) without its first `lead` positions
+    framed_g, pads = framed(ctx, g, geo, lead, full)
+    conv_attrs: dict[str, Any] = {"strides": geo.strides, "dilations": geo.dilations, "pads": pads}
+    if group != 1:
+        conv_attrs["group"] = group
+    dx = ctx.op("Conv", framed_g, w, **conv_attrs) if ctx.needs(0) else None
+    dw = _weight_grad(ctx, framed_g, pads, x, geo, group, geo.kernel, fits=True) if ctx.needs(1) else None
+    return [dx, dw, _bias_grad(ctx, g, geo.rank)][: len(ctx.inputs)]
+
+
+@registry.rule("Col2Im", opsets=(18, None), inputs=(0,))
+def col2im(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = Im2Col(g): Conv of g (channels as batch) with a one-hot kernel [K, 1, *block]"""
+    # Col2Im adds each column's K = prod(block) entries into the image; its adjoint reads
+    # them back: output channel k of the Conv picks the k-th position of every block.
+    (g,) = grads
+    x, block = ctx.inputs[0], ctx.inputs[2]
+    n = ctx.known_rank(ctx.outputs[0]) - 2
+    shape = ctx.constant_value(block)
+    k = None if shape is None else int(np.prod(shape))
+    if k is not None and dims.is_small(k, k):  # else EyeLike at run time, as for a computed block shape
+        kernel = ctx.const(np.eye(k).reshape([k, 1, *[int(v) for v in shape]]), x)
+    else:
+        k_vec = ctx.op("ReduceProd", block, ctx.int64s([0]), keepdims=1)
+        square = ctx.op("ConstantOfShape", ctx.op("Concat", k_vec, k_vec, axis=0), value=dims.fill_value(ctx, x, 1))
+        kernel = ctx.op("Reshape", ctx.op("EyeLike", square), ctx.op("Concat", k_vec, ctx.int64s([1]), block, axis=0))
+    attrs = {name: [int(v) for v in ctx.attr(name)] for name in ("dilations", "pads", "strides") if ctx.attr(name)}
+    channels_as_batch = ctx.op("Reshape", g, ctx.int64s([-1, 1] + [0] * n))  # type: ignore[arg-type]
+    columns = ctx.op("Conv", channels_as_batch, kernel, **attrs)  # [N * C, K, *blocks]
+    return data_only(ctx, ctx.op("Reshape", columns, ctx.shape_of(x)))
