@@ -1,9 +1,8 @@
 """ONNX Runtime's custom-loss example (seeds/004) runs through onnxtrain's generate_artifacts.
 
-``EXAMPLE`` is the example from ONNX Runtime's "Prepare for training" page,
-copied with only its imports changed (``import onnx`` added, which the page
-uses without showing). It runs as a script in a working directory that holds
-``model.onnx``, and writes the four artifacts there, as the page says.
+The example (:data:`tests.ort_samples.CUSTOM_LOSS_EXAMPLE`) runs as a script in
+a working directory that holds ``model.onnx``, and writes the four artifacts
+there, as the page says.
 """
 
 from __future__ import annotations
@@ -19,51 +18,7 @@ from onnx import helper
 from onnxtrain import checkpoint
 from tests.folders import visible_names
 from tests.helpers import FLOAT, make_model
-
-EXAMPLE = """
-import onnx
-import onnxtrain.onnxblock as onnxblock
-from onnxtrain import artifacts
-
-# Define a custom loss block that takes in two inputs
-# and performs a weighted average of the losses from these
-# two inputs.
-class WeightedAverageLoss(onnxblock.Block):
-    def __init__(self):
-        self._loss1 = onnxblock.loss.MSELoss()
-        self._loss2 = onnxblock.loss.MSELoss()
-        self._w1 = onnxblock.blocks.Constant(0.4)
-        self._w2 = onnxblock.blocks.Constant(0.6)
-        self._add = onnxblock.blocks.Add()
-        self._mul = onnxblock.blocks.Mul()
-
-    def build(self, loss_input_name1, loss_input_name2):
-        # The build method defines how the block should be stacked on top of
-        # loss_input_name1 and loss_input_name2
-
-        # Returns weighted average of the two losses
-        return self._add(
-            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
-            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2"))
-        )
-
-my_custom_loss = WeightedAverageLoss()
-
-# Load the onnx model
-model_path = "model.onnx"
-base_model = onnx.load(model_path)
-
-# Define the parameters that need their gradient computed
-requires_grad = ["weight1", "bias1", "weight2", "bias2"]
-frozen_params = ["weight3", "bias3"]
-
-# Now, we can invoke generate_artifacts with this custom loss function
-artifacts.generate_artifacts(base_model, requires_grad = requires_grad, frozen_params = frozen_params,
-                            loss = my_custom_loss, optimizer = artifacts.OptimType.AdamW)
-
-# Successful completion of the above call will generate 4 files in the current working directory,
-# one for each of the artifacts mentioned above (training_model.onnx, eval_model.onnx, checkpoint, optimizer_model.onnx)
-"""
+from tests.ort_samples import CUSTOM_LOSS_EXAMPLE
 
 RNG = np.random.default_rng(0)
 VALUES = {
@@ -96,7 +51,7 @@ def example_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The example run as a script in a fresh working directory holding model.onnx."""
     onnx.save_model(two_output_model(), tmp_path / "model.onnx")
     monkeypatch.chdir(tmp_path)
-    exec(compile(EXAMPLE, "ort_custom_loss_example.py", "exec"), {"__name__": "__main__"})
+    exec(compile(CUSTOM_LOSS_EXAMPLE, "ort_custom_loss_example.py", "exec"), {"__name__": "__main__"})
     return tmp_path
 
 

@@ -1,8 +1,9 @@
 """ONNX Runtime's custom-loss example (``WeightedAverageLoss``) runs on onnxtrain unchanged.
 
-The class below is the example from ONNX Runtime's onnxblock documentation,
-copied with only its import changed (so it keeps the documentation's style:
-no type hints, no ``super().__init__()``).
+The class is the example from ONNX Runtime's onnxblock documentation
+(:func:`tests.ort_samples.weighted_average_loss`, the one copy of it), with
+only its import changed (so it keeps the documentation's style: no type
+hints, no ``super().__init__()``).
 """
 
 from __future__ import annotations
@@ -19,35 +20,13 @@ from onnx import helper
 import onnxtrain.onnxblock as onnxblock
 from tests.helpers import FLOAT, make_model, run_model, tolerance
 from tests.losses import oracles
+from tests.ort_samples import weighted_average_loss
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-# ---- from ONNX Runtime's documentation; only the import above is changed ----
-# fmt: off
-# Define a custom loss block that takes in two inputs
-# and performs a weighted average of the losses from these
-# two inputs.
-class WeightedAverageLoss(onnxblock.Block):
-    def __init__(self):
-        self._loss1 = onnxblock.loss.MSELoss()
-        self._loss2 = onnxblock.loss.MSELoss()
-        self._w1 = onnxblock.blocks.Constant(0.4)
-        self._w2 = onnxblock.blocks.Constant(0.6)
-        self._add = onnxblock.blocks.Add()
-        self._mul = onnxblock.blocks.Mul()
-
-    def build(self, loss_input_name1, loss_input_name2):
-        # The build method defines how the block should be stacked on top of
-        # loss_input_name1 and loss_input_name2
-
-        # Returns weighted average of the two losses
-        return self._add(
-            self._mul(self._w1(), self._loss1(loss_input_name1, target_name="target1")),
-            self._mul(self._w2(), self._loss2(loss_input_name2, target_name="target2"))
-        )
-# fmt: on
-# ------------------------------------------------------------------------------
+#: ONNX Runtime's example class (tests/ort_samples.py), with only its import changed.
+WeightedAverageLoss = weighted_average_loss()
 
 
 class ForwardWithCustomLoss(onnxblock.ForwardBlock):
