@@ -65,28 +65,28 @@ def dims_of(ctx: RuleContext, name: str, start: int, stop: int | None = None, ra
     ``rank``: the rank ``name`` must have; inferred sizes of another rank are not trusted
     (for some ``output_shape`` values, onnx infers ConvTranspose's output with too few axes).
     """
-    dims = ctx.shape(name)
-    if rank is not None and dims is not None and len(dims) != rank:
-        dims = None
-    if dims is not None and all(isinstance(d, int) for d in dims[start:stop]):
-        return [int(d) for d in dims[start:stop]]  # type: ignore[arg-type]
+    shape = ctx.shape(name)
+    if rank is not None and shape is not None and len(shape) != rank:
+        shape = None
+    if shape is not None and all(isinstance(d, int) for d in shape[start:stop]):
+        return [int(d) for d in shape[start:stop]]  # type: ignore[arg-type]
     end = INT64_MAX if stop is None else stop
     return ctx.op("Slice", ctx.op("Shape", name), ctx.int64s([start]), ctx.int64s([end]))
 
 
 def dim_of(ctx: RuleContext, x: str, axis: int) -> Scalar:
-    """Dimension ``axis`` (non-negative) of ``x``: an int when known, else an int64 scalar."""
-    dims = ctx.shape(x)
-    if dims is not None and axis < len(dims) and isinstance(dims[axis], int):
-        return int(dims[axis])
+    """Dimension ``axis`` (non-negative) of ``x``: an int when known, else an int64 scalar tensor."""
+    shape = ctx.shape(x)
+    if shape is not None and axis < len(shape) and isinstance(shape[axis], int):
+        return int(shape[axis])
     return ctx.op("Squeeze", dims_of(ctx, x, axis, axis + 1), ctx.int64s([0]))
 
 
-def dim_scalar(ctx: RuleContext, x: str, axis: int) -> str:
+def dim_tensor(ctx: RuleContext, x: str, axis: int) -> str:
     """Dimension ``axis`` of ``x`` as an int64 scalar tensor (a constant when known)."""
-    dims = ctx.shape(x)
-    if dims is not None and isinstance(dims[axis], int):
-        return int64_scalar(ctx, dims[axis])
+    shape = ctx.shape(x)
+    if shape is not None and isinstance(shape[axis], int):
+        return int64_scalar(ctx, shape[axis])
     return ctx.op("Gather", ctx.op("Shape", x), int64_scalar(ctx, axis))
 
 

@@ -276,7 +276,7 @@ def prelu(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g where x > 0, else slope * g; dslope = g * x where x <= 0"""
     (g,) = grads
     x, slope = ctx.inputs
-    positive = ctx.compare("Greater", x, 0.0)
+    positive = _positive(ctx, x)
     dx = ctx.where(positive, g, ctx.mul(g, slope)) if ctx.needs(0) else None
     dslope = ctx.where(positive, 0.0, ctx.mul(g, x)) if ctx.needs(1) else None
     return [dx, dslope]
@@ -296,9 +296,7 @@ def selu(ctx: RuleContext, grads: Grads) -> Result:
     alpha = ctx.attr("alpha", 1.67326319217681884765625)
     gamma = ctx.attr("gamma", 1.05070102214813232421875)
     y = ctx.outputs[0]
-    return [
-        ctx.where(ctx.compare("Greater", ctx.inputs[0], 0.0), ctx.mul(g, gamma), ctx.mul(g, ctx.add(y, gamma * alpha)))
-    ]
+    return [ctx.where(_positive(ctx, ctx.inputs[0]), ctx.mul(g, gamma), ctx.mul(g, ctx.add(y, gamma * alpha)))]
 
 
 registry.unary(

@@ -46,12 +46,12 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     x, indices = ctx.inputs
     if int(ctx.attr("axis", 0)) == 0:  # no axis to move: x's rank may stay unknown
-        n = dims.dim_scalar(ctx, x, 0)
+        n = dims.dim_tensor(ctx, x, 0)
         return [scatter_add_rows(ctx, _wrap(ctx, indices, n), g, n, x), None]
     rank = ctx.known_rank(x)
     q = ctx.known_rank(indices)
     axis = int(ctx.attr("axis", 0)) % rank
-    n = dims.dim_scalar(ctx, x, axis)
+    n = dims.dim_tensor(ctx, x, axis)
     rows = _wrap(ctx, indices, n)
     # g is x[:axis] + idx.shape + x[axis+1:]: bring the index axes to the front
     front = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, rank + q - 1))
@@ -103,17 +103,17 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     terms = []
     for j in range(batch):
         coord = ctx.op(
-            "Reshape", dims.int64_range(ctx, dims.dim_scalar(ctx, x, j)), ctx.int64s([1] * j + [-1] + [1] * (q - 2 - j))
+            "Reshape", dims.int64_range(ctx, dims.dim_tensor(ctx, x, j)), ctx.int64s([1] * j + [-1] + [1] * (q - 2 - j))
         )
         terms.append(ctx.op("Mul", coord, strides[j]))
     for i in range(depth):
         j = batch + i
-        coord = _wrap(ctx, ctx.op("Gather", indices, dims.int64_scalar(ctx, i), axis=-1), dims.dim_scalar(ctx, x, j))
+        coord = _wrap(ctx, ctx.op("Gather", indices, dims.int64_scalar(ctx, i), axis=-1), dims.dim_tensor(ctx, x, j))
         terms.append(ctx.op("Mul", coord, strides[j]))
     flat = terms[0]
     for term in terms[1:]:
         flat = ctx.op("Add", flat, term)
-    n_rows = ctx.op("Mul", dims.dim_scalar(ctx, x, 0), strides[0])
+    n_rows = ctx.op("Mul", dims.dim_tensor(ctx, x, 0), strides[0])
     summed = scatter_add_rows(ctx, flat, g, n_rows, x)
     return [ctx.op("Reshape", summed, ctx.shape_of(x)), None]
 
@@ -274,12 +274,12 @@ def tensor_scatter(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.needs(1):
         rank = ctx.known_rank(update)
         axis = given_axis % rank
-        steps = dims.int64_range(ctx, dims.dim_scalar(ctx, update, axis))
+        steps = dims.int64_range(ctx, dims.dim_tensor(ctx, update, axis))
         tail = [1] * (rank - axis - 1)
         if indices:  # [batch, steps]: 0 keeps the batch size, -1 takes the steps
             positions = ctx.op("Add", ctx.op("Unsqueeze", indices[0], ctx.int64s([1])), steps)
             if mode == "circular":
-                positions = ctx.op("Mod", positions, dims.dim_scalar(ctx, past, axis))
+                positions = ctx.op("Mod", positions, dims.dim_tensor(ctx, past, axis))
             positions = ctx.op("Reshape", positions, ctx.int64s([0] + [1] * (axis - 1) + [-1] + tail))
         else:
             positions = ctx.op("Reshape", steps, ctx.int64s([1] * axis + [-1] + tail))

@@ -95,7 +95,7 @@ def _interpolation_matrix(ctx: RuleContext, axis: int, k: int, rank: int, same: 
     ``same``: a bool scalar, whether x and y have the same shape (onnxruntime then copies x).
     """
     x, y = ctx.inputs[0], ctx.outputs[0]
-    n_in_int, n_out_int = dims.dim_scalar(ctx, x, axis), dims.dim_scalar(ctx, y, axis)
+    n_in_int, n_out_int = dims.dim_tensor(ctx, x, axis), dims.dim_tensor(ctx, y, axis)
     f32 = onnx.TensorProto.FLOAT
     n_in, n_out = ctx.cast(n_in_int, f32), ctx.cast(n_out_int, f32)
     given = None if ctx.has_input(3) else ctx.cast(ctx.op("Gather", ctx.inputs[2], dims.int64_scalar(ctx, k)), f32)

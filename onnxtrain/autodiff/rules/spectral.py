@@ -51,7 +51,7 @@ def _axis_length(ctx: RuleContext, value: str, axis: int) -> str | int:
     shape = ctx.shape(value)
     if shape is not None and isinstance(shape[axis], int):
         return int(shape[axis])
-    return dims.dim_scalar(ctx, value, axis)
+    return dims.dim_tensor(ctx, value, axis)
 
 
 def _scaled(ctx: RuleContext, h: str, length: str | int, power: int) -> str:
