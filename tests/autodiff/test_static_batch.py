@@ -26,7 +26,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from onnxtrain.autodiff import dims as sized
+from onnxtrain.autodiff import dims
 from tests.autodiff import models
 from tests.autodiff.gradcheck import DIM_MODES, build, check, excuse_forward_fault
 from tests.autodiff.test_rules import SPECS
@@ -125,7 +125,7 @@ def test_a_static_batch_builds_a_small_training_model(name, batch, dtype):
     assert elapsed < SECONDS, f"took {elapsed:.1f} s"
     assert peak < PYTHON_PEAK, f"Python allocations peaked at {peak} bytes"
     assert len(training.SerializeToString()) < MODEL_BYTES
-    assert largest_constant(training) <= sized.SMALL_CONSTANT_LIMIT
+    assert largest_constant(training) <= dims.SMALL_CONSTANT_LIMIT
     declared = [d.dim_value for v in training.graph.input for d in v.type.tensor_type.shape.dim]
     assert batch in declared  # the batch stayed static
 
@@ -134,12 +134,12 @@ def test_a_batch_past_the_limit_sums_with_ones_made_at_run_time():
     """``relu_mlp`` with a static batch of 5000 (> 4096): its bias gradients are a MatMul with ones of
     ``ConstantOfShape``, and the gradients are those of the same model with a symbolic batch."""
     batch = 5000
-    assert batch > sized.SMALL_CONSTANT_LIMIT
+    assert batch > dims.SMALL_CONSTANT_LIMIT
     case = models.build("relu_mlp", np.float32)
     static_block = models.training_block(with_static_batch(case.model, batch), case.loss, case.trainable)
     static = static_block.gradient_models.training
     symbolic = models.training_block(case.model, case.loss, case.trainable).gradient_models.training
-    assert largest_constant(static) <= sized.SMALL_CONSTANT_LIMIT
+    assert largest_constant(static) <= dims.SMALL_CONSTANT_LIMIT
     ones = {node.output[0] for node in static.graph.node if node.op_type == "ConstantOfShape"}
     assert any(node.op_type == "MatMul" and node.input[0] in ones for node in static.graph.node)
     feeds = {**case.data(np.random.default_rng(0), batch), **case.params}
@@ -159,7 +159,7 @@ def test_run_time_forms_match_finite_differences(spec, data):
     assume("static" in modes)  # the run-time forms replace constants of static sizes
     seed = data.draw(st.integers(0, 2**32 - 1), label="seed")
     try:
-        with mock.patch.object(sized, "SMALL_CONSTANT_LIMIT", 0):
+        with mock.patch.object(dims, "SMALL_CONSTANT_LIMIT", 0):
             compiled = build(spec, case, "static")
         result = check(spec, case, "static", seed, compiled)
     except Exception:
