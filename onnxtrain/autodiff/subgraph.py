@@ -23,7 +23,7 @@ from onnx import helper
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.errors import MissingGradientError, RuleError
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.walk import outer_references, subgraph_references
+from onnxtrain.graph.walk import needed_nodes, outer_references, subgraph_references
 
 
 class Subgraph:
@@ -156,15 +156,7 @@ class Subgraph:
         )
 
     def _needed(self, outputs: Sequence[str]) -> list[onnx.NodeProto]:
-        needed = set(outputs)
-        kept: list[onnx.NodeProto] = []
-        for node in reversed(self.builder.model.graph.node):
-            if any(name in needed for name in node.output):
-                kept.append(node)
-                needed.update(name for name in node.input if name)
-                needed.update(subgraph_references(node))
-        kept.reverse()
-        return kept
+        return needed_nodes(self.builder.model.graph.node, outputs)
 
 
 def _is_known(type_proto: onnx.TypeProto | None) -> bool:

@@ -18,6 +18,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.graph.walk import subgraphs
+
 _ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 _UNARY = {"Neg": np.negative, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Identity": np.array}
 #: Operators folded where all their inputs are constants: cheap, exact, deterministic.
@@ -59,9 +61,7 @@ def folded_value(
         attrs = {a.name: a.i for a in node.attribute}
         start, end = attrs.get("start", 0), attrs.get("end", len(dims))
         return np.array(list(dims), np.int64)[slice(start, end)]
-    if node.op_type not in FOLDABLE or any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
-    ):
+    if node.op_type not in FOLDABLE or subgraphs(node):
         return None
     inputs = [name for name in node.input if name]
     if not all(name in constants for name in inputs):

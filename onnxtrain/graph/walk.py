@@ -8,7 +8,7 @@ subgraph reads without defining it is always a value of an enclosing scope.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import onnx
 
@@ -93,6 +93,18 @@ def rename_values(graph: onnx.GraphProto, renames: Mapping[str, str]) -> None:
         value.name = renames.get(value.name, value.name)
 
 
+def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> list[onnx.NodeProto]:
+    """The nodes of ``nodes`` (in graph order) that ``outputs`` depend on, in their order."""
+    needed = set(outputs)
+    kept: list[onnx.NodeProto] = []
+    for node in reversed(nodes):
+        if any(name in needed for name in node.output if name):
+            kept.append(node)
+            needed.update(names_read(node))
+    kept.reverse()
+    return kept
+
+
 def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
     """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
@@ -122,6 +134,7 @@ def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
 __all__ = [
     "all_nodes",
     "names_read",
+    "needed_nodes",
     "node_label",
     "outer_references",
     "rename_references",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from onnxtrain.graph.walk import names_read
+from onnxtrain.graph.walk import names_read, needed_nodes
 
 
 def prune_unused_nodes(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelProto:
@@ -14,14 +14,9 @@ def prune_unused_nodes(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelP
     forward graph a gradient is drafted after).
     """
     graph = model.graph
-    needed = {value.name for value in graph.output}
-    kept: list[onnx.NodeProto] = []
-    for index in range(len(graph.node) - 1, -1, -1):
-        node = graph.node[index]
-        if index < fixed or any(name in needed for name in node.output if name):
-            kept.append(node)
-            needed.update(names_read(node))
-    kept.reverse()
+    outputs = {value.name for value in graph.output}
+    kept = [*graph.node[:fixed], *needed_nodes(graph.node[fixed:], outputs)]
+    needed = outputs.union(*(names_read(node) for node in kept))
     del graph.node[:]
     graph.node.extend(kept)
     initializers = [t for t in graph.initializer if t.name in needed]
