@@ -64,22 +64,9 @@ def gradient_name(value: str) -> str:
 
 
 def backward(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: GradientRegistry) -> dict[str, str]:
-    """Append ``d loss / d x`` for every ``x`` in ``wrt``; return ``{x: "x_grad"}``.
-
-    Args:
-        builder: the model being built; the gradient nodes are appended to it.
-        loss: a float scalar value (shape ``[]`` or all dimensions 1; a loss whose
-            rank is unknown is taken to be a scalar, and seeded with ones of its
-            run-time shape).
-        wrt: float initializers, graph inputs or intermediate values.
-        registry: the rules to use.
-
-    Raises:
-        ValueError: a bad ``loss`` or ``wrt`` name, or a ``x_grad`` name already used.
-        MissingGradientError: an operator on the path has no rule.
-
-    On error the model is left as it was.
-    """
+    """Append ``d loss / d x`` for every ``x`` in ``wrt`` with the rules of ``registry``; return ``{x: "x_grad"}``
+    (:func:`onnxtrain.autodiff.gradients.build_gradients` says what is checked and raised). On error the model is
+    left as it was."""
     builder.sync()
     wrt = _check_wrt(builder, wrt)
     _check_loss(builder, loss)
@@ -97,17 +84,9 @@ def backward(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: Gra
 def vector_jacobian_product(
     builder: GraphBuilder, seeds: Mapping[str, str], wrt: Sequence[str], registry: GradientRegistry
 ) -> dict[str, str | None]:
-    """Append ``sum_y <seeds[y], d y / d x>`` for every ``x`` in ``wrt`` (a vector-Jacobian product).
-
-    Args:
-        builder: the model being built; the gradient nodes are appended to it.
-        seeds: ``{value: cotangent}``, each cotangent a value of its value's type.
-        wrt: float values of the model.
-        registry: the rules to use.
-
-    Returns ``{x: gradient value}`` (generated names), ``None`` for an ``x`` no
-    seeded value depends on. On error the model is left as it was.
-    """
+    """Append ``sum_y <seeds[y], d y / d x>`` for every ``x`` in ``wrt`` with the rules of ``registry``; return
+    ``{x: gradient value}``, ``None`` for an ``x`` no seeded value depends on
+    (:func:`onnxtrain.autodiff.gradients.build_vjp`). On error the model is left as it was."""
     builder.sync()
     wrt = _check_wrt(builder, wrt)
     if not seeds:

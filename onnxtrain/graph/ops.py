@@ -16,16 +16,6 @@ from onnx import helper
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 
-#: Operators that draw random numbers: two evaluations may differ, and their draws carry no gradient.
-RANDOM_OPERATORS = (
-    "RandomNormal",
-    "RandomUniform",
-    "RandomNormalLike",
-    "RandomUniformLike",
-    "Multinomial",
-    "Bernoulli",
-)
-
 #: The opset from which each reduction takes its axes as an input.
 _AXES_AS_INPUT_SINCE = {"ReduceSum": 13}
 _AXES_AS_INPUT_DEFAULT = 18
