@@ -9,7 +9,10 @@ Notation: ``x`` is the input (scores or log-probabilities, classes on axis 1),
 SoftmaxCrossEntropyLoss reuses its log-probabilities output (declared on the
 forward node with ``ctx.ensure_output`` when the model omitted it). A mean
 NegativeLogLikelihoodLoss over a LogSoftmax that nothing else reads is
-differentiated together with it, as ``(softmax(scores) - onehot(t)) * g / N``.
+differentiated together with it, as ``(softmax(scores) - onehot(t)) * g / N``;
+from :data:`SCATTERED_TARGET_CLASSES` classes on (a language model's
+vocabulary), without the one-hot: the target's ``-1`` is written into the
+softmax, which saves two tensors of the scores' size.
 """
 
 from __future__ import annotations
@@ -123,12 +126,37 @@ def _fuse_with_log_softmax(ctx: RuleContext, g: str) -> bool:
         return False
     if ctx.has_input(2) or ctx.attr("ignore_index") is not None or ctx.attr("reduction", "mean") != "mean":
         return False
+    size = ctx.static_shape(ctx.inputs[1])
+    classes = (ctx.shape(log_probs) or [None, None])[1]
+    if isinstance(classes, int) and classes >= SCATTERED_TARGET_CLASSES:
+        ctx.contribute(scores, _softmax_minus_target(ctx, g, log_probs, size))
+        return True
     onehot = _onehot(ctx, ctx.inputs[1], log_probs, rank)
     diff = ctx.sub(ctx.op("Exp", log_probs), onehot)
-    size = ctx.static_shape(ctx.inputs[1])
     count = ctx.const(float(np.prod(size)), log_probs) if size is not None else ctx.op("ReduceSum", onehot, keepdims=0)
     ctx.contribute(scores, ctx.mul(ctx.div(diff, count), g))
     return True
+
+
+#: Classes from which the cross-entropy's gradient writes the target's ``-1`` into the softmax
+#: (:func:`_softmax_minus_target`) rather than subtracting a one-hot: a language model's ``[N, vocabulary]``
+#: one-hot and difference are each as large as its logits. Below, the one-hot's form takes fewer nodes.
+SCATTERED_TARGET_CLASSES = 1024
+
+
+def _softmax_minus_target(ctx: RuleContext, g: str, log_probs: str, size: list[int] | None) -> str:
+    """``(softmax - onehot(t)) * g / N`` without a one-hot: the softmax ``p = exp(log_probs)`` with
+    ``p[i, t_i] - 1`` written at each target (``GatherElements``, ``ScatterElements``), times ``g / N``."""
+    target = _with_class_axis(ctx, ctx.cast(ctx.inputs[1], TensorProto.INT64))
+    probs = ctx.op("Exp", log_probs)
+    at_target = ctx.sub(ctx.op("GatherElements", probs, target, axis=1), 1.0)
+    diff = ctx.op("ScatterElements", probs, target, at_target, axis=1)
+    count = (
+        ctx.const(float(np.prod(size)), log_probs)
+        if size is not None
+        else ctx.cast_like(ctx.op("Size", target), log_probs)
+    )
+    return ctx.mul(diff, ctx.div(g, count))
 
 
 # ----------------------------------------------------------------- one-hot targets
