@@ -27,6 +27,18 @@ def add_parser(subcommands: Any) -> None:
     )
     parser.add_argument("path", metavar="DIR|MODEL", type=Path, help="an artifact directory or an .onnx file")
     parser.add_argument("--prefix", default="", help="the artifacts' file-name prefix (as given to generate)")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="for an artifact directory: the static memory of a training step at --shapes (live tensor bytes)",
+    )
+    parser.add_argument(
+        "--shapes",
+        nargs="+",
+        default=[],
+        metavar="NAME=DxD",
+        help="with --memory: the user inputs' shapes (input_ids=4x128 labels=512) or symbolic dimensions (batch=4)",
+    )
     parser.set_defaults(run=run, prog=parser.prog)
 
 
@@ -36,7 +48,11 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain.loop import ArtifactFiles
 
     path: Path = args.path
-    if path.is_dir():
+    if args.memory and not path.is_dir():
+        raise ValueError(f"--memory takes an artifact directory; {path} is not one")
+    if args.memory:
+        lines = memory_report(ArtifactFiles.at(path, args.prefix), args.shapes)
+    elif path.is_dir():
         lines = artifact_report(ArtifactFiles.at(path, args.prefix))
     elif path.is_file():
         lines = model_report(path)
@@ -72,6 +88,21 @@ def artifact_report(files: ArtifactFiles) -> list[str]:
     lines += _optimizer_lines(files, state)
     lines += _export_lines(files)
     return lines
+
+
+def memory_report(files: ArtifactFiles, shapes: list[str]) -> list[str]:
+    """The static memory of the fused step and of the first step at the user inputs' ``shapes``."""
+    from onnxtrain.artifacts.step_memory import describe, parse_shapes, step_memory
+
+    files.require(files.training_model)
+    optimizer = files.optimizer_model if files.optimizer_model.is_file() else None
+    result = step_memory(files.training_model, optimizer, parse_shapes(shapes))
+    fixed = ", ".join(f"{name} {shape_text(list(dims))}" for name, dims in result.shapes.items())
+    lines = [f"static memory of a training step at {fixed}: live tensors of the graphs, in onnxruntime's order"]
+    if result.fused is not None:
+        lines += ["fused step (the optimizer's update, then a train step: each step of the usual loop):"]
+        lines += describe(result.fused)
+    return [*lines, "first step (from reset gradients):", *describe(result.reset)]
 
 
 def _parameters(state: checkpoint.CheckpointState) -> list[str]:
@@ -160,4 +191,4 @@ def _export_lines(files: ArtifactFiles) -> list[str]:
     return [f"export: outputs {', '.join(outputs)} by default (onnxtrain export DIR -o MODEL.onnx)"]
 
 
-__all__ = ["add_parser", "artifact_report", "run"]
+__all__ = ["add_parser", "artifact_report", "memory_report", "run"]

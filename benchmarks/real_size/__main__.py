@@ -1,0 +1,173 @@
+"""``python -m benchmarks.real_size``: real-size models, onnxtrain against PyTorch eager; speed, memory, static memory.
+
+    python -m benchmarks.real_size --workload gpt2-small --shapes 2x64,4x128 --device cpu --runs 2
+    python -m benchmarks.real_size --workload gpt2-small --batch 16 --seq 256 --static-only
+
+For each model (:mod:`benchmarks.real_size.models`): export it and write
+onnxtrain's artifacts once (``--workdir``, kept for the next call), compute
+the static figures at each batch shape (:mod:`benchmarks.real_size.static`),
+then train each framework at each shape in a fresh process of its own
+(:mod:`benchmarks.real_size.worker`), one process at a time (a real-size
+process holds gigabytes), ``--runs`` times, the frameworks' order rotating
+from run to run. Prints the tables (:mod:`benchmarks.real_size.report`);
+``--markdown`` and ``--json`` also write them and the raw results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import parse_result, physical_cores
+from benchmarks.real_size.models import MODELS
+from benchmarks.real_size.worker import FRAMEWORKS
+from benchmarks.run import ROOT, load_average, machine, revision
+
+#: Seconds a worker may take.
+TIMEOUT = 3600
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.real_size", description=__doc__.splitlines()[0])
+    parser.add_argument("--workload", default="gpt2-small", help=f"comma-separated, of {list(MODELS)}")
+    parser.add_argument("--shapes", help="comma-separated batch shapes BxT (default: --batch x --seq)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--frameworks", default=",".join(FRAMEWORKS), help=f"comma-separated, of {list(FRAMEWORKS)}")
+    parser.add_argument("--runs", type=int, default=2, help="fresh processes per framework and shape")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
+    parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "onnxtrain-real-size")
+    parser.add_argument("--markdown", type=Path, help="also write the report here")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    return parser
+
+
+def _choose(text: str, known: Sequence[str], what: str) -> list[str]:
+    chosen = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in chosen if v not in known]
+    if unknown or not chosen:
+        raise SystemExit(f"--{what}: {unknown or text!r} unknown; choose from {list(known)}")
+    return chosen
+
+
+def shapes_of(args: argparse.Namespace) -> list[tuple[int, int]]:
+    """The batch shapes: ``--shapes`` (``2x64,4x128``) or ``--batch`` and ``--seq``."""
+    if not args.shapes:
+        return [(args.batch, args.seq)]
+    try:
+        return [(int(b), int(t)) for b, t in (s.lower().split("x") for s in args.shapes.split(","))]
+    except ValueError:
+        raise SystemExit(f"--shapes {args.shapes!r}: give batch shapes as BxT, comma-separated (2x64,4x128)") from None
+
+
+def _worker(argv: list[str]) -> dict[str, Any]:
+    """Run the worker with ``argv``; its result, or ``{"error": ...}``."""
+    command = [sys.executable, "-m", "benchmarks.real_size.worker", *argv]
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ran over {TIMEOUT} s"}
+    result = parse_result(done.stdout)
+    if result is None:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        result = {"error": f"exited with {done.returncode}: {lines[-1] if lines else 'no output'}"}
+    return result
+
+
+def prepared(workload: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
+    """The workload's folder, exported and with onnxtrain's artifacts (made now where missing)."""
+    folder = workdir / workload
+    if (folder / "artifacts" / "checkpoint").exists() and (folder / "spec.json").exists():
+        return folder, {"reused": True}
+    _log(f"{workload}: exporting and writing the artifacts")
+    result = _worker(["prepare", "--workload", workload, "--folder", str(folder)])
+    if "error" in result:
+        raise SystemExit(f"{workload}: prepare failed: {result['error']}")
+    return folder, result
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = arguments().parse_args(argv)
+    from benchmarks.real_size import report, static
+
+    workloads = _choose(args.workload, list(MODELS), "workload")
+    frameworks = _choose(args.frameworks, FRAMEWORKS, "frameworks")
+    shapes = shapes_of(args)
+    started, load_before = datetime.datetime.now().astimezone(), load_average()
+    figures: dict[str, dict[str, Any]] = {}
+    kernels: dict[str, dict[str, Any]] = {}
+    prepares: dict[str, dict[str, Any]] = {}
+    results: list[dict[str, Any]] = []
+    folders = {}
+    for workload in workloads:
+        folders[workload], prepares[workload] = prepared(workload, args.workdir)
+        artifacts = folders[workload] / "artifacts"
+        figures[workload] = static.static_figures(artifacts, shapes)
+        provider = "CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"
+        kernels[workload] = static.ort_kernels(static.fused_model(artifacts), [provider])
+    if not args.static_only:
+        for run in range(args.runs):
+            order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]
+            for workload in workloads:
+                for batch, seq in shapes:
+                    for framework in order:
+                        results.append(_train(args, workload, folders[workload], framework, batch, seq, run))
+    header = [
+        f"Measured {started:%Y-%m-%d %H:%M %Z} on {machine()}; load average before {load_before}, after "
+        f"{load_average()}.",
+        f"Python {platform.python_version()}; {_versions(results)}; onnxtrain at commit {revision()}.",
+        f"Device {args.device}; threads: onnxruntime's default ({physical_cores()}, the physical cores), "
+        f"torch.set_num_threads({physical_cores()}). {args.warmup} warm-up steps, then {args.steps} timed steps per "
+        f"run; {args.runs} runs, each a fresh process, the frameworks' order rotated from run to run.",
+    ]
+    text = report.render(results, figures, kernels, header)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.json:
+        raw = {"results": results, "static": figures, "kernels": kernels, "prepare": prepares, "header": header}
+        args.json.write_text(json.dumps(raw, indent=1))
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _train(
+    args: argparse.Namespace, workload: str, folder: Path, framework: str, batch: int, seq: int, run: int
+) -> dict[str, Any]:
+    argv = ["train", "--workload", workload, "--folder", str(folder), "--framework", framework]
+    argv += ["--batch", str(batch), "--seq", str(seq), "--device", args.device]
+    argv += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    if args.no_memory_pattern:
+        argv.append("--no-memory-pattern")
+    load = load_average()
+    result = _worker(argv)
+    result.update(workload=workload, framework=framework, batch=batch, seq=seq, run=run, load_before=load)
+    shown = result.get("error") or f"{result['step_s']:.3f} s/step, peak RSS {result['steps']['peak_rss_mib']:.0f} MiB"
+    _log(f"run {run + 1}: {workload} {batch}x{seq} {framework}: {shown} (load {load})")
+    return result
+
+
+def _versions(results: Sequence[dict[str, Any]]) -> str:
+    found: dict[str, str] = {}
+    for result in results:
+        found.update(result.get("versions", {}))
+    return ", ".join(f"{k} {v}" for k, v in sorted(found.items())) or "no training runs"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Figures of the training graphs that do not depend on the machine, at a batch shape.
+
+For each batch shape: :func:`onnxtrain.artifacts.step_memory.step_memory` on
+the artifacts (the fused step of the steady loop and the first step, from
+reset gradients): the held bytes, the static peak of live tensors in
+onnxruntime's order, the node there, the bytes kept for the backward, and the
+tensors alive at the peak grouped by producer and shape. Once per model:
+the nodes onnxruntime runs per step after its graph optimizations
+(:func:`ort_kernels`: the optimized fused model, as its session saves it).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
+from onnxtrain.artifacts.fuse import fuse_update_and_train
+from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
+
+MIB = float(1 << 20)
+#: Tensors listed alive at the peak, and groups of them.
+LISTED = 8
+
+
+def user_inputs(training: onnx.ModelProto) -> list[str]:
+    """The training model's inputs that the user feeds (the token ids, the labels)."""
+    trainable = set(trainable_of(training))
+    skip = trainable | {buffer_name(p) for p in trainable} | {LAZY_RESET_GRAD}
+    return [value.name for value in training.graph.input if value.name not in skip]
+
+
+def shapes_for(training: onnx.ModelProto, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
+    """The ids ``[batch, seq]`` and the labels ``[batch * seq]``, by the training model's input names."""
+    ids, labels = user_inputs(training)
+    return {ids: (batch, seq), labels: (batch * seq,)}
+
+
+def summary(memory: LiveMemory) -> dict[str, Any]:
+    """A :class:`LiveMemory` as JSON: MiB, the peak's node, the largest tensors and groups alive there."""
+    groups: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+    for tensor in memory.at_peak:
+        key = (tensor.producer, tensor.phase, "x".join(map(str, tensor.dims or ())) or "scalar")
+        groups[key][0] += 1
+        groups[key][1] += tensor.nbytes / MIB
+    grouped = sorted(groups.items(), key=lambda item: -item[1][1])
+    return {
+        "order": memory.order,
+        "nodes": memory.nodes,
+        "held_mib": {k: v / MIB for k, v in memory.held.items()},
+        "peak_mib": memory.peak / MIB,
+        "peak_live_mib": memory.peak_live / MIB,
+        "peak_at": memory.peak_at,
+        "peak_node": memory.peak_node,
+        "peak_phase": memory.peak_phase,
+        "kept_for_backward_mib": memory.kept_for_backward / MIB,
+        "phase_peaks_mib": {phase: value / MIB for phase, value in memory.phase_peaks.items()},
+        "unknown": list(memory.unknown),
+        "largest": [_tensor(t) for t in memory.at_peak[:LISTED]],
+        "groups": [
+            {"producer": producer, "phase": phase, "dims": dims, "count": int(count), "mib": mib}
+            for (producer, phase, dims), (count, mib) in grouped[:LISTED]
+        ],
+    }
+
+
+def _tensor(tensor: LiveTensor) -> dict[str, Any]:
+    return {
+        "name": tensor.name,
+        "dims": list(tensor.dims or ()),
+        "dtype": tensor.dtype,
+        "mib": tensor.nbytes / MIB,
+        "producer": tensor.producer,
+        "phase": tensor.phase,
+    }
+
+
+def ort_optimized(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> onnx.ModelProto:
+    """``model`` after onnxruntime's graph optimizations (all levels, as the runtime's sessions), as its
+    session saves it: the nodes onnxruntime runs, its constants as initializers."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        options.log_severity_level = 3
+        ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=list(providers))
+        return onnx.load(options.optimized_model_filepath)
+
+
+def in_index_order(original: onnx.ModelProto, optimized: onnx.ModelProto) -> onnx.ModelProto:
+    """``optimized`` with its nodes listed as onnxruntime numbers them in its session: a node of ``original``
+    keeps its index there (its place in the model loaded), a node the optimizers made comes after all of them
+    (onnxruntime appends it), in the order the optimized model lists them."""
+    index = {node.name: i for i, node in enumerate(original.graph.node) if node.name}
+    nodes = list(optimized.graph.node)
+    ranked = sorted(range(len(nodes)), key=lambda i: index.get(nodes[i].name, len(index) + i))
+    del optimized.graph.node[:]
+    optimized.graph.node.extend(nodes[i] for i in ranked)
+    return optimized
+
+
+def static_figures(
+    artifacts: Path, shapes: Sequence[tuple[int, int]], providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> dict[str, dict[str, Any]]:
+    """Per ``"BxT"``: the summaries of the fused and reset steps as written (``fused``, ``reset``) and as
+    onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``)."""
+    training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
+    optimizer = onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
+    optimized: dict[int, onnx.ModelProto] = {}
+
+    def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:  # the same two models at every shape: once each
+        key = len(model.graph.node)
+        if key not in optimized:
+            optimized[key] = in_index_order(model, ort_optimized(model, providers))
+        return optimized[key]
+
+    figures = {}
+    for batch, seq in shapes:
+        fixed = shapes_for(training, batch, seq)
+        written = step_memory(training, optimizer, fixed, largest=1 << 30)
+        run = step_memory(training, optimizer, fixed, largest=1 << 30, rewrite=rewrite)
+        assert written.fused is not None and run.fused is not None
+        figures[f"{batch}x{seq}"] = {
+            "fused": summary(written.fused),
+            "reset": summary(written.reset),
+            "fused, optimized": summary(run.fused),
+            "reset, optimized": summary(run.reset),
+        }
+    return figures
+
+
+def fused_model(artifacts: Path) -> onnx.ModelProto:
+    """The fused step's model, as the runtime builds it from the artifacts."""
+    training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
+    optimizer = onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
+    return fuse_update_and_train(training, optimizer, trainable_of(training)).model
+
+
+def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:
+    """The nodes of ``model`` and of :func:`ort_optimized` of it: their counts, the latter's ten most frequent
+    operators."""
+    optimized = ort_optimized(model, providers)
+    counts: dict[str, int] = defaultdict(int)
+    for node in optimized.graph.node:
+        counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
+    ranked = sorted(counts.items(), key=lambda item: -item[1])
+    return {"nodes": len(optimized.graph.node), "emitted": len(model.graph.node), "top": ranked[:10]}
+
+
+__all__ = [
+    "fused_model",
+    "in_index_order",
+    "ort_kernels",
+    "ort_optimized",
+    "shapes_for",
+    "static_figures",
+    "summary",
+    "user_inputs",
+]

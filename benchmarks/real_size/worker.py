@@ -1,0 +1,226 @@
+"""One process per job: ``python -m benchmarks.real_size.worker {prepare,train} ...``; prints one result line.
+
+``prepare`` exports the model (:func:`benchmarks.real_size.models.export`) and
+writes onnxtrain's artifacts (every parameter trained, cross-entropy, AdamW as
+ONNX Runtime's ``OptimType.AdamW``). ``train`` trains one framework on one
+batch shape in a fresh process, so that its memory is its own:
+
+- ``onnxtrain``: ``onnxtrain.api`` as an ONNX Runtime user writes it,
+  ``module(x, y); optimizer.step(); module.lazy_reset_grad()``;
+- ``pytorch-eager`` / ``pytorch-sdpa``: the same model in PyTorch eager with
+  transformers' eager attention (the exported math) or its default, SDPA:
+  ``loss.backward(); optimizer.step(); optimizer.zero_grad()``.
+
+Each reports its step times (``--warmup`` steps, then ``--steps`` timed one
+by one; on CUDA each ends synchronised), its losses, and its memory: the RSS
+before the model is placed (the baseline), the peak of the set-up and of the
+steps (``VmHWM``, set back between them), GPU memory by NVML (and PyTorch's
+allocator), and the training state by kind (:mod:`benchmarks.real_size.memory`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.measure import physical_cores, run_worker
+from benchmarks.real_size import memory
+from benchmarks.real_size.models import ADAMW, LEARNING_RATE, MODELS, Attention, RealModel, export
+
+FRAMEWORKS = ("onnxtrain", "pytorch-eager", "pytorch-sdpa")
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("command", choices=["prepare", "train"])
+    parser.add_argument("--workload", required=True, choices=list(MODELS))
+    parser.add_argument("--folder", type=Path, required=True, help="the workload's folder (model, artifacts)")
+    parser.add_argument("--framework", choices=FRAMEWORKS, default="onnxtrain")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps (onnxtrain's second makes its fused step)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument(
+        "--no-memory-pattern",
+        action="store_true",
+        help="onnxtrain: every session without onnxruntime's memory pattern (otherwise its default options)",
+    )
+    return parser
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Export the model and write onnxtrain's artifacts into ``args.folder/artifacts``."""
+    import json
+
+    from onnxtrain import artifacts
+
+    start = time.perf_counter()
+    folder = export(MODELS[args.workload], args.folder)
+    exported = time.perf_counter()
+    spec = json.loads((folder / "spec.json").read_text())
+    artifacts.generate_artifacts(
+        str(folder / "model.onnx"),
+        requires_grad=spec["parameters"],
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(folder / "artifacts"),
+    )
+    generated = time.perf_counter()
+    return {
+        "export_s": exported - start,
+        "generate_s": generated - exported,
+        "parameter_count": spec["parameter_count"],
+    }
+
+
+def _timed(step: Callable[[int], float], warmup: int, steps: int) -> dict[str, Any]:
+    """Run ``warmup`` steps, then ``steps`` steps timed one by one; the losses, times and the RSS after each."""
+    losses, times, rss = [], [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        losses.append(step(i))
+        times.append(time.perf_counter() - start)
+        rss.append(memory.rss_marks()["rss_mib"])
+    timed = times[warmup:]
+    return {
+        "step_s": statistics.median(timed),
+        "step_s_min": min(timed),
+        "step_s_all": timed,
+        "first_step_s": times[0],
+        "warmup_s": times[:warmup],
+        "losses": losses,
+        "rss_after_step_mib": rss,
+    }
+
+
+def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict[str, Any]:
+    import onnxruntime
+
+    import onnxtrain
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+
+    directory = args.folder / "artifacts"
+    if args.device == "cuda":  # the CUDA context before the baseline: it is not the model's
+        onnxruntime.OrtValue.ortvalue_from_shape_and_type([1], "float32", "cuda", 0)
+    baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    memory.reset_peak_rss()
+    state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    options = None
+    if args.no_memory_pattern:  # the runtime's options for its fused step (shared CPU arena), for every session
+        from onnxtrain.training.options import default_session_options
+
+        options = default_session_options(spinning=True, update_first=True, shared_cpu_arena=args.device == "cpu")
+        options.enable_mem_pattern = False
+    training, evaluation = str(directory / "training_model.onnx"), str(directory / "eval_model.onnx")
+    module = Module(training, state, evaluation, args.device, session_options=options)
+    optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+    optimizer.set_learning_rate(LEARNING_RATE)
+    module.train()
+    setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    memory.reset_peak_rss()
+
+    def step(i: int) -> float:
+        x, y = batches[i % len(batches)]
+        loss = module(x, y)
+        optimizer.step()
+        module.lazy_reset_grad()
+        return float(loss)  # on CUDA, the loss copied back: the step has ended
+
+    timing = _timed(step, args.warmup, args.steps)
+    steps = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    versions = {"onnxtrain": onnxtrain.__version__, "onnxruntime": onnxruntime.__version__}
+    return {
+        **timing,
+        "baseline": baseline,
+        "setup": setup,
+        "steps": steps,
+        "state": memory.onnxtrain_state(module),
+        "versions": versions,
+        "memory_pattern": not args.no_memory_pattern,
+    }
+
+
+def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, batches: list[tuple[Any, Any]]) -> dict:
+    import torch
+    import transformers
+
+    torch.set_num_threads(physical_cores())
+    device = torch.device(args.device)
+    data = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.init()
+        torch.zeros(1, device=device)  # the CUDA context before the baseline
+        torch.cuda.reset_peak_memory_stats()
+    baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    memory.reset_peak_rss()
+    module = model.build(attention).to(device)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE, **ADAMW)  # type: ignore[arg-type]
+    loss_fn = torch.nn.CrossEntropyLoss()
+    setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    memory.reset_peak_rss()
+    state: dict[str, Any] = {}
+
+    def step(i: int) -> float:
+        x, y = data[i % len(data)]
+        loss = loss_fn(module(x), y)
+        loss.backward()
+        optimizer.step()
+        if i == 1:  # gradients and moments exist: their sizes
+            state.update(memory.torch_state(module, optimizer))
+        optimizer.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
+        return float(loss.item())
+
+    timing = _timed(step, max(args.warmup, 2), args.steps)
+    steps = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+    if cuda:
+        steps["torch_max_allocated_mib"] = torch.cuda.max_memory_allocated() / memory.MIB
+        steps["torch_max_reserved_mib"] = torch.cuda.max_memory_reserved() / memory.MIB
+    x, y = data[0]
+    saved = memory.torch_saved(module, lambda: loss_fn(module(x), y))
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        **timing,
+        "baseline": baseline,
+        "setup": setup,
+        "steps": steps,
+        "state": {**state, "saved_for_backward": saved},
+        "threads": torch.get_num_threads(),
+        "versions": versions,
+    }
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    model = MODELS[args.workload]
+    ids, labels = model.batches(args.batch, args.seq)
+    batches = [(ids[i], labels[i]) for i in range(len(ids))]
+    if args.framework == "onnxtrain":
+        result = _onnxtrain(args, batches)
+    else:
+        result = _pytorch(args, model, "eager" if args.framework == "pytorch-eager" else "sdpa", batches)
+    tokens = args.batch * args.seq
+    return {
+        "framework": args.framework,
+        "workload": args.workload,
+        "batch": args.batch,
+        "seq": args.seq,
+        "device": args.device,
+        "tokens_per_s": tokens / result["step_s"],
+        **result,
+    }
+
+
+def main(args: argparse.Namespace) -> dict[str, Any]:
+    return prepare(args) if args.command == "prepare" else train(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run_worker(main, arguments()))
