@@ -7,6 +7,11 @@ Writes ``{prefix}training_model.onnx``, ``{prefix}eval_model.onnx``,
 (:func:`build_artifacts`), then written into a new version folder inside the
 artifact directory and switched in at once (:func:`write_artifacts`): a
 failure or a kill leaves the earlier set or the new one, never a mix.
+
+``generate_artifacts`` builds on a light copy of the base model
+(:func:`onnxtrain.graph.io.load_light`): the graphs refer to the base's
+large tensors without their data, and the data of the checkpoint and of the
+constants the models keep is read when it is written, a tensor at a time.
 """
 
 from __future__ import annotations
@@ -22,10 +27,9 @@ from pathlib import Path
 from typing import Literal
 
 import onnx
-from onnx import external_data_helper
 
 from onnxtrain import checkpoint, optim
-from onnxtrain.artifacts import ort_training
+from onnxtrain.artifacts import model_files, ort_training
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
 from onnxtrain.artifacts.metadata import NO_LOSS, set_metadata, training_metadata
 from onnxtrain.artifacts.training_block import TrainingBlock
@@ -35,7 +39,7 @@ from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
-from onnxtrain.graph.io import load_base_model
+from onnxtrain.graph.io import copy_model, load_light
 
 Target = Literal["onnxruntime", "onnxruntime-training"]
 TARGETS: tuple[str, ...] = ("onnxruntime", "onnxruntime-training")
@@ -105,12 +109,19 @@ def _optimizer_model(
 
 @dataclass(frozen=True)
 class ArtifactSet:
-    """What ``generate_artifacts`` writes, in memory: the models and the initial checkpoint state."""
+    """What ``generate_artifacts`` writes, in memory: the models and the initial checkpoint state.
+
+    ``tensor_data``: where the data is of the tensors the models keep without it
+    (external, or held stubs: :mod:`onnxtrain.graph.external`) and of the
+    parameters of a lazy checkpoint, read when the set is written; ``None``
+    when everything is in memory, as :func:`build_artifacts` gives it.
+    """
 
     training_model: onnx.ModelProto
     eval_model: onnx.ModelProto
     optimizer_model: onnx.ModelProto | None
     checkpoint: checkpoint.CheckpointState
+    tensor_data: external.TensorData | None = None
 
     def models(self) -> dict[str, onnx.ModelProto]:
         """``{artifact name: model}`` for the models present (file names without ``.onnx``)."""
@@ -141,11 +152,38 @@ def build_artifacts(
     Constants the models keep from a base model with external data are loaded
     into them. Raises ``ValueError``/``TypeError`` for bad arguments.
     """
+    built = _build(
+        model,
+        requires_grad,
+        frozen_params,
+        loss,
+        optimizer,
+        additional_output_names,
+        loss_input_names,
+        target,
+        registry,
+    )
+    return _in_memory(built)
+
+
+def _build(
+    model: onnx.ModelProto | str | os.PathLike[str],
+    requires_grad: Sequence[str] | None,
+    frozen_params: Sequence[str] | None,
+    loss: LossType | str | Block | None,
+    optimizer: OptimType | str | optim.Optimizer | None,
+    additional_output_names: Sequence[str] | None,
+    loss_input_names: Sequence[str] | None,
+    target: Target,
+    registry: GradientRegistry | None,
+) -> ArtifactSet:
+    """:func:`build_artifacts`' set built on a light copy of ``model``: the models keep the constants of a large
+    base without their data, and the checkpoint reads its parameters when written (``tensor_data`` says where)."""
     _check_target(target)
     requires = _names("requires_grad", requires_grad)
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
-    proto, base_dir = load_base_model(model)
+    proto, data = load_light(model)
     check_parameters(proto, requires, frozen)
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
     _check_outputs(proto, "loss_input_names", inputs_to_loss)
@@ -164,7 +202,7 @@ def build_artifacts(
         training_block.requires_grad(name)
     for name in frozen:
         training_block.requires_grad(name, False)
-    with loaded_base(proto, base_dir):
+    with loaded_base(proto, data.base_dir):
         training_block(*inputs_to_loss)
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
@@ -181,14 +219,21 @@ def build_artifacts(
             )
     elif optimizer_of is not None:
         optimizer_model = _optimizer_model(optimizer_of, training_block.parameters(), opset)
-    state = checkpoint.from_tensors(trainable, frozen_tensors, base_dir=base_dir)
-    built = ArtifactSet(training, eval_model, optimizer_model, state)
+    state = checkpoint.lazy_from_tensors(trainable, frozen_tensors, data)
+    built = ArtifactSet(training, eval_model, optimizer_model, state, data)
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
-    if base_dir is not None:  # constants left in the graphs: their data moves into the artifacts
-        for proto in built.models().values():
-            external.load_external_data(proto, base_dir)
     return built
+
+
+def _in_memory(built: ArtifactSet) -> ArtifactSet:
+    """``built`` with the constants' data loaded into its models and its checkpoint's arrays read."""
+    if built.tensor_data is not None:
+        for proto in built.models().values():
+            built.tensor_data.load_model(proto)
+    state = built.checkpoint
+    arrays = checkpoint.CheckpointState(dict(state.trainable), dict(state.frozen), state.optimizer, state.properties)
+    return ArtifactSet(built.training_model, built.eval_model, built.optimizer_model, arrays)
 
 
 def generate_artifacts(
@@ -227,14 +272,21 @@ def generate_artifacts(
     """
     _check_target(target)
     _check_prefix(prefix)
-    built = build_artifacts(
-        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target=target, registry=registry,
-    )  # fmt: skip
+    built = _build(
+        model,
+        requires_grad,
+        frozen_params,
+        loss,
+        optimizer,
+        additional_output_names,
+        loss_input_names,
+        target,
+        registry,
+    )
     if ort_format:
         ort_training.check_ort_format(built.models())
     if custom_op_library is not None:
-        _check_loadable(built.models(), custom_op_library)
+        _check_loadable(built, custom_op_library)
     return write_artifacts(
         built, artifact_directory, prefix, nominal_checkpoint=nominal_checkpoint, ort_format=ort_format
     )
@@ -259,8 +311,9 @@ def _loss_name(loss: LossType | str | Block | None) -> str:
     return loss if isinstance(loss, str) else type(loss).__name__
 
 
-def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str | os.PathLike[str]) -> None:
-    """Load each model in onnxruntime with the custom operator library registered."""
+def _check_loadable(built: ArtifactSet, custom_op_library: str | os.PathLike[str]) -> None:
+    """Load each model (its constants' data inside, one model at a time) in onnxruntime with the custom operator
+    library registered."""
     import onnxruntime as ort
 
     from onnxtrain.sessions import inference_session
@@ -270,7 +323,10 @@ def _check_loadable(models: dict[str, onnx.ModelProto], custom_op_library: str |
         options.register_custom_ops_library(os.fspath(custom_op_library))
     except Exception as error:
         raise ValueError(f"custom_op_library={str(custom_op_library)!r} cannot be loaded: {error}") from error
-    for name, proto in models.items():
+    for name, proto in built.models().items():
+        if built.tensor_data is not None and external.has_external_data(proto):
+            proto = copy_model(proto)
+            built.tensor_data.load_model(proto)
         try:
             inference_session(proto.SerializeToString(), options)
         except Exception as error:
@@ -334,11 +390,11 @@ def _write_files(
     models = artifact_set.models()
     for name, proto in models.items():
         written[name] = f"{prefix}{name}.onnx"
-        if proto.ByteSize() < PROTOBUF_LIMIT:
-            onnx.save_model(proto, folder / written[name])
-        else:
-            written[f"{name}_data"] = f"{folder.name}/{written[name]}.data"
-            _save_with_external_data(proto, folder, written[name], written[f"{name}_data"])
+        # its tensors, over protobuf's limit, go into the version folder, at a location relative to the artifact
+        # directory (where the model is opened from), never beside another version's model
+        data_file = model_files.DataFile(folder.parent, f"{folder.name}/{written[name]}.data")
+        if model_files.save(proto, folder / written[name], data_file, artifact_set.tensor_data, PROTOBUF_LIMIT):
+            written[f"{name}_data"] = data_file.location
     for name in checkpoint.write_files(artifact_set.checkpoint, folder, f"{prefix}checkpoint"):
         written["checkpoint_data" if name.endswith(checkpoint.EXTERNAL_DATA_SUFFIX) else "checkpoint"] = name
     if nominal:
@@ -347,16 +403,6 @@ def _write_files(
     if ort_format:
         written.update(_to_ort_format(folder, {name: written[name] for name in models}))
     return written
-
-
-def _save_with_external_data(proto: onnx.ModelProto, folder: Path, file_name: str, location: str) -> None:
-    """Save ``proto`` as ``folder/file_name``, its large tensors at ``location`` (relative to the artifact
-    directory, where the model is opened from: inside ``folder``, never beside another version's model)."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(proto)
-    external_data_helper.convert_model_to_external_data(copy, all_tensors_to_one_file=True, location=location)
-    external_data_helper.write_external_data_tensors(copy, os.fspath(folder.parent))
-    onnx.save_model(copy, folder / file_name)
 
 
 def _to_ort_format(folder: Path, files: dict[str, str]) -> dict[str, str]:

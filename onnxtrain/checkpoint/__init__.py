@@ -21,7 +21,7 @@ from onnxtrain.checkpoint.files import (
     write_files,
 )
 from onnxtrain.checkpoint.format import decode, encode
-from onnxtrain.checkpoint.state import CheckpointState, OptimizerState, PropertyValue, from_tensors
+from onnxtrain.checkpoint.state import CheckpointState, OptimizerState, PropertyValue, from_tensors, lazy_from_tensors
 
 __all__ = [
     "DEFAULT_EXTERNAL_DATA_THRESHOLD",
@@ -37,6 +37,7 @@ __all__ = [
     "encode",
     "external_data_path",
     "from_tensors",
+    "lazy_from_tensors",
     "load",
     "save",
     "write_files",

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from onnxtrain.checkpoint.errors import CheckpointError
-from onnxtrain.checkpoint.format import MAX_FLATBUFFER_BYTES, decode, encode, tensor_bytes
+from onnxtrain.checkpoint.format import MAX_FLATBUFFER_BYTES, decode, encode, tensor_bytes, write
+from onnxtrain.checkpoint.sources import LazyArrays
 from onnxtrain.checkpoint.state import CheckpointState
 from onnxtrain.filegroup import FileGroup, resolve_members
 from onnxtrain.fileio import stale_temporaries, sync_directory, temporary_beside
@@ -70,14 +71,14 @@ def save(
                 include_optimizer_state=include_optimizer_state, external_data_threshold=external_data_threshold,
             )  # fmt: skip
         return target
-    buffer = encode(state, include_optimizer_state=include_optimizer_state)
+    buffer = None if _is_lazy(state) else encode(state, include_optimizer_state=include_optimizer_state)
     with group.locked():
         for stale in stale_temporaries(target):  # what a killed save left
             stale.unlink()
         temporary = temporary_beside(target)
         try:
             with open(temporary, "wb") as file:
-                file.write(buffer)
+                _write_one_file(state, file, buffer, include_optimizer_state)
                 _sync(file)
             os.replace(temporary, target)
         finally:
@@ -103,21 +104,39 @@ def write_files(
     external_data_threshold: int = DEFAULT_EXTERNAL_DATA_THRESHOLD,
 ) -> list[str]:
     """Write checkpoint ``name`` (and ``name.data`` above the threshold) into ``folder``, a folder being
-    prepared (no atomic rename: the caller switches the folder in). Returns the names written."""
+    prepared (no atomic rename: the caller switches the folder in). Returns the names written.
+
+    The tensors of a lazy state (:func:`~onnxtrain.checkpoint.state.lazy_from_tensors`) are read one at a
+    time, each when it is written."""
     _check_threshold(external_data_threshold)
     folder = Path(folder)
     written = [name]
+    buffer = None
     if tensor_bytes(state, include_optimizer_state) > external_data_threshold:
         written.append(name + EXTERNAL_DATA_SUFFIX)
         with open(folder / written[1], "wb") as data_file:
             buffer = encode(state, include_optimizer_state=include_optimizer_state, external=data_file)
             _sync(data_file)
-    else:
+    elif not _is_lazy(state):
         buffer = encode(state, include_optimizer_state=include_optimizer_state)
     with open(folder / name, "wb") as checkpoint_file:
-        checkpoint_file.write(buffer)
+        _write_one_file(state, checkpoint_file, buffer, include_optimizer_state)
         _sync(checkpoint_file)
     return written
+
+
+def _is_lazy(state: CheckpointState) -> bool:
+    """Whether ``state`` reads its parameters when they are written (they are not in memory)."""
+    return isinstance(state.trainable, LazyArrays) or isinstance(state.frozen, LazyArrays)
+
+
+def _write_one_file(state: CheckpointState, file: BinaryIO, buffer: memoryview | None, optimizer: bool) -> None:
+    """Write the checkpoint's flatbuffer: ``buffer``, encoded already, or (``None``) the whole checkpoint
+    streamed, each tensor read when it is written (:func:`~onnxtrain.checkpoint.format.write`)."""
+    if buffer is None:
+        write(state, file, include_optimizer_state=optimizer)
+    else:
+        file.write(buffer)
 
 
 def _check_threshold(external_data_threshold: object) -> None:

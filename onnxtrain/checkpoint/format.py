@@ -19,11 +19,18 @@ External data (ORT's ``WriteToExternalFileHelper``): a tensor of at least
 :data:`MIN_EXTERNAL_TENSOR_BYTES` bytes goes to the data file, smaller ones stay
 inline; each tensor is aligned to 8 bytes (INT64, DOUBLE) or 4 (all others),
 padded with zeros.
+
+:func:`write` writes the bytes :func:`encode` gives to a file, reading each
+tensor (:mod:`onnxtrain.checkpoint.sources`) only when its bytes are written:
+the flatbuffer is built in an anonymous memory map with each inline tensor's
+place left untouched, so only the tables take memory, and the file is then
+written in order, each tensor's data streamed into its place.
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 import re
 import struct
 import sys
@@ -48,6 +55,7 @@ from onnxtrain.checkpoint.schema import (
     PropertySlots,
     TensorSlots,
 )
+from onnxtrain.checkpoint.sources import ArraySource, TensorSource, source_of
 from onnxtrain.checkpoint.state import (
     GROUP_NAME,
     CheckpointState,
@@ -74,7 +82,7 @@ def tensor_bytes(state: CheckpointState, include_optimizer_state: bool = True) -
     """Bytes of tensor data a save writes (0 for a nominal state)."""
     if state.is_nominal:
         return 0
-    total = sum(a.nbytes for a in state.trainable.values()) + sum(a.nbytes for a in state.frozen.values())
+    total = sum(source_of(arrays, name).nbytes for arrays in (state.trainable, state.frozen) for name in arrays)
     if include_optimizer_state and state.optimizer is not None:
         total += sum(m.nbytes for ms in state.optimizer.moments.values() for m in ms)
     return total
@@ -84,19 +92,56 @@ def encode(
     state: CheckpointState, *, include_optimizer_state: bool = True, external: BinaryIO | None = None
 ) -> memoryview:
     """The checkpoint's flatbuffer; with ``external``, large tensors are written there."""
+    size = _checked_size(state, include_optimizer_state, external)
+    builder = flatbuffers.Builder(size)
+    _build_checked(builder, _Writer(builder, external), state, include_optimizer_state)
+    return memoryview(builder.Bytes)[builder.Head() :]
+
+
+def write(
+    state: CheckpointState, file: BinaryIO, *, include_optimizer_state: bool = True, external: BinaryIO | None = None
+) -> None:
+    """Write :func:`encode`'s bytes to ``file``, reading each tensor only when its bytes are written.
+
+    The memory taken is that of the tables and of one piece of one tensor at a time.
+    """
+    size = _checked_size(state, include_optimizer_state, external)
+    with mmap.mmap(-1, size) as memory:  # pages the build never touches (the tensors' places) take no memory
+        builder = flatbuffers.Builder(0)
+        builder.Bytes, builder.head = memory, size
+        deferred: list[tuple[int, TensorSource]] = []
+        _build_checked(builder, _Writer(builder, external, deferred), state, include_optimizer_state)
+        cursor = builder.Head()
+        for position, source in sorted(deferred, key=lambda entry: entry[0]):
+            file.write(memory[cursor:position])
+            for chunk in source.chunks():
+                file.write(chunk)
+            cursor = position + source.nbytes
+        file.write(memory[cursor:])
+
+
+def _checked_size(state: CheckpointState, include_optimizer_state: bool, external: BinaryIO | None) -> int:
+    """The size to build the flatbuffer in (:func:`_size_estimate`); ``ValueError`` over flatbuffers' limit."""
     size = _size_estimate(state, include_optimizer_state, external is None)
-    too_large = ValueError(
+    if size >= MAX_FLATBUFFER_BYTES:
+        raise _too_large(size)
+    return size
+
+
+def _too_large(size: int) -> ValueError:
+    return ValueError(
         f"about {size} bytes do not fit in one flatbuffer (2 GiB); "
         "save with a lower external_data_threshold so that the tensors go to an external data file"
     )
-    if size >= MAX_FLATBUFFER_BYTES:
-        raise too_large
-    builder = flatbuffers.Builder(size)
+
+
+def _build_checked(
+    builder: flatbuffers.Builder, writer: _Writer, state: CheckpointState, include_optimizer_state: bool
+) -> None:
     try:
-        _build(builder, _Writer(builder, external), state, include_optimizer_state)
+        _build(builder, writer, state, include_optimizer_state)
     except BuilderSizeError:
-        raise too_large from None
-    return memoryview(builder.Bytes)[builder.Head() :]
+        raise _too_large(len(builder.Bytes)) from None
 
 
 def _build(
@@ -120,21 +165,31 @@ def _build(
 def _size_estimate(state: CheckpointState, include_optimizer_state: bool, inline: bool) -> int:
     """A generous estimate of the flatbuffer's size, so that the builder never grows."""
     names = [*state.trainable, *state.frozen, *state.properties]
-    arrays = [*state.trainable.values(), *state.frozen.values()]
+    ranks = [source_of(arrays, name).ndim for arrays in (state.trainable, state.frozen) for name in arrays]
     if include_optimizer_state and state.optimizer is not None:
         names += list(state.optimizer.moments)
-        arrays += [m for moments in state.optimizer.moments.values() for m in moments]
+        ranks += [m.ndim for moments in state.optimizer.moments.values() for m in moments]
     strings = sum(len(v.encode()) for v in state.properties.values() if isinstance(v, str))
-    metadata = sum(len(n.encode()) + 64 for n in names) + sum(8 * a.ndim + 96 for a in arrays) + strings + 1024
+    metadata = sum(len(n.encode()) + 64 for n in names) + sum(8 * rank + 96 for rank in ranks) + strings + 1024
     return metadata + (tensor_bytes(state, include_optimizer_state) if inline else 0)
 
 
 class _Writer:
-    """Builds the tables of one checkpoint, children before parents."""
+    """Builds the tables of one checkpoint, children before parents.
 
-    def __init__(self, builder: flatbuffers.Builder, external: BinaryIO | None) -> None:
+    With ``deferred``, an inline tensor's data is not copied into the buffer:
+    its place is reserved and ``(position, source)`` appended, for :func:`write`.
+    """
+
+    def __init__(
+        self,
+        builder: flatbuffers.Builder,
+        external: BinaryIO | None,
+        deferred: list[tuple[int, TensorSource]] | None = None,
+    ) -> None:
         self.builder = builder
         self.external = external
+        self.deferred = deferred
 
     def offsets(self, offsets: list[int]) -> int:
         self.builder.StartVector(4, len(offsets), 4)
@@ -142,18 +197,20 @@ class _Writer:
             self.builder.PrependUOffsetTRelative(offset)
         return self.builder.EndVector()
 
-    def tensor(self, name: str, array: np.ndarray, nominal: bool) -> int:
+    def tensor(self, name: str, source: TensorSource, nominal: bool) -> int:
         b = self.builder
         name_offset = b.CreateString(name)
-        dims = b.CreateNumpyVector(np.asarray(array.shape, dtype="<i8"))
-        code = elem_type(array.dtype)
+        dims = b.CreateNumpyVector(np.asarray(source.shape, dtype="<i8"))
+        code = elem_type(source.dtype)
         external_offset, raw = -1, None
         if nominal:
             raw = b.CreateByteVector(b"")
-        elif self.external is not None and array.nbytes >= MIN_EXTERNAL_TENSOR_BYTES:
-            external_offset = self._write_external(code, array)
+        elif self.external is not None and source.nbytes >= MIN_EXTERNAL_TENSOR_BYTES:
+            external_offset = self._write_external(code, source)
+        elif self.deferred is not None:
+            raw = self._reserve(source)
         else:
-            raw = b.CreateByteVector(_little_endian_bytes(array))
+            raw = b.CreateByteVector(b"".join(source.chunks()))
         b.StartObject(TensorSlots.COUNT)
         b.PrependUOffsetTRelativeSlot(TensorSlots.NAME, name_offset, 0)
         b.PrependUOffsetTRelativeSlot(TensorSlots.DIMS, dims, 0)
@@ -163,17 +220,30 @@ class _Writer:
         b.PrependInt64Slot(TensorSlots.EXTERNAL_DATA_OFFSET, external_offset, -1)
         return b.EndObject()
 
-    def _write_external(self, code: int, array: np.ndarray) -> int:
+    def _reserve(self, source: TensorSource) -> int:
+        """``CreateByteVector`` of ``source``'s bytes without the bytes: their place is left for :func:`write`."""
+        b = self.builder
+        b.assertNotNested()
+        b.nested = True
+        b.Prep(flatbuffers.number_types.UOffsetTFlags.bytewidth, source.nbytes)
+        b.head = b.Head() - source.nbytes
+        assert self.deferred is not None
+        self.deferred.append((b.Head(), source))
+        b.vectorNumElems = source.nbytes
+        return b.EndVector()
+
+    def _write_external(self, code: int, source: TensorSource) -> int:
         assert self.external is not None
         alignment = 8 if code in _EIGHT_BYTE_ALIGNED else 4
         position = self.external.tell()
         padding = -position % alignment
         self.external.write(b"\0" * padding)
-        self.external.write(_little_endian_bytes(array))
+        for chunk in source.chunks():
+            self.external.write(chunk)
         return position + padding
 
     def tensors(self, arrays: Mapping[str, np.ndarray], nominal: bool) -> int:
-        return self.offsets([self.tensor(name, arrays[name], nominal) for name in sorted(arrays)])
+        return self.offsets([self.tensor(name, source_of(arrays, name), nominal) for name in sorted(arrays)])
 
     def module_state(self, state: CheckpointState) -> int:
         b = self.builder
@@ -191,7 +261,8 @@ class _Writer:
         states = []
         for name in sorted(optimizer.moments):
             moments = optimizer.moments[name]
-            tensors = [self.tensor(f"momentum{i}", m, False) for i, m in sorted(enumerate(moments), key=_moment_order)]
+            ordered = sorted(enumerate(moments), key=_moment_order)
+            tensors = [self.tensor(f"momentum{i}", ArraySource(m), False) for i, m in ordered]
             momentums = self.offsets(tensors)
             param_name = b.CreateString(name)
             b.StartObject(ParameterOptimizerStateSlots.COUNT)
@@ -443,13 +514,6 @@ def _float32_slot(builder: flatbuffers.Builder, slot: int, value: float) -> None
     if struct.pack("<f", value) != b"\0\0\0\0":
         builder.PrependFloat32(value)
         builder.Slot(slot)
-
-
-def _little_endian_bytes(array: np.ndarray) -> bytes:
-    data = np.ascontiguousarray(array)
-    if sys.byteorder == "big" and data.dtype.itemsize > 1:
-        data = data.byteswap()
-    return data.tobytes()
 
 
 def _moment_order(item: tuple[int, np.ndarray]) -> str:

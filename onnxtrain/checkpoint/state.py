@@ -35,6 +35,7 @@ from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.checkpoint.dtypes import elem_type, native
 from onnxtrain.checkpoint.errors import CheckpointError
+from onnxtrain.checkpoint.sources import InitializerSource, LazyArrays, source_of
 from onnxtrain.graph import external
 
 #: A property value: int64, float32 or string.
@@ -131,8 +132,8 @@ class CheckpointState:
         both = sorted(trainable.keys() & frozen.keys())
         if both:
             raise ValueError(f"parameters {both} are both trainable and frozen; each name may appear once")
-        object.__setattr__(self, "trainable", MappingProxyType(trainable))
-        object.__setattr__(self, "frozen", MappingProxyType(frozen))
+        object.__setattr__(self, "trainable", trainable)
+        object.__setattr__(self, "frozen", frozen)
         if self.optimizer is not None:
             if not isinstance(self.optimizer, OptimizerState):
                 raise TypeError(f"optimizer must be an OptimizerState or None, not {type(self.optimizer).__name__}")
@@ -166,8 +167,8 @@ class CheckpointState:
 
     def __repr__(self) -> str:
         return (
-            f"CheckpointState(trainable={ {k: _describe(v) for k, v in self.trainable.items()} }, "
-            f"frozen={ {k: _describe(v) for k, v in self.frozen.items()} }, optimizer={self.optimizer!r}, "
+            f"CheckpointState(trainable={_described(self.trainable)}, "
+            f"frozen={_described(self.frozen)}, optimizer={self.optimizer!r}, "
             f"properties={dict(self.properties)!r}, is_nominal={self.is_nominal})"
         )
 
@@ -189,6 +190,44 @@ def from_tensors(
         _arrays_from_tensors(frozen, "frozen", base_dir),
         is_nominal=nominal,
     )
+
+
+def lazy_from_tensors(
+    trainable: Iterable[onnx.TensorProto], frozen: Iterable[onnx.TensorProto], data: external.TensorData
+) -> CheckpointState:
+    """A state like :func:`from_tensors`'s whose arrays are read from ``data`` only when looked up or written.
+
+    Each tensor is checked now (its type, and that its inline data has the
+    size its dims declare, or that its external data can be found, as
+    :func:`onnxtrain.graph.external.locate` says), and read later, one at a
+    time: :func:`~onnxtrain.checkpoint.files.write_files` writes such a state
+    without ever holding two of its tensors. The state reads its tensors
+    where they are each time: they must not change while it is in use.
+    """
+    return CheckpointState(
+        LazyArrays(_sources(trainable, "trainable", data)), LazyArrays(_sources(frozen, "frozen", data))
+    )
+
+
+def _sources(tensors: Iterable[onnx.TensorProto], what: str, data: external.TensorData) -> dict[str, InitializerSource]:
+    sources: dict[str, InitializerSource] = {}
+    for tensor in tensors:
+        _check_tensor(tensor, what, sources)
+        if uses_external_data(tensor):
+            data.check(tensor, f"{what} ")
+        else:
+            external.check_inline(tensor, f"{what} ")
+        sources[tensor.name] = InitializerSource(tensor, data, f"{what} ")
+    return sources
+
+
+def _check_tensor(tensor: object, what: str, seen: Mapping[str, object]) -> None:
+    if not isinstance(tensor, onnx.TensorProto):
+        raise TypeError(f"{what} parameters must be onnx.TensorProto, not {type(tensor).__name__}")
+    if tensor.name in seen:
+        raise ValueError(f"{what} tensor {tensor.name!r} appears twice")
+    if tensor.data_type == onnx.TensorProto.STRING:
+        raise TypeError(f"{what} tensor {tensor.name!r} holds strings; a checkpoint holds numeric tensors only")
 
 
 def placeholder(dtype: np.dtype, shape: Sequence[int]) -> np.ndarray:
@@ -232,12 +271,7 @@ def _arrays_from_tensors(
 ) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     for tensor in tensors:
-        if not isinstance(tensor, onnx.TensorProto):
-            raise TypeError(f"{what} parameters must be onnx.TensorProto, not {type(tensor).__name__}")
-        if tensor.name in arrays:
-            raise ValueError(f"{what} tensor {tensor.name!r} appears twice")
-        if tensor.data_type == onnx.TensorProto.STRING:
-            raise TypeError(f"{what} tensor {tensor.name!r} holds strings; a checkpoint holds numeric tensors only")
+        _check_tensor(tensor, what, arrays)
         if uses_external_data(tensor):
             if base_dir is None:
                 raise ValueError(
@@ -254,15 +288,29 @@ def _arrays_from_tensors(
     return arrays
 
 
-def _parameters(params: Mapping[str, Any], what: str, nominal: bool) -> dict[str, np.ndarray]:
+def _parameters(params: Mapping[str, Any], what: str, nominal: bool) -> Mapping[str, np.ndarray]:
+    """``params`` checked, as a read-only mapping: arrays copied (:func:`_frozen_array`), placeholders when
+    ``nominal``, and a :class:`LazyArrays` kept as it is (its dtypes checked without reading it)."""
     if not isinstance(params, Mapping):
         raise TypeError(f"{what} parameters must be a mapping of name -> array, not {type(params).__name__}")
+    if isinstance(params, LazyArrays):
+        for name in params:
+            _check_name(name, f"{what} parameter")
+            source = params.source(name)
+            try:
+                elem_type(source.dtype)
+            except TypeError as error:
+                raise TypeError(f"{what} parameter {name!r}: {error}") from None
+        if not nominal:
+            return params
+        sources = {name: params.source(name) for name in params}
+        return MappingProxyType({name: placeholder(s.dtype, s.shape) for name, s in sources.items()})
     out: dict[str, np.ndarray] = {}
     for name, value in params.items():
         _check_name(name, f"{what} parameter")
         array = _frozen_array(value, f"{what} parameter {name!r}", copy=not nominal)
         out[name] = placeholder(array.dtype, array.shape) if nominal else array
-    return out
+    return MappingProxyType(out)
 
 
 def _frozen_array(value: Any, what: str, *, copy: bool = True) -> np.ndarray:
@@ -288,7 +336,7 @@ def _check_moments(optimizer: OptimizerState, trainable: Mapping[str, np.ndarray
                 f"optimizer moments for {name!r}, which is not a trainable parameter; "
                 f"trainable parameters: {sorted(trainable)}"
             )
-        shape = trainable[name].shape
+        shape = source_of(trainable, name).shape
         for i, moment in enumerate(moments):
             if moment.shape != shape:
                 raise ValueError(f"momentum{i} of {name!r} has shape {moment.shape}; the parameter has {shape}")
@@ -362,3 +410,9 @@ def _same_arrays(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray], nomin
 
 def _describe(array: np.ndarray) -> str:
     return f"{array.dtype}{list(array.shape)}"
+
+
+def _described(arrays: Mapping[str, np.ndarray]) -> dict[str, str]:
+    """``{name: 'float32[2, 3]'}``, without reading a lazy array."""
+    sources = {name: source_of(arrays, name) for name in arrays}
+    return {name: f"{source.dtype}{list(source.shape)}" for name, source in sources.items()}

@@ -13,18 +13,27 @@ resolves every location itself instead of trusting the installed ``onnx``:
 
 Anything else is a ``ValueError`` naming the tensor and the location, raised
 before a byte is read or allocated.
+
+A model read lightly (:func:`onnxtrain.graph.io.load_light`) keeps its large
+tensors where they are: in the files beside a model given as a path, or in the
+caller's ``ModelProto``, which its copy refers to by *held stubs* (tensors
+marked external at :data:`HELD_LOCATION`). :class:`TensorData` says where a
+light model's data is, and reads it a tensor at a time, in pieces of at most
+:data:`CHUNK_BYTES`, when it is written out.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.graph import dtypes
@@ -171,15 +180,21 @@ def _non_negative(text: str, key: str, label: str) -> int:
     return value
 
 
+def read_bytes(found: ExternalData, start: int, count: int, label: str) -> bytes:
+    """``count`` bytes of ``found``'s range from ``start`` on (every read of external data goes through here);
+    ``ValueError`` naming ``label`` when the file ended early."""
+    with open(found.path, "rb") as file:
+        file.seek(found.offset + start)
+        data = file.read(count)
+    if len(data) != count:
+        raise ValueError(f"{label}: {found.path} ended early (changed while reading)")
+    return data
+
+
 def read_external(tensor: onnx.TensorProto, base_dir: str | os.PathLike[str] | None, where: str = "") -> None:
     """Move ``tensor``'s external data inside it (``raw_data``), in place, after :func:`locate` checked it."""
     found = locate(tensor, base_dir, where)
-    with open(found.path, "rb") as file:
-        file.seek(found.offset)
-        data = file.read(found.length)
-    if len(data) != found.length:
-        raise ValueError(f"{where}tensor {tensor.name!r}: {found.path} ended early (changed while reading)")
-    tensor.raw_data = data
+    tensor.raw_data = read_bytes(found, 0, found.length, f"{where}tensor {tensor.name!r}")
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
 
@@ -237,15 +252,138 @@ def has_external_data(model: onnx.ModelProto) -> bool:
     return any(uses_external_data(tensor) for tensor, _ in model_tensors(model))
 
 
+#: The location of a held stub: its data is the tensor at index ``offset`` of :attr:`TensorData.held`.
+HELD_LOCATION = "<held by the caller's ModelProto>"
+#: The most bytes read or copied at once when tensor data is streamed.
+CHUNK_BYTES = 16 * 2**20
+#: The tensor fields that hold data; a stub keeps every other field (name, type, dims, doc string).
+DATA_FIELDS = frozenset(
+    {"raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"}
+    | {"external_data", "data_location"}
+)
+
+
+def held_stub(tensor: onnx.TensorProto, index: int) -> onnx.TensorProto:
+    """A tensor with ``tensor``'s name, type, dims and doc string whose data is ``held[index]`` of a
+    :class:`TensorData` (marked external at :data:`HELD_LOCATION`, so that nothing reads it as inline data)."""
+    stub = onnx.TensorProto()
+    copy_fields(tensor, stub, DATA_FIELDS)
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", HELD_LOCATION), ("offset", str(index)), ("length", str(declared_nbytes(tensor)))):
+        stub.external_data.add(key=key, value=value)
+    return stub
+
+
+Message = onnx.ModelProto | onnx.GraphProto | onnx.TensorProto
+
+
+def copy_fields(source: Message, target: Message, skipped: Collection[str]) -> None:
+    """Copy every field of ``source`` but those named in ``skipped`` into ``target``, an empty message of its type."""
+    for descriptor, value in source.ListFields():
+        if descriptor.name in skipped:
+            continue
+        field = getattr(target, descriptor.name)
+        if hasattr(field, "extend"):  # a repeated field
+            field.extend(value)
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
+            field.CopyFrom(value)
+        else:
+            setattr(target, descriptor.name, value)
+
+
+def location_of(tensor: onnx.TensorProto) -> str:
+    """The ``location`` entry of ``tensor``'s external data (``""`` when it has none)."""
+    return next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+
+
+@dataclass(frozen=True)
+class TensorData:
+    """Where the data of a light model's external tensors is, and its reader.
+
+    ``base_dir``: the folder of a model read from a path, where its external
+    data files are (``None`` for a ``ModelProto``); ``held``: the tensors of the
+    caller's ``ModelProto`` that its held stubs stand for (never changed, never
+    copied whole: a stub's data is read from its tensor when it is written).
+    """
+
+    base_dir: Path | None = None
+    held: tuple[onnx.TensorProto, ...] = ()
+
+    def _held(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
+        if not uses_external_data(tensor) or location_of(tensor) != HELD_LOCATION:
+            return None
+        index = int(next(entry.value for entry in tensor.external_data if entry.key == "offset"))
+        return self.held[index]
+
+    def check(self, tensor: onnx.TensorProto, where: str = "") -> None:
+        """``ValueError`` unless the data of ``tensor``, marked external, can be read (:func:`locate`), reading none."""
+        if self._held(tensor) is None:
+            locate(tensor, self.base_dir, where)
+
+    def has_raw_data(self, tensor: onnx.TensorProto) -> bool:
+        """Whether ``tensor``, loaded (:meth:`load`), holds ``raw_data`` (a held tensor may hold typed values)."""
+        source = self._held(tensor)
+        return (source or tensor).HasField("raw_data") or (source is None and uses_external_data(tensor))
+
+    def chunks(self, tensor: onnx.TensorProto, where: str = "") -> Iterator[bytes]:
+        """``tensor``'s data as little-endian bytes (what ``raw_data`` holds), in pieces of at most
+        :data:`CHUNK_BYTES` where it is read from a file; ``ValueError`` as :func:`locate` says."""
+        source = self._held(tensor)
+        if source is None and uses_external_data(tensor):
+            found = locate(tensor, self.base_dir, where)
+            label = f"{where}tensor {tensor.name!r}"
+            for start in range(0, found.length, CHUNK_BYTES):
+                yield read_bytes(found, start, min(CHUNK_BYTES, found.length - start), label)
+            return
+        source = tensor if source is None else source
+        if source.HasField("raw_data"):
+            yield source.raw_data
+        else:
+            yield little_endian(numpy_helper.to_array(source))
+
+    def load(self, tensor: onnx.TensorProto, where: str = "") -> None:
+        """Put ``tensor``'s data inside it, in place: read from its file (:func:`read_external`), or copied
+        from the caller's tensor it stands for. A tensor that holds its data is left as it is."""
+        source = self._held(tensor)
+        if source is not None:
+            name = tensor.name
+            tensor.CopyFrom(source)
+            tensor.name = name
+        elif uses_external_data(tensor):
+            read_external(tensor, self.base_dir, where)
+
+    def load_model(self, model: onnx.ModelProto) -> None:
+        """Put the data of every external tensor of ``model`` inside it, in place (:meth:`load`)."""
+        for tensor, where in model_tensors(model):
+            self.load(tensor, where)
+
+
+def little_endian(array: np.ndarray) -> bytes:
+    """``array``'s elements as little-endian bytes, in C order."""
+    data = np.ascontiguousarray(array)
+    if sys.byteorder == "big" and data.dtype.itemsize > 1:
+        data = data.byteswap()
+    return data.tobytes()
+
+
 __all__ = [
+    "CHUNK_BYTES",
+    "DATA_FIELDS",
+    "HELD_LOCATION",
     "ExternalData",
+    "TensorData",
     "check_inline",
     "check_model_data",
+    "copy_fields",
     "declared_elements",
     "declared_nbytes",
     "has_external_data",
+    "held_stub",
+    "little_endian",
     "load_external_data",
     "locate",
+    "location_of",
     "model_tensors",
+    "read_bytes",
     "read_external",
 ]

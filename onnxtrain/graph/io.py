@@ -56,6 +56,35 @@ def load_base_model(
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
 
 
+def load_light(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, external.TensorData]:
+    """``model`` as :func:`load_base_model` reads it, with no tensor data copied: and where that data is.
+
+    A path is read without its external data, as by :func:`load_base_model`.
+    A ``ModelProto`` is checked, then copied but for the data of its large
+    initializers (not :func:`is_small`, not strings): each becomes a held stub
+    (:func:`~onnxtrain.graph.external.held_stub`) that the returned
+    :class:`~onnxtrain.graph.external.TensorData` resolves to the caller's
+    tensor. The caller's model is never changed, and must not change while
+    the copy is in use.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        proto, folder = load_base_model(model)
+        return proto, external.TensorData(base_dir=folder)
+    _check_not_empty(model, "the ModelProto")
+    external.check_model_data(model, None)
+    light = onnx.ModelProto()
+    external.copy_fields(model, light, {"graph"})
+    external.copy_fields(model.graph, light.graph, {"initializer"})
+    held: list[onnx.TensorProto] = []
+    for tensor in model.graph.initializer:
+        if is_small(tensor) or tensor.data_type == onnx.TensorProto.STRING:
+            light.graph.initializer.append(tensor)
+        else:
+            light.graph.initializer.append(external.held_stub(tensor, len(held)))
+            held.append(tensor)
+    return upgraded(light), external.TensorData(held=tuple(held))
+
+
 def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` importing ``ai.onnx`` once, at :data:`~onnxtrain.graph.versions.MIN_OPSET` or later.
 

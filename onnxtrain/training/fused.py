@@ -127,9 +127,11 @@ class FusedStep:
         ``open_session(model, what)`` makes the sessions; ``on_host``: they
         run on the CPU (small inputs are then staged, :meth:`staged_inputs`).
         """
+        if not (training.fits_in_protobuf() and optimizer_model.fits_in_protobuf()):
+            return None  # one serialized model would pass protobuf's limit
         training_proto, optimizer_proto = training.with_data(), optimizer_model.with_data()
         if training_proto.ByteSize() + optimizer_proto.ByteSize() > PROTOBUF_LIMIT:
-            return None  # one serialized model would pass protobuf's limit
+            return None
         try:
             fused = fuse_update_and_train(training_proto, optimizer_proto, trainable)
         except FusionError:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.artifacts.ort_training import to_standard_accumulation
@@ -36,6 +37,11 @@ class LoadedModel:
         if self.path is None:
             return self.proto
         return onnx.load(os.fspath(self.path))
+
+    def fits_in_protobuf(self) -> bool:
+        """Whether the full model (:meth:`with_data`) stays under protobuf's limit, told without reading its data."""
+        stored = [t for t, _ in external.model_tensors(self.proto) if uses_external_data(t)]
+        return self.proto.ByteSize() + sum(external.declared_nbytes(t) or 0 for t in stored) <= PROTOBUF_LIMIT
 
 
 def load_model(source: ModelSource, what: str) -> LoadedModel:
@@ -85,11 +91,15 @@ def _load_model(source: ModelSource, what: str) -> LoadedModel:
             proto = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as error:
             raise ValueError(f"{what}: {str(path)!r} is not a readable ONNX model ({error})") from error
+        # the folder the model is opened from, as onnxruntime and onnx resolve its data: not the folder a symbolic
+        # link to the file leads to (an artifact set's names link into its version folder; their data's
+        # locations are relative to the artifact directory)
+        folder = path.absolute().parent
         try:  # onnxruntime reads the data itself: only files inside the model's folder, of the declared sizes
-            external.check_model_data(proto, path.resolve().parent)
+            external.check_model_data(proto, folder)
         except ValueError as error:
             raise ValueError(f"{what} {str(path)!r}: {error}") from None
-        return LoadedModel(proto, os.fspath(path), path.resolve())
+        return LoadedModel(proto, os.fspath(path), folder / path.name)
     raise TypeError(f"{what} must be a path, the model's bytes or an onnx.ModelProto, not {type(source).__name__}")
 
 

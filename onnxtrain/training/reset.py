@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
-from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.store import StateTensor
@@ -40,9 +39,9 @@ class ResetStep:
         """The step for ``training``'s model, its session made by ``open_session(model, what)``; ``None`` where the
         model's accumulation is not the form ``generate_artifacts`` writes, or the model passes protobuf's limit
         (the module then runs the training model on every step)."""
-        model = training.with_data()
-        if model.ByteSize() > PROTOBUF_LIMIT:
+        if not training.fits_in_protobuf():
             return None
+        model = training.with_data()
         try:
             reset = remove_gradient_accumulation(model, trainable)
         except AccumulationFormError:
