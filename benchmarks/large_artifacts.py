@@ -50,6 +50,10 @@ from benchmarks.measure import RESULT_PREFIX, parse_result, peak_rss_mib, rss_mi
 
 MODEL_FILE = "model.onnx"
 ADAPTED_FILE = "adapted.onnx"
+MERGED_FILE = "merged.onnx"
+#: The merged weights go into this file beside the base, one at a time; the merged model refers to it and to the
+#: base's data file.
+MERGED_DATA = MERGED_FILE + ".data"
 #: Elements generated at once while a weight is written.
 CHUNK_ELEMENTS = 1 << 22
 OPSET = 18
@@ -83,7 +87,7 @@ class Llama:
 
 
 MODELS: dict[str, Gpt2 | Llama] = {"gpt2-medium": Gpt2(), "llama-1b": Llama()}
-MEASURES = ("path", "proto", "lora", "lora-step")
+MEASURES = ("path", "proto", "lora", "lora-step", "merge", "adapters-proto")
 
 
 @dataclass(frozen=True)
@@ -381,13 +385,48 @@ def measure_lora(config: Gpt2 | Llama, folder: Path) -> None:
 
     from onnxtrain.lora import add_adapters
 
-    targets = ["q_proj", "v_proj"] if isinstance(config, Llama) else ["c_attn"]
     start = time.perf_counter()
-    adapted, names = add_adapters(folder / MODEL_FILE, targets=targets, rank=8, alpha=16)
+    adapted, names = add_adapters(folder / MODEL_FILE, targets=_targets(config), rank=8, alpha=16)
     onnx.save(adapted, folder / ADAPTED_FILE)  # beside the base: it refers to the base's external data
     adapt_seconds = time.perf_counter() - start
     seconds = _generate(folder / ADAPTED_FILE, names, folder / "artifacts-lora")
     _result(seconds=seconds, adapt_seconds=adapt_seconds, peak_mib=peak_rss_mib(), adapters=len(names))
+
+
+def _targets(config: Gpt2 | Llama) -> list[str]:
+    return ["q_proj", "v_proj"] if isinstance(config, Llama) else ["c_attn"]
+
+
+def measure_merge(config: Gpt2 | Llama, folder: Path) -> None:
+    """``merge_adapters`` by path with the checkpoint ``lora`` wrote, its merged weights written beside the base."""
+    import onnx
+
+    from onnxtrain.lora import merge_adapters
+
+    start = time.perf_counter()
+    merged = merge_adapters(folder / ADAPTED_FILE, folder / "artifacts-lora" / "checkpoint", data_location=MERGED_DATA)
+    onnx.save(merged, folder / MERGED_FILE)
+    _result(seconds=time.perf_counter() - start, peak_mib=peak_rss_mib())
+
+
+def measure_adapters_proto(config: Gpt2 | Llama, folder: Path) -> None:
+    """``add_adapters`` then ``merge_adapters`` on a loaded ``ModelProto``: what each adds to the proto's RSS."""
+    import onnx
+
+    from onnxtrain.lora import add_adapters, merge_adapters
+
+    proto = onnx.load(os.fspath(folder / MODEL_FILE))
+    before = rss_mib()
+    start = time.perf_counter()
+    adapted, _ = add_adapters(proto, targets=_targets(config), rank=8, alpha=16)
+    del proto
+    merged = merge_adapters(adapted, folder / "artifacts-lora" / "checkpoint")
+    _result(
+        seconds=time.perf_counter() - start,
+        peak_mib=peak_rss_mib(),
+        before_mib=before,
+        proto_mib=merged.ByteSize() / 2**20,
+    )
 
 
 def measure_lora_step(config: Gpt2 | Llama, folder: Path) -> None:
@@ -429,6 +468,8 @@ CHILDREN = {
     "proto": measure_proto,
     "lora": measure_lora,
     "lora-step": measure_lora_step,
+    "merge": measure_merge,
+    "adapters-proto": measure_adapters_proto,
 }
 
 

@@ -6,10 +6,10 @@ initializers holding ``raw_data`` of 1024 bytes or more, as ``sys.getsizeof``
 counts them) go to a data file beside it, packed in onnx's order, and the
 model file refers to them. A model built from a light base
 (:func:`onnxtrain.graph.io.load_light`) keeps its constants as stubs whose
-data :class:`~onnxtrain.graph.external.TensorData` finds: the data file is
+data :class:`~onnxtrain.graph.external.TensorData` finds: either file is
 then written a piece of one tensor at a time, straight from where the base
-keeps it, and the result is the same bytes as the model with its data
-loaded, written by onnx.
+keeps it (:mod:`onnxtrain.artifacts.streamed_model` for the one file), and
+the result is the same bytes as the model with its data loaded, written by onnx.
 """
 
 from __future__ import annotations
@@ -24,30 +24,27 @@ import onnx
 from onnx import external_data_helper
 from onnx.external_data_helper import uses_external_data
 
+from onnxtrain.artifacts.streamed_model import streamed
 from onnxtrain.graph import external
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.walk import subgraphs
 
 #: onnx moves a tensor to external data when ``sys.getsizeof(tensor.raw_data)`` reaches this.
 EXTERNAL_THRESHOLD = 1024
-#: The most bytes by which a stub's size and the size of its tensor's fields, data aside, may differ.
-STUB_SLACK = 256
 
 
 def save(proto: onnx.ModelProto, path: Path, data_file: DataFile, data: external.TensorData | None, limit: int) -> bool:
     """Write ``proto`` to ``path``, its stubs' data from ``data``; whether its tensors went to ``data_file``
     (they do when the model, its data inside, would take ``limit`` bytes or more)."""
-    stored = [tensor for tensor, _ in external.model_tensors(proto) if uses_external_data(tensor)]
-    if data is None or not stored:
+    if data is None or not external.has_external_data(proto):
         return _save_loaded(proto, path, data_file, limit)
-    size = proto.ByteSize() + sum(external.declared_nbytes(tensor) or 0 for tensor in stored)
-    slack = STUB_SLACK * (len(stored) + 1)
-    if size - slack >= limit:
+    model = streamed(proto, data)
+    if model.size >= limit:
         _save_streamed(proto, path, data_file, data)
         return True
-    loaded = copy_model(proto)
-    data.load_model(loaded)
-    return _save_loaded(loaded, path, data_file, limit)
+    with open(path, "wb") as file:
+        model.write(file)
+    return False
 
 
 @dataclass(frozen=True)

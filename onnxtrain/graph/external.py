@@ -341,6 +341,18 @@ class TensorData:
         else:
             yield little_endian(numpy_helper.to_array(source))
 
+    def loaded_header(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
+        """``tensor`` as :meth:`load` leaves it, without its ``raw_data`` (for a tensor :meth:`has_raw_data`)."""
+        source = self._held(tensor)
+        header = onnx.TensorProto()
+        if source is None:
+            copy_fields(tensor, header, DATA_FIELDS)
+            header.data_location = onnx.TensorProto.DEFAULT  # as read_external leaves it
+        else:
+            copy_fields(source, header, {"raw_data"})
+            header.name = tensor.name
+        return header
+
     def load(self, tensor: onnx.TensorProto, where: str = "") -> None:
         """Put ``tensor``'s data inside it, in place: read from its file (:func:`read_external`), or copied
         from the caller's tensor it stands for. A tensor that holds its data is left as it is."""
@@ -356,6 +368,21 @@ class TensorData:
         """Put the data of every external tensor of ``model`` inside it, in place (:meth:`load`)."""
         for tensor, where in model_tensors(model):
             self.load(tensor, where)
+
+    def load_held(self, model: onnx.ModelProto) -> None:
+        """Put the data of ``model``'s held stubs back inside them (tensors in files stay there), in place."""
+        for tensor, where in model_tensors(model):
+            if self._held(tensor) is not None:
+                self.load(tensor, where)
+
+    def array(self, tensor: onnx.TensorProto, where: str = "") -> np.ndarray:
+        """``tensor``'s value as ``numpy_helper.to_array`` gives it, its data read now (``tensor`` is not changed)."""
+        if not uses_external_data(tensor):
+            return numpy_helper.to_array(tensor)
+        loaded = onnx.TensorProto()
+        loaded.CopyFrom(tensor)
+        self.load(loaded, where)
+        return numpy_helper.to_array(loaded)
 
 
 def little_endian(array: np.ndarray) -> bytes:

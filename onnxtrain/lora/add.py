@@ -23,7 +23,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph import dtypes, versions
-from onnxtrain.graph.io import load_base_model
+from onnxtrain.graph.io import load_light
 from onnxtrain.graph.naming import NameGenerator, names_in
 from onnxtrain.lora import record
 from onnxtrain.lora.sites import Site, find_sites, select
@@ -62,8 +62,7 @@ def add_adapters(
     everything else stays frozen. See ``docs/lora.md``.
     """
     patterns = _check_arguments(targets, rank, alpha, dropout, init, seed)
-    base, folder = load_base_model(model)
-    del folder  # weights are only read for their shapes and types
+    base, data = load_light(model)  # weights are only read for their shapes and types
     graph = base.graph
     sites, reasons = find_sites(graph)
     chosen = select(patterns, sites, reasons, graph)
@@ -92,6 +91,7 @@ def add_adapters(
     declare_nbits_outputs(base)
     record.write(base, adapters)
     versions.stamp_ir_version(base)
+    data.load_held(base)  # a ModelProto's weights, copied once into the result
     return base, trainable
 
 

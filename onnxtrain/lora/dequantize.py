@@ -8,18 +8,18 @@ omitted), times the per-block scale; rows past ``K`` in the last block dropped.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
+
+from onnxtrain.graph.external import TensorData
 
 
-def _value(initializers: dict[str, onnx.TensorProto], name: str, folder: Path | None) -> np.ndarray:
+def _value(initializers: dict[str, onnx.TensorProto], name: str, data: TensorData | None) -> np.ndarray:
+    """The value of initializer ``name``, read from where ``data`` says (``None``: every tensor holds its data)."""
     if name not in initializers:
         raise ValueError(f"{name!r} is not an initializer: a quantized weight's parameters must be constants")
-    return numpy_helper.to_array(initializers[name], os.fspath(folder) if folder else "")
+    return (data or TensorData()).array(initializers[name])
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, object]:
@@ -27,14 +27,14 @@ def _attrs(node: onnx.NodeProto) -> dict[str, object]:
 
 
 def dequantize_linear(
-    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], folder: Path | None
+    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], data: TensorData | None
 ) -> np.ndarray:
     """The output of ``DequantizeLinear`` node ``node`` over constant inputs, in the scale's float type."""
-    q = _value(initializers, node.input[0], folder).astype(np.float64)
-    scale = _value(initializers, node.input[1], folder)
+    q = _value(initializers, node.input[0], data).astype(np.float64)
+    scale = _value(initializers, node.input[1], data)
     dtype = scale.dtype
     zero = (
-        _value(initializers, node.input[2], folder).astype(np.float64)
+        _value(initializers, node.input[2], data).astype(np.float64)
         if len(node.input) > 2 and node.input[2]
         else np.zeros_like(scale, dtype=np.float64)
     )
@@ -63,7 +63,7 @@ def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
 
 
 def matmul_nbits_weight(
-    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], folder: Path | None
+    node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], data: TensorData | None
 ) -> np.ndarray:
     """``dequant(B)^T``, ``[K, N]``: MatMulNBits node ``node`` computes ``A @ dequant(B)^T (+ bias)``."""
     attrs = _attrs(node)
@@ -72,12 +72,12 @@ def matmul_nbits_weight(
     if bits not in (2, 4, 8):
         raise ValueError(f"MatMulNBits node {node.name!r} has bits={bits}; merging supports 2, 4 and 8")
     blocks = -(-k // block)
-    codes = _unpack(_value(initializers, node.input[1], folder).reshape(n, -1), bits).astype(np.float64)
-    scales = _value(initializers, node.input[2], folder)
+    codes = _unpack(_value(initializers, node.input[1], data).reshape(n, -1), bits).astype(np.float64)
+    scales = _value(initializers, node.input[2], data)
     dtype = scales.dtype
     scales = scales.astype(np.float64).reshape(n, blocks)
     if len(node.input) > 3 and node.input[3]:
-        zero_points = _value(initializers, node.input[3], folder)
+        zero_points = _value(initializers, node.input[3], data)
         if zero_points.dtype == np.uint8:
             zero = _unpack(zero_points.reshape(n, -1), bits)[:, :blocks].astype(np.float64)
         else:
@@ -90,7 +90,7 @@ def matmul_nbits_weight(
                 f"MatMulNBits node {node.name!r} has the deprecated g_idx with packed zero points, which "
                 "onnxruntime reads otherwise than documented; merging does not support it"
             )
-        index = _value(initializers, node.input[4], folder).reshape(k).astype(np.int64)
+        index = _value(initializers, node.input[4], data).reshape(k).astype(np.int64)
     else:
         index = np.arange(k) // block
     weight = (codes[:, :k] - zero[:, index]) * scales[:, index]  # [N, K]

@@ -15,19 +15,26 @@ requantizing would change the outputs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from onnxtrain import checkpoint
+from onnxtrain.artifacts.model_files import EXTERNAL_THRESHOLD
 from onnxtrain.artifacts.training_model import set_inference_mode
 from onnxtrain.checkpoint import CheckpointState
-from onnxtrain.graph import versions
-from onnxtrain.graph.io import load_base_model
+from onnxtrain.fileio import sync_directory, temporary_beside
+from onnxtrain.graph import external, versions
+from onnxtrain.graph.external import TensorData
+from onnxtrain.graph.io import load_light
 from onnxtrain.graph.walk import names_read
 from onnxtrain.lora import record
 from onnxtrain.lora.dequantize import dequantize_linear, matmul_nbits_weight
@@ -37,6 +44,8 @@ from onnxtrain.training.state import TrainingState
 def merge_adapters(
     model: onnx.ModelProto | str | os.PathLike[str],
     checkpoint_state: CheckpointState | TrainingState | str | os.PathLike[str],
+    *,
+    data_location: str | None = None,
 ) -> onnx.ModelProto:
     """A copy of the adapted ``model`` (from ``add_adapters``) with its adapters folded in from the checkpoint.
 
@@ -49,9 +58,25 @@ def merge_adapters(
     adapted weights replaced by ``W + (alpha / rank) A B``, none of the
     adapters' nodes, initializers or Dropout, and its Dropout and BatchNormalization
     in inference mode (as in the eval model).
+
+    Weights are read one at a time. The new values go into the result, or,
+    with ``data_location`` (a file name, for a model given as a path), each
+    into that file in the model's folder as soon as it is computed (those of
+    1 KiB or more, as onnx moves them), which the result refers to, as it
+    refers to the base's data files: save it in that folder. The file is
+    replaced at once when the merge succeeds, and left as it was when it fails.
     """
     state = _state(checkpoint_state)
-    merged, folder = load_base_model(model)
+    merged, data = load_light(model)
+    sink = _Sink.opened(data, data_location, merged)
+    with sink:
+        _merge(merged, state, data, sink)
+    data.load_held(merged)
+    return merged
+
+
+def _merge(merged: onnx.ModelProto, state: CheckpointState, data: TensorData, sink: _Sink) -> None:
+    """Fold the adapters of ``merged`` in, in place (see :func:`merge_adapters`)."""
     adapters = record.adapters_of(merged)
     if not adapters:
         raise ValueError(
@@ -68,7 +93,7 @@ def merge_adapters(
     graph = merged.graph
     nodes = list(graph.node)
     initializers = {tensor.name: tensor for tensor in graph.initializer}
-    _write_trained(initializers, values, {name for a in adapters for name in (a.a, a.b)}, folder)
+    _write_trained(initializers, values, {name for a in adapters for name in (a.a, a.b)}, data, sink)
     freed: set[str] = set()
     gone: set[str] = set()  # values the merged model no longer has
     for adapter in adapters:
@@ -82,10 +107,10 @@ def merge_adapters(
             node.output[:] = [renames.get(name, name) for name in node.output]
         freed.update((adapter.a, adapter.b, *adapter.constants))
         if adapter.kind in ("MatMul", "Gemm"):
-            _fold(initializers[adapter.weight], adapter, delta, folder)
+            _fold(initializers[adapter.weight], adapter, delta, data, sink)
         else:
             for placement in adapter.placements:
-                nodes, inputs = _float_product(nodes, initializers, placement.node, adapter, delta, folder)
+                nodes, inputs = _float_product(nodes, initializers, placement.node, adapter, delta, (data, sink))
                 freed.update(inputs)
     nodes, flags = _inference_mode(nodes, {value.name for value in graph.output})
     freed.update(flags)
@@ -101,7 +126,67 @@ def merge_adapters(
     graph.initializer.extend(kept)
     record.write(merged, [])
     versions.stamp_ir_version(merged)
-    return merged
+
+
+class _Sink:
+    """Where the merged values go: into the model (tensors holding their data), or into a data file in the model's
+    folder, written beside it and renamed into place when the merge succeeds (a context manager)."""
+
+    def __init__(self, target: Path | None = None, location: str = "") -> None:
+        self.target = target
+        self.location = location
+        self.temporary = None if target is None else temporary_beside(target)
+        self.file: BinaryIO | None = None if self.temporary is None else open(self.temporary, "wb")  # noqa: SIM115
+
+    @classmethod
+    def opened(cls, data: TensorData, location: str | None, model: onnx.ModelProto) -> _Sink:
+        """The sink ``data_location`` asks for; ``ValueError`` for a location that cannot be written."""
+        if location is None:
+            return cls()
+        if data.base_dir is None:
+            raise ValueError(
+                "data_location names a file in the model's folder, and a ModelProto has none: pass the path of the "
+                "adapted model, or leave data_location out (the merged weights are then inside the result)"
+            )
+        if not isinstance(location, str) or not location or Path(location).name != location or location in ("..", "."):
+            raise ValueError(f"data_location must be a file name (no folder), not {location!r}")
+        used = {external.location_of(t) for t, _ in external.model_tensors(model) if uses_external_data(t)}
+        if location in used:
+            raise ValueError(
+                f"data_location {location!r} is where the model keeps its own weights; choose another file name"
+            )
+        return cls(data.base_dir / location, location)
+
+    def tensor(self, value: np.ndarray, name: str) -> onnx.TensorProto:
+        """A tensor ``name`` of ``value``: holding it, or referring to it in the data file, where it is written now."""
+        tensor = numpy_helper.from_array(value, name)
+        if self.file is None or sys.getsizeof(b"") + len(tensor.raw_data) < EXTERNAL_THRESHOLD:
+            return tensor
+        offset = self.file.tell()
+        self.file.write(tensor.raw_data)
+        tensor.ClearField("raw_data")
+        tensor.data_location = onnx.TensorProto.EXTERNAL
+        for key, entry in (("location", self.location), ("offset", offset), ("length", self.file.tell() - offset)):
+            tensor.external_data.add(key=key, value=str(entry))
+        return tensor
+
+    def __enter__(self) -> _Sink:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if self.file is None or self.temporary is None or self.target is None:
+            return
+        try:
+            with self.file:
+                if kind is None:
+                    self.file.flush()
+                    os.fsync(self.file.fileno())
+            if kind is None:
+                os.replace(self.temporary, self.target)
+                sync_directory(self.target.parent)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                self.temporary.unlink()
 
 
 def _inference_mode(nodes: list[onnx.NodeProto], outputs: set[str]) -> tuple[list[onnx.NodeProto], set[str]]:
@@ -163,7 +248,11 @@ def _checked(values: Mapping[str, np.ndarray], adapter: record.Adapter) -> tuple
 
 
 def _write_trained(
-    initializers: dict[str, onnx.TensorProto], values: Mapping[str, np.ndarray], skipped: set[str], folder: Path | None
+    initializers: dict[str, onnx.TensorProto],
+    values: Mapping[str, np.ndarray],
+    skipped: set[str],
+    data: TensorData,
+    sink: _Sink,
 ) -> None:
     """Each value of the checkpoint but ``skipped`` into the initializer of its name, where the two differ.
 
@@ -174,7 +263,7 @@ def _write_trained(
         if name in skipped or name not in initializers:
             continue
         tensor = initializers[name]
-        stored = numpy_helper.to_array(tensor, os.fspath(folder) if folder else "")
+        stored = data.array(tensor)
         value = np.asarray(value)
         if value.shape != stored.shape or value.dtype != stored.dtype:
             raise ValueError(
@@ -183,7 +272,7 @@ def _write_trained(
                 "trained from this adapted model"
             )
         if value.tobytes() != stored.tobytes():
-            tensor.CopyFrom(numpy_helper.from_array(value, name))
+            tensor.CopyFrom(sink.tensor(value, name))
 
 
 def _updated(weight: np.ndarray, update: np.ndarray, adapter: record.Adapter) -> np.ndarray:
@@ -196,11 +285,11 @@ def _updated(weight: np.ndarray, update: np.ndarray, adapter: record.Adapter) ->
     return (weight.astype(np.float64) + update).astype(weight.dtype)
 
 
-def _fold(tensor: onnx.TensorProto, adapter: record.Adapter, delta: np.ndarray, folder: Path | None) -> None:
+def _fold(tensor: onnx.TensorProto, adapter: record.Adapter, delta: np.ndarray, data: TensorData, sink: _Sink) -> None:
     """``W += delta`` (``delta^T`` when ``W`` is stored ``[out, in]``), in place in the copy's initializer."""
-    weight = numpy_helper.to_array(tensor, os.fspath(folder) if folder else "")
+    weight = data.array(tensor)
     update = delta.T if adapter.transposed else delta
-    tensor.CopyFrom(numpy_helper.from_array(_updated(weight, update, adapter), tensor.name))
+    tensor.CopyFrom(sink.tensor(_updated(weight, update, adapter), tensor.name))
 
 
 def _float_product(
@@ -209,12 +298,14 @@ def _float_product(
     name: str,
     adapter: record.Adapter,
     delta: np.ndarray,
-    folder: Path | None,
+    into: tuple[TensorData, _Sink],
 ) -> tuple[list[onnx.NodeProto], list[str]]:
     """``nodes`` with the product ``name`` over a quantized weight made a float one over ``dequant(W) + delta``.
 
-    Returns the new node list and the quantized inputs it no longer reads.
+    Returns the new node list and the quantized inputs it no longer reads. ``into``: where the weights are read
+    from, and where the merged one goes.
     """
+    data, sink = into
     index = next(k for k, node in enumerate(nodes) if node.name == name)
     node = nodes[index]
     merged = f"{adapter.weight}.merged"
@@ -223,14 +314,14 @@ def _float_product(
     if adapter.kind == "DequantizeLinear":
         producer = next(k for k, n in enumerate(nodes) if node.input[1] in n.output)
         dequantizer = nodes[producer]
-        weight = dequantize_linear(dequantizer, initializers, folder)  # stored as the product reads it
+        weight = dequantize_linear(dequantizer, initializers, data)  # stored as the product reads it
         update = delta.T if adapter.transposed else delta
-        initializers[merged] = numpy_helper.from_array(_updated(weight, update, adapter), merged)
+        initializers[merged] = sink.tensor(_updated(weight, update, adapter), merged)
         node.input[1] = merged
         return [n for k, n in enumerate(nodes) if k != producer], [i for i in dequantizer.input if i]
     # MatMulNBits(x, B, scales, zero_points, g_idx, bias) -> MatMul(x, W) (+ bias)
-    weight = matmul_nbits_weight(node, initializers, folder)  # [K, N] = [in, out]
-    initializers[merged] = numpy_helper.from_array(_updated(weight, delta, adapter), merged)
+    weight = matmul_nbits_weight(node, initializers, data)  # [K, N] = [in, out]
+    initializers[merged] = sink.tensor(_updated(weight, delta, adapter), merged)
     inputs = list(node.input)
     bias = inputs[5] if len(inputs) > 5 else ""
     output = node.output[0]

@@ -101,28 +101,55 @@ def _traced_peak(generate: object) -> int:
         tracemalloc.stop()
 
 
+#: What the tests train: every weight (the checkpoint holds them), or the last LayerNorm only (the models keep
+#: the other weights as constants, as with LoRA adapters).
+TRAINED = {"weights": None, "constants": ["transformer.ln_f.weight", "transformer.ln_f.bias"]}
+
+
+@pytest.mark.parametrize("trained", sorted(TRAINED))
 @pytest.mark.parametrize("source", ["path", "proto"])
-def test_generation_holds_one_weight_at_most(tmp_path: Path, monkeypatch, source):
+def test_generation_holds_one_weight_at_most(tmp_path: Path, monkeypatch, source, trained):
     """The memory Python allocates while generating stays under the largest weight (by path: pieces of it are
     read) or a little over it (from a proto: protobuf hands out a copy of a tensor's bytes), whatever the total."""
     path = _model(tmp_path / "base", LARGE)
     monkeypatch.setattr(external, "CHUNK_BYTES", 2**18)
     largest = 4 * LARGE.vocab * LARGE.width
     model = path if source == "path" else onnx.load(os.fspath(path))
+    requires_grad = TRAINED[trained] or weight_names(LARGE)
     peak = _traced_peak(
-        lambda: artifacts.generate_artifacts(
-            model, weight_names(LARGE), [], artifact_directory=tmp_path / "out", **ARGUMENTS
-        )
+        lambda: artifacts.generate_artifacts(model, requires_grad, [], artifact_directory=tmp_path / "out", **ARGUMENTS)
     )
     limit = largest if source == "path" else largest + largest // 4
     assert peak < limit, f"{peak} bytes allocated at once, the largest weight has {largest}"
+
+
+@pytest.mark.parametrize("source", ["path", "proto"])
+def test_models_keeping_constants_are_the_in_memory_builds(tmp_path: Path, monkeypatch, source):
+    path = _model(tmp_path / "base")
+    model = path if source == "path" else onnx.load(os.fspath(path))
+    expected = _in_memory(model, TRAINED["constants"], tmp_path / "expected")
+    reads = _counting_reads(monkeypatch)
+    written = artifacts.generate_artifacts(
+        model, TRAINED["constants"], [], artifact_directory=tmp_path / "out", **ARGUMENTS
+    )
+    _same_files(written, expected)
+    if source == "path":
+        _read_once_per_file(_runs(reads))
+
+
+def _read_once_per_file(runs: list[tuple[str, int]]) -> None:
+    """Each trained weight was read once (into the checkpoint), each constant once for each model, in one run of
+    pieces each time."""
+    once = {run for run in runs if runs.count(run) == 1}
+    assert len(once) == len(TRAINED["constants"])
+    assert all(runs.count(run) == 2 for run in set(runs) - once)
 
 
 def _data_files_stream(tmp_path: Path, monkeypatch, source: str) -> None:
     monkeypatch.setattr("onnxtrain.artifacts.generate.PROTOBUF_LIMIT", 100_000)  # the models keep the weights
     path = _model(tmp_path / "base")
     model = path if source == "path" else onnx.load(os.fspath(path))
-    trained = ["transformer.ln_f.weight", "transformer.ln_f.bias"]  # the rest stay constants of the graphs
+    trained = TRAINED["constants"]  # the rest stay constants of the graphs
     expected = _in_memory(model, trained, tmp_path / "expected")
     reads = _counting_reads(monkeypatch)
     streamed = artifacts.generate_artifacts(model, trained, [], artifact_directory=tmp_path / "out", **ARGUMENTS)
@@ -133,9 +160,8 @@ def _data_files_stream(tmp_path: Path, monkeypatch, source: str) -> None:
             expected[name], expected[f"{name}_data"]
         )
     _same_files(streamed, expected, ("optimizer_model.onnx", "checkpoint"))
-    if source == "path":  # each constant is read once for each model that keeps it, in one run of pieces
-        runs = _runs(reads)
-        assert runs and all(runs.count(run) <= 2 for run in set(runs))
+    if source == "path":
+        _read_once_per_file(_runs(reads))
 
 
 def _relocated(model_path: Path, data_path: Path) -> bytes:
@@ -164,8 +190,9 @@ def test_the_runtime_trains_artifacts_whose_models_keep_their_data_in_files(tmp_
 
     monkeypatch.setattr("onnxtrain.artifacts.generate.PROTOBUF_LIMIT", 100_000)
     path = _model(tmp_path / "base")
-    trained = ["transformer.ln_f.weight", "transformer.ln_f.bias"]
-    paths = artifacts.generate_artifacts(path, trained, [], artifact_directory=tmp_path / "out", **ARGUMENTS)
+    paths = artifacts.generate_artifacts(
+        path, TRAINED["constants"], [], artifact_directory=tmp_path / "out", **ARGUMENTS
+    )
     assert "training_model_data" in paths
     state = CheckpointState.load_checkpoint(os.fspath(paths["checkpoint"]))
     module = Module(os.fspath(paths["training_model"]), state, os.fspath(paths["eval_model"]))
