@@ -153,16 +153,9 @@ def build_artifacts(
     into them. Raises ``ValueError``/``TypeError`` for bad arguments.
     """
     built = _build(
-        model,
-        requires_grad,
-        frozen_params,
-        loss,
-        optimizer,
-        additional_output_names,
-        loss_input_names,
-        target,
-        registry,
-    )
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
+        target, registry,
+    )  # fmt: skip
     return _in_memory(built)
 
 
@@ -273,16 +266,9 @@ def generate_artifacts(
     _check_target(target)
     _check_prefix(prefix)
     built = _build(
-        model,
-        requires_grad,
-        frozen_params,
-        loss,
-        optimizer,
-        additional_output_names,
-        loss_input_names,
-        target,
-        registry,
-    )
+        model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
+        target, registry,
+    )  # fmt: skip
     if ort_format:
         ort_training.check_ort_format(built.models())
     if custom_op_library is not None:

@@ -296,11 +296,7 @@ def _parameters(params: Mapping[str, Any], what: str, nominal: bool) -> Mapping[
     if isinstance(params, LazyArrays):
         for name in params:
             _check_name(name, f"{what} parameter")
-            source = params.source(name)
-            try:
-                elem_type(source.dtype)
-            except TypeError as error:
-                raise TypeError(f"{what} parameter {name!r}: {error}") from None
+            _check_storable(params.source(name).dtype, f"{what} parameter {name!r}")
         if not nominal:
             return params
         sources = {name: params.source(name) for name in params}
@@ -313,13 +309,18 @@ def _parameters(params: Mapping[str, Any], what: str, nominal: bool) -> Mapping[
     return MappingProxyType(out)
 
 
+def _check_storable(dtype: np.dtype, what: str) -> None:
+    """``TypeError`` naming ``what`` when a checkpoint cannot store ``dtype``."""
+    try:
+        elem_type(dtype)
+    except TypeError as error:
+        raise TypeError(f"{what}: {error}") from None
+
+
 def _frozen_array(value: Any, what: str, *, copy: bool = True) -> np.ndarray:
     """A read-only native-order array owning its data (copied unless already such)."""
     array = value if isinstance(value, np.ndarray) else np.asarray(value)
-    try:
-        elem_type(array.dtype)
-    except TypeError as error:
-        raise TypeError(f"{what}: {error}") from None
+    _check_storable(array.dtype, what)
     if not copy:
         return array
     if array.base is None and not array.flags.writeable and array.dtype.isnative:
