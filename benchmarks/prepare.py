@@ -17,6 +17,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,34 @@ class Spec:
         return cls(**json.loads((folder / "spec.json").read_text()))
 
 
+def export_for_training(
+    model: Any,
+    args: tuple[Any, ...],
+    path: Path,
+    input_names: list[str],
+    output_names: list[str],
+    dynamic_axes: dict[str, dict[int, str]] | None = None,
+) -> None:
+    """``torch.onnx.export`` as the benchmarks export: TorchScript's exporter in training mode, no constant
+    folding, opset :data:`OPSET`, into ``path``."""
+    import torch
+
+    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notices: chosen on purpose
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            args,
+            str(path),
+            dynamo=False,
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+            opset_version=OPSET,
+            input_names=input_names,
+            output_names=output_names,
+            dynamic_axes=dynamic_axes,
+        )
+
+
 def prepare(workload: Workload, workdir: Path) -> Path:
     """Write the workload's files into ``workdir/<name>`` (again, if present) and return that folder."""
     import onnx
@@ -65,19 +94,7 @@ def prepare(workload: Workload, workdir: Path) -> Path:
         output_shape = tuple(model(example).shape)
     x, y = workload.batches(workload.data_batches, output_shape)
     path = folder / "model.onnx"
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notices: chosen on purpose
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (example,),
-            str(path),
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=OPSET,
-            input_names=["input"],
-            output_names=["output"],
-        )
+    export_for_training(model, (example,), path, ["input"], ["output"])
     proto = onnx.load(str(path))
     proto.ir_version = min(proto.ir_version, MAX_IR_VERSION)
     opsets = {o.domain or "ai.onnx": o.version for o in proto.opset_import}

@@ -29,7 +29,7 @@ from typing import Any
 from benchmarks.measure import parse_result, physical_cores
 from benchmarks.real_size.models import MODELS
 from benchmarks.real_size.worker import FRAMEWORKS
-from benchmarks.run import ROOT, load_average, machine, revision
+from benchmarks.run import ROOT, _versions, load_average, machine, revision
 
 #: Seconds a worker may take.
 TIMEOUT = 3600
@@ -118,9 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for workload in workloads:
         folders[workload], prepares[workload] = prepared(workload, args.workdir)
         artifacts = folders[workload] / "artifacts"
-        figures[workload] = static.static_figures(artifacts, shapes)
-        provider = "CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"
-        kernels[workload] = static.ort_kernels(static.fused_model(artifacts), [provider])
+        providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
+        figures[workload] = static.static_figures(artifacts, shapes, providers)
+        kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
     if not args.static_only:
         for run in range(args.runs):
             order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]
@@ -160,13 +160,6 @@ def _train(
     shown = result.get("error") or f"{result['step_s']:.3f} s/step, peak RSS {result['steps']['peak_rss_mib']:.0f} MiB"
     _log(f"run {run + 1}: {workload} {batch}x{seq} {framework}: {shown} (load {load})")
     return result
-
-
-def _versions(results: Sequence[dict[str, Any]]) -> str:
-    found: dict[str, str] = {}
-    for result in results:
-        found.update(result.get("versions", {}))
-    return ", ".join(f"{k} {v}" for k, v in sorted(found.items())) or "no training runs"
 
 
 if __name__ == "__main__":

@@ -12,9 +12,10 @@ Attention: ``"eager"`` is transformers' matmul-softmax-matmul, the math the
 ONNX export holds; ``"sdpa"`` is ``torch.nn.functional.scaled_dot_product_attention``,
 transformers' default. The two build the same weights from the same seed.
 
-The export (:func:`export`) is TorchScript's (``dynamo=False``) in training
-mode, unfolded, opset 17, with symbolic ``batch`` and ``seq``: one model
-serves every batch shape, as the runtime's general session does.
+The export (:func:`export`, :func:`benchmarks.prepare.export_for_training`)
+is TorchScript's (``dynamo=False``) in training mode, unfolded, opset 17,
+with symbolic ``batch`` and ``seq``: one model serves every batch shape, as
+the runtime's general session does.
 torch and transformers are imported inside the functions.
 """
 
@@ -28,11 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from benchmarks.prepare import export_for_training
+
 if TYPE_CHECKING:
     import torch
 
 Attention = Literal["eager", "sdpa"]
-OPSET = 17
 #: The trace's batch shape (the export's axes are symbolic).
 TRACE_SHAPE = (2, 16)
 #: Batches cycled through by the steps.
@@ -144,20 +146,8 @@ def export(model: RealModel, folder: Path) -> Path:
     module = model.build("eager")
     ids = torch.zeros(TRACE_SHAPE, dtype=torch.int64)
     path = folder / "model.onnx"
-    with warnings.catch_warnings():  # the TorchScript exporter's deprecation notices: chosen on purpose
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            (ids,),
-            str(path),
-            dynamo=False,
-            training=torch.onnx.TrainingMode.TRAINING,
-            do_constant_folding=False,
-            opset_version=OPSET,
-            input_names=["input_ids"],
-            output_names=["logits"],
-            dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "tokens"}},
-        )
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "tokens"}}
+    export_for_training(module, (ids,), path, ["input_ids"], ["logits"], axes)
     parameters = [name for name, _ in module.named_parameters()]
     initializers = {t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer}
     missing = [name for name in parameters if name not in initializers]

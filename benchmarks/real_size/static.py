@@ -41,14 +41,23 @@ def shapes_for(training: onnx.ModelProto, batch: int, seq: int) -> dict[str, tup
     return {ids: (batch, seq), labels: (batch * seq,)}
 
 
-def summary(memory: LiveMemory) -> dict[str, Any]:
-    """A :class:`LiveMemory` as JSON: MiB, the peak's node, the largest tensors and groups alive there."""
+def grouped(tensors: Sequence[LiveTensor], listed: int = LISTED) -> list[dict[str, Any]]:
+    """``tensors`` grouped by producer, phase and shape, the largest groups first."""
     groups: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
-    for tensor in memory.at_peak:
+    for tensor in tensors:
         key = (tensor.producer, tensor.phase, "x".join(map(str, tensor.dims or ())) or "scalar")
         groups[key][0] += 1
         groups[key][1] += tensor.nbytes / MIB
-    grouped = sorted(groups.items(), key=lambda item: -item[1][1])
+    ranked = sorted(groups.items(), key=lambda item: -item[1][1])[:listed]
+    return [
+        {"producer": producer, "phase": phase, "dims": dims, "count": int(count), "mib": mib}
+        for (producer, phase, dims), (count, mib) in ranked
+    ]
+
+
+def summary(memory: LiveMemory) -> dict[str, Any]:
+    """A :class:`LiveMemory` as JSON: MiB, the peak's node, the largest tensors and groups alive there, and the
+    groups kept for the backward."""
     return {
         "order": memory.order,
         "nodes": memory.nodes,
@@ -62,10 +71,8 @@ def summary(memory: LiveMemory) -> dict[str, Any]:
         "phase_peaks_mib": {phase: value / MIB for phase, value in memory.phase_peaks.items()},
         "unknown": list(memory.unknown),
         "largest": [_tensor(t) for t in memory.at_peak[:LISTED]],
-        "groups": [
-            {"producer": producer, "phase": phase, "dims": dims, "count": int(count), "mib": mib}
-            for (producer, phase, dims), (count, mib) in grouped[:LISTED]
-        ],
+        "groups": grouped(memory.at_peak),
+        "kept_groups": grouped(memory.kept, 2 * LISTED),
     }
 
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks.measure import physical_cores, run_worker
 from benchmarks.real_size import memory
 from benchmarks.real_size.models import ADAMW, LEARNING_RATE, MODELS, Attention, RealModel, export
@@ -107,7 +109,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
 
     directory = args.folder / "artifacts"
     if args.device == "cuda":  # the CUDA context before the baseline: it is not the model's
-        onnxruntime.OrtValue.ortvalue_from_shape_and_type([1], "float32", "cuda", 0)
+        onnxruntime.OrtValue.ortvalue_from_shape_and_type([1], np.float32, "cuda", 0)
     baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
     memory.reset_peak_rss()
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))

@@ -106,7 +106,7 @@ class LiveMemory:
     gradient keeps), ``forward_end`` the position of the last forward node;
     ``unknown``: values of unknown size (counted as 0); ``op_counts``: nodes by
     operator; ``phase_peaks``: the largest ``live`` while a node of each phase
-    runs.
+    runs; ``kept``: the tensors kept for the backward, largest first.
     """
 
     order: Order
@@ -123,6 +123,7 @@ class LiveMemory:
     unknown: Sequence[str]
     op_counts: Mapping[str, int] = field(default_factory=dict)
     phase_peaks: Mapping[str, int] = field(default_factory=dict)
+    kept: Sequence[LiveTensor] = ()
 
     @property
     def held_bytes(self) -> int:
@@ -220,6 +221,21 @@ def _computed(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int) -> np.
         return None
 
 
+def _split(node: onnx.NodeProto, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The outputs of a ``Split`` of a known value (onnxruntime's optimizer splits shapes so); [] if unsure."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    data, axis = inputs[0], int(attrs.get("axis", 0))
+    sizes = inputs[1].tolist() if len(inputs) > 1 else attrs.get("split")
+    if sizes is None:
+        count = int(attrs.get("num_outputs", len(node.output)))
+        if data.ndim == 0 or data.shape[axis] % count:
+            return []
+        sizes = [data.shape[axis] // count] * count
+    if data.ndim == 0 or sum(sizes) != data.shape[axis] or len(sizes) != len(node.output):
+        return []
+    return np.split(data, np.cumsum(sizes)[:-1].tolist(), axis=axis)
+
+
 def value_types(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]) -> dict[str, TensorInfo]:
     """Every value's element type and dimensions with the inputs ``shapes`` fixed (see the module docstring).
 
@@ -276,6 +292,8 @@ def _type_node(
         value = _computed(node, [values[name] for name in inputs], onnx_opset)
         if value is not None and value.size <= MAX_COMPUTED:
             values[node.output[0]] = value
+    if standard and node.op_type == "Split" and all(name in values for name in inputs):
+        values.update(zip(node.output, _split(node, [values[name] for name in inputs]), strict=False))
     if standard and node.op_type in ("Shape", "Size") and infos.get(node.input[0], TensorInfo(0, None)).dims:
         dims = infos[node.input[0]].dims or ()
         if node.op_type == "Size":
@@ -529,6 +547,7 @@ def live_memory(
     for p, node_index in enumerate(sequence):
         phase_peaks[node_phase[node_index]] = max(phase_peaks.get(node_phase[node_index], 0), live[p])
     forward = [position[i] for i, phase in enumerate(node_phase) if phase == "forward"]
+    kept = sorted((buffers.kept - buffers.held_roots) & set(sizes), key=lambda n: -sizes[n])
     return LiveMemory(
         order=order,
         nodes=len(nodes),
@@ -539,11 +558,12 @@ def live_memory(
         peak_node=node_label(nodes[sequence[peak_at]], sequence[peak_at]) if nodes else "",
         peak_phase=node_phase[sequence[peak_at]] if nodes else "held",
         at_peak=[_live_tensor(n, infos, sizes[n], buffers.producer[n], views[n]) for n in alive[:largest]],
-        kept_for_backward=sum(sizes.get(n, 0) for n in buffers.kept - buffers.held_roots),
+        kept_for_backward=sum(sizes.get(n, 0) for n in kept),
         forward_end=max(forward, default=-1),
         unknown=sorted(unknown),
         op_counts=dict(Counter(node.op_type for node in nodes).most_common()),
         phase_peaks=phase_peaks,
+        kept=[_live_tensor(n, infos, sizes[n], buffers.producer[n], views[n]) for n in kept],
     )
 
 

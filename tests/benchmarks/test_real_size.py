@@ -1,0 +1,62 @@
+"""Keeps ``python -m benchmarks.real_size`` from rotting: its whole path on a GPT-2 of 2 layers and 32 features.
+
+The real sizes are the benchmark's business (docs/benchmarks.md, "Real-size
+models"); here the tiny model is exported, its artifacts written, onnxtrain and
+PyTorch (SDPA) each train a few steps in a process of their own, and the
+tables come out. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.real_size import memory, report
+from benchmarks.real_size.__main__ import main
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+
+def test_the_tiny_gpt2_trains_in_both_frameworks_and_the_tables_come_out(tmp_path: Path, capsys):
+    argv = ["--workload", "gpt2-tiny", "--shapes", "2x8", "--frameworks", "onnxtrain,pytorch-sdpa", "--runs", "1"]
+    argv += ["--warmup", "2", "--steps", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    raw = json.loads((tmp_path / "out.json").read_text())
+    ours, theirs = raw["results"]
+    assert (ours["framework"], theirs["framework"]) == ("onnxtrain", "pytorch-sdpa")
+    # the same weights and batches: the same first losses (before any update) and the same AdamW steps
+    np.testing.assert_allclose(ours["losses"], theirs["losses"], rtol=1e-4)
+    assert ours["state"]["moments"]["tensors"] == 2 * ours["state"]["parameters"]["tensors"]
+    assert ours["state"]["parameters"]["copies"] == 1.0 and theirs["state"]["saved_for_backward"]["mib"] > 0
+    assert report.peak_above_baseline(ours) > 0
+    figures = raw["static"]["gpt2-tiny"]["2x8"]
+    assert set(figures) == {"fused", "reset", "fused, optimized", "reset, optimized"}
+    assert figures["fused"]["held_mib"]["moments"] == 2 * figures["fused"]["held_mib"]["parameters"]
+    assert raw["kernels"]["gpt2-tiny"]["nodes"] < raw["kernels"]["gpt2-tiny"]["emitted"]
+    for table in ("Speed and peak memory:", "Memory breakdown:", "Static figures of the training graphs:"):
+        assert table in text
+    assert "| gpt2-tiny | 2x8 | onnxtrain |" in text and "| gpt2-tiny | 2x8 | fused (priority) |" in text
+
+
+def test_autograd_s_saved_tensors_are_counted_once_without_the_parameters():
+    torch = pytest.importorskip("torch")
+    weight = torch.nn.Parameter(torch.ones(4, 3))
+    module = torch.nn.Module()
+    module.weight = weight
+    x = torch.ones(4, 3)
+    # MulBackward keeps x (48 bytes) for the weight's gradient, and not the weight, whose gradient is not asked
+    saved = memory.torch_saved(module, lambda: (weight * x).sum())
+    assert saved["mib"] * memory.MIB == 48 and saved["groups"] == [
+        {"kind": "4x3 float32", "count": 1, "mib": 48 / memory.MIB}
+    ]
+    assert memory.torch_saved(module, lambda: (weight * 3).sum())["mib"] == 0
+
+
+def test_no_nvml_means_no_gpu_figures():
+    figures = memory.gpu_used_mib()
+    assert figures is None or "device_mib" in figures
