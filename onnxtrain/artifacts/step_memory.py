@@ -11,12 +11,13 @@ model (:func:`live_memory`), with the user inputs' shapes fixed:
    the values of small integer tensors computed along the way (``Shape``,
    ``Gather``, ``Concat``, ``Range``, ...: what a ``Reshape`` or ``Expand``
    reads), so that shapes computed at run time are known;
-2. **order**: the nodes as onnxruntime runs them: its default (a depth-first
-   walk back from the graph's last nodes, each node's producers visited by
-   ascending index: ``GraphViewer``'s topological order) or, for the fused
-   step's session, its priority-based order (``Shape`` and ``Size`` first, then
-   the lowest index that is ready: the optimizer's nodes, listed first, run
-   before the train step's);
+2. **order**: the nodes as onnxruntime runs them, a node's index being its
+   place in the graph as listed (onnxruntime numbers them so when it loads a
+   model): its default (a depth-first walk back from the graph's last nodes,
+   each node's producers visited by ascending index: ``GraphViewer``'s
+   topological order) or, for the fused step's session, its priority-based
+   order (``Shape`` and ``Size`` first, then the lowest index that is ready:
+   the optimizer's nodes, listed first, run before the train step's);
 3. **liveness**: graph inputs, initializers, ``Constant`` nodes and outputs
    bound into buffers that exist anyway (a gradient written where the
    runtime keeps it) are held for the whole run; every other tensor lives
@@ -27,7 +28,8 @@ model (:func:`live_memory`), with the user inputs' shapes fixed:
    moments and gradients) takes no memory of its own.
 
 What it does not model: onnxruntime's graph optimizations (fusions remove
-intermediates; constant folding adds initializers), kernels that reuse a dying
+intermediates; constant folding adds initializers; ``step_memory``'s
+``rewrite`` takes a model of what runs instead), kernels that reuse a dying
 input's buffer for their output, a kernel's own scratch memory, the arena's
 rounding and fragmentation, the insides of subgraphs (``If``, ``Loop``,
 ``Scan`` count as one node reading what they reference). The figures are the
@@ -644,17 +646,17 @@ def step_memory(
 
 def _check_fixed(inputs: Iterable[onnx.ValueInfoProto], shapes: Mapping[str, tuple[int, ...]]) -> None:
     """``ValueError`` naming the user inputs whose dimensions ``shapes`` leaves unknown."""
-    open_ = []
+    unfixed = []
     for value in inputs:
         dims = value.type.tensor_type.shape.dim
         names = [d.dim_param if d.HasField("dim_param") else str(d.dim_value) if d.HasField("dim_value") else "?"
                  for d in dims]  # fmt: skip
         unknown = any(not d.HasField("dim_value") and d.dim_param not in shapes for d in dims)
         if value.name not in shapes and (unknown or not value.type.tensor_type.HasField("shape")):
-            open_.append(f"{value.name} [{', '.join(names)}]")
-    if open_:
+            unfixed.append(f"{value.name} [{', '.join(names)}]")
+    if unfixed:
         raise ValueError(
-            f"give the shapes of {', '.join(open_)}: NAME=DxD... for an input (input_ids=4x128), or NAME=D for a "
+            f"give the shapes of {', '.join(unfixed)}: NAME=DxD... for an input (input_ids=4x128), or NAME=D for a "
             "symbolic dimension (batch=4)"
         )
 
