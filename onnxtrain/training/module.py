@@ -138,19 +138,8 @@ class Module:
                 f"session_options must be an onnxruntime.SessionOptions, not {type(session_options).__name__}"
             )
         self._device, self._providers = resolve(device, providers)
-        shared = self._device.type == "cpu"  # one arena for all the sessions (onnxtrain.training.options)
-        self._options = (
-            session_options if session_options is not None else default_session_options(shared_cpu_arena=shared)
-        )
-        # the fused step's session (made by an Optimizer) runs alone: by default its threads spin
-        fused_defaults = default_session_options(spinning=True, update_first=True, shared_cpu_arena=shared)
-        self._fused_options = session_options if session_options is not None else fused_defaults
-        # and where all its tensors are small, on one thread (see open_session)
-        self._small_options: ort.SessionOptions | None = None
-        if session_options is None and shared:
-            self._small_options = default_session_options(
-                spinning=True, update_first=True, shared_cpu_arena=shared, threads=1
-            )
+        self._shared_arena = self._device.type == "cpu"  # one arena for all the sessions (training.options)
+        self._session_options = session_options  # the user's, for every session; else per session (open_session)
         store = state.store
         infos = store.parameter_infos()
         train = load_model(train_model_uri, "train_model_uri")
@@ -218,18 +207,26 @@ class Module:
         """A session for ``model`` (``what`` names it in errors) on this module's device, with its options.
 
         ``alone``: a session that runs once per step with no other between
-        (the fused step's, the epoch step's), whose threads spin by default.
-        With the default options on the CPU, such a session whose every
-        input of a step is fixed and smaller than ``SMALL_TENSOR`` elements
-        runs on one thread: splitting so little work costs more than it saves
-        (digits' MLP 64-32-10, batch 32: 31.5 against 35.0 µs per step;
-        2 cores, 2026-11-25).
+        (the fused step's, the epoch step's), whose threads spin by default,
+        in priority order. With the default options, a session whose every
+        input of a step is fixed and smaller than ``SMALL_TENSOR`` elements is
+        *small*: alone on the CPU, it runs on one thread (splitting so little
+        work costs more than it saves: digits' MLP 64-32-10, batch 32: 31.5
+        against 35.0 µs per step; 2 cores, 2026-11-25); any other session runs
+        without onnxruntime's memory pattern (``default_session_options``).
+        The user's ``session_options`` serve every session as they are.
         """
-        options = self._fused_options if alone else self._options
-        if alone and self._small_options is not None:
+        options = self._session_options
+        if options is None:
             largest = largest_step_input(model.proto)
-            if largest is not None and largest < SMALL_TENSOR:
-                options = self._small_options
+            small = largest is not None and largest < SMALL_TENSOR
+            options = default_session_options(
+                spinning=alone,
+                update_first=alone,
+                shared_cpu_arena=self._shared_arena,
+                threads=1 if alone and small and self._shared_arena else 0,
+                memory_pattern=small,
+            )
         return BoundSession(model, what, options, self._providers, self._device)
 
     # --------------------------------------------------------------- steps

@@ -26,7 +26,12 @@ import onnxruntime as ort
 
 
 def default_session_options(
-    *, spinning: bool = False, update_first: bool = False, shared_cpu_arena: bool = False, threads: int = 0
+    *,
+    spinning: bool = False,
+    update_first: bool = False,
+    shared_cpu_arena: bool = False,
+    threads: int = 0,
+    memory_pattern: bool = True,
 ) -> ort.SessionOptions:
     """All graph optimizations, default thread counts; intra-op threads spin only with ``spinning``.
 
@@ -40,9 +45,16 @@ def default_session_options(
     (onnxtrain.training.fused). ``shared_cpu_arena``: allocate CPU memory from
     the arena all such sessions share (see the module docstring). ``threads``:
     the intra-op thread count (0: onnxruntime's default, the physical cores).
+    ``memory_pattern``: onnxruntime's memory pattern, which plans one block
+    for a run's tensors after the first run of each input shape. A session
+    whose step sizes are not all fixed and small gets it off: the planned
+    block comes on top of what the arena kept from the first runs (GPT-2 small,
+    4 x 128 on the CPU: 1.30 GiB more at the third step, 4.8 against 3.5 GiB
+    above the start, the step no faster; 2026-11-27).
     """
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.enable_mem_pattern = memory_pattern
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     if threads:
         options.intra_op_num_threads = threads

@@ -64,3 +64,42 @@ def test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_t
         np.testing.assert_array_equal(a, b)
     for name, value in params_a.items():
         np.testing.assert_array_equal(value, params_b[name], err_msg=name)
+
+
+def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, tmp_path):
+    """Sessions whose step sizes are symbolic, or fixed and over SMALL_TENSOR elements, run without onnxruntime's
+    memory pattern; the fused step's session for the small model's fixed shapes keeps it, and a user's options
+    are used as they are. The results are the same either way (the previous test)."""
+    from onnxtrain import artifacts
+    from onnxtrain.training.options import SMALL_TENSOR
+    from tests.training import models
+
+    _, module, optimizer = open_module(classifier)
+    rng = np.random.default_rng(5)
+    for _ in range(2):
+        module(*classifier_batch(rng))
+        optimizer.step()
+        module.lazy_reset_grad()
+    fixed = optimizer.fused_step.sessions()[-1]  # made for the batches of 16 rows
+    assert fixed.session.get_session_options().enable_mem_pattern
+    patterns = {
+        what: s.session.get_session_options().enable_mem_pattern for what, s in _sessions(module, optimizer).items()
+    }
+    # symbolic batch sizes, but the optimizer model's parameters, all fixed and small
+    assert patterns == {"training": False, "reset": False, "eval": False, "fused": False, "optimizer": True}
+    # fixed shapes over the threshold: a weight of SMALL_TENSOR elements
+    wide = models.generate(
+        tmp_path / "wide",
+        models.mlp((6, SMALL_TENSOR // 6 + 1, 4)),
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+    )
+    _, module, optimizer = open_module(wide)
+    for _ in range(2):
+        module(*classifier_batch(rng))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert [s.session.get_session_options().enable_mem_pattern for s in optimizer.fused_step.sessions()] == [False]
+    mine = ort.SessionOptions()
+    _, module, optimizer = open_module(classifier, session_options=mine)
+    assert all(s.session.get_session_options().enable_mem_pattern for s in _sessions(module, optimizer).values())
