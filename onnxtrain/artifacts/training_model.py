@@ -24,7 +24,7 @@ from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import names_in
-from onnxtrain.graph.passes import prune_unused_nodes
+from onnxtrain.graph.passes import prune_unused_nodes, read_shapes_early, replace_identity_dropouts
 from onnxtrain.graph.roles import running_statistics
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -252,6 +252,7 @@ def build_training_models(
     training_model = onnx.ModelProto()
     training_model.CopyFrom(forward)
     move_initializers_to_inputs(training_model, list(parameter_names))
+    replace_identity_dropouts(training_model)  # no copy and no mask kept for the backward
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]
@@ -259,6 +260,7 @@ def build_training_models(
     builder.set_outputs([*outputs, *(grads[name] for name in wrt), *running.values()])
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)
+    read_shapes_early(training_model)  # forward values are not kept alive for the shapes the backward reads
 
     return TrainingModels(
         training=GraphBuilder(training_model).finalize(),

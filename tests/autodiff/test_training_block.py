@@ -17,8 +17,8 @@ B = RNG.normal(size=(4,))
 SCALE = np.abs(RNG.normal(size=(4,))) + 0.5
 
 
-def _base(with_dropout: bool = False) -> onnx.ModelProto:
-    """y = tanh(x * W + B) * SCALE (SCALE frozen), optionally through a Dropout."""
+def _base(with_dropout: bool = False, ratio: float = 0.25) -> onnx.ModelProto:
+    """y = tanh(x * W + B) * SCALE (SCALE frozen), optionally through a Dropout of ``ratio`` in training mode."""
     nodes = [
         helper.make_node("Mul", ["x", "W"], ["h0"]),
         helper.make_node("Add", ["h0", "B"], ["h"]),
@@ -28,7 +28,7 @@ def _base(with_dropout: bool = False) -> onnx.ModelProto:
     initializers = [("W", W), ("B", B), ("SCALE", SCALE), ("step", np.array([3], dtype=np.int64))]
     if with_dropout:
         nodes.append(helper.make_node("Dropout", ["y", "ratio", "training"], ["y_dropped"]))
-        initializers += [("ratio", np.array(0.0)), ("training", np.array(True))]
+        initializers += [("ratio", np.array(ratio)), ("training", np.array(True))]
     outputs = {"y": (DOUBLE, ["batch", 4])}
     if with_dropout:
         outputs["y_dropped"] = (DOUBLE, ["batch", 4])
@@ -156,6 +156,23 @@ def test_eval_model_switches_dropout_to_inference_mode() -> None:
     (eval_dropout,) = [n for n in eval_model.graph.node if n.op_type == "Dropout"]
     assert train_dropout.input[2] == "training"
     assert len(eval_dropout.input) < 3 or eval_dropout.input[2] == ""
+
+
+def test_a_dropout_that_drops_nothing_is_an_identity_in_the_training_model() -> None:
+    """Ratio 0 in training mode outputs its input: no copy, no mask kept for the backward (graph.passes.dropouts)."""
+
+    class WithExtraOutput(onnxblock.TrainingBlock):
+        def build(self, output: str, extra: str) -> tuple[str, str]:
+            return onnxblock.loss.MSELoss()(output), extra
+
+    block = WithExtraOutput()
+    block.requires_grad("W")
+    with onnxblock.base(_base(with_dropout=True, ratio=0.0)):
+        block("y", "y_dropped")
+    training, _ = block.to_model_proto()
+    assert "Dropout" not in {n.op_type for n in training.graph.node}
+    (identity,) = [n for n in training.graph.node if n.output[0] == "y_dropped"]
+    assert identity.op_type == "Identity" and list(identity.input) == ["y"]
 
 
 def test_batchnorm_running_statistics_are_training_outputs() -> None:

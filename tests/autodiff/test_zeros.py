@@ -165,3 +165,41 @@ def test_below_opset_16_repeated_indices_add_up_without_a_one_hot_over_the_table
     expected = np.zeros_like(table)
     np.add.at(expected, ids.reshape(-1), 1.0)
     np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def _ancestors(model: onnx.ModelProto, name: str) -> set[str]:
+    """Every value ``name`` is computed from, at any distance."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    seen, stack = set(), [name]
+    while stack:
+        node = producer.get(stack.pop())
+        for value in node.input if node is not None else ():
+            if value and value not in seen:
+                seen.add(value)
+                stack.append(value)
+    return seen
+
+
+@pytest.mark.parametrize("case", [name for name in CASES if name != "a value the loss ignores"])
+def test_large_zeros_wait_for_the_gradient_they_receive(case):
+    """Made at run time from ``Size(x)`` alone, the zeros are ready when the run starts and onnxruntime may make
+    them then, to hold them through the whole forward pass; they are made from the size of the gradient they
+    receive too (``Size(after)``), so that they wait for it. (Zeros for a value the loss ignores receive none.)"""
+    model, wrt, _ = CASES[case](np.random.default_rng(0))
+    gradients = _gradient_model(model, wrt)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in gradients.graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    made = [node.output[0] for node in gradients.graph.node if node.op_type == "ConstantOfShape"]
+    assert made
+    for zeros in made:
+        flowing, scatters = [zeros], []
+        while flowing:  # through Reshape to the scatter that receives the gradient
+            for node in readers.get(flowing.pop(), []):
+                (scatters if node.op_type.startswith("Scatter") else flowing).append(
+                    node if node.op_type.startswith("Scatter") else node.output[0]
+                )
+        received = {scatter.input[2] for scatter in scatters}
+        received |= {value for name in received for value in _ancestors(gradients, name)}
+        assert _ancestors(gradients, zeros) & received - {t.name for t in gradients.graph.initializer}, zeros

@@ -161,10 +161,12 @@ def scatter_add_flat(ctx: RuleContext, positions: str, updates: str, like: str) 
     flat_pos = ctx.op("Reshape", positions, ctx.int64s([-1]))
     flat_upd = ctx.op("Reshape", updates, ctx.int64s([-1]))
     if ops.scatter_can_add(ctx.onnx_opset):
-        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), flat_pos, flat_upd, axis=0, reduction="add")
+        flat = ctx.op(
+            "ScatterElements", ctx.flat_zeros_like(like, after=updates), flat_pos, flat_upd, axis=0, reduction="add"
+        )
     else:  # no adding scatter: add up per position first, then scatter the sums, each to a position of its own
         distinct, sums = _sums_by_key(ctx, flat_pos, flat_upd)
-        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like), distinct, sums, axis=0)
+        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(like, after=updates), distinct, sums, axis=0)
     return ctx.op("Reshape", flat, ctx.shape_of(like))
 
 
@@ -195,7 +197,7 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str, lik
         shape = ctx.int64s([int(n_static), *static[q:]])
     else:
         shape = ctx.op("Concat", ctx.op("Reshape", n_rows, ctx.int64s([1])), rest(), axis=0)
-    zeros = ctx.zeros_shaped(shape, updates, like)
+    zeros = ctx.zeros_shaped(shape, updates, like, after=updates)
     if ops.scatter_can_add(ctx.onnx_opset):
         return ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", rows, ctx.int64s([-1])), updates, reduction="add")
     # no adding scatter: add up the updates of each distinct row first, then scatter the sums, one per row

@@ -69,7 +69,7 @@ def gather_elements(ctx: RuleContext, grads: Grads) -> Result:
     rank = ctx.known_rank(x)
     axis = int(ctx.attr("axis", 0)) % rank
     if ops.scatter_can_add(ctx.opset):
-        dx = ctx.op("ScatterElements", ctx.zeros_like(x), indices, g, axis=axis, reduction="add")
+        dx = ctx.op("ScatterElements", ctx.zeros_like(x, after=g), indices, g, axis=axis, reduction="add")
         return [dx, None]
     # no adding scatter: the flat position in x of each gathered element, then the sums per position
     sources = ctx.op("GatherElements", dims.flat_positions(ctx, x), indices, axis=axis)
@@ -88,7 +88,7 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     x, indices = ctx.inputs
     batch = int(ctx.attr("batch_dims", 0))
     if batch == 0 and ops.scatter_can_add(ctx.opset):
-        return [ctx.op("ScatterND", ctx.zeros_like(x), indices, g, reduction="add"), None]
+        return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
     idx_dims = ctx.shape(indices)
     if idx_dims is None or not isinstance(idx_dims[-1], int):
         raise ValueError(
@@ -216,7 +216,7 @@ def top_k(ctx: RuleContext, grads: Grads) -> Result:
     if g is None:
         return [None, None]
     x = ctx.inputs[0]
-    dx = ctx.op("ScatterElements", ctx.zeros_like(x), ctx.outputs[1], g, axis=int(ctx.attr("axis", -1)))
+    dx = ctx.op("ScatterElements", ctx.zeros_like(x, after=g), ctx.outputs[1], g, axis=int(ctx.attr("axis", -1)))
     return [dx, None]
 
 
@@ -227,13 +227,13 @@ def _scatter_selected(ctx: RuleContext, g: str, x: str, indices: str, axis: int 
     """dx for ``y = Gather(x, indices, axis)`` with distinct 1-D ``indices`` (``x`` flattened when ``axis`` is None)."""
     if axis is None:
         flat_g = ctx.op("Reshape", g, ctx.int64s([-1]))
-        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(x), indices, flat_g, axis=0)
+        flat = ctx.op("ScatterElements", ctx.flat_zeros_like(x, after=g), indices, flat_g, axis=0)
         return ctx.op("Reshape", flat, ctx.shape_of(x))
     rank = ctx.known_rank(x)
     axis %= rank
     along = ctx.op("Reshape", indices, ctx.int64s([1] * axis + [-1] + [1] * (rank - axis - 1)))
     spread = ctx.op("Expand", along, ctx.shape_of(g))
-    return ctx.op("ScatterElements", ctx.zeros_like(x), spread, g, axis=axis)
+    return ctx.op("ScatterElements", ctx.zeros_like(x, after=g), spread, g, axis=axis)
 
 
 @registry.rule("Compress", inputs=_DATA)

@@ -45,7 +45,7 @@ def max_pool(ctx: RuleContext, grads: Grads) -> Result:
     else:  # column-major indices: compute row-major ones
         attributes = forward_attributes(ctx, ("storage_order",))
         indices = ctx.builder.add_node("MaxPool", [x], 2, hint="maxpool_grad", **attributes)[1]
-    zeros = ctx.flat_zeros_like(x)
+    zeros = ctx.flat_zeros_like(x, after=g)
     flat = ctx.int64s([-1])
     if ops.scatter_can_add(ctx.opset):
         dx = scatter_add_into(ctx, zeros, indices, g, flat, axis=0)

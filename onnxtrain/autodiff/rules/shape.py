@@ -159,7 +159,7 @@ def slice_(ctx: RuleContext, grads: Grads) -> Result:
     if dx is None:
         x = ctx.inputs[0]
         read = ctx.op("Slice", dims.flat_positions(ctx, x), *ctx.inputs[1:])
-        zeros = ctx.flat_zeros_like(x)
+        zeros = ctx.flat_zeros_like(x, after=g)
         flat = ctx.op(
             "ScatterElements",
             zeros,

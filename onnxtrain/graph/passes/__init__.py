@@ -11,7 +11,9 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.unused.prune_unused_nodes`: nodes no output needs removed;
 - :func:`~onnxtrain.graph.passes.unused.drop_unread_initializers`: initializers nothing reads removed;
 - :func:`~onnxtrain.graph.passes.static_shapes.fold_static_shapes`: fixed input shapes, shape computations folded;
-- :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes.
+- :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
+- :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
+- :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities.
 
 Label-check stripping (:func:`onnxtrain.losses.label_check.strip_label_checks`)
 has the same signature; it lives with the label checks, whose nodes it knows.
@@ -20,7 +22,9 @@ has the same signature; it lives with the label checks, whose nodes it knows.
 from __future__ import annotations
 
 from onnxtrain.graph.passes.constants import fold_constants
+from onnxtrain.graph.passes.dropouts import replace_identity_dropouts
 from onnxtrain.graph.passes.duplicates import merge_duplicates
+from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
 from onnxtrain.graph.passes.transposes import fold_transposes
 from onnxtrain.graph.passes.unused import drop_unread_initializers, prune_unused_nodes
@@ -32,4 +36,6 @@ __all__ = [
     "fold_transposes",
     "merge_duplicates",
     "prune_unused_nodes",
+    "read_shapes_early",
+    "replace_identity_dropouts",
 ]

@@ -1,0 +1,60 @@
+"""The dropout pass: a ``Dropout`` that drops nothing becomes an ``Identity``.
+
+A ``Dropout`` whose ratio is a constant 0 (torch exports ``nn.Dropout(0.0)``
+and models configured without dropout so), or that is not in training mode,
+outputs its input unchanged; onnxruntime still copies it and makes a mask of
+its size, which a training graph keeps for the backward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from onnxtrain.graph.walk import names_read
+
+#: ONNX's default ratio, where the node has no ratio input.
+DEFAULT_RATIO = 0.5
+
+
+def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each top-level ``Dropout`` that drops nothing (ratio a constant 0, or a training mode that
+    is a constant false or absent) and whose mask nothing reads made an ``Identity``, in place."""
+    graph = model.graph
+    constants = _constants(graph)
+    read = {name for node in graph.node for name in names_read(node)} | {value.name for value in graph.output}
+    for position, node in enumerate(graph.node):
+        if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
+            continue
+        if len(node.output) > 1 and node.output[1] and node.output[1] in read:
+            continue
+        ratio = _scalar(node, 1, constants, DEFAULT_RATIO)
+        training = _scalar(node, 2, constants, 0.0)
+        if ratio is None or training is None or (ratio != 0.0 and training != 0.0):
+            continue
+        graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+    return model
+
+
+def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's constant tensors by name: initializers and ``Constant`` nodes given as a tensor."""
+    found = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            found[node.output[0]] = node.attribute[0].t
+    return found
+
+
+def _scalar(node: onnx.NodeProto, position: int, constants: dict[str, onnx.TensorProto], absent: float) -> float | None:
+    """Input ``position`` of ``node`` as a number: ``absent`` where it is not given, ``None`` where it is not a
+    constant of one element (a value known only at run time)."""
+    if len(node.input) <= position or not node.input[position]:
+        return absent
+    tensor = constants.get(node.input[position])
+    if tensor is None or int(np.prod(tensor.dims)) != 1:
+        return None
+    return float(numpy_helper.to_array(tensor).reshape(()))
+
+
+__all__ = ["DEFAULT_RATIO", "replace_identity_dropouts"]
