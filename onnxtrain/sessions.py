@@ -48,11 +48,16 @@ def _at_fault(error: Exception) -> list[str]:
 
 
 def inference_session(
-    source: str | bytes, options: ort.SessionOptions | None = None, providers: Sequence[Any] | None = None
+    source: str | bytes,
+    options: ort.SessionOptions | None = None,
+    providers: Sequence[Any] | None = None,
+    *,
+    disabled_optimizers: Sequence[str] = (),
 ) -> ort.InferenceSession:
-    """``onnxruntime.InferenceSession(source, options, providers)``, without a transformer this release fails in."""
+    """``onnxruntime.InferenceSession(source, options, providers)``, without a transformer this release fails in
+    nor those in ``disabled_optimizers``."""
     chosen = ["CPUExecutionProvider"] if providers is None else list(providers)
-    disabled: list[str] = []
+    disabled: list[str] = list(disabled_optimizers)
     while True:
         try:
             if not disabled:

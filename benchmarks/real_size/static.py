@@ -22,6 +22,8 @@ import onnx
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
+from onnxtrain.graph.passes.recompute import transformers_to_disable
+from onnxtrain.sessions import inference_session
 
 MIB = float(1 << 20)
 #: Tensors listed alive at the peak, and groups of them.
@@ -88,8 +90,8 @@ def _tensor(tensor: LiveTensor) -> dict[str, Any]:
 
 
 def ort_optimized(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> onnx.ModelProto:
-    """``model`` after onnxruntime's graph optimizations (all levels, as the runtime's sessions), as its
-    session saves it: the nodes onnxruntime runs, its constants as initializers."""
+    """``model`` after onnxruntime's graph optimizations (all levels, less those the runtime's sessions disable),
+    as its session saves it: the nodes onnxruntime runs, its constants as initializers."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -97,7 +99,8 @@ def ort_optimized(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecut
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         options.log_severity_level = 3
-        ort.InferenceSession(model.SerializeToString(), sess_options=options, providers=list(providers))
+        disabled = transformers_to_disable(model)
+        inference_session(model.SerializeToString(), options, list(providers), disabled_optimizers=disabled)
         return onnx.load(options.optimized_model_filepath)
 
 

@@ -213,6 +213,7 @@ def epoch_scan_model(
     model = helper.make_model(graph, opset_imports=list(fused.opset_import))
     model.ir_version = fused.ir_version
     model.functions.extend(fused.functions)
+    model.metadata_props.extend(fused.metadata_props)
     steps = sequences.get(step)
     return EpochModel(model, tuple(pairs), data, sequences[learning_rate], steps, losses, tuple(checks))
 

@@ -35,6 +35,7 @@ import onnx
 
 from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
 from onnxtrain.graph.naming import keep_or_tag, names_in
+from onnxtrain.graph.passes.recompute import RECOMPUTED_KEY
 from onnxtrain.graph.walk import names_read
 from onnxtrain.optim.base import grad_name, updated_name
 
@@ -127,6 +128,8 @@ def fuse_update_and_train(
     model.ir_version = max(training.ir_version, optimizer.ir_version)
     model.functions.extend(training.functions)
     model.functions.extend(optimizer.functions)
+    # the record of recomputed values holds here too (the runtime's session keeps the copies apart)
+    model.metadata_props.extend(prop for prop in training.metadata_props if prop.key == RECOMPUTED_KEY)
     return FusedModel(model, gradients, {name: mapping[name] for name in ends if mapping[name] != name})
 
 

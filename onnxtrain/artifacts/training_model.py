@@ -23,8 +23,13 @@ from onnx import helper
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.naming import names_in
-from onnxtrain.graph.passes import prune_unused_nodes, read_shapes_early, replace_identity_dropouts
+from onnxtrain.graph.naming import first_free, names_in
+from onnxtrain.graph.passes import (
+    prune_unused_nodes,
+    read_shapes_early,
+    recompute_elementwise,
+    replace_identity_dropouts,
+)
 from onnxtrain.graph.roles import running_statistics
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -186,20 +191,11 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
             node.output.append("")
         for position, stat in enumerate(stats, start=1):
             if not node.output[position]:
-                node.output[position] = _unique(f"{stat}.running", taken)
-            exposed[stat] = _unique(f"{stat}{UPDATED_SUFFIX}", taken)
+                node.output[position] = first_free(f"{stat}.running", taken)
+            exposed[stat] = first_free(f"{stat}{UPDATED_SUFFIX}", taken)
             identities.append(helper.make_node("Identity", [node.output[position]], [exposed[stat]]))
     model.graph.node.extend(identities)
     return exposed
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    candidate, counter = name, 0
-    while candidate in taken:
-        counter += 1
-        candidate = f"{name}_{counter}"
-    taken.add(candidate)
-    return candidate
 
 
 def _declare_gradient_types(model: onnx.ModelProto, parameters: dict[str, str]) -> None:
@@ -256,8 +252,12 @@ def build_training_models(
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]
+    forward_nodes = len(training_model.graph.node)
     grads = build_gradients(builder, outputs[0], wrt, registry) if wrt else {}
     builder.set_outputs([*outputs, *(grads[name] for name in wrt), *running.values()])
+    forward_values = [name for node in training_model.graph.node[:forward_nodes] for name in node.output if name]
+    shapes = {name: builder.shape_if_known(name) for name in forward_values}
+    recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)
     read_shapes_early(training_model)  # forward values are not kept alive for the shapes the backward reads

@@ -232,6 +232,11 @@ class GraphBuilder:
         """The dimensions of tensor ``name`` (``None`` entries are unknown), or ``None``."""
         return _dims(self.tensor_type_of(name))
 
+    def shape_if_known(self, name: str) -> list[Dim] | None:
+        """:meth:`shape`, or ``None`` where the type of ``name`` is unknown or no tensor (no ``TypeError``)."""
+        type_proto = self.type_of(name)
+        return None if type_proto is None else _dims(type_proto)
+
     def rank(self, name: str) -> int | None:
         """The rank of tensor ``name``, or ``None`` when unknown."""
         dims = self.shape(name)

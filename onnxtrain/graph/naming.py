@@ -54,6 +54,16 @@ def keep_or_tag(taken: set[str], tag: str) -> Callable[[str], str]:
     return give
 
 
+def first_free(name: str, taken: set[str]) -> str:
+    """``name``, or else ``name_1``, ``name_2``... the first not in ``taken``; what it gives is added to it."""
+    candidate, counter = name, 0
+    while candidate in taken:
+        counter += 1
+        candidate = f"{name}_{counter}"
+    taken.add(candidate)
+    return candidate
+
+
 class NameGenerator:
     """Hands out ``hint_N`` names that no other value or node of the graph uses.
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from onnxtrain.graph.passes.recompute import transformers_to_disable
 from onnxtrain.sessions import inference_session
 from onnxtrain.training import values
 from onnxtrain.training.device import Device, ProviderSpec
@@ -161,7 +162,9 @@ class BoundSession:
         native: bool = True,
     ) -> None:
         try:
-            self.session = inference_session(model.source, options, providers)
+            self.session = inference_session(
+                model.source, options, providers, disabled_optimizers=transformers_to_disable(model.proto)
+            )
         except Exception as error:  # onnxruntime raises its own exception types
             raise ValueError(f"onnxruntime cannot load the {what}: {error}{_custom_op_hint(model)}") from error
         self.what = what

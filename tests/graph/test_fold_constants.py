@@ -15,10 +15,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from onnxtrain.graph.passes import constants
 from onnxtrain.graph.fold import MAX_ELEMENTS
 from onnxtrain.graph.io import copy_model, inferred_skeleton, load_base_model
-from onnxtrain.graph.passes import fold_constants
+from onnxtrain.graph.passes import constants, fold_constants
 from onnxtrain.sessions import inference_session
 from tests.helpers import FLOAT, INT64, make_model
 

@@ -258,7 +258,9 @@ def softsign(ctx: RuleContext, x: str, y: str) -> str:
     return ctx.op("Reciprocal", ctx.square(ctx.add(ctx.op("Abs", x), 1.0)))
 
 
-registry.unary("Relu", "dx = g where x > 0, else 0", lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, 0.0))
+# y > 0 exactly where x > 0: reading the output, kept anyway where the next layer's weight gradient reads it,
+# lets the input die in the forward (as PyTorch's ReLU saves its result)
+registry.unary("Relu", "dx = g where y > 0, else 0", lambda ctx, g, x, y: ctx.where(_positive(ctx, y), g, 0.0))
 registry.unary(
     "LeakyRelu",
     "dx = g where x > 0, else alpha * g",

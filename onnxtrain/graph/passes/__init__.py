@@ -13,7 +13,8 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.static_shapes.fold_static_shapes`: fixed input shapes, shape computations folded;
 - :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
-- :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities.
+- :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
+- :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept.
 
 Label-check stripping (:func:`onnxtrain.losses.label_check.strip_label_checks`)
 has the same signature; it lives with the label checks, whose nodes it knows.
@@ -24,6 +25,7 @@ from __future__ import annotations
 from onnxtrain.graph.passes.constants import fold_constants
 from onnxtrain.graph.passes.dropouts import replace_identity_dropouts
 from onnxtrain.graph.passes.duplicates import merge_duplicates
+from onnxtrain.graph.passes.recompute import recompute_elementwise
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
 from onnxtrain.graph.passes.transposes import fold_transposes
@@ -37,5 +39,6 @@ __all__ = [
     "merge_duplicates",
     "prune_unused_nodes",
     "read_shapes_early",
+    "recompute_elementwise",
     "replace_identity_dropouts",
 ]
