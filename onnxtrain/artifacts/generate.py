@@ -21,7 +21,7 @@ import io
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,7 +31,7 @@ import onnx
 from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts import model_files, ort_training
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
-from onnxtrain.artifacts.metadata import NO_LOSS, set_metadata, training_metadata
+from onnxtrain.artifacts.metadata import NO_LOSS, PRECISION_KEY, set_metadata, training_metadata
 from onnxtrain.artifacts.training_block import TrainingBlock
 from onnxtrain.artifacts.training_model import check_parameters
 from onnxtrain.autodiff import GradientRegistry
@@ -40,6 +40,7 @@ from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import copy_model, load_light
+from onnxtrain.graph.passes import autocast
 
 Target = Literal["onnxruntime", "onnxruntime-training"]
 TARGETS: tuple[str, ...] = ("onnxruntime", "onnxruntime-training")
@@ -142,6 +143,8 @@ def build_artifacts(
     *,
     target: Target = "onnxruntime",
     registry: GradientRegistry | None = None,
+    precision: str = "fp32",
+    precision_overrides: Mapping[str, str] | None = None,
 ) -> ArtifactSet:
     """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
 
@@ -154,7 +157,7 @@ def build_artifacts(
     """
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry,
+        target, registry, precision, precision_overrides,
     )  # fmt: skip
     return _in_memory(built)
 
@@ -169,10 +172,16 @@ def _build(
     loss_input_names: Sequence[str] | None,
     target: Target,
     registry: GradientRegistry | None,
+    precision: str = "fp32",
+    precision_overrides: Mapping[str, str] | None = None,
 ) -> ArtifactSet:
     """:func:`build_artifacts`' set built on a light copy of ``model``: the models keep the constants of a large
     base without their data, and the checkpoint reads its parameters when written (``tensor_data`` says where)."""
     _check_target(target)
+    half = autocast.check_precision(precision)
+    overrides = autocast.check_overrides(precision_overrides)
+    if half is not None and target == "onnxruntime-training":
+        raise ValueError(f"precision={precision!r} needs target='onnxruntime' (ONNX Runtime's training build has none)")
     requires = _names("requires_grad", requires_grad)
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
@@ -183,6 +192,8 @@ def _build(
     _check_outputs(proto, "additional_output_names", additional, values=True)
     if not inputs_to_loss:
         raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
+    if half is not None:  # the forward in half where the policy says; the loss, built after it, in float32
+        autocast.autocast(proto, half, overrides)
     loss_of = PassThrough() if loss is None else loss_block(loss)
     optimizer_of = None if optimizer is None else optimizer_block(optimizer)
     if optimizer_of is not None and not requires:
@@ -200,6 +211,8 @@ def _build(
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
+    if half is not None:  # absent: float32
+        described[PRECISION_KEY] = precision
     for built_model in (training, eval_model):
         set_metadata(built_model, described)
     optimizer_model = None
@@ -245,6 +258,8 @@ def generate_artifacts(
     *,
     target: Target = "onnxruntime",
     registry: GradientRegistry | None = None,
+    precision: str = "fp32",
+    precision_overrides: Mapping[str, str] | None = None,
 ) -> dict[str, Path]:
     """Write the training, eval and optimizer models and the checkpoint for ``model``.
 
@@ -258,7 +273,11 @@ def generate_artifacts(
     Runtime's on-device conventions (``com.microsoft`` accumulators and
     optimizer, IR <= 10, :mod:`onnxtrain.artifacts.ort_training`), which
     its training runtime and onnxtrain's both run; ``registry`` replaces the
-    built-in gradient rules (for custom operators). Returns ``{artifact: path}``.
+    built-in gradient rules (for custom operators). ``precision="bf16"`` or
+    ``"fp16"`` computes the training and eval models in that half type where
+    :data:`onnxtrain.graph.passes.autocast.POLICY` says (``precision_overrides``,
+    ``{operator type: "half" | "float32"}``, changes it), with the parameters,
+    gradients and optimizer state in float32. Returns ``{artifact: path}``.
     :func:`build_artifacts` builds the same set in memory.
 
     Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
@@ -267,7 +286,7 @@ def generate_artifacts(
     _check_prefix(prefix)
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry,
+        target, registry, precision, precision_overrides,
     )  # fmt: skip
     if ort_format:
         ort_training.check_ort_format(built.models())

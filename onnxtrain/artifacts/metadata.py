@@ -28,6 +28,9 @@ MODEL_OUTPUTS_KEY = "onnxtrain.model_outputs"
 
 #: The keys above: they describe training, so an exported inference model drops them.
 TRAINING_KEYS = (LOSS_KEY, LOSS_INPUTS_KEY, MODEL_OUTPUTS_KEY)
+#: Metadata key of the training and eval models: the half ``precision`` they were generated with (``bf16``,
+#: ``fp16``); absent for float32.
+PRECISION_KEY = "onnxtrain.precision"
 
 #: The value of :data:`LOSS_KEY` when the model's first output already is the loss.
 NO_LOSS = "none"
@@ -114,6 +117,7 @@ __all__ = [
     "LOSS_KEY",
     "MODEL_OUTPUTS_KEY",
     "NO_LOSS",
+    "PRECISION_KEY",
     "TRAINING_KEYS",
     "drop_training_metadata",
     "inference_outputs",

@@ -30,6 +30,7 @@ from onnxtrain.graph.passes import (
     recompute_elementwise,
     replace_identity_dropouts,
 )
+from onnxtrain.graph.passes.autocast import accumulate_in_float32
 from onnxtrain.graph.roles import running_statistics
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -258,6 +259,7 @@ def build_training_models(
     forward_values = [name for node in training_model.graph.node[:forward_nodes] for name in node.output if name]
     shapes = {name: builder.shape_if_known(name) for name in forward_values}
     recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
+    accumulate_in_float32(training_model)  # gathers' gradients in a half type add up in float32
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)
     read_shapes_early(training_model)  # forward values are not kept alive for the shapes the backward reads

@@ -377,15 +377,23 @@ class RuleContext:
         not made as soon as the run starts and held through the whole forward
         pass (GPT-2 small's embedding gradient: 147 MiB at every peak).
         """
-        zero = onnx.helper.make_tensor("value", self.elem_type(like), [1], [0])
+        elem_type = self.elem_type(like)
+        if not ops.constant_of_shape_makes(self.onnx_opset, elem_type):  # bfloat16 before opset 20: float32, cast
+            made = elem_type
+            elem_type = onnx.TensorProto.FLOAT
+        else:
+            made = None
+        zero = onnx.helper.make_tensor("value", elem_type, [1], [0])
         static = self.static_shape(count_of)
         if static is None or int(np.prod(static, dtype=np.int64)) <= FOLDED_ZEROS_LIMIT:
-            return self.op("ConstantOfShape", shape, value=zero)
-        size = self.op("Size", count_of)
-        if after is not None:
-            size = self.op("Add", size, self.op("Mul", self.op("Size", after), self.const(0, size)))
-        count = self.op("Reshape", size, self.int64s([1]))
-        return self.op("Reshape", self.op("ConstantOfShape", count, value=zero), shape)
+            zeros = self.op("ConstantOfShape", shape, value=zero)
+        else:
+            size = self.op("Size", count_of)
+            if after is not None:
+                size = self.op("Add", size, self.op("Mul", self.op("Size", after), self.const(0, size)))
+            count = self.op("Reshape", size, self.int64s([1]))
+            zeros = self.op("Reshape", self.op("ConstantOfShape", count, value=zero), shape)
+        return zeros if made is None else self.op("Cast", zeros, to=made)
 
     def expand_to(self, a: str, like: str) -> str:
         """``a`` broadcast to the shape of ``like`` (``Expand``)."""

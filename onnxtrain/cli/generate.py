@@ -33,6 +33,7 @@ LIBRARY_ARGUMENTS = {
     "requires_grad": "--requires-grad",
     "frozen_params": "--frozen",
     "loss_input_names": "--loss-inputs",
+    "precision_overrides": "--precision-override",
 }
 #: ``--optimizer`` choices: ``onnxtrain.optim`` classes.
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "rmsprop": "RMSprop"}
@@ -80,6 +81,15 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument("--target", choices=TARGETS, default="onnxruntime", help="the runtime (default: onnxruntime)")
     parser.add_argument("--prefix", default="", help="a prefix for the file names")
     parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "fp16"], default="fp32",
+        help="compute the forward and backward in bfloat16 or float16 where the autocast policy says "
+        "(docs/artifacts.md, Mixed precision), parameters and optimizer state in float32 (default: fp32)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--precision-override", nargs="+", default=[], metavar="OP=MODE", type=precision_override,
+        help="move an operator type in the autocast policy: MatMul=float32, Softmax=half",
+    )  # fmt: skip
+    parser.add_argument(
         "--loss-inputs", nargs="+", metavar="NAME", help="the model outputs the loss reads (default: all, in order)"
     )
     parser.add_argument(
@@ -88,6 +98,14 @@ def add_parser(subcommands: Any) -> None:
         "(train then reports no accuracy), for scores too large to copy at every step",
     )  # fmt: skip
     parser.set_defaults(run=run, prog=parser.prog)
+
+
+def precision_override(text: str) -> tuple[str, str]:
+    """An argument type: ``OP=half`` or ``OP=float32``."""
+    op_type, _, mode = text.partition("=")
+    if not op_type or mode not in ("half", "float32"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not OP=half or OP=float32 (for example MatMul=float32)")
+    return op_type, mode
 
 
 def loss_option(text: str) -> str:
@@ -116,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         built = artifacts.build_artifacts(
             args.model, requires_grad=requires, frozen_params=args.frozen, loss=loss, optimizer=optimizer,
             additional_output_names=scores_output(args), loss_input_names=args.loss_inputs, target=args.target,
+            precision=args.precision, precision_overrides=dict(args.precision_override),
         )  # fmt: skip
     if args.lr is not None:  # in the one checkpoint written, not a second write of it
         built = replace(built, checkpoint=with_learning_rate(built.checkpoint, args.lr))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from onnxtrain.graph import dtypes
@@ -35,6 +36,14 @@ def axes_as_input(op_type: str, opset: int) -> bool:
 def scatter_can_add(opset: int) -> bool:
     """Whether ScatterND and ScatterElements take ``reduction="add"`` at ``opset`` (from 16 on)."""
     return opset >= _SCATTER_REDUCTION_SINCE
+
+
+def constant_of_shape_makes(opset: int, elem_type: int) -> bool:
+    """Whether ``ConstantOfShape`` at ``opset`` makes tensors of ``elem_type`` (bfloat16 from opset 20 on)."""
+    schema = onnx.defs.get_schema("ConstantOfShape", opset)
+    name = onnx.helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
+    allowed = next(c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == "T2")
+    return f"tensor({name})" in allowed
 
 
 def dft_axis_as_input(opset: int) -> bool:

@@ -24,7 +24,7 @@ import onnxruntime as ort
 
 from onnxtrain.graph.passes.recompute import transformers_to_disable
 from onnxtrain.sessions import inference_session
-from onnxtrain.training import values
+from onnxtrain.training import half_kernels, values
 from onnxtrain.training.device import Device, ProviderSpec
 from onnxtrain.training.models import LoadedModel
 
@@ -162,8 +162,12 @@ class BoundSession:
         native: bool = True,
     ) -> None:
         try:
-            self.session = inference_session(
-                model.source, options, providers, disabled_optimizers=transformers_to_disable(model.proto)
+            self.session = half_kernels.open_session(
+                model,
+                what,
+                lambda loaded: inference_session(
+                    loaded.source, options, providers, disabled_optimizers=transformers_to_disable(loaded.proto)
+                ),
             )
         except Exception as error:  # onnxruntime raises its own exception types
             raise ValueError(f"onnxruntime cannot load the {what}: {error}{_custom_op_hint(model)}") from error

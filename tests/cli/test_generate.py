@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,10 @@ import pytest
 from onnxtrain import checkpoint
 from onnxtrain.artifacts import TARGETS
 from onnxtrain.artifacts.generate import OPTIMIZER_KEY
-from onnxtrain.artifacts.metadata import LOSS_KEY, MODEL_OUTPUTS_KEY, read_metadata
+from onnxtrain.artifacts.metadata import LOSS_KEY, MODEL_OUTPUTS_KEY, PRECISION_KEY, read_metadata
 from onnxtrain.cli import generate
 from onnxtrain.loop import LEARNING_RATE_PROPERTY
+from onnxtrain.training.half_kernels import HalfPrecisionFallbackWarning
 from tests.cli.docs import python_example
 from tests.cli.helpers import assert_error, cli, corrupt
 from tests.folders import visible_names
@@ -248,3 +250,31 @@ def test_weights_selects_the_weights_and_leaves_constants_and_statistics(capsys,
             ["linear.weight", "linear.bias", "head.bias", "bn.weight", "bn.bias", "table"]
         )
         assert sorted(state.frozen) == ["bn.running_mean", "bn.running_var"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_precision_writes_artifacts_that_compute_in_half_and_train(
+    capsys, model_path: Path, data_path: Path, tmp_path: Path, precision: str
+):
+    options = ("--precision", precision, "--precision-override", "Relu=half")
+    assert _generate(capsys, model_path, tmp_path / "art", *options)[0] == 0
+    training = onnx.load(tmp_path / "art" / "training_model.onnx")
+    assert read_metadata(training)[PRECISION_KEY] == precision
+    half = {"bf16": onnx.TensorProto.BFLOAT16, "fp16": onnx.TensorProto.FLOAT16}[precision]
+    casts = [n for n in training.graph.node if n.op_type == "Cast" and n.attribute[0].i == half]
+    assert casts  # the matrix products read half copies of their inputs
+    state = checkpoint.load(tmp_path / "art" / "checkpoint")
+    assert {np.asarray(v).dtype for v in state.trainable.values()} == {np.dtype(np.float32)}  # master weights
+    with warnings.catch_warnings():  # a provider without some half kernel runs those operators in float32
+        warnings.simplefilter("ignore", HalfPrecisionFallbackWarning)
+        status, _, err = cli(
+            capsys, "train", tmp_path / "art", "--data", data_path, "--epochs", "2", "--batch-size", "16"
+        )
+    assert status == 0, err
+
+
+def test_a_bad_precision_override_is_a_usage_error(capsys, model_path: Path, tmp_path: Path):
+    status, _, err = _generate(
+        capsys, model_path, tmp_path / "art", "--precision", "bf16", "--precision-override", "MatMul=int8"
+    )
+    assert status == 2 and "'MatMul=int8' is not OP=half or OP=float32" in err

@@ -14,7 +14,10 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
 - :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
-- :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept.
+- :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
+- :func:`~onnxtrain.graph.passes.autocast.autocast`: a float32 forward computing in a half type where safe, and
+  :func:`~onnxtrain.graph.passes.autocast.accumulate_in_float32`: half scatters that add, adding in float32
+  (import them from their module: they type the graph with ``GraphBuilder``, which imports this package).
 
 Label-check stripping (:func:`onnxtrain.losses.label_check.strip_label_checks`)
 has the same signature; it lives with the label checks, whose nodes it knows.

@@ -1,0 +1,72 @@
+"""Half-precision nodes an execution provider has no kernel for, run in float32 instead.
+
+Artifacts generated with ``precision="bf16"`` or ``"fp16"`` compute matrix
+products and what follows them in the half type. An execution provider may
+lack the half kernel of an operator (onnxruntime's CPU provider has float16
+kernels for most operators and bfloat16 kernels for almost none): the session
+then fails with "Could not find an implementation for Gemm(13) node ...".
+:func:`open_session` makes every node of that operator compute in float32
+(:func:`~onnxtrain.graph.passes.autocast.compute_in_float32`: its inputs cast
+up, its outputs cast back), warns naming the operator, and tries again, so
+that the same artifacts train on any provider.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+from onnxtrain.graph import external
+from onnxtrain.graph.passes.autocast import compute_in_float32, defined_with
+from onnxtrain.training.models import LoadedModel
+
+Session = TypeVar("Session")
+
+#: What onnxruntime says when a provider has no kernel for a node's operator and types.
+MISSING_KERNEL = re.compile(r"Could not find an implementation for (\w+)\(\d+\) node with name")
+
+
+class HalfPrecisionFallbackWarning(UserWarning):
+    """An operator runs in float32 where the artifacts compute it in half: the provider has no half kernel."""
+
+
+def open_session(model: LoadedModel, what: str, make: Callable[[LoadedModel], Session]) -> Session:
+    """``make(model)``, or, where it fails for a missing kernel of a half-precision operator, ``make`` of the
+    model with that operator computing in float32, once per operator that lacks one (each warned of)."""
+    widened: list[str] = []
+    while True:
+        try:
+            return make(model)
+        except ort_errors.NotImplemented as error:
+            found = MISSING_KERNEL.search(str(error))
+            if found is None or found.group(1) in widened:
+                raise
+            op_type = found.group(1)
+            if model.path is not None and external.has_external_data(model.proto):
+                raise  # its data stays on disk; rewriting it here would need all of it in memory
+            proto = model.with_data()
+            copy = type(proto)()
+            copy.CopyFrom(proto)
+            changed = compute_in_float32(copy, op_type)
+            if changed == 0:  # an operator onnxruntime ran as its ONNX function body (Relu as Max)
+                defining = defined_with(copy, op_type)
+                changed = sum(compute_in_float32(copy, parent) for parent in defining)
+                op_type = f"{op_type} (in the definition of {', '.join(defining)})" if changed else op_type
+            if changed == 0:
+                raise
+            warnings.warn(
+                f"the {what} computes {op_type} in a half type that this execution provider has no kernel for; "
+                f"it runs in float32 (casts added around each {op_type}). Generate the artifacts with "
+                "precision='fp32', or use a provider with half kernels (CUDA), to avoid the casts",
+                HalfPrecisionFallbackWarning,
+                stacklevel=4,
+            )
+            widened.append(found.group(1))
+            model = LoadedModel(copy, copy.SerializeToString())
+
+
+__all__ = ["MISSING_KERNEL", "HalfPrecisionFallbackWarning", "open_session"]
