@@ -76,7 +76,17 @@ def fuse_update_and_train(
         raise FusionError(str(error)) from error
     steps, gradients = reset.model.graph, reset.gradients
     unique = keep_or_tag(names_in(steps), "fused")  # the optimizer model's names the training model uses
-    shared = set(trainable)
+    # what both models read and the optimizer updates: the parameters, and state such as the loss scale
+    training_inputs = {value.name for value in training.graph.input}
+    optimizer_outputs = {value.name for value in optimizer.graph.output}
+    state = [
+        value.name
+        for value in optimizer.graph.input
+        if value.name in training_inputs
+        and value.name not in trainable
+        and updated_name(value.name) in optimizer_outputs
+    ]
+    shared = set(trainable) | set(state)
     graph = onnx.GraphProto()
     graph.name = f"{training.graph.name or 'training'}_fused_step"
     graph.input.extend(steps.input)
@@ -109,7 +119,7 @@ def fuse_update_and_train(
             copy_node.name = unique(node.name)
     ends = [value.name for value in (*optimizer.graph.input, *optimizer.graph.output)]
 
-    updated = {p: mapping[updated_name(p)] for p in trainable}
+    updated = {p: mapping[updated_name(p)] for p in [*trainable, *state]}
     for node in steps.node:
         if any(name in shared for name in names_read(node) - set(node.input)):
             raise FusionError(f"a subgraph of node {node.name or node.op_type!r} reads a trainable parameter")

@@ -17,6 +17,7 @@ constants the models keep is read when it is written, a tensor at a time.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import json
 import os
@@ -41,6 +42,7 @@ from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import copy_model, load_light
 from onnxtrain.graph.passes import autocast
+from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
 
 Target = Literal["onnxruntime", "onnxruntime-training"]
 TARGETS: tuple[str, ...] = ("onnxruntime", "onnxruntime-training")
@@ -145,6 +147,7 @@ def build_artifacts(
     registry: GradientRegistry | None = None,
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
+    loss_scaling: bool | optim.LossScaling | None = None,
 ) -> ArtifactSet:
     """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
 
@@ -157,7 +160,7 @@ def build_artifacts(
     """
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry, precision, precision_overrides,
+        target, registry, precision, precision_overrides, loss_scaling,
     )  # fmt: skip
     return _in_memory(built)
 
@@ -174,14 +177,19 @@ def _build(
     registry: GradientRegistry | None,
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
+    loss_scaling: bool | optim.LossScaling | None = None,
 ) -> ArtifactSet:
     """:func:`build_artifacts`' set built on a light copy of ``model``: the models keep the constants of a large
     base without their data, and the checkpoint reads its parameters when written (``tensor_data`` says where)."""
     _check_target(target)
     half = autocast.check_precision(precision)
     overrides = autocast.check_overrides(precision_overrides)
-    if half is not None and target == "onnxruntime-training":
-        raise ValueError(f"precision={precision!r} needs target='onnxruntime' (ONNX Runtime's training build has none)")
+    scaling = _loss_scaling(loss_scaling, precision)
+    if (half is not None or scaling is not None) and target == "onnxruntime-training":
+        raise ValueError(
+            f"precision={precision!r} and loss scaling need target='onnxruntime' (ONNX Runtime's training build has "
+            "neither)"
+        )
     requires = _names("requires_grad", requires_grad)
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
@@ -201,7 +209,15 @@ def _build(
     if optimizer_of is not None and target == "onnxruntime-training":
         ort_training.sequence_optimizer(optimizer_of, target)  # raises for an optimizer ORT's runtime lacks
 
+    if scaling is not None:
+        _add_loss_scale(proto, scaling)
+        optimizer_of = None if optimizer_of is None else copy.copy(optimizer_of)  # the caller's block unchanged
+        if optimizer_of is not None:
+            optimizer_of.loss_scaling = scaling
     training_block = _Training(loss_of, additional, registry)
+    if scaling is not None:
+        training_block.requires_grad(LOSS_SCALE, False)
+        training_block.scale_loss_by(LOSS_SCALE)
     for name in requires:
         training_block.requires_grad(name)
     for name in frozen:
@@ -225,11 +241,36 @@ def _build(
             )
     elif optimizer_of is not None:
         optimizer_model = _optimizer_model(optimizer_of, training_block.parameters(), opset)
+    if scaling is not None:  # the optimizer model's part of the scaler's state, saved with the parameters
+        initial = scaling.initial_state()
+        frozen_tensors = [
+            *frozen_tensors,
+            *(onnx.numpy_helper.from_array(initial[name], name) for name in SCALER_STATE if name != LOSS_SCALE),
+        ]
     state = checkpoint.lazy_from_tensors(trainable, frozen_tensors, data)
     built = ArtifactSet(training, eval_model, optimizer_model, state, data)
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
     return built
+
+
+def _loss_scaling(option: bool | optim.LossScaling | None, precision: str) -> optim.LossScaling | None:
+    """The loss scaling ``option`` asks for: ``None`` (the default) scales for ``fp16`` only."""
+    if isinstance(option, optim.LossScaling):
+        return option
+    if option is None:
+        option = precision == "fp16"
+    if not isinstance(option, bool):
+        raise TypeError(f"loss_scaling must be None, True, False or an onnxtrain.optim.LossScaling, not {option!r}")
+    return optim.LossScaling() if option else None
+
+
+def _add_loss_scale(proto: onnx.ModelProto, scaling: optim.LossScaling) -> None:
+    """The loss scale as an initializer of the forward model, which the training model reads as a frozen
+    parameter; ``ValueError`` where the model already has a value of that name."""
+    if LOSS_SCALE in {value.name for value in proto.graph.input} | {t.name for t in proto.graph.initializer}:
+        raise ValueError(f"the model already has a value named {LOSS_SCALE!r}, the loss scale's name: rename it")
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(scaling.initial_state()[LOSS_SCALE], LOSS_SCALE))
 
 
 def _in_memory(built: ArtifactSet) -> ArtifactSet:
@@ -260,6 +301,7 @@ def generate_artifacts(
     registry: GradientRegistry | None = None,
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
+    loss_scaling: bool | optim.LossScaling | None = None,
 ) -> dict[str, Path]:
     """Write the training, eval and optimizer models and the checkpoint for ``model``.
 
@@ -277,7 +319,10 @@ def generate_artifacts(
     ``"fp16"`` computes the training and eval models in that half type where
     :data:`onnxtrain.graph.passes.autocast.POLICY` says (``precision_overrides``,
     ``{operator type: "half" | "float32"}``, changes it), with the parameters,
-    gradients and optimizer state in float32. Returns ``{artifact: path}``.
+    gradients and optimizer state in float32. ``loss_scaling`` (default: on for
+    ``"fp16"``; ``True`` or an ``optim.LossScaling`` for its settings) scales the
+    loss dynamically as ``torch.amp.GradScaler`` (:mod:`onnxtrain.optim.loss_scaling`).
+    Returns ``{artifact: path}``.
     :func:`build_artifacts` builds the same set in memory.
 
     Raises ``ValueError``/``TypeError`` for bad arguments, before anything is written.
@@ -286,7 +331,7 @@ def generate_artifacts(
     _check_prefix(prefix)
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry, precision, precision_overrides,
+        target, registry, precision, precision_overrides, loss_scaling,
     )  # fmt: skip
     if ort_format:
         ort_training.check_ort_format(built.models())

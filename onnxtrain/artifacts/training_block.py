@@ -43,12 +43,18 @@ class TrainingBlock(Block):
         self._requires_grad: dict[str, None] = {}
         self._frozen_params: dict[str, None] = {}
         self._registry = registry
+        self._loss_scale: str | None = None
         self._built: TrainingModels | None = None
         self._accumulated: onnx.ModelProto | None = None
 
     @abstractmethod
     def build(self, *args: Any, **kwargs: Any) -> Any:
         """Stack blocks on the inputs; return the loss name (then any further output names)."""
+
+    def scale_loss_by(self, parameter: str | None) -> None:
+        """Differentiate ``loss * parameter`` (a frozen float32 ``[1]`` parameter, the dynamic loss scale of
+        :mod:`onnxtrain.optim.loss_scaling`) instead of the loss; ``None``: the loss itself."""
+        self._loss_scale = parameter
 
     def requires_grad(self, argument_name: str, value: bool = True) -> None:
         """Mark the initializer ``argument_name`` as trainable (``value=True``) or frozen.
@@ -113,6 +119,7 @@ class TrainingBlock(Block):
                 list(self._frozen_params),
                 input_gradients=marked_inputs,
                 registry=self._registry,
+                loss_scale=self._loss_scale,
             )
             order = [value.name for value in built.training.graph.input if value.name in marked_inputs]
             accumulated = add_gradient_accumulation(built.training, [*order, *(t.name for t in built.trainable)])

@@ -32,6 +32,7 @@ from onnxtrain.graph.passes import (
 )
 from onnxtrain.graph.passes.autocast import accumulate_in_float32
 from onnxtrain.graph.roles import running_statistics
+from onnxtrain.optim.loss_scaling import scaled_loss
 
 #: The suffix of the training-model outputs carrying updated running statistics.
 UPDATED_SUFFIX = ".updated"
@@ -217,6 +218,7 @@ def build_training_models(
     *,
     input_gradients: Sequence[str] = (),
     registry: GradientRegistry | None = None,
+    loss_scale: str | None = None,
 ) -> TrainingModels:
     """The training and eval models of ``forward``, whose output ``outputs[0]`` is the loss.
 
@@ -226,7 +228,9 @@ def build_training_models(
     a training-mode node are always parameters (:func:`statistics_as_parameters`).
     Raises ``ValueError`` for unknown, integer or overlapping parameter names,
     and the engine's errors for a non-scalar loss or an operator without a
-    gradient rule.
+    gradient rule. ``loss_scale``: a frozen parameter (float32 ``[1]``) the
+    loss is multiplied by before it is differentiated (the gradients come
+    out scaled; the loss output is not), for dynamic loss scaling.
     """
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
@@ -254,7 +258,8 @@ def build_training_models(
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]
     forward_nodes = len(training_model.graph.node)
-    grads = build_gradients(builder, outputs[0], wrt, registry) if wrt else {}
+    seed = outputs[0] if loss_scale is None else scaled_loss(builder, outputs[0])
+    grads = build_gradients(builder, seed, wrt, registry) if wrt else {}
     builder.set_outputs([*outputs, *(grads[name] for name in wrt), *running.values()])
     forward_values = [name for node in training_model.graph.node[:forward_nodes] for name in node.output if name]
     shapes = {name: builder.shape_if_known(name) for name in forward_values}

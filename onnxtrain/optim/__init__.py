@@ -33,6 +33,7 @@ from onnxtrain.optim.base import (
     updated_name,
 )
 from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.loss_scaling import LossScaling
 from onnxtrain.optim.rmsprop import RMSprop
 from onnxtrain.optim.sgd import SGD
 
@@ -46,6 +47,7 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradNorm",
+    "LossScaling",
     "Optimizer",
     "ParameterSpec",
     "RMSprop",

@@ -39,6 +39,7 @@ from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
 from onnxtrain.optim.clip import ClipGradNorm
 from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
+from onnxtrain.optim.loss_scaling import SCALER_STATE, LossScaling
 
 #: ``p`` + this suffix: the gradient input of parameter ``p``.
 GRAD_SUFFIX = "_grad"
@@ -197,8 +198,20 @@ class Optimizer(ForwardBlock):
                 f"not {type(clip_grad).__name__} {clip_grad!r}"
             )
         self._clip_grad = clip_grad
+        self._loss_scaling: LossScaling | None = None
 
     # ----------------------------------------------------------- description
+
+    @property
+    def loss_scaling(self) -> LossScaling | None:
+        """The dynamic loss scaling the model applies (:mod:`onnxtrain.optim.loss_scaling`), or ``None``."""
+        return self._loss_scaling
+
+    @loss_scaling.setter
+    def loss_scaling(self, scaling: LossScaling | None) -> None:
+        if scaling is not None and not isinstance(scaling, LossScaling):
+            raise TypeError(f"loss_scaling must be None or an onnxtrain.optim.LossScaling, not {scaling!r}")
+        self._loss_scaling = scaling
 
     @property
     def clip_grad(self) -> ClipGradNorm | None:
@@ -220,11 +233,12 @@ class Optimizer(ForwardBlock):
 
     def __repr__(self) -> str:
         arguments = {**self.hyperparameters(), "clip_grad": self._clip_grad}
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+        text = f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+        return text if self._loss_scaling is None else f"{text} with {self._loss_scaling!r}"
 
     def model_input_names(self, param_names: Sequence[str]) -> list[str]:
         """The optimizer model's input names for these trainable parameters, in order."""
-        names = [LEARNING_RATE, STEP]
+        names = [LEARNING_RATE, STEP, *(SCALER_STATE if self._loss_scaling is not None else ())]
         for param in param_names:
             names += [param, grad_name(param)]
             names += [state_name(param, i) for i in range(self.num_states)]
@@ -236,6 +250,8 @@ class Optimizer(ForwardBlock):
         for param in param_names:
             names.append(updated_name(param))
             names += [updated_name(state_name(param, i)) for i in range(self.num_states)]
+        if self._loss_scaling is not None:
+            names += [updated_name(name) for name in SCALER_STATE]
         return names
 
     def initial_state(
@@ -283,9 +299,11 @@ class Optimizer(ForwardBlock):
 
         lr = b.add_input(LEARNING_RATE, tensor_type(onnx.TensorProto.FLOAT, [1]))
         step = b.add_input(STEP, tensor_type(onnx.TensorProto.INT64, [1]))
+        if self._loss_scaling is not None:
+            self._loss_scaling.add_inputs(b)
         for spec in specs:
             value_type = tensor_type(spec.elem_type, None if spec.shape is None else list(spec.shape))
-            for name in self.model_input_names([spec.name])[2:]:
+            for name in self.model_input_names([spec.name])[-2 - self.num_states :]:  # p, p_grad, p's states
                 b.add_input(name, value_type)
         return self.emit_updates(Scalars(b, lr, step), specs)
 
@@ -297,14 +315,25 @@ class Optimizer(ForwardBlock):
         graph inputs (:meth:`build`) or computed (e.g. taken from sequences).
         """
         grads = [grad_name(spec.name) for spec in specs]
+        scaling, found_inf = self._loss_scaling, None
+        if scaling is not None:  # true gradients for the clipping and the update, the steps taken for the step
+            grads, found_inf, taken = scaling.unscale(scalars.builder, grads, scalars.step_input)
+            scalars = scalars.with_step(taken)
         if self._clip_grad is not None:
             grads = list(self._clip_grad(grads))
         result: list[str] = []
         for spec, grad in zip(specs, grads, strict=True):
-            result += self._emit_update(scalars, spec, grad)
+            result += self._emit_update(scalars, spec, grad, keep_if=found_inf)
+        if scaling is not None and found_inf is not None:
+            outputs = [updated_name(name) for name in SCALER_STATE]
+            scaling.update_state(scalars.builder, found_inf, outputs)
+            result += outputs
         return result
 
-    def _emit_update(self, scalars: Scalars, spec: ParameterSpec, grad: str) -> list[str]:
+    def _emit_update(
+        self, scalars: Scalars, spec: ParameterSpec, grad: str, *, keep_if: str | None = None
+    ) -> list[str]:
+        """One parameter's update; where ``keep_if`` (a bool scalar) holds, its parameter and states unchanged."""
         b = scalars.builder
         compute = compute_type(spec.elem_type)
         math = Math(scalars, compute, spec.name)
@@ -320,15 +349,18 @@ class Optimizer(ForwardBlock):
             param=widen(spec.name, "param"),
             grad=widen(grad, "grad"),
             states=[widen(s, f"momentum{i}") for i, s in enumerate(states)],
-            out_param=None if cast else updated_name(spec.name),
-            out_states=[None if cast else updated_name(s) for s in states],
+            out_param=None if cast or keep_if else updated_name(spec.name),
+            out_states=[None if cast or keep_if else updated_name(s) for s in states],
         )
         new = self.update(slot)
         if len(new.states) != len(states):
             raise RuntimeError(f"{type(self).__name__}.update returned {len(new.states)} states, not {len(states)}")
         outputs = []
-        for value, target in zip((new.param, *new.states), (spec.name, *states), strict=True):
+        olds = (slot.param, *slot.states)
+        for value, old, target in zip((new.param, *new.states), olds, (spec.name, *states), strict=True):
             out = updated_name(target)
+            if keep_if is not None:  # a skipped step leaves the value as it was
+                value = math.where(keep_if, old, value, hint="kept")
             if cast:
                 math.cast(value, spec.elem_type, out=out)
             elif value != out:

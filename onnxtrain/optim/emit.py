@@ -34,6 +34,15 @@ class Scalars:
         self._inputs = {LEARNING_RATE: learning_rate, STEP: step}
         self._cache: dict[tuple[Any, ...], Any] = {}
 
+    @property
+    def step_input(self) -> str:
+        """The int64 ``[1]`` value the step number is read from."""
+        return self._inputs[STEP]
+
+    def with_step(self, step: str) -> Scalars:
+        """These scalars with the step read from ``step`` (int64 ``[1]``) instead."""
+        return Scalars(self.builder, self._inputs[LEARNING_RATE], step)
+
     def _get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         if key not in self._cache:
             self._cache[key] = make()

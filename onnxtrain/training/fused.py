@@ -120,12 +120,14 @@ class FusedStep:
         open_session: Callable[[LoadedModel, str], BoundSession],
         *,
         on_host: bool = False,
+        shared_state: Sequence[str] = (),
     ) -> FusedStep | None:
         """The fused step, or ``None`` where the two models cannot be merged or updated in place.
 
         ``values``: the learning rate's and the step number's OrtValues;
         ``open_session(model, what)`` makes the sessions; ``on_host``: they
-        run on the CPU (small inputs are then staged, :meth:`staged_inputs`).
+        run on the CPU (small inputs are then staged, :meth:`staged_inputs`);
+        ``shared_state``: frozen parameters the optimizer model updates too (the loss scaler's state).
         """
         if not (training.fits_in_protobuf() and optimizer_model.fits_in_protobuf()):
             return None  # one serialized model would pass protobuf's limit
@@ -137,6 +139,7 @@ class FusedStep:
         except FusionError:
             return None
         in_place, updates = _updated_tensors(fused, trainable, store, moments)
+        in_place += [(fused.name_of(n), store.tensors[n], fused.name_of(updated_name(n))) for n in shared_state]
         if unsafe_in_place(fused.model.graph, {name: out for name, _, out in in_place}):
             return None
         model = LoadedModel(fused.model, fused.model.SerializeToString())

@@ -23,6 +23,7 @@ from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, 
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.optim.loss_scaling import SCALER_STATE
 from onnxtrain.training.inputs import UserInputs
 from onnxtrain.training.tensor_spec import TensorSpec, shape_text
 
@@ -103,7 +104,7 @@ def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> T
     buffers = {spec.name[: -len(suffix)]: spec.name for spec in specs if spec.name.endswith(suffix)}
     users, params = _parameters(specs, state, what, {LAZY_RESET_GRAD, *buffers.values()})
     in_model = {spec.name for spec in params}
-    extra = [name for name in state if name not in in_model]
+    extra = [name for name in state if name not in in_model and name not in SCALER_STATE]  # the optimizer's
     if extra:
         raise ValueError(
             f"the checkpoint has parameter(s) {extra} that the {what} does not take; its parameters are "
@@ -192,6 +193,8 @@ class OptimizerModelIO:
     trainable: tuple[str, ...]
     num_states: int
     initial_values: tuple[float, ...]  # one per state tensor
+    #: Frozen parameters of the state the model also updates in place (``<name>.updated``): the loss scaler's.
+    shared_state: tuple[str, ...] = ()
 
 
 def optimizer_io(
@@ -207,7 +210,14 @@ def optimizer_io(
             "optimizer model written by onnxtrain (ONNX Runtime's com.microsoft optimizers do not run on stock "
             "onnxruntime)"
         )
-    params = [name for name in inputs[2:] if name in state]
+    shared = tuple(name for name in SCALER_STATE if name in specs)
+    missing = [name for name in shared if name not in state]
+    if missing:
+        raise ValueError(
+            f"the {what} scales the loss, but the checkpoint lacks the scaler's state {missing}: load the checkpoint "
+            "written with these artifacts"
+        )
+    params = [name for name in inputs[2:] if name in state and name not in shared]
     if sorted(params) != sorted(trainable):
         raise ValueError(
             f"the {what} updates {params}, but the training model trains {list(trainable)}: the artifacts do "
@@ -243,7 +253,7 @@ def optimizer_io(
                 f"the {what}'s metadata {INITIAL_STATE_KEY!r} lists {len(initial)} initial values, but the model "
                 f"keeps {num_states} state tensor(s) per parameter"
             )
-    return OptimizerModelIO(tuple(trainable), num_states, initial)
+    return OptimizerModelIO(tuple(trainable), num_states, initial, shared)
 
 
 __all__ = [

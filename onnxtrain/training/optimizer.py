@@ -43,6 +43,7 @@ from onnxtrain.graph import versions
 from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
+from onnxtrain.optim.loss_scaling import LAST_STEP_SKIPPED, LOSS_SCALE, SKIPPED_STEPS
 from onnxtrain.training import values
 from onnxtrain.training.batch_step import Schedule
 from onnxtrain.training.fused import FusedStep
@@ -147,6 +148,7 @@ class Optimizer:
         for p in trainable:
             self._slots.append((p, tensors[p]))
             self._slots += [(state_name(p, i), m) for i, m in enumerate(moments[p])]
+        self._slots += [(name, tensors[name]) for name in self._io.shared_state]  # the loss scaler's state
         self._in_place = not unsafe_in_place(model.proto.graph, {name: updated_name(name) for name, _ in self._slots})
         # learning rate and step, bound once and written in place per step. On the CPU: OrtValues viewing these
         # arrays. On another device: OrtValues there, each written (one small copy) when its value changes,
@@ -176,6 +178,7 @@ class Optimizer:
                 (self._lr_value, self._step_value),
                 lambda fused, what: module.open_session(fused, what, alone=True),
                 on_host=self._on_host,
+                shared_state=self._io.shared_state,
             )
         module.use_fused_step(self._fused)
 
@@ -243,6 +246,29 @@ class Optimizer:
     def get_learning_rate(self) -> float:
         """The learning rate the next step uses."""
         return self._record.learning_rate
+
+    @property
+    def loss_scale(self) -> float | None:
+        """The dynamic loss scale the next train step multiplies the loss by (``None``: the artifacts do not
+        scale the loss). Reading it applies a recorded update and copies one number from the device."""
+        return self._scaler_value(LOSS_SCALE, float)
+
+    @property
+    def last_step_skipped(self) -> bool | None:
+        """Whether the last optimizer step was skipped for a gradient that was not finite (its parameters and
+        moments left as they were, the loss scale backed off); ``None`` without loss scaling."""
+        return self._scaler_value(LAST_STEP_SKIPPED, bool)
+
+    @property
+    def skipped_steps(self) -> int | None:
+        """How many optimizer steps were skipped so far; ``None`` without loss scaling."""
+        return self._scaler_value(SKIPPED_STEPS, int)
+
+    def _scaler_value(self, name: str, kind: type) -> Any:
+        if name not in self._io.shared_state:
+            return None
+        self._store.settle()
+        return kind(self._store.tensors[name].numpy().reshape(-1)[0])
 
     # ------------------------------------------- for schedulers and train_epoch
 

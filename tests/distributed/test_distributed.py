@@ -59,12 +59,12 @@ MPI_ENVIRONMENT = os.environ | {
 OPTIMIZERS: dict[str, Any] = {"sgd-momentum": optim.SGD(momentum=0.9), "adamw": OptimType.AdamW}
 
 
-def _case(tmp_path: Path, optimizer: str, dtype: str, accumulate: int) -> dict[str, Any]:
-    name = f"{optimizer}-{dtype}-accumulate{accumulate}"
+def _case(tmp_path: Path, optimizer: str, dtype: str, accumulate: int, *, scaled: bool = False) -> dict[str, Any]:
+    name = f"{optimizer}-{dtype}-accumulate{accumulate}{'-loss-scaled' if scaled else ''}"
     elem = onnx.TensorProto.DOUBLE if dtype == "float64" else onnx.TensorProto.FLOAT
     folder = tmp_path / name
     models.generate(folder, models.mlp((4, 8, 3), seed=3, elem_type=elem), loss=LossType.MSELoss,
-                    optimizer=OPTIMIZERS[optimizer])  # fmt: skip
+                    optimizer=OPTIMIZERS[optimizer], loss_scaling=scaled)  # fmt: skip
     return {"name": name, "artifacts": str(folder), "dtype": dtype, "accumulate": accumulate, "steps": 4,
             "rows": 8, "seed": 17, "learning_rate": 0.05}  # fmt: skip
 
@@ -89,8 +89,8 @@ def _one_process(case: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: str, tmp_path: Path) -> None:
     """SGD with momentum and AdamW, float32 and float64, with and without gradient accumulation, reduced through
-    host memory and (``reduce_on_device=True``) in a flat buffer onnxruntime packs on the module's device; rank 1
-    starts from other parameters, which the broadcast replaces with rank 0's."""
+    host memory and (``reduce_on_device=True``) in a flat buffer onnxruntime packs on the module's device, and
+    AdamW with loss scaling; rank 1 starts from other parameters, which the broadcast replaces with rank 0's."""
     cases = [
         _case(tmp_path, optimizer, dtype, accumulate)
         for optimizer in OPTIMIZERS
@@ -98,6 +98,7 @@ def test_two_ranks_on_half_batches_equal_one_process_on_whole_batches(mpiexec: s
         for accumulate in (1, 2)
     ]
     cases += [case | {"name": f"{case['name']}-on-device", "reduce_on_device": True} for case in cases[1::2]]
+    cases.append(_case(tmp_path, "adamw", "float32", 2, scaled=True))  # the loss scaler's state stays in step
     out = _run_cases(mpiexec, tmp_path, cases, 2, "out")
     for case in cases:
         expected = _one_process(case)

@@ -36,7 +36,7 @@ def train(cases_file: str, out: str) -> None:
         optimizer = api.Optimizer(str(folder / "optimizer_model.onnx"), module)
         if rank != 0:  # rank 0's values must win the broadcast
             for name, parameter in state.parameters:
-                state.parameters[name] = parameter.data + 1.0
+                state.parameters[name] = (parameter.data + 1).astype(parameter.data.dtype)  # the scaler's int64 too
         distributed.broadcast_parameters(state, root=0)
         optimizer = distributed.DistributedOptimizer(optimizer, reduce_on_device=case.get("reduce_on_device"))
         optimizer.set_learning_rate(case["learning_rate"])
