@@ -28,7 +28,7 @@ from typing import Any
 
 from benchmarks.measure import parse_result, physical_cores
 from benchmarks.real_size.models import MODELS
-from benchmarks.real_size.worker import FRAMEWORKS
+from benchmarks.real_size.worker import FRAMEWORKS, PRECISIONS, artifact_folder
 from benchmarks.run import ROOT, _versions, load_average, machine, revision
 
 #: Seconds a worker may take.
@@ -48,6 +48,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
     parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32",
+        help="onnxtrain's artifacts generated with precision=...; PyTorch under torch.autocast (fp16: and GradScaler)",
+    )  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "onnxtrain-real-size")
     parser.add_argument("--markdown", type=Path, help="also write the report here")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
@@ -86,13 +90,13 @@ def _worker(argv: list[str]) -> dict[str, Any]:
     return result
 
 
-def prepared(workload: str, workdir: Path) -> tuple[Path, dict[str, Any]]:
-    """The workload's folder, exported and with onnxtrain's artifacts (made now where missing)."""
+def prepared(workload: str, workdir: Path, precision: str = "fp32") -> tuple[Path, dict[str, Any]]:
+    """The workload's folder, exported and with onnxtrain's artifacts of ``precision`` (made now where missing)."""
     folder = workdir / workload
-    if (folder / "artifacts" / "checkpoint").exists() and (folder / "spec.json").exists():
+    if (artifact_folder(folder, precision) / "checkpoint").exists() and (folder / "spec.json").exists():
         return folder, {"reused": True}
-    _log(f"{workload}: exporting and writing the artifacts")
-    result = _worker(["prepare", "--workload", workload, "--folder", str(folder)])
+    _log(f"{workload}: exporting and writing the artifacts ({precision})")
+    result = _worker(["prepare", "--workload", workload, "--folder", str(folder), "--precision", precision])
     if "error" in result:
         raise SystemExit(f"{workload}: prepare failed: {result['error']}")
     return folder, result
@@ -116,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     folders = {}
     for workload in workloads:
-        folders[workload], prepares[workload] = prepared(workload, args.workdir)
-        artifacts = folders[workload] / "artifacts"
+        folders[workload], prepares[workload] = prepared(workload, args.workdir, args.precision)
+        artifacts = artifact_folder(folders[workload], args.precision)
         providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
         figures[workload] = static.static_figures(artifacts, shapes, providers)
         kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
@@ -136,6 +140,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"torch.set_num_threads({physical_cores()}). {args.warmup} warm-up steps, then {args.steps} timed steps per "
         f"run; {args.runs} runs, each a fresh process, the frameworks' order rotated from run to run.",
     ]
+    if args.precision != "fp32":
+        header.append(
+            f"Precision {args.precision}: onnxtrain's artifacts generated with precision={args.precision!r}; PyTorch "
+            f"under torch.autocast to that type{', with GradScaler' if args.precision == 'fp16' else ''}."
+        )
     text = report.render(results, figures, kernels, header)
     print(text)
     if args.markdown:
@@ -151,7 +160,7 @@ def _train(
 ) -> dict[str, Any]:
     argv = ["train", "--workload", workload, "--folder", str(folder), "--framework", framework]
     argv += ["--batch", str(batch), "--seq", str(seq), "--device", args.device]
-    argv += ["--warmup", str(args.warmup), "--steps", str(args.steps)]
+    argv += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", args.precision]
     if args.no_memory_pattern:
         argv.append("--no-memory-pattern")
     load = load_average()

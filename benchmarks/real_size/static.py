@@ -12,6 +12,7 @@ the nodes onnxruntime runs per step after its graph optimizations
 from __future__ import annotations
 
 import tempfile
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +24,10 @@ from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
 from onnxtrain.graph.passes.recompute import transformers_to_disable
+from onnxtrain.optim.loss_scaling import SCALER_STATE
 from onnxtrain.sessions import inference_session
+from onnxtrain.training import half_kernels
+from onnxtrain.training.models import LoadedModel
 
 MIB = float(1 << 20)
 #: Tensors listed alive at the peak, and groups of them.
@@ -33,7 +37,7 @@ LISTED = 8
 def user_inputs(training: onnx.ModelProto) -> list[str]:
     """The training model's inputs that the user feeds (the token ids, the labels)."""
     trainable = set(trainable_of(training))
-    skip = trainable | {buffer_name(p) for p in trainable} | {LAZY_RESET_GRAD}
+    skip = trainable | {buffer_name(p) for p in trainable} | {LAZY_RESET_GRAD, *SCALER_STATE}
     return [value.name for value in training.graph.input if value.name not in skip]
 
 
@@ -99,8 +103,15 @@ def ort_optimized(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecut
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
         options.log_severity_level = 3
-        disabled = transformers_to_disable(model)
-        inference_session(model.SerializeToString(), options, list(providers), disabled_optimizers=disabled)
+        with warnings.catch_warnings():  # a missing half kernel: its operator in float32, as the runtime runs it
+            warnings.simplefilter("ignore", half_kernels.HalfPrecisionFallbackWarning)
+            half_kernels.open_session(
+                LoadedModel(model, model.SerializeToString()),
+                "model",
+                lambda loaded: inference_session(
+                    loaded.source, options, list(providers), disabled_optimizers=transformers_to_disable(loaded.proto)
+                ),
+            )
         return onnx.load(options.optimized_model_filepath)
 
 

@@ -37,6 +37,15 @@ from benchmarks.real_size.models import ADAMW, LEARNING_RATE, MODELS, Attention,
 FRAMEWORKS = ("onnxtrain", "pytorch-eager", "pytorch-sdpa")
 
 
+#: ``--precision``: the artifacts' (``generate_artifacts(precision=...)``) and PyTorch's autocast type.
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def artifact_folder(folder: Path, precision: str) -> Path:
+    """Where a workload's artifacts of ``precision`` are: ``artifacts``, ``artifacts-bf16``, ``artifacts-fp16``."""
+    return folder / ("artifacts" if precision == "fp32" else f"artifacts-{precision}")
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("command", choices=["prepare", "train"])
@@ -48,6 +57,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps (onnxtrain's second makes its fused step)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default="fp32",
+        help="onnxtrain: generate_artifacts(precision=...); PyTorch: torch.autocast to that type (and GradScaler "
+        "for fp16)",
+    )  # fmt: skip
     parser.add_argument(
         "--no-memory-pattern",
         action="store_true",
@@ -71,7 +85,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         requires_grad=spec["parameters"],
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.OptimType.AdamW,
-        artifact_directory=str(folder / "artifacts"),
+        artifact_directory=str(artifact_folder(folder, args.precision)),
+        precision=args.precision,
     )
     generated = time.perf_counter()
     return {
@@ -107,7 +122,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
     import onnxtrain
     from onnxtrain.api import CheckpointState, Module, Optimizer
 
-    directory = args.folder / "artifacts"
+    directory = artifact_folder(args.folder, args.precision)
     if args.device == "cuda":  # the CUDA context before the baseline: it is not the model's
         onnxruntime.OrtValue.ortvalue_from_shape_and_type([1], np.float32, "cuda", 0)
     baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
@@ -165,15 +180,23 @@ def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, b
     module = model.build(attention).to(device)
     optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE, **ADAMW)  # type: ignore[arg-type]
     loss_fn = torch.nn.CrossEntropyLoss()
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    scaler = torch.amp.GradScaler(args.device) if args.precision == "fp16" else None
     setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
     memory.reset_peak_rss()
     state: dict[str, Any] = {}
 
     def step(i: int) -> float:
         x, y = data[i % len(data)]
-        loss = loss_fn(module(x), y)
-        loss.backward()
-        optimizer.step()
+        with torch.autocast(args.device, dtype=half, enabled=half is not None):
+            loss = loss_fn(module(x), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
         if i == 1:  # gradients and moments exist: their sizes
             state.update(memory.torch_state(module, optimizer))
         optimizer.zero_grad()
@@ -215,6 +238,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "seq": args.seq,
         "device": args.device,
+        "precision": args.precision,
         "tokens_per_s": tokens / result["step_s"],
         **result,
     }

@@ -8,17 +8,19 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.artifacts.metadata import drop_training_metadata
+from onnxtrain.artifacts.metadata import PRECISION_KEY, drop_metadata, drop_training_metadata, set_metadata
 from onnxtrain.checkpoint import CheckpointState
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type
-from onnxtrain.graph.passes import prune_unused_nodes
+from onnxtrain.graph.passes import autocast, prune_unused_nodes
 
 
 def export_model_for_inferencing(
     eval_model: onnx.ModelProto,
     parameters: CheckpointState | Mapping[str, np.ndarray],
     output_names: Sequence[str],
+    *,
+    precision: str | None = None,
 ) -> onnx.ModelProto:
     """An inference model from ``eval_model``: outputs ``output_names``, parameters as initializers.
 
@@ -29,6 +31,12 @@ def export_model_for_inferencing(
     describes training (:mod:`onnxtrain.artifacts.metadata`). ``eval_model`` is not changed.
     Raises ``ValueError`` for unknown outputs, a nominal checkpoint or a value
     of another shape than its input's, ``TypeError`` for another element type.
+
+    ``precision``: ``None`` computes as the eval model does (in a half type
+    where it was generated with one); ``"fp32"`` computes in float32
+    throughout (the autocast casts removed); ``"bf16"`` or ``"fp16"``
+    computes in that type where the autocast policy says, with the weights
+    that only half nodes read stored in it (half the file).
     """
     if isinstance(output_names, str) or not output_names:
         raise ValueError(f"output_names must be a non-empty list of value names, not {output_names!r}")
@@ -39,9 +47,12 @@ def export_model_for_inferencing(
     )
     if isinstance(parameters, CheckpointState) and parameters.is_nominal:
         raise ValueError("a nominal checkpoint holds no parameter values; load the full checkpoint to export")
+    half = None if precision is None else autocast.check_precision(precision)
     model = onnx.ModelProto()
     model.CopyFrom(eval_model)
     drop_training_metadata(model)
+    if precision is not None:
+        autocast.strip_autocast(model)
     graph = model.graph
     computed = {name for node in graph.node for name in node.output} | {i.name for i in graph.input}
     missing = [name for name in output_names if name not in computed]
@@ -55,9 +66,17 @@ def export_model_for_inferencing(
     del graph.input[:]
     graph.input.extend(inputs)
     graph.initializer.extend(numpy_helper.from_array(np.asarray(values[name]), name) for name in baked)
+    if half is not None:
+        autocast.autocast(model, half)
     builder = GraphBuilder(model)
     builder.set_outputs(list(output_names))
     prune_unused_nodes(model)
+    if half is not None:
+        autocast.half_parameters(model)
+    if half is not None:
+        set_metadata(model, {PRECISION_KEY: str(precision)})
+    elif precision is not None:
+        drop_metadata(model, PRECISION_KEY)
     read = {name for node in graph.node for name in node.input} | set(output_names)
     kept = [value for value in graph.input if value.name in read]
     del graph.input[:]

@@ -62,6 +62,11 @@ def read_metadata(model: onnx.ModelProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in model.metadata_props}
 
 
+def drop_metadata(model: onnx.ModelProto, key: str) -> None:
+    """Remove the entry ``key`` from ``model``'s metadata, if any."""
+    _rewrite(model, [(entry.key, entry.value) for entry in model.metadata_props if entry.key != key])
+
+
 def drop_training_metadata(model: onnx.ModelProto) -> None:
     """Remove the entries of :data:`TRAINING_KEYS` from ``model`` (an inference model has no loss)."""
     _rewrite(model, [(entry.key, entry.value) for entry in model.metadata_props if entry.key not in TRAINING_KEYS])
@@ -119,6 +124,7 @@ __all__ = [
     "NO_LOSS",
     "PRECISION_KEY",
     "TRAINING_KEYS",
+    "drop_metadata",
     "drop_training_metadata",
     "inference_outputs",
     "loss_description",

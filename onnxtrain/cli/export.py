@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,11 @@ def add_parser(subcommands: Any) -> None:
         help=f"the parameters to use; {BEST}: DIR/best_checkpoint, the best state of a run with --early-stopping",
     )  # fmt: skip
     parser.add_argument("--prefix", default="", help="the artifacts' file-name prefix (as given to generate)")
+    parser.add_argument(
+        "--precision", choices=["fp32", "bf16", "fp16"],
+        help="compute in float32 throughout, or in a half type where the autocast policy says with the weights "
+        "stored in it (default: as the artifacts compute)",
+    )  # fmt: skip
     parser.set_defaults(run=run, prog=parser.prog)
 
 
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain.loop import ArtifactFiles
 
     exported = export_inference_model(
-        ArtifactFiles.at(args.directory, args.prefix), args.out, args.outputs, args.checkpoint
+        ArtifactFiles.at(args.directory, args.prefix), args.out, args.outputs, args.checkpoint, args.precision
     )
     print(f"wrote {exported.path} with the parameters of {exported.checkpoint}")
     print(f"  inputs:  {', '.join(exported.inputs)}")
@@ -67,13 +73,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_inference_model(
-    files: ArtifactFiles, out: Path, outputs: list[str] | None = None, checkpoint_path: str | Path | None = None
+    files: ArtifactFiles,
+    out: Path,
+    outputs: list[str] | None = None,
+    checkpoint_path: str | Path | None = None,
+    precision: str | None = None,
 ) -> Exported:
     """Write the inference model of ``files`` to ``out`` atomically, once onnxruntime has loaded it.
 
     ``checkpoint_path``: the parameters' checkpoint (default: the latest);
     the text ``best`` names the artifact directory's best checkpoint (a file
-    named ``best`` is ``./best``, or a ``Path``).
+    named ``best`` is ``./best``, or a ``Path``); ``precision``: as
+    :func:`onnxtrain.artifacts.export.export_model_for_inferencing` takes it.
     """
     from onnxtrain import checkpoint
     from onnxtrain.artifacts.export import export_model_for_inferencing
@@ -96,7 +107,7 @@ def export_inference_model(
     names = outputs or inference_outputs(eval_model)
     if outputs:
         _check_outputs(eval_model, outputs)
-    model = export_model_for_inferencing(eval_model, state, names)
+    model = export_model_for_inferencing(eval_model, state, names, precision=precision)
     inputs, written = _write_checked(model, out)
     return Exported(out, source, inputs, written)
 
@@ -128,6 +139,7 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
     Returns its inputs and outputs as onnxruntime sees them (``name: type[shape]``).
     """
     import onnx
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
     from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
     from onnxtrain.sessions import inference_session
@@ -142,12 +154,33 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
             onnx.save_model(model, temporary)
         else:  # the data file goes straight to its final name, which the model refers to
             onnx.save_model(model, temporary, save_as_external_data=True, location=f"{out.name}.data")
-        session = inference_session(os.fspath(temporary))
+        try:
+            session = inference_session(os.fspath(temporary))
+        except ort_errors.NotImplemented as error:  # a kernel this machine's provider lacks (bfloat16 on a CPU)
+            onnx.checker.check_model(os.fspath(temporary), full_check=True)
+            print(
+                f"note: onnxruntime's CPU provider cannot run {out.name} here ({str(error).split(' : ')[-1]}); "
+                "it runs on a provider with those kernels (CUDA), or export it with --precision fp32",
+                file=sys.stderr,
+            )
+            session = None
         os.replace(temporary, out)
     finally:
         with contextlib.suppress(FileNotFoundError):
             temporary.unlink()
+    if session is None:
+        graph = model.graph
+        return [_describe_value(v) for v in graph.input], [_describe_value(v) for v in graph.output]
     return [_describe(arg) for arg in session.get_inputs()], [_describe(arg) for arg in session.get_outputs()]
+
+
+def _describe_value(value: Any) -> str:
+    """``pixels: bfloat16[batch, 64]`` from a graph's ``ValueInfoProto``."""
+    from onnxtrain.graph import dtypes
+
+    tensor = value.type.tensor_type
+    dims = ", ".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tensor.shape.dim)
+    return f"{value.name}: {dtypes.dtype_name(tensor.elem_type)}[{dims}]"
 
 
 def _describe(arg: Any) -> str:

@@ -543,16 +543,22 @@ class Module:
     # --------------------------------------------------------------- export
 
     def export_model_for_inferencing(
-        self, inference_model_uri: str | os.PathLike[str], graph_output_names: Sequence[str]
+        self,
+        inference_model_uri: str | os.PathLike[str],
+        graph_output_names: Sequence[str],
+        *,
+        precision: str | None = None,
     ) -> None:
-        """Write the eval model with the current parameters baked in, pruned to ``graph_output_names``."""
+        """Write the eval model with the current parameters baked in, pruned to ``graph_output_names``;
+        ``precision`` (``"fp32"``, ``"bf16"``, ``"fp16"``; default: as the eval model computes) as
+        :func:`onnxtrain.artifacts.export.export_model_for_inferencing` takes it."""
         if self._eval_model is None or self._eval_io is None:
             raise RuntimeError("export needs the eval model: pass eval_model_uri when creating the Module")
         self._check_loaded("Cannot export the model with a nominal state.")
         self._store.settle()
         names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
-        model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names)
+        model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names, precision=precision)
         path = os.fspath(inference_model_uri)
         if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.save_model(model, path)

@@ -20,6 +20,8 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from onnxtrain import api
 from onnxtrain.artifacts import LossType, OptimType, build_artifacts
+from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.metadata import PRECISION_KEY, read_metadata
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes.autocast import (
@@ -275,3 +277,53 @@ def test_200_steps_of_a_small_transformer_reach_float32s_loss(precision: str):
     want = _train(model, batches, "fp32")
     assert want < 0.5  # it learned the four batches
     assert _train(model, batches, precision) == pytest.approx(want, rel=0.02, abs=0.01)
+
+
+def _exported(model: onnx.ModelProto, precision: str, export_as: str | None) -> onnx.ModelProto:
+    built = build_artifacts(
+        model, requires_grad=trainable_parameters(model), loss=LossType.CrossEntropyLoss, precision=precision
+    )
+    state = built.checkpoint
+    return export_model_for_inferencing(built.eval_model, state, ["y"], precision=export_as)
+
+
+def _half_casts(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.op_type == "Cast" and n.attribute[0].i in HALF.values()]
+
+
+@pytest.mark.parametrize("name", ["cnn", "lstm", "gpt2"])
+def test_an_export_in_float32_computes_as_float32_artifacts_do(name: str):
+    model, data = MODELS[name]()
+    feeds = {k: v for k, v in data.items() if k != "labels"}
+    want = ort.InferenceSession(
+        _exported(model, "fp32", None).SerializeToString(), providers=["CPUExecutionProvider"]
+    ).run(None, feeds)[0]
+    exported = _exported(model, "bf16", "fp32")
+    onnx.checker.check_model(exported, full_check=True)
+    assert not _half_casts(exported)
+    assert {t.data_type for t in exported.graph.initializer} <= {onnx.TensorProto.FLOAT, onnx.TensorProto.INT64}
+    got = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", sorted(HALF))
+def test_an_export_in_a_half_type_stores_the_products_weights_in_it(precision: str):
+    model, data = MODELS["cnn"]()
+    exported = _exported(model, "fp32", precision)
+    onnx.checker.check_model(exported, full_check=True)
+    types = {t.name: t.data_type for t in exported.graph.initializer}
+    readers = {name: node for node in exported.graph.node for name in node.input}
+    products = [name for name, node in readers.items() if node.op_type in ("Gemm", "MatMul") and name in types]
+    assert products and all(types[name] == HALF[precision] for name in products)
+    assert read_metadata(exported)[PRECISION_KEY] == precision
+    float32 = _exported(model, "fp32", None)
+    sizes = {t.name: onnx.numpy_helper.to_array(t).nbytes for t in exported.graph.initializer}
+    wide = {t.name: onnx.numpy_helper.to_array(t).nbytes for t in float32.graph.initializer}
+    assert sum(sizes.values()) < sum(wide.values())
+    # each stored under its cast's output, "<weight>.float16" or "<weight>.bfloat16", at half the float32 bytes
+    assert all(sizes[name] * 2 == wide[name.rsplit(".", 1)[0]] for name in products)
+    if precision == "fp16":  # onnxruntime's CPU provider runs float16
+        feeds = {"x": data["x"]}
+        want = ort.InferenceSession(float32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+        session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
+        np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=0, atol=1e-2 * np.abs(want).max())

@@ -60,3 +60,17 @@ def test_autograd_s_saved_tensors_are_counted_once_without_the_parameters():
 def test_no_nvml_means_no_gpu_figures():
     figures = memory.gpu_used_mib()
     assert figures is None or "device_mib" in figures
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_tiny_gpt2_trains_in_a_half_precision_in_both_frameworks(tmp_path: Path, capsys, precision: str):
+    argv = ["--workload", "gpt2-tiny", "--shapes", "2x8", "--frameworks", "onnxtrain,pytorch-eager", "--runs", "1"]
+    argv += ["--warmup", "2", "--steps", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "out.json")]
+    assert main([*argv, "--precision", precision]) == 0
+    raw = json.loads((tmp_path / "out.json").read_text())
+    ours, theirs = raw["results"]
+    assert ours["precision"] == theirs["precision"] == precision
+    assert (tmp_path / "gpt2-tiny" / f"artifacts-{precision}" / "checkpoint").exists()
+    # the same weights and batches, each framework rounding in the half type its own way: the losses agree to it
+    np.testing.assert_allclose(ours["losses"], theirs["losses"], rtol=3e-2)
+    assert f"Precision {precision}" in capsys.readouterr().out

@@ -278,3 +278,16 @@ def test_a_bad_precision_override_is_a_usage_error(capsys, model_path: Path, tmp
         capsys, model_path, tmp_path / "art", "--precision", "bf16", "--precision-override", "MatMul=int8"
     )
     assert status == 2 and "'MatMul=int8' is not OP=half or OP=float32" in err
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_export_writes_the_precision_asked_for(capsys, model_path: Path, tmp_path: Path, precision: str):
+    assert _generate(capsys, model_path, tmp_path / "art", "--precision", "bf16")[0] == 0
+    out = tmp_path / "model.onnx"
+    status, _, err = cli(capsys, "export", tmp_path / "art", "-o", out, "--precision", precision)
+    assert status == 0, err
+    exported = onnx.load(out)
+    onnx.checker.check_model(exported, full_check=True)
+    kinds = {t.data_type for t in exported.graph.initializer}
+    half = {"fp32": None, "fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[precision]
+    assert (half in kinds) if half else kinds == {onnx.TensorProto.FLOAT}

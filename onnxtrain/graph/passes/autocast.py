@@ -30,9 +30,10 @@ from typing import Literal
 import onnx
 from onnx import helper
 
+from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
-from onnxtrain.graph.walk import subgraphs
+from onnxtrain.graph.walk import names_read, rename_values, subgraphs
 
 Mode = Literal["half", "float32"]
 
@@ -66,6 +67,9 @@ FLOAT32_OPERATORS = (
 
 #: ``ai.onnx`` operator -> where it computes under autocast; an operator not listed follows its inputs.
 POLICY: dict[str, Mode] = {**dict.fromkeys(HALF_OPERATORS, "half"), **dict.fromkeys(FLOAT32_OPERATORS, "float32")}
+
+#: The prefix of the names of the ``Cast`` nodes :func:`autocast` adds (which :func:`strip_autocast` removes).
+CAST_PREFIX = "autocast/"
 
 #: The suffix of a value's half-precision copy (``y.float16``, ``y.bfloat16``).
 HALF_SUFFIX = {onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16"}
@@ -131,20 +135,92 @@ def autocast(
             name = node.input[k]
             if name not in half_of:
                 half_of[name] = first_free(f"{name}.{suffix}", taken)
-                nodes.append(helper.make_node("Cast", [name], [half_of[name]], name=f"{half_of[name]}.cast", to=half))
+                cast_name = first_free(f"{CAST_PREFIX}{half_of[name]}", taken)
+                nodes.append(helper.make_node("Cast", [name], [half_of[name]], name=cast_name, to=half))
             node.input[k] = half_of[name]
         backs = []
         for k in outputs:
             name = node.output[k]
             half_of[name] = node.output[k] = first_free(f"{name}.{suffix}", taken)
             native.add(name)
-            backs.append(
-                helper.make_node("Cast", [half_of[name]], [name], name=f"{name}.float32", to=onnx.TensorProto.FLOAT)
-            )
+            back_name = first_free(f"{CAST_PREFIX}{name}", taken)
+            backs.append(helper.make_node("Cast", [half_of[name]], [name], name=back_name, to=onnx.TensorProto.FLOAT))
         nodes += [node, *backs]
     del graph.node[:]
     graph.node.extend(nodes)
     return model, report
+
+
+def strip_autocast(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` as it was before :func:`autocast`, computing in float32 again, in place: each of its casts is
+    removed, its readers reading what it read (a half node's output takes back its original name), and the
+    half types declared for the values in between are dropped."""
+    graph = model.graph
+    casts = [node for node in graph.node if node.op_type == "Cast" and node.name.startswith(CAST_PREFIX)]
+    # a cast to half: its readers read its input; a cast back: the half node writes the original name again
+    renames = {
+        **{n.output[0]: n.input[0] for n in casts if _cast_to(n) in HALF_SUFFIX},
+        **{n.input[0]: n.output[0] for n in casts if _cast_to(n) not in HALF_SUFFIX},
+    }
+    dropped = {id(n) for n in casts}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept)
+    rename_values(graph, renames)
+    declared = [
+        value
+        for value in graph.value_info
+        if value.name not in renames and value.type.tensor_type.elem_type not in HALF_SUFFIX  # autocast's values
+    ]
+    del graph.value_info[:]
+    graph.value_info.extend(declared)
+    return model
+
+
+def half_parameters(model: onnx.ModelProto) -> int:
+    """Each initializer of ``model`` read only by :func:`autocast`'s casts to a half type stored in that type
+    under the cast's output, the cast removed, in place (an inference model's weights at half their size).
+    Returns how many were converted."""
+    graph = model.graph
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in names_read(node):
+            readers.setdefault(name, []).append(node)
+    outputs = {value.name for value in graph.output}
+    converted: dict[str, onnx.TensorProto] = {}
+    dropped: set[int] = set()
+    for tensor in graph.initializer:
+        nodes = readers.get(tensor.name, [])
+        casts = [
+            n for n in nodes if n.op_type == "Cast" and n.name.startswith(CAST_PREFIX) and _cast_to(n) in HALF_SUFFIX
+        ]
+        if (
+            not casts
+            or len(casts) != len(nodes)
+            or tensor.name in outputs
+            or tensor.data_type != onnx.TensorProto.FLOAT
+        ):
+            continue
+        array = onnx.numpy_helper.to_array(tensor)
+        for cast in casts:
+            half = array.astype(dtypes.to_numpy_dtype(_cast_to(cast)))
+            converted[cast.output[0]] = onnx.numpy_helper.from_array(half, cast.output[0])
+            dropped.add(id(cast))
+        converted[tensor.name] = None  # type: ignore[assignment]  # the float32 original goes
+    if not converted:
+        return 0
+    kept_nodes = [node for node in graph.node if id(node) not in dropped]
+    del graph.node[:]
+    graph.node.extend(kept_nodes)
+    initializers = [t for t in graph.initializer if t.name not in converted]
+    initializers += [t for t in converted.values() if t is not None]
+    del graph.initializer[:]
+    graph.initializer.extend(initializers)
+    return sum(1 for t in converted.values() if t is None)
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return next(a.i for a in node.attribute if a.name == "to")
 
 
 def compute_in_float32(
@@ -286,6 +362,7 @@ def _elem_type(types: GraphBuilder, name: str) -> int | None:
 
 
 __all__ = [
+    "CAST_PREFIX",
     "FLOAT32_OPERATORS",
     "HALF_OPERATORS",
     "HALF_SUFFIX",
@@ -299,5 +376,7 @@ __all__ = [
     "check_precision",
     "compute_in_float32",
     "defined_with",
+    "half_parameters",
     "schema_takes",
+    "strip_autocast",
 ]
