@@ -315,9 +315,9 @@ class Optimizer(ForwardBlock):
         graph inputs (:meth:`build`) or computed (e.g. taken from sequences).
         """
         grads = [grad_name(spec.name) for spec in specs]
-        scaling, found_inf = self._loss_scaling, None
+        scaling, found_inf, step, taken = self._loss_scaling, None, scalars.step_input, ""
         if scaling is not None:  # true gradients for the clipping and the update, the steps taken for the step
-            grads, found_inf, taken = scaling.unscale(scalars.builder, grads, scalars.step_input)
+            grads, found_inf, taken = scaling.unscale(scalars.builder, grads, step)
             scalars = scalars.with_step(taken)
         if self._clip_grad is not None:
             grads = list(self._clip_grad(grads))
@@ -326,7 +326,7 @@ class Optimizer(ForwardBlock):
             result += self._emit_update(scalars, spec, grad, keep_if=found_inf)
         if scaling is not None and found_inf is not None:
             outputs = [updated_name(name) for name in SCALER_STATE]
-            scaling.update_state(scalars.builder, found_inf, outputs)
+            scaling.update_state(scalars.builder, found_inf, step, taken, outputs)
             result += outputs
         return result
 

@@ -91,16 +91,22 @@ class LossScaling:
             elem = b.elem_type(grad)
             factor = inverse if elem == _FLOAT else b.add_node1("Cast", [inverse], to=elem, hint="inverse_scale")
             zero = ops.constant(b, 0.0, elem, "zero")
-            total = ops.reduce(b, "ReduceSum", b.add_node1("Mul", [grad, zero], hint="nan_probe"), None, keepdims=False)
+            true = b.add_node1("Mul", [grad, factor], hint=f"{grad}.unscaled")
+            # probed after the unscaling, so that every reader of the scale comes before its new value (in place)
+            total = ops.reduce(b, "ReduceSum", b.add_node1("Mul", [true, zero], hint="nan_probe"), None, keepdims=False)
             sums.append(total if elem == _FLOAT else b.add_node1("Cast", [total], to=_FLOAT, hint="nan_probe"))
-            unscaled.append(b.add_node1("Mul", [grad, factor], hint=f"{grad}.unscaled"))
+            unscaled.append(true)
         probe = sums[0] if len(sums) == 1 else b.add_node1("Sum", sums, hint="nan_probe")
         found_inf = b.add_node1("IsNaN", [probe], hint="found_inf")
         taken = b.add_node1("Sub", [step, SKIPPED_STEPS], hint="steps_taken")
         return unscaled, found_inf, taken
 
-    def update_state(self, b: GraphBuilder, found_inf: str, outputs: Sequence[str]) -> None:
-        """Write the scaler's new state into ``outputs`` (one per :data:`SCALER_STATE` name, in order)."""
+    def update_state(self, b: GraphBuilder, found_inf: str, step: str, taken: str, outputs: Sequence[str]) -> None:
+        """Write the scaler's new state into ``outputs`` (one per :data:`SCALER_STATE` name, in order);
+        ``step`` and ``taken`` are the step input and :meth:`unscale`'s steps taken.
+
+        Each new value is computed from every node that reads its input, so that the runtime can write it
+        over its input (the steps skipped as ``step - taken + skipped now``, not ``skipped + skipped now``)."""
 
         def const(value: float, elem: int) -> str:
             return ops.constant(b, np.full([1], value), elem, "scaler")
@@ -116,7 +122,7 @@ class LossScaling:
         scale_out, tracker_out, skipped_out, last_out = outputs
         b.add_node("Where", [found_inf, backed_off, kept_scale], [scale_out])
         b.add_node("Where", [found_inf, zero, kept_tracker], [tracker_out])
-        b.add_node("Add", [SKIPPED_STEPS, skipped], [skipped_out])
+        b.add_node("Add", [b.add_node1("Sub", [step, taken], hint="skipped_before"), skipped], [skipped_out])
         b.add_node("Identity", [skipped], [last_out])
 
 

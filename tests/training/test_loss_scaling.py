@@ -19,7 +19,10 @@ from hypothesis import strategies as st
 
 from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, build_artifacts
+from onnxtrain.artifacts.fuse import fuse_update_and_train
+from onnxtrain.optim.base import updated_name
 from onnxtrain.optim.loss_scaling import GROWTH_TRACKER, LOSS_SCALE, SCALER_STATE
+from onnxtrain.training.inplace import unsafe_in_place
 from onnxtrain.training.optimizer import Optimizer
 from tests.training import models
 
@@ -170,3 +173,23 @@ def test_bad_scaling_settings_and_a_clashing_name_are_refused():
     clash.graph.initializer.append(onnx.numpy_helper.from_array(np.ones(1, np.float32), LOSS_SCALE))
     with pytest.raises(ValueError, match="already has a value named 'loss_scale'"):
         build_artifacts(clash, requires_grad=PARAMETERS, loss=LossType.MSELoss, loss_scaling=True)
+
+
+@pytest.mark.parametrize(
+    "optimizer", [optim.AdamW(), optim.SGD(momentum=0.9), optim.AdamW(clip_grad=optim.ClipGradNorm(1.0))]
+)
+def test_the_scaled_optimizer_and_fused_step_update_everything_in_place(optimizer: optim.Optimizer):
+    """No second buffer for the parameters, moments or the scaler: each new value is computed from every node that
+    reads its input (an update that is not in place doubles the state's memory)."""
+    built = build_artifacts(
+        MODEL, requires_grad=PARAMETERS, loss=LossType.CrossEntropyLoss, optimizer=optimizer, loss_scaling=True
+    )
+    updated = {value.name: updated_name(value.name) for value in built.optimizer_model.graph.input}
+    updated = {
+        name: out for name, out in updated.items() if out in {o.name for o in built.optimizer_model.graph.output}
+    }
+    assert set(SCALER_STATE) <= updated.keys()
+    assert unsafe_in_place(built.optimizer_model.graph, updated) == {}
+    fused = fuse_update_and_train(built.training_model, built.optimizer_model, PARAMETERS)
+    in_fused = {fused.name_of(name): fused.name_of(out) for name, out in updated.items()}
+    assert unsafe_in_place(fused.model.graph, in_fused) == {}
