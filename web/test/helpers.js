@@ -1,0 +1,115 @@
+/**
+ * Shared by the tests: Python's reference data (made at test time by reference.py), the batches, and the
+ * comparisons.
+ * @module
+ */
+
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import assert from 'node:assert/strict';
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+/** The repository root (web/..): Python runs there, so that it imports this checkout's onnxtrain. */
+export const ROOT = join(HERE, '..', '..');
+/** The Python that has onnxtrain: `ONNXTRAIN_PYTHON`, else the repository's .venv, else python3. */
+export const PYTHON =
+  process.env.ONNXTRAIN_PYTHON ?? (existsSync(join(ROOT, '.venv/bin/python')) ? join(ROOT, '.venv/bin/python') : 'python3');
+/** The relative tolerance of every comparison with Python. */
+export const RTOL = 1e-5;
+
+/**
+ * Run reference.py with `args` (from the repository root).
+ * @param {string[]} args
+ */
+export function python(...args) {
+  execFileSync(PYTHON, [join(HERE, 'reference.py'), ...args], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
+}
+
+/**
+ * The folder of Python's reference data: `ONNXTRAIN_WEB_REFERENCE` when the caller made it once for all test
+ * files (`npm test` does), else made now in a temporary folder.
+ */
+export function referenceDir() {
+  const given = process.env.ONNXTRAIN_WEB_REFERENCE;
+  if (given && existsSync(join(given, 'mlp', 'case.json'))) return given;
+  const dir = mkdtempSync(join(tmpdir(), 'onnxtrain-web-'));
+  python('prepare', dir);
+  return dir;
+}
+
+/**
+ * @typedef {Object} Case
+ * @property {string} dir
+ * @property {string} artifacts
+ * @property {{ steps: number, saveAt: number, learningRate: number, inputs: { name: string, type: string, dims: number[] }[] }} manifest
+ * @property {(step: number) => Record<string, { type: string, data: Float32Array | BigInt64Array, dims: number[] }>} batch
+ */
+
+/**
+ * One case of the reference data (`mlp`, `cnn`): its artifacts and batches.
+ * @param {string} root
+ * @param {string} name
+ * @returns {Case}
+ */
+export function loadCase(root, name) {
+  const dir = join(root, name);
+  const manifest = JSON.parse(readFileSync(join(dir, 'case.json'), 'utf8'));
+  const arrays = manifest.inputs.map((/** @type {any} */ input) => {
+    const bytes = readFileSync(join(dir, 'batches', `${input.name}.bin`));
+    const buffer = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+    return input.type === 'float32' ? new Float32Array(buffer) : new BigInt64Array(buffer);
+  });
+  return {
+    dir,
+    artifacts: join(dir, 'artifacts'),
+    manifest,
+    batch(step) {
+      /** @type {Record<string, any>} */
+      const feeds = {};
+      manifest.inputs.forEach((/** @type {any} */ input, i) => {
+        const size = input.dims.reduce((/** @type {number} */ a, /** @type {number} */ b) => a * b, 1);
+        feeds[input.name] = { type: input.type, data: arrays[i].slice(step * size, (step + 1) * size), dims: input.dims };
+      });
+      return feeds;
+    },
+  };
+}
+
+/**
+ * A run written by reference.py: its losses and the parameters before and after each optimizer step.
+ * @param {string} dir
+ * @param {string} name
+ */
+export function loadRun(dir, name) {
+  const { losses } = JSON.parse(readFileSync(join(dir, `${name}.json`), 'utf8'));
+  const bytes = readFileSync(join(dir, `${name}-params.bin`));
+  const params = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+  return { losses: /** @type {number[]} */ (losses), params };
+}
+
+/**
+ * Assert `actual` equals `expected` element-wise to RTOL relative (of the larger magnitude), with an absolute
+ * floor `atol`; the message names the first element off.
+ * @param {ArrayLike<number>} actual
+ * @param {ArrayLike<number>} expected
+ * @param {string} what
+ * @param {number} [atol]
+ */
+export function assertClose(actual, expected, what, atol = 0) {
+  assert.equal(actual.length, expected.length, `${what}: ${actual.length} values, expected ${expected.length}`);
+  let worst = 0;
+  let at = -1;
+  for (let i = 0; i < actual.length; i++) {
+    const a = actual[i];
+    const e = expected[i];
+    const excess = Math.abs(a - e) - (RTOL * Math.max(Math.abs(a), Math.abs(e)) + atol);
+    if (!(excess <= worst)) {
+      worst = Number.isNaN(excess) ? Infinity : excess;
+      at = i;
+    }
+  }
+  if (at >= 0) assert.fail(`${what}: element ${at} is ${actual[at]}, Python's ${expected[at]} (beyond ${RTOL} relative)`);
+}
