@@ -208,6 +208,11 @@ export class TrainingSession {
     return [...(this.#evalIo?.outputs ?? [])];
   }
 
+  /** Every parameter, in training-model order: the order of `getContiguousParameters`' buffer. */
+  get parameterNames() {
+    return [...this.#io.parameters];
+  }
+
   /** The state this session trains: save it with `checkpointState.toBuffer({ includeOptimizerState: true })`. */
   get checkpointState() {
     return this.#state;
