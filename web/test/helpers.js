@@ -91,25 +91,26 @@ export function loadRun(dir, name) {
 }
 
 /**
- * Assert `actual` equals `expected` element-wise to RTOL relative (of the larger magnitude), with an absolute
- * floor `atol`; the message names the first element off.
+ * Assert `actual` equals `expected` element-wise to `rtol` relative (of the larger magnitude), with an absolute
+ * floor `atol`; the message names the worst element.
  * @param {ArrayLike<number>} actual
  * @param {ArrayLike<number>} expected
  * @param {string} what
  * @param {number} [atol]
+ * @param {number} [rtol]
  */
-export function assertClose(actual, expected, what, atol = 0) {
+export function assertClose(actual, expected, what, atol = 0, rtol = RTOL) {
   assert.equal(actual.length, expected.length, `${what}: ${actual.length} values, expected ${expected.length}`);
   let worst = 0;
   let at = -1;
   for (let i = 0; i < actual.length; i++) {
     const a = actual[i];
     const e = expected[i];
-    const excess = Math.abs(a - e) - (RTOL * Math.max(Math.abs(a), Math.abs(e)) + atol);
+    const excess = Math.abs(a - e) - (rtol * Math.max(Math.abs(a), Math.abs(e)) + atol);
     if (!(excess <= worst)) {
       worst = Number.isNaN(excess) ? Infinity : excess;
       at = i;
     }
   }
-  if (at >= 0) assert.fail(`${what}: element ${at} is ${actual[at]}, Python's ${expected[at]} (beyond ${RTOL} relative)`);
+  if (at >= 0) assert.fail(`${what}: element ${at} is ${actual[at]}, Python's ${expected[at]} (beyond ${rtol} relative)`);
 }

@@ -4,6 +4,7 @@ Run by web/test/*.test.js with the Python that has onnxtrain (``ONNXTRAIN_PYTHON
 
     python reference.py prepare OUT          # artifacts of the digits MLP and a small CNN, batches, Python's runs
     python reference.py resume CASE CKPT START STEPS OUT   # Python resumes a checkpoint (saved by JavaScript)
+    python reference.py demo ASSETS STEPS OUT   # Python's first STEPS steps of the demo page (demo/make_assets.py)
 
 ``prepare`` writes, per case (``OUT/mlp``, ``OUT/cnn``): ``model.onnx``; the
 artifacts by ``onnxtrain generate`` in ``artifacts/``; ``batches/<input>.bin``
@@ -184,6 +185,25 @@ def resume(case_dir: Path, checkpoint: Path, start: int, steps: int, out: Path) 
     write_run(result, out.parent, out.name)
 
 
+def demo(assets: Path, steps: int, out: Path) -> None:
+    """The demo page's first ``steps`` steps, in Python: batches of ``batchSize`` rows of ``digits.bin`` in
+    file order, at the learning rate the checkpoint stores (``onnxtrain generate --lr``)."""
+    from onnxtrain import checkpoint as ckpt
+
+    manifest = json.loads((assets / "digits.json").read_text())
+    count, features, size = manifest["count"], manifest["features"], manifest["batchSize"]
+    raw = (assets / "digits.bin").read_bytes()
+    pixels = np.frombuffer(raw, "<f4", count * features).reshape(count, features)
+    labels = np.frombuffer(raw, np.uint8, count, offset=4 * count * features).astype(np.int64)
+    if steps * size > manifest["train"]:
+        sys.exit(f"{steps} steps of {size} rows run past the {manifest['train']} training rows")
+    rate = ckpt.load(str(assets / "artifacts" / "checkpoint")).properties["onnxtrain.learning_rate"]
+    if rate != np.float32(LEARNING_RATE):
+        sys.exit(f"the demo's checkpoint stores the learning rate {rate}, not {LEARNING_RATE}")
+    data = [[[pixels[k * size : (k + 1) * size], labels[k * size : (k + 1) * size]]] for k in range(steps)]
+    write_run(run(assets / "artifacts", assets / "artifacts" / "checkpoint", data), out.parent, out.name)
+
+
 def main(argv: list[str]) -> None:
     if argv[:1] == ["prepare"] and len(argv) == 2:
         out = Path(argv[1])
@@ -191,8 +211,10 @@ def main(argv: list[str]) -> None:
         prepare_case("cnn", cnn_model(), out)
     elif argv[:1] == ["resume"] and len(argv) == 6:
         resume(Path(argv[1]), Path(argv[2]), int(argv[3]), int(argv[4]), Path(argv[5]))
+    elif argv[:1] == ["demo"] and len(argv) == 4:
+        demo(Path(argv[1]), int(argv[2]), Path(argv[3]))
     else:
-        sys.exit(f"usage: {Path(__file__).name} prepare OUT | resume CASE_DIR CKPT START STEPS OUT")
+        sys.exit(f"usage: {Path(__file__).name} prepare OUT | resume CASE_DIR CKPT START STEPS OUT | demo ASSETS STEPS OUT")
 
 
 if __name__ == "__main__":
