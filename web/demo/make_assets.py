@@ -1,5 +1,7 @@
 """The demo's files: the digits MLP's artifacts by ``onnxtrain generate`` and scikit-learn's digits as one small file.
 
+What docs/web.md shows, run for real: `make web-demo` and the browser test (web/test/browser.test.js) call it.
+
     python web/demo/make_assets.py [OUT]      # default: web/demo/assets
 
 Writes ``OUT/model.onnx`` (``onnxtrain demo``'s 64-64-10 MLP, seed 0), the

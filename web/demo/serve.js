@@ -28,6 +28,7 @@ const TYPES = {
  * The file a URL path names under `base`, or `null` outside it or missing.
  * @param {string} base
  * @param {string} path
+ * @returns {string | null}
  */
 function fileUnder(base, path) {
   const file = resolve(base, `.${sep}${decodeURIComponent(path)}`);

@@ -69,7 +69,7 @@ export function loadCase(root, name) {
     batch(step) {
       /** @type {Record<string, any>} */
       const feeds = {};
-      manifest.inputs.forEach((/** @type {any} */ input, i) => {
+      manifest.inputs.forEach((/** @type {any} */ input, /** @type {number} */ i) => {
         const size = input.dims.reduce((/** @type {number} */ a, /** @type {number} */ b) => a * b, 1);
         feeds[input.name] = { type: input.type, data: arrays[i].slice(step * size, (step + 1) * size), dims: input.dims };
       });
