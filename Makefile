@@ -62,8 +62,10 @@ web-demo: venv web-deps
 
 web-deps: web/node_modules/.installed
 
+# ONNXRUNTIME_NODE_INSTALL=skip: onnxruntime-node's install script would fetch CUDA libraries; its CPU
+# library is in the package.
 web/node_modules/.installed: web/package.json web/package-lock.json
-	cd web && npm ci --no-audit --no-fund --loglevel=error
+	cd web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 chromium:
