@@ -227,6 +227,13 @@ describe('bad input gets a clear error', () => {
     ]);
     for (const [bad, message] of cases) await assert.rejects(session.runTrainStep(bad), message);
     await assert.rejects(session.runEvalStep({ pixels: good.pixels }), /runEvalStep: the eval model's input 'labels'/);
+    const wrong = BigInt64Array.from(/** @type {BigInt64Array} */ (labels.data));
+    wrong[3] = 10n;
+    wrong[7] = -1n;
+    await assert.rejects(
+      session.runTrainStep({ pixels: good.pixels, labels: new ort.Tensor('int64', wrong, [32]) }),
+      /^Error: train step 1: class labels are out of range for the loss \(10 classes\): 10 at \[3\] of 'labels', -1 at \[7\] of 'labels'. Labels must be in \[0, 10\)/,
+    );
     // nothing ran: the first real step gives Python's first loss
     const out = await session.runTrainStep(good);
     assertClose([Number(out[session.trainingOutputNames[0]].data[0])], [loadRun(c.dir, 'python').losses[0]], 'first loss');

@@ -18,6 +18,7 @@ import { byType } from '../checkpoint/dtypes.js';
 import { readSource } from '../source.js';
 import { checkFeeds } from './feeds.js';
 import { evalIO, optimizerIO, trainingIO } from './model-io.js';
+import { labelError } from './label-error.js';
 import { readModelHeader } from './model-proto.js';
 import * as N from './names.js';
 import * as P from './parameters.js';
@@ -477,7 +478,8 @@ export class TrainingSession {
     try {
       return await session.run(feeds, options ?? {});
     } catch (error) {
-      throw new Error(`${what} failed in onnxruntime (the state is as before it): ${/** @type {Error} */ (error).message}`);
+      const message = /** @type {Error} */ (error).message;
+      throw new Error(labelError(message, feeds, what) ?? `${what} failed in onnxruntime (the state is as before it): ${message}`);
     } finally {
       this.#busy = false;
     }
