@@ -49,7 +49,13 @@ def make(out: Path) -> None:
     with open(out / "digits.bin", "wb") as file:
         file.write(pixels.astype("<f4").tobytes())
         file.write(labels.astype(np.uint8).tobytes())
-    manifest = {"count": len(pixels), "train": len(pixels) - HELD_OUT, "features": 64, "classes": 10, "batchSize": BATCH_SIZE}
+    manifest = {
+        "count": len(pixels),
+        "train": len(pixels) - HELD_OUT,
+        "features": 64,
+        "classes": 10,
+        "batchSize": BATCH_SIZE,
+    }
     (out / "digits.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 

@@ -52,7 +52,9 @@ def mlp_model() -> onnx.ModelProto:
 
 
 def cnn_model() -> onnx.ModelProto:
-    """images [batch, 1, 8, 8] -> Conv 4x3x3 (no bias: BatchNormalization removes it) -> BatchNormalization -> Relu -> MaxPool 2x2 -> Flatten -> Gemm -> 10."""
+    """images [batch, 1, 8, 8] -> Conv 4x3x3 -> BatchNormalization (training mode) -> Relu -> MaxPool 2x2 ->
+    Flatten -> Gemm -> 10 scores. The convolution has no bias: BatchNormalization would remove it, leaving it a
+    gradient of rounding errors that AdamW would scale up to whole steps."""
     rng = np.random.default_rng(SEED)
 
     def init(name: str, shape: tuple[int, ...], scale: float) -> onnx.TensorProto:
@@ -92,7 +94,7 @@ def cnn_model() -> onnx.ModelProto:
 
 
 def generate(model: onnx.ModelProto, case_dir: Path) -> Path:
-    """``onnxtrain generate`` (cross-entropy, AdamW, the learning rate in the checkpoint) into ``case_dir/artifacts``."""
+    """``onnxtrain generate`` (cross-entropy, AdamW, the learning rate in the checkpoint) into ``artifacts/``."""
     path = case_dir / "model.onnx"
     onnx.save(model, path)
     out = case_dir / "artifacts"
@@ -214,7 +216,9 @@ def main(argv: list[str]) -> None:
     elif argv[:1] == ["demo"] and len(argv) == 4:
         demo(Path(argv[1]), int(argv[2]), Path(argv[3]))
     else:
-        sys.exit(f"usage: {Path(__file__).name} prepare OUT | resume CASE_DIR CKPT START STEPS OUT | demo ASSETS STEPS OUT")
+        sys.exit(
+            f"usage: {Path(__file__).name} prepare OUT | resume CASE_DIR CKPT START STEPS OUT | demo ASSETS STEPS OUT"
+        )
 
 
 if __name__ == "__main__":
