@@ -255,6 +255,8 @@ describe('bad input gets a clear error', () => {
       TrainingSession.create({ checkpointState: checkpoint, trainModel: model, optimizerModel: join(cnn.artifacts, 'optimizer_model.onnx') }),
       /the optimizer model updates .* but the training model trains/,
     );
+    const proxied = { InferenceSession: ort.InferenceSession, Tensor: ort.Tensor, env: { wasm: { proxy: true } } };
+    await assert.rejects(TrainingSession.createWith(proxied, { checkpointState: checkpoint, trainModel: model }), /env.wasm.proxy = false/);
     const bare = await TrainingSession.create({ checkpointState: checkpoint, trainModel: model });
     await assert.rejects(bare.runEvalStep(feeds(c, 0)), /no eval model; pass evalModel/);
     await bare.runTrainStep(feeds(c, 0));

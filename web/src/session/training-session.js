@@ -163,6 +163,12 @@ export class TrainingSession {
     if (typeof options !== 'object' || options === null) {
       throw new TypeError('TrainingSession.create: give { checkpointState, trainModel, evalModel?, optimizerModel? }');
     }
+    if (/** @type {any} */ (runtime).env?.wasm?.proxy) {
+      throw new Error(
+        "TrainingSession.create: onnxruntime-web's proxy worker (env.wasm.proxy = true) transfers the tensors it is given, " +
+          'which would take the state\'s arrays away from it; set env.wasm.proxy = false (run the training in a Worker of your own instead)',
+      );
+    }
     for (const key of /** @type {const} */ (['checkpointState', 'trainModel'])) {
       if (options[key] === undefined || options[key] === null) {
         const file = key === 'trainModel' ? 'training_model.onnx' : 'checkpoint';
@@ -527,6 +533,9 @@ export class TrainingSession {
  * @returns {TensorData}
  */
 function filled(type, count, value) {
+  if (value !== 0 && type.type === 'float16') {
+    throw new Error(`the optimizer's moments start at ${value}, which onnxtrain-web cannot write as float16; start from a checkpoint with optimizer state`);
+  }
   const data = new type.array(new ArrayBuffer(type.size * count));
   if (value !== 0) /** @type {any} */ (data).fill(type.type.endsWith('64') && type.type.includes('int') ? BigInt(value) : value);
   return data;
