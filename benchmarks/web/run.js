@@ -97,7 +97,7 @@ ortWeb.env.wasm.numThreads = 1;
 rows.push(["Node.js, onnxtrain-web on onnxruntime-web's WebAssembly (1 thread)", await timeInNode(ortWeb, assets, { warmup: 50, steps: 300 })]);
 
 const server = await startServer({ port: 0, assets });
-const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'] });
+const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-dev-shm-usage', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'] });
 try {
   for (const threads of [1, 2]) {
     const r = await timeInPage(browser, server.url, `backend=wasm&threads=${threads}&warmup=50&steps=300`);

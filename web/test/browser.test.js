@@ -17,8 +17,8 @@ import { decodePng, inkStatistics } from './png.js';
 const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
 /** Steps compared with Python. */
 const STEPS = 20;
-/** Chromium's flags: no sandbox (CI runs as root); WebGPU on SwiftShader (the CPU) where there is no GPU. */
-const FLAGS = ['--no-sandbox', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'];
+/** Chromium's flags: no sandbox (CI runs as root), /tmp instead of a small /dev/shm; WebGPU on SwiftShader (the CPU) where there is no GPU. */
+const FLAGS = ['--no-sandbox', '--disable-dev-shm-usage', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'];
 
 /** @type {{ url: string, close: () => Promise<void> }} */
 let server;

@@ -51,7 +51,7 @@ function feeds(c, step) {
 async function train(session, c, steps) {
   /** @type {number[]} */
   const losses = [];
-  const params = [/** @type {Float32Array} */ ((await session.getContiguousParameters()).data)];
+  const params = [/** @type {Float32Array} */ ((await session.getContiguousParameters(false)).data)];
   for (const microBatches of steps) {
     for (const step of microBatches) {
       const out = await session.runTrainStep(feeds(c, step));
@@ -59,7 +59,7 @@ async function train(session, c, steps) {
     }
     await session.runOptimizerStep();
     await session.lazyResetGrad();
-    params.push(/** @type {Float32Array} */ ((await session.getContiguousParameters()).data));
+    params.push(/** @type {Float32Array} */ ((await session.getContiguousParameters(false)).data));
   }
   return { losses, params };
 }

@@ -130,7 +130,7 @@ export class TrainingSession {
   setLearningRate(learningRate: number): void;
   /** Elements of the (trainable, by default) parameters. */
   getParametersSize(trainableOnly?: boolean): Promise<number>;
-  /** The (all, by default) parameters as one float32 tensor, in training-model order. */
+  /** The trainable parameters (every one with `false`) as one float32 tensor, in training-model order. */
   getContiguousParameters(trainableOnly?: boolean): Promise<Tensor>;
   /** Load the (trainable, by default) parameters from one float32 buffer or its bytes. */
   loadParametersBuffer(buffer: Uint8Array | Float32Array | Tensor, trainableOnly?: boolean): Promise<void>;

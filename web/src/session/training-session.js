@@ -372,11 +372,11 @@ export class TrainingSession {
   }
 
   /**
-   * The parameters (every one, or the trainable ones) copied into one float32 tensor, in training-model order.
+   * The trainable parameters (or, with `false`, every one) copied into one float32 tensor, in training-model order.
    * @param {boolean} [trainableOnly]
    * @returns {Promise<Tensor>}
    */
-  async getContiguousParameters(trainableOnly = false) {
+  async getContiguousParameters(trainableOnly = true) {
     this.#alive('getContiguousParameters');
     const data = P.toBuffer(P.selected(this.#state, this.#io.parameters, trainableOnly));
     return new this.#runtime.Tensor('float32', data, [data.length]);
