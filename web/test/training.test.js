@@ -270,6 +270,7 @@ describe('bad input gets a clear error', () => {
     const session = await open(c);
     const first = session.runTrainStep(feeds(c, 0));
     await assert.rejects(session.runTrainStep(feeds(c, 1)), /another step of this session is still running/);
+    await assert.rejects(session.lazyResetGrad(), /a step of this session is still running/);
     await first;
   });
 });

@@ -314,6 +314,7 @@ export class TrainingSession {
    */
   async lazyResetGrad() {
     this.#alive('lazyResetGrad');
+    if (this.#busy) throw new Error('lazyResetGrad: a step of this session is still running; await it first');
     this.#resetPending = true;
     this.#gradientStatus = 'reset';
   }
