@@ -28,6 +28,28 @@ describe("Python's checkpoints", () => {
     });
   }
 
+  test("Python's nominal checkpoint and one with properties of every kind are written again byte for byte", () => {
+    const nominalBytes = bytesOf(join(reference, 'mlp', 'python-nominal.ckpt'));
+    const nominal = CheckpointState.fromBuffer(nominalBytes);
+    assert.equal(nominal.isNominal, true);
+    assert.deepEqual(nominal.trainable.get('linear.weight_6'), { type: 'float32', dims: [64, 10], data: null });
+    assert.deepEqual(nominal.toBuffer({ includeOptimizerState: true }), nominalBytes);
+    const withProperties = bytesOf(join(reference, 'mlp', 'python-properties.ckpt'));
+    const state = CheckpointState.fromBuffer(withProperties);
+    assert.deepEqual(
+      new Map([...state.properties].map(([k, v]) => [k, Object.is(v, -0) ? '-0' : v])),
+      new Map(/** @type {[string, any][]} */ ([['big', -(2n ** 62n)], ['epoch', 3n], ['best', 0.25], ['negative zero', '-0'], ['run', 'α']])),
+    );
+    assert.deepEqual(state.toBuffer({ includeOptimizerState: true }), withProperties);
+  });
+
+  test("Python's checkpoint with external data is refused with the reason", () => {
+    assert.throws(
+      () => CheckpointState.fromBuffer(bytesOf(join(reference, 'mlp', 'python-external.ckpt'))),
+      (e) => e instanceof CheckpointError && /external <checkpoint>.data file, which onnxtrain-web does not read/.test(e.message),
+    );
+  });
+
   test('the contents: parameters, optimizer state, properties', () => {
     const state = CheckpointState.fromBuffer(bytesOf(join(reference, 'mlp', 'python-10.ckpt')));
     assert.deepEqual([...state.trainable.keys()], ['linear.bias_1', 'linear.bias_7', 'linear.weight_0', 'linear.weight_6']);

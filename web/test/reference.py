@@ -173,6 +173,22 @@ def prepare_case(case: str, model: onnx.ModelProto, out: Path) -> None:
     if case == "mlp":  # two micro-batches per optimizer step: gradient accumulation
         pairs = [[data[2 * k], data[2 * k + 1]] for k in range(STEPS // 2)]
         write_run(run(artifacts, artifacts / "checkpoint", pairs), case_dir, "accumulate")
+        write_checkpoint_variants(case_dir / f"python-{SAVE_AT}.ckpt", case_dir)
+
+
+def write_checkpoint_variants(source: Path, case_dir: Path) -> None:
+    """The checkpoint ``source`` as Python also writes it: nominal (``python-nominal.ckpt``), with its tensors in an
+    external data file (``python-external.ckpt`` and ``.data``), with properties of every kind
+    (``python-properties.ckpt``)."""
+    from dataclasses import replace
+
+    from onnxtrain import checkpoint as ckpt
+
+    state = ckpt.load(str(source))
+    ckpt.save(state.nominal(), str(case_dir / "python-nominal.ckpt"))
+    ckpt.save(state, str(case_dir / "python-external.ckpt"), external_data_threshold=1024)
+    properties = {"epoch": 3, "best": 0.25, "negative zero": -0.0, "run": "α", "big": -(2**62)}
+    ckpt.save(replace(state, properties=properties), str(case_dir / "python-properties.ckpt"))
 
 
 def resume(case_dir: Path, checkpoint: Path, start: int, steps: int, out: Path) -> None:

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
 
+import { TrainingSession as Unbound } from 'onnxtrain-web';
 import { CheckpointState, TrainingSession, ort } from 'onnxtrain-web/node';
 
 import { assertClose, loadCase, loadRun, python, referenceDir, RTOL } from './helpers.js';
@@ -244,6 +245,7 @@ describe('bad input gets a clear error', () => {
     const cnn = loadCase(reference, 'cnn');
     const model = join(c.artifacts, 'training_model.onnx');
     const checkpoint = join(c.artifacts, 'checkpoint');
+    await assert.rejects(Unbound.create({ checkpointState: checkpoint, trainModel: model }), /import \{ TrainingSession \} from 'onnxtrain-web\/node'/);
     await assert.rejects(TrainingSession.create(/** @type {any} */ ({ checkpointState: checkpoint })), /trainModel is missing; give training_model.onnx/);
     await assert.rejects(TrainingSession.create(/** @type {any} */ ({ trainModel: model })), /checkpointState is missing/);
     await assert.rejects(TrainingSession.create({ checkpointState: checkpoint, trainModel: join(c.dir, 'nothing.onnx') }), /could not read the training model from .*nothing.onnx/);
