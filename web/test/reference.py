@@ -187,7 +187,7 @@ def write_checkpoint_variants(source: Path, case_dir: Path) -> None:
     state = ckpt.load(str(source))
     ckpt.save(state.nominal(), str(case_dir / "python-nominal.ckpt"))
     ckpt.save(state, str(case_dir / "python-external.ckpt"), external_data_threshold=1024)
-    properties = {"epoch": 3, "best": 0.25, "negative zero": -0.0, "run": "α", "big": -(2**62)}
+    properties = {"epoch": 3, "best": 0.25, "negative zero": -0.0, "run": "\u03b1", "big": -(2**62)}
     ckpt.save(replace(state, properties=properties), str(case_dir / "python-properties.ckpt"))
 
 
