@@ -5,6 +5,7 @@
  * and in onnxtrain's Python runtime, on this machine. Prints a Markdown table for docs/benchmarks.md.
  *
  *     cd web && npm run bench      # or: node benchmarks/web/run.js (after npm ci in web/)
+ *     node benchmarks/web/run.js --quick   # a few steps of each, to check that it runs
  *
  * A step is `runTrainStep; runOptimizerStep; lazyResetGrad` (Python: `module(x, y); optimizer.step();
  * module.lazy_reset_grad()`) on one fixed batch, after a warm-up; each figure is the median of 5 repeats.
@@ -13,7 +14,7 @@
 
 import { execFileSync } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync } from 'node:fs';
-import { cpus, tmpdir } from 'node:os';
+import { cpus, platform, tmpdir, totalmem } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -27,7 +28,10 @@ const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = join(HERE, '..', '..');
 const PYTHON = process.env.ONNXTRAIN_PYTHON ?? (existsSync(join(ROOT, '.venv/bin/python')) ? join(ROOT, '.venv/bin/python') : 'python3');
 const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const REPEATS = 5;
+const QUICK = process.argv.includes('--quick');
+const REPEATS = QUICK ? 2 : 5;
+/** Steps per repeat, scaled down with --quick. @param {number} n */
+const count = (n) => (QUICK ? Math.max(2, Math.round(n / 50)) : n);
 
 /** @param {number[]} values */
 const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)];
@@ -89,21 +93,22 @@ execFileSync(PYTHON, [join(ROOT, 'web', 'demo', 'make_assets.py'), assets], { cw
 
 /** @type {[string, number[]][]} */
 const rows = [];
-const python = JSON.parse(execFileSync(PYTHON, [join(HERE, 'python_step.py'), assets], { cwd: ROOT, encoding: 'utf8' }));
+const pythonCounts = ['--warmup', String(count(200)), '--steps', String(count(1000)), '--repeats', String(REPEATS)];
+const python = JSON.parse(execFileSync(PYTHON, [join(HERE, 'python_step.py'), assets, ...pythonCounts], { cwd: ROOT, encoding: 'utf8' }));
 rows.push([`Python, onnxtrain (onnxruntime ${python.onnxruntime}), fused step (default)`, python.fused]);
 rows.push([`Python, onnxtrain (onnxruntime ${python.onnxruntime}), fuse=False: two models per step`, python.unfused]);
-rows.push(['Node.js, onnxtrain-web on onnxruntime-node', await timeInNode(ort, assets, { warmup: 200, steps: 1000 })]);
+rows.push(['Node.js, onnxtrain-web on onnxruntime-node', await timeInNode(ort, assets, { warmup: count(200), steps: count(1000) })]);
 ortWeb.env.wasm.numThreads = 1;
-rows.push(["Node.js, onnxtrain-web on onnxruntime-web's WebAssembly (1 thread)", await timeInNode(ortWeb, assets, { warmup: 50, steps: 300 })]);
+rows.push(["Node.js, onnxtrain-web on onnxruntime-web's WebAssembly (1 thread)", await timeInNode(ortWeb, assets, { warmup: count(50), steps: count(300) })]);
 
 const server = await startServer({ port: 0, assets });
 const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-dev-shm-usage', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'] });
 try {
   for (const threads of [1, 2]) {
-    const r = await timeInPage(browser, server.url, `backend=wasm&threads=${threads}&warmup=50&steps=300`);
+    const r = await timeInPage(browser, server.url, `backend=wasm&threads=${threads}&warmup=${count(50)}&steps=${count(300)}`);
     rows.push([`Chromium ${browser.version()}, WebAssembly, ${threads === 1 ? 'threads off (1)' : `threads on (${threads})`}`, r.msPerStep]);
   }
-  const gpu = await timeInPage(browser, server.url, 'backend=webgpu&warmup=5&steps=20');
+  const gpu = await timeInPage(browser, server.url, `backend=webgpu&warmup=${QUICK ? 1 : 5}&steps=${QUICK ? 2 : 20}`);
   rows.push([`Chromium ${browser.version()}, WebGPU on SwiftShader (the CPU; no GPU here)`, gpu.msPerStep]);
 } finally {
   await browser.close();
@@ -111,8 +116,12 @@ try {
 }
 
 const cores = cpus();
-console.log(`\n${new Date().toISOString().slice(0, 10)}, ${cores[0].model}, ${cores.length} cores, Node.js ${process.version}, onnxruntime-node/-web ${ort.env.versions.common}\n`);
-console.log('| runtime | ms per step (median) | min - max of 5 repeats |');
+console.log(
+  `\n${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC, ${cores[0].model}, ${cores.length} logical CPUs, ` +
+    `${Math.round(totalmem() / 2 ** 30)} GiB, ${platform()}; Node.js ${process.version}, onnxruntime-node and onnxruntime-web ` +
+    `${ort.env.versions.common}; Python's onnxruntime ${python.onnxruntime}\n`,
+);
+console.log(`| runtime | ms per step (median) | min - max of ${REPEATS} repeats |`);
 console.log('|---|---:|---:|');
 for (const [name, times] of rows) {
   console.log(`| ${name} | ${median(times).toFixed(3)} | ${Math.min(...times).toFixed(3)} - ${Math.max(...times).toFixed(3)} |`);
