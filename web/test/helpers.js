@@ -84,10 +84,10 @@ export function loadCase(root, name) {
  * @param {string} name
  */
 export function loadRun(dir, name) {
-  const { losses } = JSON.parse(readFileSync(join(dir, `${name}.json`), 'utf8'));
+  const { losses, evalLoss } = JSON.parse(readFileSync(join(dir, `${name}.json`), 'utf8'));
   const bytes = readFileSync(join(dir, `${name}-params.bin`));
   const params = new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
-  return { losses: /** @type {number[]} */ (losses), params };
+  return { losses: /** @type {number[]} */ (losses), params, evalLoss: /** @type {number} */ (evalLoss) };
 }
 
 /**

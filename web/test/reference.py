@@ -131,8 +131,9 @@ def parameters(module) -> np.ndarray:
 def run(artifacts: Path, checkpoint: Path, steps: list[list[np.ndarray]], save: Path | None = None) -> dict:
     """Train on ``steps`` (each a list of micro-batches: one train step each, then one optimizer step).
 
-    Returns the losses (one per train step) and the parameters before and after
-    each optimizer step; with ``save``, saves the checkpoint after ``SAVE_AT`` steps.
+    Returns the losses (one per train step), the parameters before and after
+    each optimizer step, and the eval model's loss on the first batch at the
+    end; with ``save``, saves the checkpoint after ``SAVE_AT`` steps.
     """
     from onnxtrain.api import CheckpointState
 
@@ -147,12 +148,15 @@ def run(artifacts: Path, checkpoint: Path, steps: list[list[np.ndarray]], save: 
         params.append(parameters(module))
         if save is not None and index + 1 == SAVE_AT:
             CheckpointState.save_checkpoint(state, str(save), include_optimizer_state=True)
-    return {"losses": losses, "params": np.stack(params)}
+    module.eval()
+    evaluated = module(*steps[0][0])
+    eval_loss = float(np.asarray(evaluated[0] if isinstance(evaluated, tuple) else evaluated))
+    return {"losses": losses, "params": np.stack(params), "eval_loss": eval_loss}
 
 
 def write_run(result: dict, case_dir: Path, name: str) -> None:
     result["params"].astype("<f4").tofile(case_dir / f"{name}-params.bin")
-    (case_dir / f"{name}.json").write_text(json.dumps({"losses": result["losses"]}))
+    (case_dir / f"{name}.json").write_text(json.dumps({"losses": result["losses"], "evalLoss": result["eval_loss"]}))
 
 
 def prepare_case(case: str, model: onnx.ModelProto, out: Path) -> None:

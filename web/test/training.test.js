@@ -95,11 +95,15 @@ const range = (/** @type {number} */ from, /** @type {number} */ to) => Array.fr
 
 describe('the same numbers as Python', () => {
   for (const name of ['mlp', 'cnn']) {
-    test(`${name}: 20 steps, every loss and every parameter after every step`, async () => {
+    test(`${name}: 20 steps, every loss and every parameter after every step, then an eval step`, async () => {
       const c = loadCase(reference, name);
       const session = await open(c);
-      compare(session, await train(session, c, range(0, c.manifest.steps)), loadRun(c.dir, 'python'), 0, name);
+      const python = loadRun(c.dir, 'python');
+      compare(session, await train(session, c, range(0, c.manifest.steps)), python, 0, name);
       assert.equal(session.checkpointState.optimizer?.step, c.manifest.steps);
+      // the eval model: inference-mode BatchNormalization reads the running statistics the train steps carried
+      const evaluated = await session.runEvalStep(feeds(c, 0));
+      assertClose([Number(evaluated[session.evalOutputNames[0]].data[0])], [python.evalLoss], `${name}: eval loss`);
       await session.release();
     });
   }
