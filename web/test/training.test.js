@@ -212,6 +212,8 @@ describe('lazyResetGrad and the optimizer step', () => {
     assert.deepEqual(session.evalOutputNames, session.trainingOutputNames);
     assert.equal(evaluated[loss].data[0], trained[loss].data[0]);
     assert.deepEqual(Object.keys(await session.runEvalStep(feeds(c, 0), [loss])), [loss]);
+    assert.deepEqual(Object.keys(await session.runEvalStep(feeds(c, 0), { [loss]: null })), [loss]);
+    await assert.rejects(session.runEvalStep(feeds(c, 0), ['nothing']), /no output\(s\) \["nothing"\]; the outputs are/);
   });
 });
 

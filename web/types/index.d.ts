@@ -113,7 +113,7 @@ export class TrainingSession {
   runTrainStep(feeds: Record<string, Tensor>, options?: InferenceSession.RunOptions): Promise<Record<string, Tensor>>;
   runTrainStep(
     feeds: Record<string, Tensor>,
-    fetches: readonly string[],
+    fetches: readonly string[] | Record<string, null>,
     options?: InferenceSession.RunOptions,
   ): Promise<Record<string, Tensor>>;
   /** Update the trainable parameters from the accumulated gradients; throws when there are none. */
@@ -123,7 +123,7 @@ export class TrainingSession {
   runEvalStep(feeds: Record<string, Tensor>, options?: InferenceSession.RunOptions): Promise<Record<string, Tensor>>;
   runEvalStep(
     feeds: Record<string, Tensor>,
-    fetches: readonly string[],
+    fetches: readonly string[] | Record<string, null>,
     options?: InferenceSession.RunOptions,
   ): Promise<Record<string, Tensor>>;
   getLearningRate(): number;

@@ -231,7 +231,7 @@ export class TrainingSession {
    * One train step: forward and backward; the gradients are added to the accumulated ones, or replace them
    * on the first step after the session is made or after `lazyResetGrad()`.
    * @param {Record<string, Tensor>} feeds the training model's user inputs by name
-   * @param {readonly string[] | RunOptions} [fetches] the outputs to return (default: all), or `options`
+   * @param {readonly string[] | Record<string, null> | RunOptions} [fetches] the outputs to return (default: all), or `options`
    * @param {RunOptions} [options]
    * @returns {Promise<Record<string, Tensor>>} the loss and the additional outputs, by name
    */
@@ -322,7 +322,7 @@ export class TrainingSession {
   /**
    * One eval step: the eval model (inference-mode Dropout and BatchNormalization) on the current parameters.
    * @param {Record<string, Tensor>} feeds the eval model's user inputs by name
-   * @param {readonly string[] | RunOptions} [fetches] the outputs to return (default: all), or `options`
+   * @param {readonly string[] | Record<string, null> | RunOptions} [fetches] the outputs to return (default: all), or `options`
    * @param {RunOptions} [options]
    * @returns {Promise<Record<string, Tensor>>}
    */
@@ -493,19 +493,29 @@ export class TrainingSession {
   }
 
   /**
-   * Split ORT's overloads `(feeds, options)` and `(feeds, fetches, options)`; check the fetched names.
+   * Split ORT's overloads `(feeds, options)` and `(feeds, fetches, options)`, fetches being a list of output
+   * names or an object keyed by them (as onnxruntime's `FetchesType`); check the names.
    * @param {string} call
-   * @param {readonly string[] | RunOptions | undefined} fetches
+   * @param {readonly string[] | Record<string, unknown> | RunOptions | undefined} fetches
    * @param {RunOptions | undefined} options
    * @param {readonly string[]} outputs
    * @returns {[readonly string[], RunOptions | undefined]}
    */
   #fetches(call, fetches, options, outputs) {
     this.#alive(call);
-    if (fetches === undefined || !Array.isArray(fetches)) return [outputs, /** @type {RunOptions | undefined} */ (fetches) ?? options];
-    const unknown = fetches.filter((name) => !outputs.includes(name));
+    /** @type {readonly string[]} */
+    let names;
+    if (Array.isArray(fetches)) names = fetches;
+    else if (fetches !== null && typeof fetches === 'object' && Object.keys(fetches).some((k) => outputs.includes(k))) {
+      const given = /** @type {Record<string, unknown>} */ (fetches);
+      if (Object.values(given).some((v) => v !== null && v !== undefined)) {
+        throw new TypeError(`${call}: preallocated outputs are not supported; give the output names (or null values)`);
+      }
+      names = Object.keys(given);
+    } else return [outputs, /** @type {RunOptions | undefined} */ (fetches) ?? options];
+    const unknown = names.filter((name) => !outputs.includes(name));
     if (unknown.length) throw new RangeError(`${call}: no output(s) ${JSON.stringify(unknown)}; the outputs are ${JSON.stringify(outputs)}`);
-    return [fetches, options];
+    return [names, options];
   }
 
   /** @param {string} call */
