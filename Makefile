@@ -32,7 +32,7 @@ OLDEST_VENV ?= .venv-oldest
 OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_CONSTRAINTS ?= constraints-oldest.txt
 
-.PHONY: demo test test-newest test-oldest test-web web-demo web-deps chromium bench venv venv-oldest torch torch-oldest ort-training clean
+.PHONY: demo test test-newest test-oldest test-web web-demo web-deps chromium bench bench-web venv venv-oldest torch torch-oldest ort-training clean
 
 demo: venv
 	$(BIN)/onnxtrain demo
@@ -59,6 +59,10 @@ test-web: venv web-deps chromium
 web-demo: venv web-deps
 	@test -f web/demo/assets/digits.json || $(BIN)/python web/demo/make_assets.py web/demo/assets
 	cd web && ONNXTRAIN_PYTHON="$(abspath $(BIN))/python" PORT=$(WEB_DEMO_PORT) npm run demo
+
+# A training step of the digits MLP in Node.js, headless Chromium and Python (benchmarks/web, docs/benchmarks.md).
+bench-web: venv web-deps chromium
+	cd web && ONNXTRAIN_PYTHON="$(abspath $(BIN))/python" CHROMIUM="$(CHROMIUM)" npm run bench
 
 web-deps: web/node_modules/.installed
 
