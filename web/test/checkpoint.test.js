@@ -2,6 +2,7 @@
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { before, describe, test } from 'node:test';
 
 import { CheckpointError, CheckpointState } from 'onnxtrain-web';
@@ -123,6 +124,14 @@ describe('files that are not valid checkpoints', () => {
       } catch (error) {
         assert.ok(error instanceof CheckpointError, `byte ${i}: ${error}`);
       }
+    }
+  });
+
+  test('loadCheckpoint reads a path, a file: URL, bytes or an ArrayBuffer alike', async () => {
+    const path = join(reference, 'mlp', 'python-10.ckpt');
+    const bytes = bytesOf(path);
+    for (const source of [path, pathToFileURL(path), bytes, bytes.slice().buffer]) {
+      assert.deepEqual((await CheckpointState.loadCheckpoint(source)).toBuffer({ includeOptimizerState: true }), bytes);
     }
   });
 
