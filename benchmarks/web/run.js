@@ -41,14 +41,19 @@ const median = (values) => [...values].sort((a, b) => a - b)[Math.floor(values.l
  * @param {any} runtime an onnxruntime package
  * @param {string} assets
  * @param {{ warmup: number, steps: number }} counts
+ * @param {object} [sessionOptions]
  */
-async function timeInNode(runtime, assets, { warmup, steps }) {
+async function timeInNode(runtime, assets, { warmup, steps }, sessionOptions) {
   const artifacts = join(assets, 'artifacts');
-  const session = await TrainingSession.createWith(runtime, {
-    checkpointState: join(artifacts, 'checkpoint'),
-    trainModel: join(artifacts, 'training_model.onnx'),
-    optimizerModel: join(artifacts, 'optimizer_model.onnx'),
-  });
+  const session = await TrainingSession.createWith(
+    runtime,
+    {
+      checkpointState: join(artifacts, 'checkpoint'),
+      trainModel: join(artifacts, 'training_model.onnx'),
+      optimizerModel: join(artifacts, 'optimizer_model.onnx'),
+    },
+    sessionOptions,
+  );
   session.setLearningRate(0.01);
   const manifest = JSON.parse(readFileSync(join(assets, 'digits.json'), 'utf8'));
   const raw = readFileSync(join(assets, 'digits.bin'));
@@ -97,15 +102,19 @@ const pythonCounts = ['--warmup', String(count(200)), '--steps', String(count(10
 const python = JSON.parse(execFileSync(PYTHON, [join(HERE, 'python_step.py'), assets, ...pythonCounts], { cwd: ROOT, encoding: 'utf8' }));
 rows.push([`Python, onnxtrain (onnxruntime ${python.onnxruntime}), fused step (default)`, python.fused]);
 rows.push([`Python, onnxtrain (onnxruntime ${python.onnxruntime}), fuse=False: two models per step`, python.unfused]);
-rows.push(['Node.js, onnxtrain-web on onnxruntime-node', await timeInNode(ort, assets, { warmup: count(200), steps: count(1000) })]);
+rows.push(['Node.js, onnxtrain-web on onnxruntime-node (default session options)', await timeInNode(ort, assets, { warmup: count(200), steps: count(1000) })]);
+rows.push([
+  'Node.js, onnxtrain-web on onnxruntime-node, `intraOpNumThreads: 1`',
+  await timeInNode(ort, assets, { warmup: count(200), steps: count(1000) }, { intraOpNumThreads: 1 }),
+]);
 ortWeb.env.wasm.numThreads = 1;
-rows.push(["Node.js, onnxtrain-web on onnxruntime-web's WebAssembly (1 thread)", await timeInNode(ortWeb, assets, { warmup: count(50), steps: count(300) })]);
+rows.push(["Node.js, onnxtrain-web on onnxruntime-web's WebAssembly (1 thread)", await timeInNode(ortWeb, assets, { warmup: count(300), steps: count(500) })]);
 
 const server = await startServer({ port: 0, assets });
 const browser = await chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-dev-shm-usage', '--enable-unsafe-webgpu', '--use-webgpu-adapter=swiftshader'] });
 try {
   for (const threads of [1, 2]) {
-    const r = await timeInPage(browser, server.url, `backend=wasm&threads=${threads}&warmup=${count(50)}&steps=${count(300)}`);
+    const r = await timeInPage(browser, server.url, `backend=wasm&threads=${threads}&warmup=${count(300)}&steps=${count(500)}`);
     rows.push([`Chromium ${browser.version()}, WebAssembly, ${threads === 1 ? 'threads off (1)' : `threads on (${threads})`}`, r.msPerStep]);
   }
   const gpu = await timeInPage(browser, server.url, `backend=webgpu&warmup=${QUICK ? 1 : 5}&steps=${QUICK ? 2 : 20}`);
