@@ -1,8 +1,7 @@
 // The demo page in headless Chromium (Debian's chromium, driven by playwright-core): it trains the digits MLP
 // on onnxruntime-web, and its losses are Python's; its screenshot shows the loss curve.
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { execFileSync } from 'node:child_process';
@@ -10,7 +9,7 @@ import { execFileSync } from 'node:child_process';
 import { chromium } from 'playwright-core';
 
 import { startServer } from '../demo/serve.js';
-import { assertClose, loadRun, PYTHON, python, ROOT, RTOL } from './helpers.js';
+import { assertClose, loadRun, PYTHON, python, ROOT, RTOL, temporaryDir } from './helpers.js';
 import { decodePng, inkStatistics } from './png.js';
 
 /** Chromium: `CHROMIUM`, else Debian's. */
@@ -33,7 +32,7 @@ let out;
 
 before(async () => {
   assert.ok(existsSync(CHROMIUM), `no Chromium at ${CHROMIUM}: apt-get install -y chromium (make test-web does), or set CHROMIUM`);
-  out = mkdtempSync(join(tmpdir(), 'onnxtrain-web-demo-'));
+  out = temporaryDir('onnxtrain-web-demo-');
   const assets = join(out, 'assets');
   execFileSync(PYTHON, [join(ROOT, 'web', 'demo', 'make_assets.py'), assets], { cwd: ROOT, stdio: ['ignore', 'ignore', 'inherit'] });
   python('demo', assets, String(STEPS), join(out, 'python'));
@@ -96,7 +95,7 @@ describe('the demo page in headless Chromium', () => {
     writeFileSync(join(out, 'demo.png'), shot);
     const whole = inkStatistics(decodePng(shot));
     const chart = inkStatistics(decodePng(await page.locator('#chart').screenshot()));
-    assert.ok(whole.variance > 100, `the screenshot (${join(out, 'demo.png')}) looks blank: grey variance ${whole.variance}`);
+    assert.ok(whole.variance > 100, `the screenshot (${join(out, 'demo.png')}; ONNXTRAIN_WEB_KEEP=1 keeps it) looks blank: grey variance ${whole.variance}`);
     assert.ok(chart.inkShare > 0.01 && chart.variance > 100, `the loss curve looks empty: ${JSON.stringify(chart)}`);
     await page.close();
   });

@@ -5,7 +5,7 @@
  */
 
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, existsSync } from 'node:fs';
+import { mkdtempSync, readFileSync, existsSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -35,8 +35,18 @@ export function python(...args) {
 export function referenceDir() {
   const given = process.env.ONNXTRAIN_WEB_REFERENCE;
   if (given && existsSync(join(given, 'mlp', 'case.json'))) return given;
-  const dir = mkdtempSync(join(tmpdir(), 'onnxtrain-web-'));
+  const dir = temporaryDir('onnxtrain-web-');
   python('prepare', dir);
+  return dir;
+}
+
+/**
+ * A new temporary folder, removed when the process exits (kept when `ONNXTRAIN_WEB_KEEP` is set, to look at).
+ * @param {string} prefix
+ */
+export function temporaryDir(prefix) {
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  if (!process.env.ONNXTRAIN_WEB_KEEP) process.on('exit', () => rmSync(dir, { recursive: true, force: true }));
   return dir;
 }
 

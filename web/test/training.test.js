@@ -1,15 +1,14 @@
 // Training in Node.js on onnxruntime-node: the same numbers as onnxtrain's Python runtime, step by step,
 // checkpoints that move both ways, parameter buffers, gradient accumulation, and the errors.
 import assert from 'node:assert/strict';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
 
 import { TrainingSession as Unbound } from 'onnxtrain-web';
 import { CheckpointState, TrainingSession, ort } from 'onnxtrain-web/node';
 
-import { assertClose, loadCase, loadRun, python, referenceDir, RTOL } from './helpers.js';
+import { assertClose, loadCase, loadRun, python, referenceDir, RTOL, temporaryDir } from './helpers.js';
 
 /** @type {string} */
 let reference;
@@ -133,7 +132,7 @@ describe('checkpoints move between Python and JavaScript', () => {
       const session = await open(c);
       await train(session, c, range(0, saveAt));
       const saved = session.checkpointState.toBuffer({ includeOptimizerState: true });
-      const dir = mkdtempSync(join(tmpdir(), 'onnxtrain-web-resume-'));
+      const dir = temporaryDir('onnxtrain-web-resume-');
       writeFileSync(join(dir, 'js.ckpt'), saved);
       python('resume', c.dir, join(dir, 'js.ckpt'), String(saveAt), String(steps - saveAt), join(dir, 'python'));
       assert.deepEqual(new Uint8Array(readFileSync(join(dir, 'python.resaved'))), saved, "Python's save of the loaded state is JavaScript's bytes");
