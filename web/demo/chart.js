@@ -52,6 +52,24 @@ export function drawLosses(canvas, losses, stepsPerEpoch) {
     means.push([x(start + stepsPerEpoch - 1), y(Math.log10(epoch.reduce((a, b) => a + b, 0) / epoch.length))]);
   }
   line(ctx, means, '#d04010', 3);
+  legend(ctx, width - pad.right - 170, pad.top + 8);
+}
+
+/**
+ * What the two lines are.
+ * @param {CanvasRenderingContext2D} ctx
+ * @param {number} x
+ * @param {number} y
+ */
+function legend(ctx, x, y) {
+  ctx.fillStyle = 'rgba(255, 255, 255, 0.85)';
+  ctx.fillRect(x - 6, y - 4, 170, 40);
+  line(ctx, [[x, y + 6], [x + 24, y + 6]], '#9ab', 1);
+  line(ctx, [[x, y + 24], [x + 24, y + 24]], '#d04010', 3);
+  ctx.fillStyle = '#333';
+  ctx.textAlign = 'left';
+  ctx.fillText('each step', x + 32, y + 10);
+  ctx.fillText('mean of each epoch', x + 32, y + 28);
 }
 
 /**

@@ -104,7 +104,7 @@ async function train() {
     result.accuracy = accuracy(/** @type {Float32Array} */ (heldOut[scores].data), digits.labels.subarray(count), digits.manifest.classes);
     $('accuracy').textContent = `${(100 * result.accuracy).toFixed(1)}% of ${digits.manifest.count - count} digits`;
     $('status').textContent =
-      `${result.losses.length} steps on ${backend === 'wasm' ? `WebAssembly (${ort.env.wasm.numThreads ?? 'default'} threads)` : 'WebGPU'}: ` +
+      `${result.losses.length} steps on ${backend === 'wasm' ? `WebAssembly (${threadsText(ort.env.wasm.numThreads)})` : 'WebGPU'}: ` +
       `${result.msPerStep.toFixed(2)} ms per step; final loss ${result.losses.at(-1)?.toFixed(4)}`;
     $('losses').textContent = JSON.stringify(result.losses);
     result.state = 'done';
@@ -112,6 +112,14 @@ async function train() {
     await session.release();
     button.disabled = false;
   }
+}
+
+/**
+ * `1 thread`, `2 threads`, or onnxruntime-web's default.
+ * @param {number | undefined} threads
+ */
+function threadsText(threads) {
+  return threads === undefined ? "onnxruntime-web's default threads" : `${threads} thread${threads === 1 ? '' : 's'}`;
 }
 
 /**
