@@ -10,6 +10,7 @@ import { TrainingSession as Base } from './session/training-session.js';
 export { CheckpointState } from './checkpoint/state.js';
 export { CheckpointError } from './checkpoint/errors.js';
 export { DEFAULT_LEARNING_RATE } from './session/training-session.js';
+export { saveCheckpoint } from './save-file.js';
 export { ort };
 
 /** A {@link Base TrainingSession} whose `create` runs on onnxruntime-node. */

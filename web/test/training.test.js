@@ -1,12 +1,12 @@
 // Training in Node.js on onnxruntime-node: the same numbers as onnxtrain's Python runtime, step by step,
 // checkpoints that move both ways, parameter buffers, gradient accumulation, and the errors.
 import assert from 'node:assert/strict';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { before, describe, test } from 'node:test';
 
 import { TrainingSession as Unbound } from 'onnxtrain-web';
-import { CheckpointState, TrainingSession, ort } from 'onnxtrain-web/node';
+import { CheckpointState, TrainingSession, ort, saveCheckpoint } from 'onnxtrain-web/node';
 
 import { assertClose, loadCase, loadRun, python, referenceDir, RTOL, temporaryDir } from './helpers.js';
 
@@ -133,7 +133,8 @@ describe('checkpoints move between Python and JavaScript', () => {
       await train(session, c, range(0, saveAt));
       const saved = session.checkpointState.toBuffer({ includeOptimizerState: true });
       const dir = temporaryDir('onnxtrain-web-resume-');
-      writeFileSync(join(dir, 'js.ckpt'), saved);
+      await saveCheckpoint(session.checkpointState, join(dir, 'js.ckpt'), { includeOptimizerState: true });
+      assert.deepEqual(readdirSync(dir), ['js.ckpt'], 'no temporary file left');
       python('resume', c.dir, join(dir, 'js.ckpt'), String(saveAt), String(steps - saveAt), join(dir, 'python'));
       assert.deepEqual(new Uint8Array(readFileSync(join(dir, 'python.resaved'))), saved, "Python's save of the loaded state is JavaScript's bytes");
       const rest = await train(session, c, range(saveAt, steps));
