@@ -124,3 +124,30 @@ export function assertClose(actual, expected, what, atol = 0, rtol = RTOL) {
   }
   if (at >= 0) assert.fail(`${what}: element ${at} is ${actual[at]}, Python's ${expected[at]} (beyond ${rtol} relative)`);
 }
+
+/**
+ * Compare a run with Python's: every loss to `rtol` relative, every parameter tensor after every step to
+ * `rtol` of the tensor's largest magnitude in Python's run.
+ * @param {{ losses: number[], params: ArrayLike<number>[] }} run the losses and the parameters (in
+ *   training-model order) before the first step and after each
+ * @param {{ losses: number[], params: Float32Array }} expected a run written by reference.py
+ * @param {{ names: readonly string[], sizes: readonly number[] }} layout the parameters' names and sizes
+ * @param {{ what: string, firstStep?: number, expectedFrom?: number, rtol?: number }} how `firstStep`: the step
+ *   count the run starts at; `expectedFrom`: where the run starts in `expected` (default `firstStep`)
+ */
+export function compareRun(run, expected, { names, sizes }, { what, firstStep = 0, expectedFrom = firstStep, rtol = RTOL }) {
+  assertClose(run.losses, expected.losses.slice(expectedFrom, expectedFrom + run.losses.length), `${what}: losses`, 0, rtol);
+  const total = sizes.reduce((a, b) => a + b, 0);
+  run.params.forEach((params, k) => {
+    const python = expected.params.subarray((expectedFrom + k) * total, (expectedFrom + k + 1) * total);
+    assert.equal(python.length, total, `${what}: Python's run has no parameters after ${firstStep + k} steps`);
+    let offset = 0;
+    names.forEach((name, i) => {
+      const e = python.subarray(offset, offset + sizes[i]);
+      const scale = e.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
+      const actual = Array.prototype.slice.call(params, offset, offset + sizes[i]);
+      assertClose(actual, e, `${what}: '${name}' after ${firstStep + k} steps`, rtol * scale, rtol);
+      offset += sizes[i];
+    });
+  });
+}

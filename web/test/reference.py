@@ -54,7 +54,9 @@ def mlp_model() -> onnx.ModelProto:
 def cnn_model() -> onnx.ModelProto:
     """images [batch, 1, 8, 8] -> Conv 4x3x3 -> BatchNormalization (training mode) -> Relu -> MaxPool 2x2 ->
     Flatten -> Gemm -> 10 scores. The convolution has no bias: BatchNormalization would remove it, leaving it a
-    gradient of rounding errors that AdamW would scale up to whole steps."""
+    gradient of rounding errors that AdamW would scale up to whole steps. Its attributes are all explicit, as
+    torch.onnx.export writes them: onnxruntime-web 1.30's WebGPU Conv fails ("dilations should be 2D") on a
+    Conv without ``dilations`` whose weight is an input, as a parameter of a training model is."""
     rng = np.random.default_rng(SEED)
 
     def init(name: str, shape: tuple[int, ...], scale: float) -> onnx.TensorProto:
@@ -70,7 +72,16 @@ def cnn_model() -> onnx.ModelProto:
         init("fc.bias", (10,), 0.05),
     ]
     nodes = [
-        helper.make_node("Conv", ["images", "conv.weight"], ["conv"], pads=[1, 1, 1, 1]),
+        helper.make_node(  # every attribute explicit, as torch.onnx.export writes them (see cnn_model's docstring)
+            "Conv",
+            ["images", "conv.weight"],
+            ["conv"],
+            pads=[1, 1, 1, 1],
+            strides=[1, 1],
+            dilations=[1, 1],
+            kernel_shape=[3, 3],
+            group=1,
+        ),
         helper.make_node(
             "BatchNormalization",
             ["conv", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"],

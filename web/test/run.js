@@ -1,6 +1,6 @@
 /**
  * `npm test`: make Python's reference data once (reference.py prepare), then run the test files with Node's
- * test runner. `node test/run.js node` runs the Node.js tests only, `browser` the Chromium test only.
+ * test runner (each test file makes the data itself when run alone). `node test/run.js node` runs the Node.js tests only, `browser` the Chromium test only.
  * @module
  */
 
@@ -22,7 +22,7 @@ if (!files) {
 }
 const reference = mkdtempSync(join(tmpdir(), 'onnxtrain-web-reference-'));
 try {
-  if (files.some((f) => SUITES.node.includes(f))) python('prepare', reference);
+  python('prepare', reference);
   const run = spawnSync(process.execPath, ['--test', ...files.map((f) => join(HERE, f))], {
     stdio: 'inherit',
     env: { ...process.env, ONNXTRAIN_WEB_REFERENCE: reference },

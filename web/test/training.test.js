@@ -8,7 +8,7 @@ import { before, describe, test } from 'node:test';
 import { TrainingSession as Unbound } from 'onnxtrain-web';
 import { CheckpointState, TrainingSession, ort, saveCheckpoint } from 'onnxtrain-web/node';
 
-import { assertClose, loadCase, loadRun, python, referenceDir, RTOL, temporaryDir } from './helpers.js';
+import { assertClose, compareRun, loadCase, loadRun, python, referenceDir, temporaryDir } from './helpers.js';
 
 /** @type {string} */
 let reference;
@@ -65,8 +65,7 @@ async function train(session, c, steps) {
 }
 
 /**
- * Compare a run with Python's: every loss to RTOL relative, every parameter tensor after every step to RTOL
- * relative of the tensor's largest magnitude.
+ * Compare a run with Python's (helpers.compareRun), the parameters laid out as the session's.
  * @param {TrainingSession} session
  * @param {{ losses: number[], params: Float32Array[] }} run
  * @param {{ losses: number[], params: Float32Array }} expected
@@ -75,19 +74,9 @@ async function train(session, c, steps) {
  * @param {number} [expectedFrom] where the run starts in `expected` (default `firstStep`)
  */
 function compare(session, run, expected, firstStep, what, expectedFrom = firstStep) {
-  assertClose(run.losses, expected.losses.slice(expectedFrom, expectedFrom + run.losses.length), `${what}: losses`);
-  const sizes = session.parameterNames.map((name) => session.checkpointState.getParameter(name).data?.length ?? 0);
-  const total = sizes.reduce((a, b) => a + b, 0);
-  run.params.forEach((params, k) => {
-    const python = expected.params.subarray((expectedFrom + k) * total, (expectedFrom + k + 1) * total);
-    let offset = 0;
-    session.parameterNames.forEach((name, i) => {
-      const e = python.subarray(offset, offset + sizes[i]);
-      const scale = e.reduce((m, v) => Math.max(m, Math.abs(v)), 0);
-      assertClose(params.subarray(offset, offset + sizes[i]), e, `${what}: '${name}' after ${firstStep + k} steps`, RTOL * scale);
-      offset += sizes[i];
-    });
-  });
+  const names = session.parameterNames;
+  const sizes = names.map((name) => session.checkpointState.getParameter(name).data?.length ?? 0);
+  compareRun(run, expected, { names, sizes }, { what, firstStep, expectedFrom });
 }
 
 const range = (/** @type {number} */ from, /** @type {number} */ to) => Array.from({ length: to - from }, (_, i) => [from + i]);
