@@ -5,6 +5,12 @@
 # then in .venv-oldest with the oldest the project supports (onnx and
 # onnxruntime pinned by constraints-oldest.txt, pyproject.toml's lower bounds).
 # `make test-newest` and `make test-oldest` run one pass each.
+#
+# `make test` also runs onnxtrain-web's tests (web/, docs/web.md): `make test-web`
+# installs Debian's chromium where $(CHROMIUM) is missing, the node modules with
+# `npm ci` from web/package-lock.json, then runs the Node.js tests (onnxruntime-node)
+# and the browser test (headless Chromium, onnxruntime-web), both against the
+# Python runtime in .venv. `make web-demo` serves the demo page on localhost.
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -26,18 +32,51 @@ OLDEST_VENV ?= .venv-oldest
 OLDEST_BIN := $(OLDEST_VENV)/bin
 OLDEST_CONSTRAINTS ?= constraints-oldest.txt
 
-.PHONY: demo test test-newest test-oldest bench venv venv-oldest torch torch-oldest ort-training clean
+.PHONY: demo test test-newest test-oldest test-web web-demo web-deps chromium bench bench-web venv venv-oldest torch torch-oldest ort-training clean
 
 demo: venv
 	$(BIN)/onnxtrain demo
 
-test: test-newest test-oldest
+test: test-newest test-oldest test-web
 
 test-newest: venv torch ort-training
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-oldest: venv-oldest torch-oldest ort-training
 	$(OLDEST_BIN)/python -m pytest $(PYTEST_ARGS)
+
+# onnxtrain-web (web/): Debian's chromium for the browser test, installed with apt
+# where it is missing (sudo unless root); the node modules as the lock file pins them.
+CHROMIUM ?= /usr/bin/chromium
+WEB_DEMO_PORT ?= 8000
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+test-web: venv web-deps chromium
+	cd web && ONNXTRAIN_PYTHON="$(abspath $(BIN))/python" CHROMIUM="$(CHROMIUM)" npm test
+
+# The demo page on http://127.0.0.1:$(WEB_DEMO_PORT)/demo/: its artifacts (onnxtrain generate)
+# and data file are made in web/demo/assets when missing.
+web-demo: venv web-deps
+	@test -f web/demo/assets/digits.json || $(BIN)/python web/demo/make_assets.py web/demo/assets
+	cd web && ONNXTRAIN_PYTHON="$(abspath $(BIN))/python" PORT=$(WEB_DEMO_PORT) npm run demo
+
+# A training step of the digits MLP in Node.js, headless Chromium and Python (benchmarks/web, docs/benchmarks.md).
+bench-web: venv web-deps chromium
+	cd web && ONNXTRAIN_PYTHON="$(abspath $(BIN))/python" CHROMIUM="$(CHROMIUM)" npm run bench
+
+web-deps: web/node_modules/.installed
+
+# ONNXRUNTIME_NODE_INSTALL=skip: onnxruntime-node's install script would fetch CUDA libraries; its CPU
+# library is in the package.
+web/node_modules/.installed: web/package.json web/package-lock.json
+	cd web && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+chromium:
+	@if [ ! -x "$(CHROMIUM)" ]; then \
+	    echo "installing Debian's chromium for the browser test (apt-get)"; \
+	    $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium > /dev/null; \
+	fi
 
 # The benchmark (benchmarks/, docs/benchmarks.md): onnxtrain, PyTorch eager and
 # onnxruntime-training 1.19.2; the last in its own environment,
@@ -108,4 +147,5 @@ $(ORT_TRAINING_VENV)/.done:
 	@touch $@
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(ORT_TRAINING_VENV) benchmarks/.venv-ort-training .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST_VENV) $(ORT_TRAINING_VENV) benchmarks/.venv-ort-training .pytest_cache .hypothesis \
+	    web/node_modules web/demo/assets
