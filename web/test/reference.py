@@ -185,6 +185,14 @@ def prepare_case(case: str, model: onnx.ModelProto, out: Path) -> None:
     (case_dir / "case.json").write_text(json.dumps(manifest, indent=1))
     write_run(run(artifacts, artifacts / "checkpoint", [[b] for b in data], case_dir / f"python-{SAVE_AT}.ckpt"),
               case_dir, "python")  # fmt: skip
+    if case == "mlp":  # the same model's artifacts with dynamic loss scaling (float32, so the numbers are exact)
+        from onnxtrain import artifacts as onnxtrain_artifacts
+
+        onnxtrain_artifacts.generate_artifacts(
+            str(case_dir / "model.onnx"), requires_grad=onnxtrain_artifacts.trainable_parameters(model),
+            loss="CrossEntropyLoss", optimizer="AdamW", artifact_directory=str(case_dir / "artifacts-scaled"),
+            loss_scaling=True,
+        )  # fmt: skip
     if case == "mlp":  # two micro-batches per optimizer step: gradient accumulation
         pairs = [[data[2 * k], data[2 * k + 1]] for k in range(STEPS // 2)]
         write_run(run(artifacts, artifacts / "checkpoint", pairs), case_dir, "accumulate")

@@ -104,6 +104,40 @@ describe('the same numbers as Python', () => {
   });
 });
 
+describe('dynamic loss scaling (artifacts with loss_scaling=True)', () => {
+  test('a batch with an infinite gradient is skipped and backs the scale off; the rest trains as without scaling', async () => {
+    const c = loadCase(reference, 'mlp');
+    const scaledArtifacts = join(c.dir, 'artifacts-scaled');
+    const scaled = await open({ ...c, artifacts: scaledArtifacts });
+    const plain = await open(c);
+    const scaler = (/** @type {string} */ name) => Number(scaled.checkpointState.getParameter(name).data?.[0]);
+    for (const step of [0, 1, -1, 2, 3]) {
+      if (step < 0) {
+        const bad = feeds(c, 0);
+        const pixels = /** @type {any} */ (bad[c.manifest.inputs[0].name]);
+        bad[c.manifest.inputs[0].name] = new ort.Tensor('float32', new Float32Array(pixels.size).fill(Infinity), pixels.dims);
+        await scaled.runTrainStep(bad);
+        await scaled.runOptimizerStep();
+        await scaled.lazyResetGrad();
+        assert.deepEqual([scaler('loss_scale'), scaler('loss_scale.last_step_skipped'), scaler('loss_scale.skipped_steps')], [32768, 1, 1]);
+        continue;
+      }
+      for (const session of [scaled, plain]) {
+        await session.runTrainStep(feeds(c, step));
+        await session.runOptimizerStep();
+        await session.lazyResetGrad();
+      }
+    }
+    // scaling by a power of two is exact in float32: the parameters are bit for bit those of the unscaled run
+    for (const name of plain.parameterNames) {
+      assert.deepEqual(scaled.checkpointState.getParameter(name).data, plain.checkpointState.getParameter(name).data, name);
+    }
+    assert.deepEqual([scaler('loss_scale'), scaler('loss_scale.last_step_skipped'), scaler('loss_scale.growth_tracker')], [32768, 0, 2]);
+    await scaled.release();
+    await plain.release();
+  });
+});
+
 describe('checkpoints move between Python and JavaScript', () => {
   for (const name of ['mlp', 'cnn']) {
     test(`${name}: Python's checkpoint after 10 steps resumes in JavaScript on Python's course`, async () => {

@@ -34,6 +34,7 @@ import { shapeText } from './feeds.js';
  * @typedef {Object} OptimizerIO
  * @property {number} numStates moments per parameter
  * @property {number[]} initialValues each moment's initial value
+ * @property {string[]} shared frozen parameters the model also updates (the loss scaler's state)
  */
 
 /**
@@ -104,7 +105,9 @@ export function trainingIO(inputs, outputNames, state) {
   const suffix = N.bufferName('');
   const buffered = inputs.filter((i) => i.name.endsWith(suffix)).map((i) => i.name.slice(0, -suffix.length));
   const { users, params } = split(inputs, state, model, new Set([N.LAZY_RESET_GRAD, ...buffered.map(N.bufferName)]));
-  const extra = [...state.trainable.keys(), ...state.frozen.keys()].filter((name) => !params.includes(name));
+  const extra = [...state.trainable.keys(), ...state.frozen.keys()].filter(
+    (name) => !params.includes(name) && !N.SCALER_STATE.includes(name), // the scaler's: the optimizer model's
+  );
   if (extra.length) {
     throw new Error(
       `the checkpoint has parameter(s) ${JSON.stringify(extra)} that the ${model} does not take; its parameters are ` +
@@ -170,7 +173,15 @@ export function optimizerIO(inputs, outputNames, trainable, state, metadata) {
     );
   }
   if (!trainable.length) throw new Error('the training model has no trainable parameters, so there is nothing to optimize');
-  const params = names.slice(2).filter((n) => state.hasParameter(n));
+  const shared = N.SCALER_STATE.filter((n) => names.includes(n));
+  const missingState = shared.filter((n) => !state.frozen.has(n) || !outputNames.includes(N.updatedName(n)));
+  if (missingState.length) {
+    throw new Error(
+      `the ${model} scales the loss, but the checkpoint or the model lacks the scaler's ${JSON.stringify(missingState)}: ` +
+        'load the checkpoint written with these artifacts',
+    );
+  }
+  const params = names.slice(2).filter((n) => state.hasParameter(n) && !shared.includes(n));
   if ([...params].sort().join('\n') !== [...trainable].sort().join('\n')) {
     throw new Error(`the ${model} updates ${JSON.stringify(params)}, but the training model trains ${JSON.stringify(trainable)}: the artifacts do not belong together`);
   }
@@ -200,5 +211,5 @@ export function optimizerIO(inputs, outputNames, trainable, state, metadata) {
     }
     initialValues = parsed;
   }
-  return { numStates, initialValues };
+  return { numStates, initialValues, shared };
 }

@@ -10,6 +10,17 @@ export const LAZY_RESET_GRAD = 'lazy_reset_grad';
 export const LEARNING_RATE = 'learning_rate';
 /** The optimizer model's step input, int64[1]: the state's step count + 1. */
 export const STEP = 'step';
+/**
+ * The dynamic loss scaler's state (artifacts generated with `precision="fp16"` or `loss_scaling=True`): frozen
+ * parameters of the checkpoint that the optimizer model reads and writes back as `<name>.updated`
+ * (`onnxtrain.optim.loss_scaling`); the training model reads `loss_scale`.
+ */
+export const SCALER_STATE = Object.freeze([
+  'loss_scale',
+  'loss_scale.growth_tracker',
+  'loss_scale.skipped_steps',
+  'loss_scale.last_step_skipped',
+]);
 /** The optimizer model's metadata key listing each moment's initial value (a JSON list). */
 export const INITIAL_STATE_KEY = 'onnxtrain.optimizer.initial_state';
 

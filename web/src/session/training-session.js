@@ -289,6 +289,7 @@ export class TrainingSession {
         feeds[N.momentName(name, i)] = new Tensor(m.type, /** @type {any} */ (m.data), m.dims);
       });
     }
+    for (const name of this.#optimizerIo.shared) feeds[name] = this.#tensorOf(name); // the loss scaler's state
     const results = await this.#run(this.#optimizer, feeds, options, `optimizer step ${optimizer.step + 1}`);
     const updates = this.#io.trainable.map((name) => ({
       name,
@@ -297,6 +298,8 @@ export class TrainingSession {
         this.#output(results, N.updatedName(N.momentName(name, i)), name),
       ),
     }));
+    const scaler = this.#optimizerIo.shared.map((name) => ({ name, value: this.#output(results, N.updatedName(name), name) }));
+    for (const { name, value } of scaler) this.#setParameter(name, value);
     for (const { name, value, moments } of updates) {
       this.#setParameter(name, value);
       const old = /** @type {StateTensor[]} */ (optimizer.moments.get(name));
