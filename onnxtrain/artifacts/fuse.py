@@ -67,7 +67,9 @@ def fuse_update_and_train(
     """The optimizer model, then the training model (accumulation removed) on the updated parameters.
 
     ``trainable``: the parameters both models share, which the optimizer updates.
-    Neither model is changed.
+    Any other input of both that the optimizer writes as ``<name>.updated``
+    (the loss scale of :mod:`onnxtrain.optim.loss_scaling`) is read updated by
+    the training model too. Neither model is changed.
     """
     opsets = _merged_opsets(training, optimizer)
     try:
