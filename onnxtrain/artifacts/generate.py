@@ -148,6 +148,7 @@ def build_artifacts(
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
     loss_scaling: bool | optim.LossScaling | None = None,
+    in_memory: bool = True,
 ) -> ArtifactSet:
     """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
 
@@ -156,13 +157,16 @@ def build_artifacts(
     (``onnxtrain.api.Module``, ``Optimizer``) takes the models as they are, and
     ``onnxtrain.api.CheckpointState(artifacts.checkpoint)`` the state.
     Constants the models keep from a base model with external data are loaded
-    into them. Raises ``ValueError``/``TypeError`` for bad arguments.
+    into them. ``in_memory=False`` leaves the large tensors where they are
+    (the base model's external data), as :func:`generate_artifacts` does: the
+    set is then for :func:`write_artifacts` alone, which reads them a tensor
+    at a time. Raises ``ValueError``/``TypeError`` for bad arguments.
     """
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
         target, registry, precision, precision_overrides, loss_scaling,
     )  # fmt: skip
-    return _in_memory(built)
+    return _in_memory(built) if in_memory else built
 
 
 def _build(

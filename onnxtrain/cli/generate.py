@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
             args.model, requires_grad=requires, frozen_params=args.frozen, loss=loss, optimizer=optimizer,
             additional_output_names=scores_output(args), loss_input_names=args.loss_inputs, target=args.target,
             precision=args.precision, precision_overrides=dict(args.precision_override),
+            in_memory=False,  # the weights are read when written, a tensor at a time
         )  # fmt: skip
     if args.lr is not None:  # in the one checkpoint written, not a second write of it
         built = replace(built, checkpoint=with_learning_rate(built.checkpoint, args.lr))

@@ -204,3 +204,21 @@ def test_the_runtime_trains_artifacts_whose_models_keep_their_data_in_files(tmp_
         optimizer.step()
         module.lazy_reset_grad()
     assert losses[-1] < losses[0]
+
+
+def test_the_generate_command_holds_one_weight_at_most_and_writes_what_the_api_writes(tmp_path: Path, monkeypatch):
+    """``onnxtrain generate`` (with ``--lr``, which it stores in the one checkpoint it writes) streams as
+    ``generate_artifacts`` does."""
+    from onnxtrain.cli import main
+
+    path = _model(tmp_path / "base", LARGE)
+    monkeypatch.setattr(external, "CHUNK_BYTES", 2**18)
+    largest = 4 * LARGE.vocab * LARGE.width
+    argv = [str(path), "--requires-grad", *weight_names(LARGE), "--loss", "ce", "--optimizer", "adamw", "--no-scores"]
+    peak = _traced_peak(lambda: main(["generate", *argv, "-o", str(tmp_path / "cli")]))
+    assert peak < largest, f"{peak} bytes allocated at once, the largest weight has {largest}"
+    expected = artifacts.generate_artifacts(
+        path, weight_names(LARGE), [], artifact_directory=tmp_path / "api", **ARGUMENTS
+    )
+    written = {name: tmp_path / "cli" / Path(p).name for name, p in expected.items()}
+    _same_files(written, expected)
