@@ -37,6 +37,12 @@ def dtype_name(elem_type: int) -> str:
         return f"<unknown element type {elem_type}>"
 
 
+def schema_allows(schema: onnx.defs.OpSchema, type_param: str, elem_type: int) -> bool:
+    """Whether ``schema``'s type parameter ``type_param`` (``T``, ``T2``...) may be tensors of ``elem_type``."""
+    wanted = f"tensor({dtype_name(elem_type)})"
+    return any(c.type_param_str == type_param and wanted in c.allowed_type_strs for c in schema.type_constraints)
+
+
 def to_numpy_dtype(elem_type: int) -> np.dtype:
     """The NumPy dtype of an ONNX element type (bfloat16 and friends via ml_dtypes)."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))

@@ -40,10 +40,7 @@ def scatter_can_add(opset: int) -> bool:
 
 def constant_of_shape_makes(opset: int, elem_type: int) -> bool:
     """Whether ``ConstantOfShape`` at ``opset`` makes tensors of ``elem_type`` (bfloat16 from opset 20 on)."""
-    schema = onnx.defs.get_schema("ConstantOfShape", opset)
-    name = onnx.helper.tensor_dtype_to_string(elem_type).removeprefix("TensorProto.").lower()
-    allowed = next(c.allowed_type_strs for c in schema.type_constraints if c.type_param_str == "T2")
-    return f"tensor({name})" in allowed
+    return dtypes.schema_allows(onnx.defs.get_schema("ConstantOfShape", opset), "T2", elem_type)
 
 
 def dft_axis_as_input(opset: int) -> bool:

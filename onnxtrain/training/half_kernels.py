@@ -21,6 +21,7 @@ from typing import TypeVar
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from onnxtrain.graph import external
+from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes.autocast import compute_in_float32, defined_with
 from onnxtrain.training.models import LoadedModel
 
@@ -48,9 +49,7 @@ def open_session(model: LoadedModel, what: str, make: Callable[[LoadedModel], Se
             op_type = found.group(1)
             if model.path is not None and external.has_external_data(model.proto):
                 raise  # its data stays on disk; rewriting it here would need all of it in memory
-            proto = model.with_data()
-            copy = type(proto)()
-            copy.CopyFrom(proto)
+            copy = copy_model(model.with_data())
             changed = compute_in_float32(copy, op_type)
             if changed == 0:  # an operator onnxruntime ran as its ONNX function body (Relu as Max)
                 defining = defined_with(copy, op_type)

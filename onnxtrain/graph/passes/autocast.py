@@ -337,14 +337,7 @@ def _data_positions(
 def schema_takes(node: onnx.NodeProto, opset: int, elem_type: int) -> bool:
     """Whether ``node``'s schema lets its output-0 type variable be ``elem_type``."""
     schema = _schema(node, opset)
-    if schema is None:
-        return False
-    variable = schema.outputs[0].type_str
-    wanted = f"tensor({onnx.helper.tensor_dtype_to_string(elem_type).removeprefix('TensorProto.').lower()})"
-    for constraint in schema.type_constraints:
-        if constraint.type_param_str == variable:
-            return wanted in constraint.allowed_type_strs
-    return False
+    return schema is not None and dtypes.schema_allows(schema, schema.outputs[0].type_str, elem_type)
 
 
 def _schema(node: onnx.NodeProto, opset: int) -> onnx.defs.OpSchema | None:
