@@ -254,6 +254,9 @@ def has_external_data(model: onnx.ModelProto) -> bool:
 
 #: The location of a held stub: its data is the tensor at index ``offset`` of :attr:`TensorData.held`.
 HELD_LOCATION = "<held by the caller's ModelProto>"
+#: The location of a stub of a constant the training runtime holds once for all its sessions
+#: (:mod:`onnxtrain.training.constants`).
+SHARED_LOCATION = "<shared by the runtime's sessions>"
 #: The most bytes read or copied at once when tensor data is streamed.
 CHUNK_BYTES = 16 * 2**20
 #: The tensor fields that hold data; a stub keeps every other field (name, type, dims, doc string).
@@ -397,6 +400,7 @@ __all__ = [
     "CHUNK_BYTES",
     "DATA_FIELDS",
     "HELD_LOCATION",
+    "SHARED_LOCATION",
     "ExternalData",
     "TensorData",
     "check_inline",

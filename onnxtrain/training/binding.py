@@ -25,6 +25,7 @@ import onnxruntime as ort
 from onnxtrain.graph.passes.recompute import transformers_to_disable
 from onnxtrain.sessions import inference_session
 from onnxtrain.training import half_kernels, values
+from onnxtrain.training.constants import SharedConstants
 from onnxtrain.training.device import Device, ProviderSpec
 from onnxtrain.training.models import LoadedModel
 
@@ -149,7 +150,12 @@ def quiet_run_options() -> ort.RunOptions:
 
 
 class BoundSession:
-    """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers."""
+    """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers.
+
+    ``constants``: where the stubs of shared constants in ``model`` are held
+    (:mod:`onnxtrain.training.constants`); the session takes them as inputs,
+    bound in every binding (:attr:`constants` lists them).
+    """
 
     def __init__(
         self,
@@ -160,7 +166,13 @@ class BoundSession:
         device: Device,
         *,
         native: bool = True,
+        constants: SharedConstants | None = None,
+        own_options: bool = False,
     ) -> None:
+        #: The shared constants the session takes as inputs, by name (bound already: feed them to a plain run).
+        self.constants: dict[str, ort.OrtValue] = {}
+        if constants is not None:
+            model, self.constants = constants.prepare(model, options, own_options)
         try:
             self.session = half_kernels.open_session(
                 model,
@@ -195,6 +207,9 @@ class BoundSession:
                 self._layouts.clear()
             io = _NativeBinding(self.session) if self._native else _PublicBinding(self.session)
             layout = self._layouts[key] = _Layout(io)
+            for name, value in self.constants.items():
+                io.bind_ortvalue_input(name, value)
+                layout.inputs[name] = value
         self._layout = layout
         self._io = layout.io
         self._inputs = layout.inputs

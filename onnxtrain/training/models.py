@@ -33,14 +33,20 @@ class LoadedModel:
     path: Path | None = None
 
     def with_data(self) -> onnx.ModelProto:
-        """The full model, external data included (read from beside the file)."""
+        """The full model, external data included (read from beside the file); the stubs of constants the
+        runtime shares stay stubs (:mod:`onnxtrain.training.constants`)."""
         if self.path is None:
             return self.proto
         return onnx.load(os.fspath(self.path))
 
     def fits_in_protobuf(self) -> bool:
-        """Whether the full model (:meth:`with_data`) stays under protobuf's limit, told without reading its data."""
-        stored = [t for t, _ in external.model_tensors(self.proto) if uses_external_data(t)]
+        """Whether the full model (:meth:`with_data`) stays under protobuf's limit, told without reading its data
+        (shared constants are not in it)."""
+        stored = [
+            t
+            for t, _ in external.model_tensors(self.proto)
+            if uses_external_data(t) and external.location_of(t) != external.SHARED_LOCATION  # held apart
+        ]
         return self.proto.ByteSize() + sum(external.declared_nbytes(t) or 0 for t in stored) <= PROTOBUF_LIMIT
 
 

@@ -78,6 +78,7 @@ from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.buffers import Buffer, buffers_per_dtype, copy_into_parameters, one_buffer
+from onnxtrain.training.constants import SharedConstants
 from onnxtrain.training.device import Device, ProviderSpec, resolve
 from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
@@ -149,6 +150,12 @@ class Module:
         if eval_model_uri is not None:
             self._eval_model = load_model(eval_model_uri, "eval_model_uri")
             self._eval_io = eval_io(self._eval_model.proto, infos)
+        # the large constants (a LoRA model's frozen base), held once for every session (training.constants)
+        self._constants = SharedConstants(self._device)
+        train = self._constants.share(train, "train_model_uri")
+        if self._eval_model is not None:
+            self._eval_model = self._constants.share(self._eval_model, "eval_model_uri")
+        self._constants.release_host_copies()
         self._train_model = train
         self._train_session = self.open_session(train, "training model")
         # STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind: each step then runs the
@@ -227,7 +234,10 @@ class Module:
                 threads=1 if alone and small and self._shared_arena else 0,
                 memory_pattern=small,
             )
-        return BoundSession(model, what, options, self._providers, self._device)
+        own = self._session_options is None  # options made for this session alone (shared ones must not change)
+        return BoundSession(
+            model, what, options, self._providers, self._device, constants=self._constants, own_options=own
+        )
 
     # --------------------------------------------------------------- steps
 
@@ -464,6 +474,7 @@ class Module:
         if self._unbound_eval:  # STRING inputs or outputs: InferenceSession.run (see onnxtrain.training.unbound)
             inputs: dict[str, np.ndarray | ort.OrtValue] = dict(zip(io.inputs.names, feeds, strict=True))
             inputs.update((name, tensor.value) for name, tensor in self._eval_slots)
+            inputs.update(session.constants)
             try:
                 results = session.session.run(list(io.outputs), inputs, session.run_options)
             except Exception as error:
@@ -558,7 +569,8 @@ class Module:
         self._store.settle()
         names = [graph_output_names] if isinstance(graph_output_names, str) else list(graph_output_names)
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
-        model = export_model_for_inferencing(self._eval_model.with_data(), parameters, names, precision=precision)
+        eval_model = self._constants.restore(self._eval_model.with_data())
+        model = export_model_for_inferencing(eval_model, parameters, names, precision=precision)
         path = os.fspath(inference_model_uri)
         if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.save_model(model, path)

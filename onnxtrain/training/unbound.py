@@ -61,6 +61,7 @@ class UnboundTrainStep:
         for buffer, _, grad in self.gradients:
             inputs[buffer] = grad.value
         inputs[io.flag] = self.flags[not accumulate]
+        inputs.update(self.session.constants)
         return self.session.session.run(self.outputs, inputs, self.session.run_options)
 
     def commit(self, results: Sequence[Any]) -> None:

@@ -39,7 +39,9 @@ def fold_static_shapes(
     measured = [n.input[0] for n in graph.node if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx")]
     known = dict(shapes_of(model, list(dict.fromkeys(measured)))) if measured else {}
     known.update((name, []) for name in _full_reductions(graph))
-    constants: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    constants: dict[str, np.ndarray] = {  # those held inline: a tensor in a file (or held apart) is no shape
+        t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL
+    }
     opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
     outputs = {value.name for value in graph.output}
     kept = []
