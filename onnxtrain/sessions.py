@@ -25,6 +25,7 @@ from typing import Any
 
 import onnx
 import onnxruntime as ort
+from onnx.external_data_helper import uses_external_data
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 #: onnxruntime's graph transformers that write operators some releases have no double kernel for.
@@ -73,6 +74,19 @@ def inference_session(
 __all__ = ["FAILING_TRANSFORMERS", "FLOAT_ONLY_FUSIONS", "inference_session"]
 
 
+def _external_as_inputs(graph: onnx.GraphProto) -> None:
+    """Make ``graph``'s initializers whose data is marked external typed inputs, in place: a copy loaded from
+    bytes has no folder to find their files in (and the training runtime's shared constants have none), and a
+    session that is never run needs no values."""
+    stubs = [t for t in graph.initializer if uses_external_data(t)]
+    if not stubs:
+        return
+    kept = [t for t in graph.initializer if not uses_external_data(t)]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in stubs)
+
+
 def inferred_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, list[int] | None]:
     """The dimensions onnxruntime infers for the values ``names`` of ``model`` (``None`` where some is unknown).
 
@@ -89,6 +103,7 @@ def inferred_shapes(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, l
     present = {value.name for value in graph.output}
     made = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
     graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names if n in made and n not in present)
+    _external_as_inputs(graph)
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3  # errors only: warnings about this copy (an unread initializer) are not the user's

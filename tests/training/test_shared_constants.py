@@ -291,3 +291,24 @@ def test_shared_and_lifted_models_are_valid_onnx(frozen_base: dict[str, Path]) -
     onnx.checker.check_model(lifted.proto)
     assert lifted.proto.graph.input[-1].name == "fc1.weight"
     assert not any(t.name == "fc1.weight" for t in lifted.proto.graph.initializer)
+
+
+def test_shapes_are_inferred_over_stubs() -> None:
+    """onnxruntime's shape inference (for the fused step's static shapes) sees through the stubs: a copy that
+    is never run takes them as inputs."""
+    from onnx import TensorProto, helper
+
+    from onnxtrain.sessions import inferred_shapes
+
+    weight = onnx.numpy_helper.from_array(np.ones((3, 4), np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    shared = constants.SharedConstants(resolve(None, None)[0], min_bytes=1).share(load_model(model, "model"), "model")
+    assert constants.is_shared_stub(shared.proto.graph.initializer[0])
+    assert inferred_shapes(shared.proto, ["h", "y"]) == {"h": [2, 4], "y": [2, 4]}
