@@ -155,7 +155,9 @@ class SharedConstants:
         for tensor, where in external.model_tensors(proto):  # the rest of the data files' tensors come inside
             if uses_external_data(tensor) and not is_shared_stub(tensor):
                 data.load(tensor, f"{what}: {where}")
-        return LoadedModel(proto, proto.SerializeToString())
+        # a copy: protobuf keeps the memory of data replaced in a message until the message itself goes
+        light = copy_model(proto)
+        return LoadedModel(light, light.SerializeToString())
 
     def _add(self, name: str, array: np.ndarray) -> None:
         array = np.ascontiguousarray(array)
