@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 from onnx import shape_inference, version_converter
 
-from onnxtrain.graph import dtypes, external, versions
+from onnxtrain.graph import dtypes, external, versions, wire
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
 from onnxtrain.graph.passes.constants import fold_constants
 
@@ -44,12 +44,12 @@ def load_base_model(
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"no ONNX model at {str(path)!r}: pass an existing .onnx file or a ModelProto")
-        try:
-            loaded = onnx.load(os.fspath(path), load_external_data=False)
+        folder = path.resolve().parent
+        try:  # its large inline weights refer to their bytes in the file, unread (graph.wire)
+            loaded = wire.load_light(path, location=path.resolve().name)
         except Exception as error:  # protobuf raises its own DecodeError
             raise ValueError(f"{str(path)!r} is not a readable ONNX model: {error}") from error
         _check_not_empty(loaded, repr(str(path)))
-        folder = path.resolve().parent
         if check_data:
             external.check_model_data(loaded, folder)
         return upgraded(loaded), folder

@@ -1,7 +1,10 @@
 """The models as the runtime takes them: from a path, the serialized bytes or a ``ModelProto``.
 
-A model is read without its external data (:class:`LoadedModel` keeps the
-graph and what onnxruntime loads the model from). A path's data files must
+A model is read without its external data, and from a path without the
+data of its large inline initializers either, which then refer to their
+bytes in the file (:func:`onnxtrain.graph.wire.load_light`);
+:class:`LoadedModel` keeps the graph and what onnxruntime loads the model
+from. A path's data files must
 lie inside the model's folder, with their declared sizes; a model given in
 memory must hold all its data. ONNX Runtime's in-place accumulators are
 rewritten in standard operators on the way in.
@@ -18,7 +21,7 @@ from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.artifacts.ort_training import to_standard_accumulation
-from onnxtrain.graph import external
+from onnxtrain.graph import external, wire
 
 #: A model as the runtime takes it: a path, the serialized bytes, or a ModelProto.
 ModelSource = str | os.PathLike[str] | bytes | onnx.ModelProto
@@ -94,7 +97,7 @@ def _load_model(source: ModelSource, what: str) -> LoadedModel:
         if not path.is_file():
             raise FileNotFoundError(f"{what}: no ONNX model at {str(path)!r}")
         try:
-            proto = onnx.load(os.fspath(path), load_external_data=False)
+            proto = wire.load_light(path)  # large inline weights refer to their bytes in the file, unread
         except Exception as error:
             raise ValueError(f"{what}: {str(path)!r} is not a readable ONNX model ({error})") from error
         # the folder the model is opened from, as onnxruntime and onnx resolve its data: not the folder a symbolic
