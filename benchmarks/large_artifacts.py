@@ -17,6 +17,8 @@ Each measurement runs in a fresh process, which reports its wall time and
 peak RSS (``VmHWM``, :func:`benchmarks.measure.peak_rss_mib`):
 
 - ``path``: ``generate_artifacts(model_path, every weight trainable, CrossEntropyLoss, AdamW)``;
+- ``path-inline``: the same from a copy of the model with its weights inside the file (written once, streamed;
+  GPT-2 medium only: the Llama model passes protobuf's 2 GiB limit);
 - ``proto``: the same from ``onnx.load(model_path)`` (the weights in memory), with
   the RSS the loaded proto took before the call, so that what generation adds shows;
 - ``lora``: ``add_adapters`` on the ``q_proj``/``v_proj`` products (rank 8),
@@ -49,6 +51,8 @@ from typing import Any
 from benchmarks.measure import RESULT_PREFIX, parse_result, peak_rss_mib, rss_mib
 
 MODEL_FILE = "model.onnx"
+#: The same model with its weights inside the file (``path-inline``; models under 2 GB).
+INLINE_FILE = "inline.onnx"
 ADAPTED_FILE = "adapted.onnx"
 MERGED_FILE = "merged.onnx"
 #: The merged weights go into this file beside the base, one at a time; the merged model refers to it and to the
@@ -87,7 +91,7 @@ class Llama:
 
 
 MODELS: dict[str, Gpt2 | Llama] = {"gpt2-medium": Gpt2(), "llama-1b": Llama()}
-MEASURES = ("path", "proto", "lora", "lora-step", "merge", "adapters-proto")
+MEASURES = ("path", "path-inline", "proto", "lora", "lora-step", "merge", "adapters-proto")
 
 
 @dataclass(frozen=True)
@@ -363,6 +367,30 @@ def measure_path(config: Gpt2 | Llama, folder: Path) -> None:
     _result(seconds=seconds, peak_mib=peak_rss_mib())
 
 
+def build_inline(config: Gpt2 | Llama, folder: Path) -> None:
+    """Write :data:`INLINE_FILE`: the model with its weights inside the file (as an exporter writes a model under
+    2 GB), streamed a piece of one tensor at a time from the data file."""
+    from onnxtrain.artifacts import model_files
+    from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+    from onnxtrain.graph.io import load_light
+
+    start = time.perf_counter()
+    light, data = load_light(folder / MODEL_FILE)
+    unused = model_files.DataFile(folder, INLINE_FILE + ".data")
+    if model_files.save(light, folder / INLINE_FILE, unused, data, PROTOBUF_LIMIT):
+        (folder / INLINE_FILE).unlink()
+        (folder / unused.location).unlink()
+        raise SystemExit(f"{MODEL_FILE}'s weights pass protobuf's 2 GiB limit: no inline copy")
+    _result(seconds=time.perf_counter() - start, peak_mib=peak_rss_mib())
+
+
+def measure_path_inline(config: Gpt2 | Llama, folder: Path) -> None:
+    if not (folder / INLINE_FILE).exists():
+        raise SystemExit("no inline copy (its weights pass protobuf's 2 GiB limit)")
+    seconds = _generate(folder / INLINE_FILE, weight_names(config), folder / "artifacts-path-inline")
+    _result(seconds=seconds, peak_mib=peak_rss_mib())
+
+
 def measure_proto(config: Gpt2 | Llama, folder: Path) -> None:
     import onnx
 
@@ -472,6 +500,8 @@ def build(config: Gpt2 | Llama, folder: Path) -> None:
 CHILDREN = {
     "build": build,
     "path": measure_path,
+    "build-inline": build_inline,
+    "path-inline": measure_path_inline,
     "proto": measure_proto,
     "lora": measure_lora,
     "lora-step": measure_lora_step,
@@ -569,6 +599,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 folder.mkdir(parents=True, exist_ok=True)
                 built = _child("build", model, root, args.layers, args.max_rss_gib)
                 print(f"<!-- {model}: {built} -->", flush=True)
+            if "path-inline" in measures and not (folder / INLINE_FILE).exists():
+                built = _child("build-inline", model, root, args.layers, args.max_rss_gib)
+                print(f"<!-- {model} inline: {built} -->", flush=True)
             for what in measures:
                 print(_row(model, what, _child(what, model, root, args.layers, args.max_rss_gib)), flush=True)
     finally:
