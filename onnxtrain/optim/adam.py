@@ -50,22 +50,16 @@ class _AdamBase(Optimizer):
         m = slot.math
         beta1, beta2 = self._betas
         param, grad = slot.param, slot.grad
-        if self._weight_decay and self._decoupled:
-            keep = m.shared(
-                ("decay",),
-                lambda s: s.sub(s.const(1.0), s.mul(s.lr(), s.const(self._weight_decay, "weight_decay")), hint="decay"),
-            )
-            param = m.mul(param, keep, hint="decayed")
-        elif self._weight_decay:
+        if self._weight_decay and not self._decoupled:
             grad = m.axpy(self._weight_decay, param, grad, hint="g")
+        # the nodes in the order that keeps the fewest full-size temporaries alive under onnxruntime's
+        # priority-based order (node order), which the fused step runs in: two at most
         exp_avg = m.add(
             m.scale(beta1, slot.states[0], hint="m"), m.scale(1.0 - beta1, grad, hint="m"),
             out=slot.out_states[0], hint="m",
         )  # fmt: skip
-        exp_avg_sq = m.add(
-            m.scale(beta2, slot.states[1], hint="v"), m.scale(1.0 - beta2, m.mul(grad, grad, hint="g2"), hint="v"),
-            out=slot.out_states[1], hint="v",
-        )  # fmt: skip
+        new_part = m.scale(1.0 - beta2, m.mul(grad, grad, hint="g2"), hint="v")  # g*g dies at once
+        exp_avg_sq = m.add(m.scale(beta2, slot.states[1], hint="v"), new_part, out=slot.out_states[1], hint="v")
         states = [exp_avg, exp_avg_sq]
         v_hat = exp_avg_sq
         if self._amsgrad:
@@ -80,6 +74,12 @@ class _AdamBase(Optimizer):
             step_size, eps = m.lr(), m.const(self._eps, "eps")
         denom = m.add(root, eps, hint="denom")
         delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
+        if self._weight_decay and self._decoupled:  # p * (1 - lr * wd), made last: alive only for the Sub
+            keep = m.shared(
+                ("decay",),
+                lambda s: s.sub(s.const(1.0), s.mul(s.lr(), s.const(self._weight_decay, "weight_decay")), hint="decay"),
+            )
+            param = m.mul(param, keep, hint="decayed")
         return Update(m.sub(param, delta, out=slot.out_param, hint="p"), tuple(states))
 
     def _bias(self, m: Math) -> tuple[str, str]:
@@ -182,11 +182,8 @@ class AdamW(_AdamBase):
             m.scale(beta1, slot.states[0], hint="m"), m.scale(1.0 - beta1, slot.grad, hint="m"),
             out=slot.out_states[0], hint="m",
         )  # fmt: skip
-        exp_avg_sq = m.add(
-            m.scale(beta2, slot.states[1], hint="v"),
-            m.scale(1.0 - beta2, m.mul(slot.grad, slot.grad, hint="g2"), hint="v"),
-            out=slot.out_states[1], hint="v",
-        )  # fmt: skip
+        new_part = m.scale(1.0 - beta2, m.mul(slot.grad, slot.grad, hint="g2"), hint="v")  # as in Adam.update
+        exp_avg_sq = m.add(m.scale(beta2, slot.states[1], hint="v"), new_part, out=slot.out_states[1], hint="v")
         step_size = m.shared(("hf_step_size",), self._hf_step_size) if self._bias_correction else m.lr()
         denom = m.add(m.sqrt(exp_avg_sq, hint="sqrt_v"), m.const(self._eps, "eps"), hint="denom")
         delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")

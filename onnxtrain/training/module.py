@@ -210,7 +210,9 @@ class Module:
             if group
         )
 
-    def open_session(self, model: LoadedModel, what: str, *, alone: bool = False) -> BoundSession:
+    def open_session(
+        self, model: LoadedModel, what: str, *, alone: bool = False, in_node_order: bool = False
+    ) -> BoundSession:
         """A session for ``model`` (``what`` names it in errors) on this module's device, with its options.
 
         ``alone``: a session that runs once per step with no other between
@@ -221,6 +223,10 @@ class Module:
         work costs more than it saves: digits' MLP 64-32-10, batch 32: 31.5
         against 35.0 µs per step; 2 cores, 2026-11-25); any other session runs
         without onnxruntime's memory pattern (``default_session_options``).
+        ``in_node_order``: run the nodes in the model's order where several are
+        ready (onnxruntime's priority-based order, as ``alone``): the optimizer
+        model's, whose update is emitted in the order that keeps the fewest
+        full-size temporaries alive (:mod:`onnxtrain.optim.adam`).
         The user's ``session_options`` serve every session as they are.
         """
         options = self._session_options
@@ -229,7 +235,7 @@ class Module:
             small = largest is not None and largest < SMALL_TENSOR
             options = default_session_options(
                 spinning=alone,
-                update_first=alone,
+                update_first=alone or in_node_order,
                 shared_cpu_arena=self._shared_arena,
                 threads=1 if alone and small and self._shared_arena else 0,
                 memory_pattern=small,

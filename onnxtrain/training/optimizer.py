@@ -136,7 +136,7 @@ class Optimizer:
             raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
         model = _per_tensor(model, trainable, store.parameter_infos())
         self._io = optimizer_io(model.proto, trainable, store.parameter_infos())
-        self._session = module.open_session(model, "optimizer model")
+        self._session = module.open_session(model, "optimizer model", in_node_order=True)
         _warn_if_resuming(state, self._io.initial_values)
         self._record: OptimizerRecord = store.ensure_optimizer(trainable, self._io.initial_values)
         self._module = module
