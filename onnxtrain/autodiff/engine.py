@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import GraphView, NodeEdit, OutputRequest, RuleContext, Vjp
@@ -196,6 +197,9 @@ class _Backward:
         self.registry = registry
         self.constants: dict[tuple[Any, ...], str] = {}
         self.contributions: dict[str, list[str]] = {}
+        # the nodes that make each value, indexed up to self._indexed (_producer)
+        self._producers: dict[str, onnx.NodeProto] = {}
+        self._indexed = 0
         # optional forward outputs and forward rewrites the rules declared
         self.requests: list[OutputRequest | NodeEdit] = []
         self.view = _graph_view(builder, path)
@@ -268,12 +272,80 @@ class _Backward:
         )
 
     def _total(self, name: str) -> str | None:
+        """The sum of ``name``'s contributions (one value, made once).
+
+        Contributions that an adding ``ScatterND`` made from zeros (a
+        ``Gather``'s gradient: an embedding's) are made again, scattering onto
+        the sum of the others instead, one after the other: a tensor of the
+        value's size fewer alive for each (GPT-2's tied embedding: 147 MiB),
+        their zeros and the ``Sum`` gone. Where each row is scattered to once,
+        the total is the sum's, bit for bit.
+        """
         parts = self.contributions.get(name)
         if not parts:
             return None
         if len(parts) > 1:
-            parts[:] = [self.builder.add_node1("Sum", parts, hint="grad_accum")]
+            scatters = [p for p in parts if self._scattered_onto_zeros(p, name)]
+            others = [p for p in parts if p not in scatters]
+            if not scatters:
+                total = self.builder.add_node1("Sum", parts, hint="grad_accum")
+            elif others:
+                total = others[0] if len(others) == 1 else self.builder.add_node1("Sum", others, hint="grad_accum")
+            else:  # scatters only: the first keeps its zeros, the others add onto it
+                total = scatters.pop(0)
+            for scatter in scatters:
+                node = self._producer(scatter)
+                assert node is not None
+                total = self.builder.add_node1(
+                    "ScatterND", [total, node.input[1], node.input[2]], reduction="add", hint="grad_accum"
+                )
+            parts[:] = [total]
         return parts[0]
+
+    def _producer(self, value: str) -> onnx.NodeProto | None:
+        """The node of the draft (or the forward graph) that makes ``value``."""
+        graph = self.builder.model.graph
+        if self._indexed > len(graph.node):  # a rollback since: index again
+            self._producers.clear()
+            self._indexed = 0
+        for node in graph.node[self._indexed :]:
+            for output in node.output:
+                self._producers[output] = node
+        self._indexed = len(graph.node)
+        return self._producers.get(value)
+
+    def _scattered_onto_zeros(self, part: str, value: str) -> bool:
+        """Whether contribution ``part`` to ``value`` is ``ScatterND(zeros, indices, updates, reduction="add")``
+        of ``value``'s known shape."""
+        node = self._producer(part)
+        if node is None or node.op_type != "ScatterND" or node.domain not in ("", "ai.onnx"):
+            return False
+        if not any(a.name == "reduction" and a.s == b"add" for a in node.attribute):
+            return False
+        shape = self.builder.shape(value)
+        if shape is None or None in shape:
+            return False
+        parts = self.contributions.get(value, [])
+        if not all(self._may_have(p, shape) for p in parts):  # the sum must not broadcast
+            return False
+        return self._is_zeros(node.input[0])
+
+    def _may_have(self, part: str, shape: list[Any]) -> bool:
+        """Whether ``part``'s inferred shape is ``shape`` where it is known (rank and every known size)."""
+        have = self.builder.shape(part)
+        if have is None or len(have) != len(shape):
+            return False
+        return all(h is None or h == w for h, w in zip(have, shape, strict=True))
+
+    def _is_zeros(self, value: str) -> bool:
+        """Whether ``value`` is made by ``ConstantOfShape`` of a zero (maybe reshaped or cast)."""
+        node = self._producer(value)
+        while node is not None and node.op_type in ("Reshape", "Cast") and node.domain in ("", "ai.onnx"):
+            node = self._producer(node.input[0])
+        if node is None or node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+            return False
+        fill = next((a.t for a in node.attribute if a.name == "value"), None)
+        return fill is None or not numpy_helper.to_array(fill).any()
 
     def _differentiate(self, item: PathNode) -> None:
         node, rule = item.node, item.rule

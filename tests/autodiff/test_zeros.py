@@ -203,3 +203,69 @@ def test_large_zeros_wait_for_the_gradient_they_receive(case):
         received = {scatter.input[2] for scatter in scatters}
         received |= {value for name in received for value in _ancestors(gradients, name)}
         assert _ancestors(gradients, zeros) & received - {t.name for t in gradients.graph.initializer}, zeros
+
+
+def _tied(rng: np.random.Generator, ids: np.ndarray, gathers: int, dtype: int = FLOAT) -> Case:
+    """``loss = sum((Gather(E, ids) @ E^T) * r)`` with ``gathers`` gathers of the table (an embedding tied to
+    the output layer): its gradient has ``gathers`` scatters and the product's contribution."""
+    np_type = np.float64 if dtype == onnx.TensorProto.DOUBLE else np.float32
+    table = rng.normal(size=(30, 7)).astype(np_type)
+    weights = rng.normal(size=(*ids.shape, 30)).astype(np_type)
+    nodes = [helper.make_node("Transpose", ["E"], ["Et"])]
+    summed = []
+    for k in range(gathers):
+        nodes.append(helper.make_node("Gather", ["E", "ids"], [f"e{k}"]))
+        summed.append(f"e{k}")
+    if gathers > 1:
+        nodes.append(helper.make_node("Sum", summed, ["e"]))
+    else:
+        nodes.append(helper.make_node("Identity", summed, ["e"]))
+    nodes += [helper.make_node("MatMul", ["e", "Et"], ["y"]), helper.make_node("Mul", ["y", "r"], ["yr"]), _sum("yr")]
+    inputs = {"E": (dtype, [30, 7]), "ids": (INT64, list(ids.shape)), "r": (dtype, list(weights.shape))}
+    feeds = {"E": table, "ids": ids, "r": weights}
+    return make_model(inputs, nodes, {"loss": (dtype, [])}), ["E"], feeds
+
+
+@pytest.mark.parametrize("gathers", [1, 2])
+@pytest.mark.parametrize("repeated", [False, True])
+def test_a_gathered_tables_gradient_scatters_onto_its_other_contributions(gathers: int, repeated: bool) -> None:
+    """A tied embedding's gradient: the gather's rows are scattered (adding) onto the product's contribution
+    instead of onto zeros then summed: no zeros, no Sum, one tensor of the table's size fewer. The gradient is
+    the finite differences' in float64, with rows gathered once or several times."""
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 30, size=(2, 3)) if repeated else rng.permutation(30)[:6].reshape(2, 3)
+    model, wrt, feeds = _tied(rng, ids, gathers, onnx.TensorProto.DOUBLE)
+    gradient = _gradient_model(model, wrt)
+    ops = [n.op_type for n in gradient.graph.node]
+    scatters = [n for n in gradient.graph.node if n.op_type == "ScatterND"]
+    assert len(scatters) == gathers and "ConstantOfShape" not in ops, ops
+    producer = {out: n for n in gradient.graph.node for out in n.output}
+    assert producer[scatters[0].input[0]].op_type != "ConstantOfShape"
+    (got,) = run_model(gradient, feeds)
+
+    def loss(table: np.ndarray) -> float:
+        e = table[ids] * gathers
+        return float(np.sum((e @ table.T) * feeds["r"]))
+
+    expected = np.zeros_like(feeds["E"])
+    for index in np.ndindex(*expected.shape):
+        step = np.zeros_like(expected)
+        step[index] = 1e-6
+        expected[index] = (loss(feeds["E"] + step) - loss(feeds["E"] - step)) / 2e-6
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_rows_scattered_once_give_the_sum_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each row is gathered once, adding onto the other contribution gives the sum of the scatter onto
+    zeros and it, bit for bit (in float32). (A row that receives several updates adds them in another order.)"""
+    from onnxtrain.autodiff import engine
+
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(30)[:6].reshape(2, 3)
+    model, wrt, feeds = _tied(rng, ids, 1)
+    (got,) = run_model(_gradient_model(model, wrt), feeds)
+    monkeypatch.setattr(engine._Backward, "_scattered_onto_zeros", lambda self, part, value: False)
+    summed = _gradient_model(model, wrt)
+    assert "ConstantOfShape" in [n.op_type for n in summed.graph.node]
+    (want,) = run_model(summed, feeds)
+    np.testing.assert_array_equal(got, want)
