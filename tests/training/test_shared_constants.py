@@ -308,7 +308,7 @@ def test_shapes_are_inferred_over_stubs() -> None:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         [weight],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)  # opset 17's IR
     shared = constants.SharedConstants(resolve(None, None)[0], min_bytes=1).share(load_model(model, "model"), "model")
     assert constants.is_shared_stub(shared.proto.graph.initializer[0])
     assert inferred_shapes(shared.proto, ["h", "y"]) == {"h": [2, 4], "y": [2, 4]}
