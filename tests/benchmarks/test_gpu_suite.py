@@ -1,0 +1,29 @@
+"""``benchmarks.real_size.gpu_suite``: the GPU runs the real-size work leaves open, as one call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.real_size import gpu_suite
+from benchmarks.real_size.__main__ import arguments
+
+
+def test_every_command_is_one_real_size_accepts(tmp_path: Path) -> None:
+    planned = gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda")
+    assert [name for name, _ in planned] == list(gpu_suite.RUNS)
+    for name, command in planned:
+        assert command[1:3] == ["-m", "benchmarks.real_size"]
+        parsed = arguments().parse_args(command[3:])  # real_size's own parser takes them
+        assert parsed.device == "cuda" and parsed.shapes == "16x256"
+        assert Path(parsed.json) == tmp_path / f"{name}.json"
+
+
+def test_only_picks_and_unknown_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert gpu_suite.main(["--out", str(tmp_path), "--only", "bf16,fp32", "--dry-run"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["fp32", "bf16"]  # the suite's order
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+    with pytest.raises(SystemExit):
+        gpu_suite.main(["--out", str(tmp_path), "--only", "fp64"])
