@@ -160,7 +160,7 @@ class SharedConstants:
         return LoadedModel(light, light.SerializeToString())
 
     def _add(self, name: str, array: np.ndarray) -> None:
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # contiguous, its shape kept (0-d too, unlike ascontiguousarray)
         self._host[name] = array
         if self._device.type == "cpu" and not values.needs_ortvalue(array.dtype):
             self._values[name] = ort.OrtValue.ortvalue_from_numpy(array)  # the array's memory, not a copy
@@ -244,7 +244,10 @@ class SharedConstants:
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two constants hold the same bits (NaNs included)."""
-    return a.dtype == b.dtype and a.shape == b.shape and bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    bits = [np.asarray(x, order="C").reshape(-1).view(np.uint8) for x in (a, b)]
+    return bool(np.array_equal(bits[0], bits[1]))
 
 
 def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:

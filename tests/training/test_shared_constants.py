@@ -312,3 +312,25 @@ def test_shapes_are_inferred_over_stubs() -> None:
     shared = constants.SharedConstants(resolve(None, None)[0], min_bytes=1).share(load_model(model, "model"), "model")
     assert constants.is_shared_stub(shared.proto.graph.initializer[0])
     assert inferred_shapes(shared.proto, ["h", "y"]) == {"h": [2, 4], "y": [2, 4]}
+
+
+@pytest.mark.parametrize("second", [2.0, 3.0])
+def test_a_name_two_models_share_is_held_once_where_the_values_agree(second: float) -> None:
+    """Scalars (0-d) too: the second model's constant is a stub where its value is the first's, else its own."""
+    from onnx import TensorProto, helper
+
+    def model(value: float) -> onnx.ModelProto:
+        graph = helper.make_graph(
+            [helper.make_node("Mul", ["x", "c"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+            [onnx.numpy_helper.from_array(np.array(value, np.float32), "c")],
+        )
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+    table = constants.SharedConstants(resolve(None, None)[0], min_bytes=1)
+    first = table.share(load_model(model(2.0), "first"), "first")
+    other = table.share(load_model(model(second), "second"), "second")
+    assert constants.is_shared_stub(first.proto.graph.initializer[0]) and len(table) == 1
+    assert constants.is_shared_stub(other.proto.graph.initializer[0]) == (second == 2.0)
