@@ -54,6 +54,10 @@ STAGED_BYTES = 1 << 16
 Updated = tuple[str, StateTensor, str]
 
 
+#: Step shapes whose size class :meth:`FusedStep.session_for` remembers.
+_MAX_SHAPES = 16
+
+
 class FusedStep:
     """The fused session of one optimizer over its module; see the module docstring.
 
@@ -101,6 +105,7 @@ class FusedStep:
         self._user_inputs = tuple(user_inputs)
         self._open_session = open_session
         self._fixed: tuple[tuple[tuple[int, ...], ...], BoundSession] | None = None
+        self._small: dict[tuple[tuple[int, ...], ...], bool] = {}  # whether a step of these shapes is small
         # host buffers for the inputs of the session for fixed shapes (staged_inputs), and their OrtValues
         self._on_host = on_host
         self._staged: list[np.ndarray] | None = None
@@ -158,10 +163,17 @@ class FusedStep:
         if self._fixed is not None:
             fixed, session = self._fixed
             return session if shapes == fixed else self.session
-        by_input = dict(zip(self._user_inputs, shapes, strict=True))
-        largest = largest_step_input(self.model.proto, by_input)
-        if largest is None or largest >= SMALL_TENSOR:  # a step of much data: its arithmetic is the cost
+        small = self._small.get(shapes)
+        if small is None:  # decided once per shape (walking the model's inputs takes 100 µs for an MLP)
+            by_input = dict(zip(self._user_inputs, shapes, strict=True))
+            largest = largest_step_input(self.model.proto, by_input)
+            small = largest is not None and largest < SMALL_TENSOR
+            if len(self._small) >= _MAX_SHAPES:  # shapes that keep changing: forget the old ones
+                self._small.clear()
+            self._small[shapes] = small
+        if not small:  # a step of much data: its arithmetic is the cost
             return self.session
+        by_input = dict(zip(self._user_inputs, shapes, strict=True))
         folded = fold_static_shapes(copy_model(self.model.proto), shapes=by_input, shapes_of=inferred_shapes)
         model = LoadedModel(folded, folded.SerializeToString())
         session = self._open_session(model, f"fused training step for inputs of shapes {shapes}")
