@@ -197,7 +197,7 @@ def _build(
     requires = _names("requires_grad", requires_grad)
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
-    proto, data = load_light(model)
+    proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
     check_parameters(proto, requires, frozen)
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
     _check_outputs(proto, "loss_input_names", inputs_to_loss)

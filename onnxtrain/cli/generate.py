@@ -174,7 +174,7 @@ def scores_output(args: argparse.Namespace) -> list[str]:
         return args.loss_inputs[:1]
     from onnxtrain.graph.io import load_base_model
 
-    proto, _ = load_base_model(args.model, check_data=False)  # without external data: only the names are read
+    proto, _ = load_base_model(args.model, check_data=False, in_file=True)  # no weight read: only the names
     return [value.name for value in proto.graph.output[:1]]
 
 
@@ -204,7 +204,7 @@ def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> lis
     from onnxtrain.artifacts import trainable_parameters
     from onnxtrain.graph.io import load_base_model
 
-    proto, _ = load_base_model(model, check_data=False)  # without external data: only names and types are read
+    proto, _ = load_base_model(model, check_data=False, in_file=True)  # no weight read: names and types
     found = [name for name in trainable_parameters(proto) if name not in frozen]
     if not found:
         raise ValueError(

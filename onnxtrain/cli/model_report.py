@@ -20,7 +20,7 @@ def model_report(path: Path) -> list[str]:
     """The lines ``inspect`` prints for the model at ``path``."""
     from onnxtrain.graph.io import load_base_model
 
-    model, _ = load_base_model(path, check_data=False)
+    model, _ = load_base_model(path, check_data=False, in_file=True)
     graph = model.graph
     opsets = ", ".join(f"{entry.domain or 'ai.onnx'} {entry.version}" for entry in model.opset_import)
     lines = [f"{path}: ONNX model, IR version {model.ir_version}, opsets {opsets or 'none'}"]

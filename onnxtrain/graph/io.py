@@ -19,7 +19,7 @@ SMALL_TENSOR_ELEMENTS = 1024
 
 
 def load_base_model(
-    model: onnx.ModelProto | str | os.PathLike[str], *, check_data: bool = True
+    model: onnx.ModelProto | str | os.PathLike[str], *, check_data: bool = True, in_file: bool = False
 ) -> tuple[onnx.ModelProto, Path | None]:
     """A private copy of ``model`` and the folder its external data lives in.
 
@@ -32,6 +32,11 @@ def load_base_model(
     model's folder (:mod:`onnxtrain.graph.external`), before anything is read:
     ``ValueError`` otherwise, and for an empty model. ``check_data=False``
     skips that check, for callers that read only names and types.
+    ``in_file``: a path's large inline weights are left in the file too, each
+    an external-data reference to its own bytes there
+    (:func:`onnxtrain.graph.wire.load_light`), for callers that read or
+    write the weights themselves and hand no model holding those references
+    to the user (generation, reports); others get them inside the model.
     """
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
@@ -45,8 +50,11 @@ def load_base_model(
         if not path.is_file():
             raise ValueError(f"no ONNX model at {str(path)!r}: pass an existing .onnx file or a ModelProto")
         folder = path.resolve().parent
-        try:  # its large inline weights refer to their bytes in the file, unread (graph.wire)
-            loaded = wire.load_light(path, location=path.resolve().name)
+        try:
+            if in_file:  # its large inline weights refer to their bytes in the file, unread
+                loaded = wire.load_light(path, location=path.resolve().name)
+            else:
+                loaded = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as error:  # protobuf raises its own DecodeError
             raise ValueError(f"{str(path)!r} is not a readable ONNX model: {error}") from error
         _check_not_empty(loaded, repr(str(path)))
@@ -56,10 +64,13 @@ def load_base_model(
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
 
 
-def load_light(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.ModelProto, external.TensorData]:
+def load_light(
+    model: onnx.ModelProto | str | os.PathLike[str], *, in_file: bool = False
+) -> tuple[onnx.ModelProto, external.TensorData]:
     """``model`` as :func:`load_base_model` reads it, with no tensor data copied: and where that data is.
 
-    A path is read without its external data, as by :func:`load_base_model`.
+    A path is read without its external data, as by :func:`load_base_model`
+    (``in_file`` as there).
     A ``ModelProto`` is checked, then copied but for the data of its large
     initializers (not :func:`is_small`, not strings): each becomes a held stub
     (:func:`~onnxtrain.graph.external.held_stub`) that the returned
@@ -68,7 +79,7 @@ def load_light(model: onnx.ModelProto | str | os.PathLike[str]) -> tuple[onnx.Mo
     the copy is in use.
     """
     if not isinstance(model, onnx.ModelProto):
-        proto, folder = load_base_model(model)
+        proto, folder = load_base_model(model, in_file=in_file)
         return proto, external.TensorData(base_dir=folder)
     _check_not_empty(model, "the ModelProto")
     external.check_model_data(model, None)

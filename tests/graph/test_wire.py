@@ -23,6 +23,7 @@ from onnx.external_data_helper import load_external_data_for_model, uses_externa
 from onnxtrain import artifacts
 from onnxtrain.graph import external, wire
 from onnxtrain.graph.io import load_base_model
+from onnxtrain.lora import add_adapters
 
 THRESHOLD = 64  # bytes: the tests' min_bytes
 
@@ -137,8 +138,13 @@ def test_generation_from_a_path_reads_the_weights_from_the_file(
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "base.onnx"
     onnx.save(model, path)
-    light, _ = load_base_model(path)
+    light, _ = load_base_model(path, in_file=True)
     assert {t.name for t in light.graph.initializer if uses_external_data(t)} == {"W1", "b1", "W2"}
+    # a model handed to the user never refers to another model's file: by default the weights come inside
+    whole, _ = load_base_model(path)
+    assert not any(uses_external_data(t) for t in whole.graph.initializer)
+    adapted, _ = add_adapters(path, targets=["W1"], rank=2, alpha=4)
+    assert not any(uses_external_data(t) for t in adapted.graph.initializer)
     options = {"loss": artifacts.LossType.CrossEntropyLoss, "optimizer": artifacts.OptimType.AdamW}
     by_path = tmp_path / "by_path"
     from_proto = tmp_path / "from_proto"
