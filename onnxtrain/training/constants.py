@@ -162,8 +162,11 @@ class SharedConstants:
     def _add(self, name: str, array: np.ndarray) -> None:
         array = np.asarray(array, order="C")  # contiguous, its shape kept (0-d too, unlike ascontiguousarray)
         self._host[name] = array
-        if self._device.type == "cpu" and not values.needs_ortvalue(array.dtype):
-            self._values[name] = ort.OrtValue.ortvalue_from_numpy(array)  # the array's memory, not a copy
+        if self._device.type == "cpu" and values.needs_ortvalue(array.dtype):  # bfloat16: its bits, typed
+            bits = array.view(np.uint16)  # the same shape, 0-d too
+            self._values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, onnx.TensorProto.BFLOAT16)
+        elif self._device.type == "cpu":  # the array's memory, not a copy (external initializers must be the user's)
+            self._values[name] = ort.OrtValue.ortvalue_from_numpy(array)
         else:
             self._values[name] = values.from_numpy(array, self._device)
 

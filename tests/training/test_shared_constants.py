@@ -334,3 +334,48 @@ def test_a_name_two_models_share_is_held_once_where_the_values_agree(second: flo
     other = table.share(load_model(model(second), "second"), "second")
     assert constants.is_shared_stub(first.proto.graph.initializer[0]) and len(table) == 1
     assert constants.is_shared_stub(other.proto.graph.initializer[0]) == (second == 2.0)
+
+
+@pytest.mark.parametrize("lift_bytes", [0, 1 << 40], ids=["inputs", "initializers"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(2, 3), ()])
+def test_constants_of_every_float_type_and_rank(dtype: str, shape: tuple[int, ...], lift_bytes: int) -> None:
+    """A shared constant of each float type (bfloat16 as its bits), 2-D and 0-d, as inputs and as external
+    initializers (which onnxruntime takes from memory the caller owns): the session computes with its values,
+    and the export puts them back."""
+    import ml_dtypes
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from onnxtrain.training.binding import BoundSession
+
+    np_type = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    weight = (np.arange(6, dtype=np.float32).reshape(2, 3) + 0.5 if shape else np.array(1.5, np.float32)).astype(
+        np_type
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("Cast", ["W"], ["w"], to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["x", "w"], ["y"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [onnx.numpy_helper.from_array(weight, "W")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    device = resolve(None, None)[0]
+    table = constants.SharedConstants(device, min_bytes=1, lift_bytes=lift_bytes)
+    shared = table.share(load_model(model, "model"), "model")
+    assert constants.is_shared_stub(shared.proto.graph.initializer[0])
+    session = BoundSession(
+        shared, "model", ort.SessionOptions(), ["CPUExecutionProvider"], device, constants=table, own_options=True
+    )
+    x = np.full((2, 3), 2.0, np.float32)
+    session.bind_input("x", x)
+    session.bind_output("y", device)
+    session.run()
+    np.testing.assert_array_equal(session.outputs(1)[0].numpy(), x * weight.astype(np.float32))
+    restored = onnx.numpy_helper.to_array(table.restore(shared.proto).graph.initializer[0])
+    assert restored.shape == weight.shape
+    np.testing.assert_array_equal(restored.astype(np.float32), weight.astype(np.float32))
