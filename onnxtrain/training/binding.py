@@ -153,8 +153,10 @@ class BoundSession:
     """An ``InferenceSession`` and its binding; ``native=False`` forces onnxruntime's public wrappers.
 
     ``constants``: where the stubs of shared constants in ``model`` are held
-    (:mod:`onnxtrain.training.constants`); the session takes them as inputs,
-    bound in every binding (:attr:`constants` lists them).
+    (:mod:`onnxtrain.training.constants`); the session takes them as external
+    initializers where ``own_options`` (``options`` serve this session alone)
+    and the constants allow it, else as inputs, bound in every binding
+    (:attr:`constants` lists those).
     """
 
     def __init__(
