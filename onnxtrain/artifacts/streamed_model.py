@@ -23,10 +23,7 @@ from onnx.external_data_helper import uses_external_data
 
 from onnxtrain.graph import external
 from onnxtrain.graph.io import copy_model
-
-GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
-INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
-RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+from onnxtrain.graph.wire import GRAPH, INITIALIZER, RAW_DATA, length_key
 
 Message = onnx.ModelProto | onnx.GraphProto | onnx.TensorProto
 
@@ -83,11 +80,11 @@ def streamed(model: onnx.ModelProto, data: external.TensorData) -> StreamedModel
     initializers: list[Piece] = []
     for tensor in light.graph.initializer:
         pieces = _initializer(tensor, data)
-        initializers += [_key(INITIALIZER, _size(pieces)), *pieces]
+        initializers += [length_key(INITIALIZER, _size(pieces)), *pieces]
     before, after = _split(light.graph, INITIALIZER)
     graph = [before, *initializers, after]
     before, after = _split(light, GRAPH)
-    pieces = (before, _key(GRAPH, _size(graph)), *graph, after)
+    pieces = (before, length_key(GRAPH, _size(graph)), *graph, after)
     return StreamedModel(pieces, _size(pieces))
 
 
@@ -100,7 +97,7 @@ def _initializer(tensor: onnx.TensorProto, data: external.TensorData) -> list[Pi
         return [_Inline(tensor, tensor.ByteSize())]
     before, after = _split(data.loaded_header(tensor), RAW_DATA)
     size = external.declared_nbytes(tensor) or 0
-    return [before, _key(RAW_DATA, size), _Stored(tensor, data, size), after]
+    return [before, length_key(RAW_DATA, size), _Stored(tensor, data, size), after]
 
 
 def _split(message: Message, number: int) -> tuple[bytes, bytes]:
@@ -110,20 +107,6 @@ def _split(message: Message, number: int) -> tuple[bytes, bytes]:
     external.copy_fields(message, before, {f.name for f in fields if f.number >= number})
     external.copy_fields(message, after, {f.name for f in fields if f.number <= number})
     return before.SerializeToString(), after.SerializeToString()
-
-
-def _key(number: int, length: int) -> bytes:
-    """The key of length-delimited field ``number`` and its ``length``, as varints."""
-    return _varint(number << 3 | 2) + _varint(length)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _size(pieces: list[Piece] | tuple[Piece, ...]) -> int:

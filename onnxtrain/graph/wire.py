@@ -35,12 +35,13 @@ import onnx
 #: Initializers whose ``raw_data`` has at least this many bytes are left in the file by :func:`load_light`.
 LIGHT_BYTES = 1 << 20
 
+#: The field numbers this reader follows, and the one wire type it takes apart (length-delimited).
+GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+RAW_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["raw_data"].number
+_EXTERNAL_DATA = onnx.TensorProto.DESCRIPTOR.fields_by_name["external_data"].number
+_DATA_LOCATION = onnx.TensorProto.DESCRIPTOR.fields_by_name["data_location"].number
 _LEN = 2
-_MODEL_GRAPH = 7
-_GRAPH_INITIALIZER = 5
-_TENSOR_RAW_DATA = 9
-_TENSOR_EXTERNAL_DATA = 13
-_TENSOR_DATA_LOCATION = 14
 
 
 class _NotFollowed(Exception):
@@ -60,16 +61,23 @@ def _varint(buffer: mmap.mmap | bytes, position: int, end: int) -> tuple[int, in
     raise _NotFollowed("a truncated varint")
 
 
-def _encode_varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """``value`` (at least 0) as a varint."""
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    out.append(value)
+    return bytes(out)
+
+
+def length_key(number: int, length: int) -> bytes:
+    """The key of length-delimited field ``number`` and its ``length``: what precedes its bytes."""
+    return varint(number << 3 | _LEN) + varint(length)
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return length_key(number, len(payload)) + payload
 
 
 def _fields(buffer: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
@@ -96,51 +104,45 @@ def _fields(buffer: mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int,
         position = after
 
 
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | _LEN) + _encode_varint(len(payload)) + payload
-
-
 def _light_tensor(buffer: mmap.mmap, start: int, end: int, location: str, min_bytes: int) -> bytes | None:
     """The initializer at ``buffer[start:end]`` with its ``raw_data`` replaced by a reference to where it lies,
     or ``None`` to keep it as it is (a small or external one)."""
     raw: tuple[int, int] | None = None
     kept: list[tuple[int, int]] = []  # the other fields, as they are
     for number, tag_start, value_start, after in _fields(buffer, start, end):
-        if number == _TENSOR_EXTERNAL_DATA:
+        if number == _EXTERNAL_DATA:
             return None
-        if number == _TENSOR_DATA_LOCATION:
+        if number == _DATA_LOCATION:
             if _varint(buffer, value_start, after)[0] != onnx.TensorProto.DEFAULT:
                 return None
             continue  # written again below
-        if number == _TENSOR_RAW_DATA:
+        if number == RAW_DATA:
             raw = (value_start, after)
         else:
             kept.append((tag_start, after))
     if raw is None or raw[1] - raw[0] < min_bytes:
         return None
     offset, length = raw[0], raw[1] - raw[0]
-    entries = b"".join(
-        _len_field(_TENSOR_EXTERNAL_DATA, _len_field(1, key.encode()) + _len_field(2, value.encode()))
-        for key, value in (("location", location), ("offset", str(offset)), ("length", str(length)))
-    )
-    external = _encode_varint(_TENSOR_DATA_LOCATION << 3) + _encode_varint(onnx.TensorProto.EXTERNAL)
-    return b"".join(bytes(buffer[a:b]) for a, b in kept) + entries + external
+    reference = onnx.TensorProto(data_location=onnx.TensorProto.EXTERNAL)  # its fields, appended: merged in
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        reference.external_data.add(key=key, value=value)
+    return b"".join(bytes(buffer[a:b]) for a, b in kept) + reference.SerializeToString()
 
 
 def _light_bytes(buffer: mmap.mmap, location: str, min_bytes: int) -> bytes:
     """The serialized model with its main graph's large initializers referring to the file."""
     pieces: list[bytes] = []
     for number, tag_start, value_start, after in _fields(buffer, 0, len(buffer)):
-        if number != _MODEL_GRAPH:
+        if number != GRAPH:
             pieces.append(bytes(buffer[tag_start:after]))
             continue
         graph: list[bytes] = []
         for field, field_tag, field_value, field_after in _fields(buffer, value_start, after):
             light = None
-            if field == _GRAPH_INITIALIZER:
+            if field == INITIALIZER:
                 light = _light_tensor(buffer, field_value, field_after, location, min_bytes)
-            graph.append(bytes(buffer[field_tag:field_after]) if light is None else _len_field(field, light))
-        pieces.append(_len_field(_MODEL_GRAPH, b"".join(graph)))
+            graph.append(bytes(buffer[field_tag:field_after]) if light is None else _length_delimited(field, light))
+        pieces.append(_length_delimited(GRAPH, b"".join(graph)))
     return b"".join(pieces)
 
 
@@ -168,4 +170,4 @@ def load_light(
     return model
 
 
-__all__ = ["LIGHT_BYTES", "load_light"]
+__all__ = ["GRAPH", "INITIALIZER", "LIGHT_BYTES", "RAW_DATA", "length_key", "load_light", "varint"]
