@@ -53,7 +53,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 from onnx.external_data_helper import uses_external_data
 
-from onnxtrain.graph import external, walk
+from onnxtrain.graph import dtypes, external, walk
 from onnxtrain.graph.io import copy_model
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
@@ -69,23 +69,7 @@ SHARED_CONSTANT_BYTES = 1 << 20
 #: rows: see the module docstring).
 LIFT_BYTES = 256 << 20
 #: The element types of constants that may be shared: numbers NumPy holds, and bfloat16 (``ml_dtypes``).
-SHAREABLE_TYPES = frozenset(
-    {
-        onnx.TensorProto.FLOAT,
-        onnx.TensorProto.DOUBLE,
-        onnx.TensorProto.FLOAT16,
-        onnx.TensorProto.BFLOAT16,
-        onnx.TensorProto.INT8,
-        onnx.TensorProto.INT16,
-        onnx.TensorProto.INT32,
-        onnx.TensorProto.INT64,
-        onnx.TensorProto.UINT8,
-        onnx.TensorProto.UINT16,
-        onnx.TensorProto.UINT32,
-        onnx.TensorProto.UINT64,
-        onnx.TensorProto.BOOL,
-    }
-)
+SHAREABLE_TYPES = dtypes.FLOAT_TYPES | dtypes.INTEGER_TYPES | {onnx.TensorProto.BOOL}
 
 
 def is_shared_stub(tensor: onnx.TensorProto) -> bool:
@@ -100,11 +84,6 @@ def _stub(tensor: onnx.TensorProto) -> onnx.TensorProto:
     stub.data_location = onnx.TensorProto.EXTERNAL
     stub.external_data.add(key="location", value=external.SHARED_LOCATION)
     return stub
-
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    """The bytes of ``tensor``'s values (its elements times the element's size)."""
-    return math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
 
 
 class SharedConstants:
@@ -131,7 +110,9 @@ class SharedConstants:
         return self._values[name]
 
     def _shareable(self, tensor: onnx.TensorProto, inputs: set[str]) -> bool:
-        return tensor.name not in inputs and tensor.data_type in SHAREABLE_TYPES and _nbytes(tensor) >= self._min_bytes
+        if tensor.name in inputs or tensor.data_type not in SHAREABLE_TYPES:
+            return False
+        return (external.declared_nbytes(tensor) or 0) >= self._min_bytes
 
     def share(self, model: LoadedModel, what: str) -> LoadedModel:
         """``model`` with its large initializers held here and stubs in their place, and the smaller tensors of
