@@ -95,7 +95,7 @@ def vector_jacobian_product(
     for value, seed in seeds.items():
         builder.require(value, role="seeded value")
         builder.require(seed, role=f"cotangent of {value!r}")
-        have, want = _elem_type(builder, seed), _elem_type(builder, value)
+        have, want = builder.elem_type_if_known(seed), builder.elem_type_if_known(value)
         if have is not None and want is not None and have != want:
             raise ValueError(
                 f"the cotangent {seed!r} of {value!r} is {dtypes.dtype_name(have)}, the value "
@@ -179,13 +179,6 @@ def _check_rules(path: Path, wrt: Sequence[str], loss: str | Sequence[str]) -> N
 
 
 # ---------------------------------------------------------------- backward
-
-
-def _elem_type(builder: GraphBuilder, name: str) -> int | None:
-    type_proto = builder.type_of(name)
-    if type_proto is None or not type_proto.HasField("tensor_type"):
-        return None
-    return type_proto.tensor_type.elem_type or None
 
 
 class _Backward:
@@ -320,9 +313,9 @@ class _Backward:
         node = self._producer(part)
         if node is None or node.op_type != "ScatterND" or node.domain not in ("", "ai.onnx"):
             return False
-        if not any(a.name == "reduction" and a.s == b"add" for a in node.attribute):
+        if not ops.scatter_adds(node):
             return False
-        shape = self.builder.shape(value)
+        shape = self.builder.shape_if_known(value)
         if shape is None or None in shape:
             return False
         parts = self.contributions.get(value, [])
@@ -332,7 +325,7 @@ class _Backward:
 
     def _may_have(self, part: str, shape: list[Any]) -> bool:
         """Whether ``part``'s inferred shape is ``shape`` where it is known (rank and every known size)."""
-        have = self.builder.shape(part)
+        have = self.builder.shape_if_known(part)
         if have is None or len(have) != len(shape):
             return False
         return all(h is None or h == w for h, w in zip(have, shape, strict=True))
@@ -381,7 +374,7 @@ class _Backward:
         """``RuleError`` unless ``grad`` names a value of ``value``'s element type."""
         if not isinstance(grad, str) or not self.builder.has(grad):
             raise RuleError(f"{where} returned {grad!r} for {what}; return a value name or None")
-        have, want = _elem_type(self.builder, grad), _elem_type(self.builder, value)
+        have, want = self.builder.elem_type_if_known(grad), self.builder.elem_type_if_known(value)
         if have is not None and want is not None and have != want:
             raise RuleError(
                 f"{where} returned a {dtypes.dtype_name(have)} gradient for {what}, which is "

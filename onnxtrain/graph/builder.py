@@ -228,6 +228,13 @@ class GraphBuilder:
         """The ONNX element type of tensor ``name``."""
         return self.tensor_type_of(name).tensor_type.elem_type
 
+    def elem_type_if_known(self, name: str) -> int | None:
+        """:meth:`elem_type`, or ``None`` where ``name`` is no value, its type is unknown or it is no tensor."""
+        type_proto = self.type_of(name) if self.has(name) else None
+        if type_proto is None or not type_proto.HasField("tensor_type"):
+            return None
+        return type_proto.tensor_type.elem_type or None
+
     def shape(self, name: str) -> list[Dim] | None:
         """The dimensions of tensor ``name`` (``None`` entries are unknown), or ``None``."""
         return _dims(self.tensor_type_of(name))

@@ -38,6 +38,11 @@ def scatter_can_add(opset: int) -> bool:
     return opset >= _SCATTER_REDUCTION_SINCE
 
 
+def scatter_adds(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` (a ``ScatterND`` or ``ScatterElements``) adds its updates (``reduction="add"``)."""
+    return any(a.name == "reduction" and a.s == b"add" for a in node.attribute)
+
+
 def constant_of_shape_makes(opset: int, elem_type: int) -> bool:
     """Whether ``ConstantOfShape`` at ``opset`` makes tensors of ``elem_type`` (bfloat16 from opset 20 on)."""
     return dtypes.schema_allows(onnx.defs.get_schema("ConstantOfShape", opset), "T2", elem_type)

@@ -30,7 +30,7 @@ from typing import Literal
 import onnx
 from onnx import helper
 
-from onnxtrain.graph import dtypes
+from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.walk import names_read, rename_values, subgraphs
@@ -245,7 +245,7 @@ def compute_in_float32(
             nodes.append(node)
             continue
         inputs, outputs = data
-        half = _elem_type(types, node.input[inputs[0]])
+        half = types.elem_type_if_known(node.input[inputs[0]])
         for k in inputs:
             wide = first_free(f"{node.input[k]}.float32", taken)
             nodes.append(
@@ -282,13 +282,9 @@ def accumulate_in_float32(model: onnx.ModelProto) -> int:
     gathers) that add in a half type made to add in float32, in place, as the policy sums: many small updates
     added into one value lose their digits in half (and onnxruntime's CPU provider adds in neither half type).
     Returns how many nodes changed."""
-
-    def adds(node: onnx.NodeProto) -> bool:
-        return any(a.name == "reduction" and a.s == b"add" for a in node.attribute)
-
-    if not any(n.op_type.startswith("Scatter") and adds(n) for n in model.graph.node):
+    if not any(n.op_type.startswith("Scatter") and ops.scatter_adds(n) for n in model.graph.node):
         return 0
-    return sum(compute_in_float32(model, op, where=adds) for op in ("ScatterND", "ScatterElements"))
+    return sum(compute_in_float32(model, op, where=ops.scatter_adds) for op in ("ScatterND", "ScatterElements"))
 
 
 def _half_positions(node: onnx.NodeProto, types: GraphBuilder) -> tuple[list[int], list[int]] | None:
@@ -297,7 +293,7 @@ def _half_positions(node: onnx.NodeProto, types: GraphBuilder) -> tuple[list[int
     schema = _schema(node, types.opset) if node.domain in ("", "ai.onnx") and not subgraphs(node) else None
     if schema is None or not schema.inputs:
         return None
-    halves = [k for k, name in enumerate(node.input) if name and _elem_type(types, name) in HALF_SUFFIX]
+    halves = [k for k, name in enumerate(node.input) if name and types.elem_type_if_known(name) in HALF_SUFFIX]
     if not halves:
         return None
     variable = _formal(schema.inputs, halves[0])
@@ -326,7 +322,7 @@ def _data_positions(
     inputs = [
         k
         for k, name in enumerate(node.input)
-        if name and _formal(schema.inputs, k) == variable and _elem_type(types, name) in elem_types
+        if name and _formal(schema.inputs, k) == variable and types.elem_type_if_known(name) in elem_types
     ]
     if not inputs:
         return None
@@ -345,13 +341,6 @@ def _schema(node: onnx.NodeProto, opset: int) -> onnx.defs.OpSchema | None:
         return onnx.defs.get_schema(node.op_type, opset, node.domain)
     except onnx.defs.SchemaError:
         return None
-
-
-def _elem_type(types: GraphBuilder, name: str) -> int | None:
-    type_proto = types.type_of(name) if types.has(name) else None
-    if type_proto is None or not type_proto.HasField("tensor_type"):
-        return None
-    return type_proto.tensor_type.elem_type
 
 
 __all__ = [
