@@ -86,11 +86,15 @@ class LossScaling:
         """``(grads / loss_scale, found_inf, step - skipped_steps)``: the true gradients, a bool scalar
         that is true when some gradient is not finite, and the step number counting only steps taken."""
         inverse = b.add_node1("Reciprocal", [LOSS_SCALE], hint="inverse_scale")
+        factors, zeros = {_FLOAT: inverse}, {}  # per element type, made once
         sums, unscaled = [], []
         for grad in grads:
             elem = b.elem_type(grad)
-            factor = inverse if elem == _FLOAT else b.add_node1("Cast", [inverse], to=elem, hint="inverse_scale")
-            zero = ops.constant(b, 0.0, elem, "zero")
+            if elem not in factors:
+                factors[elem] = b.add_node1("Cast", [inverse], to=elem, hint="inverse_scale")
+            if elem not in zeros:
+                zeros[elem] = ops.constant(b, 0.0, elem, "zero")
+            factor, zero = factors[elem], zeros[elem]
             true = b.add_node1("Mul", [grad, factor], hint=f"{grad}.unscaled")
             # probed after the unscaling, so that every reader of the scale comes before its new value (in place)
             total = ops.reduce(b, "ReduceSum", b.add_node1("Mul", [true, zero], hint="nan_probe"), None, keepdims=False)
