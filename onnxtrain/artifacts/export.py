@@ -73,7 +73,6 @@ def export_model_for_inferencing(
     prune_unused_nodes(model)
     if half is not None:
         autocast.half_parameters(model)
-    if half is not None:
         set_metadata(model, {PRECISION_KEY: str(precision)})
     elif precision is not None:
         drop_metadata(model, PRECISION_KEY)

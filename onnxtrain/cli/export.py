@@ -179,16 +179,19 @@ def _describe_value(value: Any) -> str:
     from onnxtrain.graph import dtypes
 
     tensor = value.type.tensor_type
-    dims = ", ".join(d.dim_param or (str(d.dim_value) if d.HasField("dim_value") else "?") for d in tensor.shape.dim)
-    return f"{value.name}: {dtypes.dtype_name(tensor.elem_type)}[{dims}]"
+    dims = [d.dim_param or (d.dim_value if d.HasField("dim_value") else None) for d in tensor.shape.dim]
+    return _signature(value.name, dtypes.dtype_name(tensor.elem_type), dims)
 
 
 def _describe(arg: Any) -> str:
     """``pixels: float32[batch, 64]`` from onnxruntime's ``NodeArg``."""
-    kind = str(arg.type).removeprefix("tensor(").removesuffix(")")
-    kind = "float32" if kind == "float" else kind
-    dims = ", ".join("?" if d is None else str(d) for d in arg.shape)
-    return f"{arg.name}: {kind}[{dims}]"
+    return _signature(arg.name, str(arg.type).removeprefix("tensor(").removesuffix(")"), arg.shape)
+
+
+def _signature(name: str, elem: str, dims: Any) -> str:
+    """``name: elem[d0, d1]``, ONNX's ``float`` named ``float32``, an unknown size ``?``."""
+    kind = "float32" if elem == "float" else elem
+    return f"{name}: {kind}[{', '.join('?' if d is None else str(d) for d in dims)}]"
 
 
 __all__ = ["BEST", "Exported", "add_parser", "export_inference_model", "run"]
