@@ -370,17 +370,17 @@ def measure_path(config: Gpt2 | Llama, folder: Path) -> None:
 def build_inline(config: Gpt2 | Llama, folder: Path) -> None:
     """Write :data:`INLINE_FILE`: the model with its weights inside the file (as an exporter writes a model under
     2 GB), streamed a piece of one tensor at a time from the data file."""
-    from onnxtrain.artifacts import model_files
     from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+    from onnxtrain.artifacts.streamed_model import streamed
     from onnxtrain.graph.io import load_light
 
     start = time.perf_counter()
     light, data = load_light(folder / MODEL_FILE)
-    unused = model_files.DataFile(folder, INLINE_FILE + ".data")
-    if model_files.save(light, folder / INLINE_FILE, unused, data, PROTOBUF_LIMIT):
-        (folder / INLINE_FILE).unlink()
-        (folder / unused.location).unlink()
+    model = streamed(light, data)
+    if model.size >= PROTOBUF_LIMIT:  # told before anything is written
         raise SystemExit(f"{MODEL_FILE}'s weights pass protobuf's 2 GiB limit: no inline copy")
+    with open(folder / INLINE_FILE, "wb") as file:
+        model.write(file)
     _result(seconds=time.perf_counter() - start, peak_mib=peak_rss_mib())
 
 
