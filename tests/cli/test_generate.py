@@ -284,8 +284,11 @@ def test_a_bad_precision_override_is_a_usage_error(capsys, model_path: Path, tmp
 def test_export_writes_the_precision_asked_for(capsys, model_path: Path, tmp_path: Path, precision: str):
     assert _generate(capsys, model_path, tmp_path / "art", "--precision", "bf16")[0] == 0
     out = tmp_path / "model.onnx"
-    status, _, err = cli(capsys, "export", tmp_path / "art", "-o", out, "--precision", precision)
+    status, printed, err = cli(capsys, "export", tmp_path / "art", "-o", out, "--precision", precision)
     assert status == 0, err
+    # the float32 input is named so whether onnxruntime could load the model here or not (a half one it cannot,
+    # which the command then describes from the graph)
+    assert "inputs:  x: float32[batch, 4]" in printed, printed
     exported = onnx.load(out)
     onnx.checker.check_model(exported, full_check=True)
     kinds = {t.data_type for t in exported.graph.initializer}
