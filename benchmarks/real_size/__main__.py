@@ -49,6 +49,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
     parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
     parser.add_argument(
+        "--own-arenas", action="store_true",
+        help="CUDA: onnxtrain's sessions each with an arena growing to powers of two (onnxruntime's default)",
+    )  # fmt: skip
+    parser.add_argument(
         "--precision", choices=PRECISIONS, default="fp32",
         help="onnxtrain's artifacts generated with precision=...; PyTorch under torch.autocast (fp16: and GradScaler)",
     )  # fmt: skip
@@ -107,7 +111,10 @@ def _log(message: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = arguments().parse_args(argv)
+    parser = arguments()
+    args = parser.parse_args(argv)
+    if args.own_arenas and args.device != "cuda":
+        parser.error("--own-arenas is for --device cuda (on the CPU the sessions share onnxruntime's default arena)")
     from benchmarks.real_size import report, static
 
     workloads = _choose(args.workload, list(MODELS), "workload")
@@ -163,6 +170,8 @@ def _train(
     argv += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", args.precision]
     if args.no_memory_pattern:
         argv.append("--no-memory-pattern")
+    if args.own_arenas:
+        argv.append("--own-arenas")
     load = load_average()
     result = _worker(argv)
     result.update(workload=workload, framework=framework, batch=batch, seq=seq, run=run, load_before=load)

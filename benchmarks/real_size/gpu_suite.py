@@ -10,7 +10,10 @@ still brings the main table):
    PyTorch's peak memory, the breakdown;
 2. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
    artifacts against PyTorch under autocast (and GradScaler for fp16), one run;
-3. ``no-pattern``: onnxtrain's fp32 step without onnxruntime's memory pattern.
+3. ``no-pattern``: onnxtrain's fp32 step without onnxruntime's memory pattern;
+4. ``own-arenas``: onnxtrain's fp32 step with an arena per session growing to
+   powers of two (onnxruntime's defaults), against the default run's one
+   arena shared by the sessions that grows by what is asked.
 
 Each writes ``DIR/<name>.md`` and ``DIR/<name>.json``, and its output to
 ``DIR/<name>.log``; artifacts go to ``DIR/work`` (``--workdir`` to keep them
@@ -32,6 +35,7 @@ RUNS: dict[str, list[str]] = {
     "bf16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"],
     "fp16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"],
     "no-pattern": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--no-memory-pattern"],
+    "own-arenas": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--own-arenas"],
 }
 SHAPES = "16x256"
 

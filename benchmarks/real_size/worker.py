@@ -67,6 +67,12 @@ def arguments() -> argparse.ArgumentParser:
         action="store_true",
         help="onnxtrain: every session without onnxruntime's memory pattern (otherwise its default options)",
     )
+    parser.add_argument(
+        "--own-arenas",
+        action="store_true",
+        help="onnxtrain on CUDA: an arena per session growing to powers of two (onnxruntime's default), not the "
+        "one arena its sessions share",
+    )
     return parser
 
 
@@ -129,13 +135,21 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
     memory.reset_peak_rss()
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     options = None
-    if args.no_memory_pattern:  # the runtime's options for its fused step (shared CPU arena), for every session
+    if args.no_memory_pattern:  # the runtime's options for its fused step (shared arena), for every session
+        from onnxtrain.training.device import Device
         from onnxtrain.training.options import default_session_options
 
-        options = default_session_options(spinning=True, update_first=True, shared_cpu_arena=args.device == "cpu")
+        options = default_session_options(spinning=True, update_first=True, shared_arena=Device.parse(args.device))
         options.enable_mem_pattern = False
+    providers = None
+    if args.own_arenas:  # arena settings of the user's own: each session keeps its arena (training.device)
+        cuda = {"device_id": "0", "use_tf32": "0", "arena_extend_strategy": "kNextPowerOfTwo"}
+        providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     training, evaluation = str(directory / "training_model.onnx"), str(directory / "eval_model.onnx")
-    module = Module(training, state, evaluation, args.device, session_options=options)
+    if providers is None:
+        module = Module(training, state, evaluation, args.device, session_options=options)
+    else:
+        module = Module(training, state, evaluation, session_options=options, providers=providers)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(LEARNING_RATE)
     module.train()
@@ -160,6 +174,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
         "state": memory.onnxtrain_state(module),
         "versions": versions,
         "memory_pattern": not args.no_memory_pattern,
+        "shared_arena": not args.own_arenas,
     }
 
 

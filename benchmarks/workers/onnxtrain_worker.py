@@ -60,6 +60,7 @@ def session_options(threads: int, spinning: str) -> Any:
     none (``off``), or, for ``default`` with ``--threads``, onnxruntime's defaults (which spin)."""
     import onnxruntime
 
+    from onnxtrain.training.device import Device
     from onnxtrain.training.options import default_session_options
 
     if spinning == "default":
@@ -68,7 +69,7 @@ def session_options(threads: int, spinning: str) -> Any:
         options = onnxruntime.SessionOptions()
     else:
         # the config entry session.intra_op.allow_spinning, "1" or "0"
-        options = default_session_options(spinning=spinning == "on", update_first=True, shared_cpu_arena=True)
+        options = default_session_options(spinning=spinning == "on", update_first=True, shared_arena=Device("cpu"))
     if threads:
         options.intra_op_num_threads = threads
     return options

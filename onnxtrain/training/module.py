@@ -79,7 +79,7 @@ from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.buffers import Buffer, buffers_per_dtype, copy_into_parameters, one_buffer
 from onnxtrain.training.constants import SharedConstants
-from onnxtrain.training.device import Device, ProviderSpec, resolve
+from onnxtrain.training.device import Device, ProviderSpec, resolve, shares_arena
 from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
@@ -139,7 +139,8 @@ class Module:
                 f"session_options must be an onnxruntime.SessionOptions, not {type(session_options).__name__}"
             )
         self._device, self._providers = resolve(device, providers)
-        self._shared_arena = self._device.type == "cpu"  # one arena for all the sessions (training.options)
+        # one arena on the device for all the sessions (training.options), unless the providers configure it
+        self._shared_arena = self._device if shares_arena(self._providers) else None
         self._session_options = session_options  # the user's, for every session; else per session (open_session)
         store = state.store
         infos = store.parameter_infos()
@@ -236,8 +237,8 @@ class Module:
             options = default_session_options(
                 spinning=alone,
                 update_first=alone or in_node_order,
-                shared_cpu_arena=self._shared_arena,
-                threads=1 if alone and small and self._shared_arena else 0,
+                shared_arena=self._shared_arena,
+                threads=1 if alone and small and self._device.type == "cpu" else 0,
                 memory_pattern=small,
             )
         own = self._session_options is None  # options made for this session alone (shared ones must not change)

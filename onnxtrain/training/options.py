@@ -1,18 +1,24 @@
-"""The runtime's default onnxruntime session options, and the CPU arena its sessions share.
+"""The runtime's default onnxruntime session options, and the arena its sessions share on a device.
 
 A module runs up to four sessions over one model's activations (the
 training model, the reset step, the fused step, the eval model), one at a
 time. Each onnxruntime session keeps its own memory arena, which never gives
 memory back while the session lives, so each would hold the activations of
 its largest run: the reset step's arena, used for the first step only, would
-stay beside the fused step's for the whole of training. On the CPU the
-default options make the sessions allocate from one arena registered in
+stay beside the fused step's for the whole of training. The default options
+make the sessions allocate from one arena per device registered in
 onnxruntime's environment instead, so they reuse each other's free memory
-(measured: the transformer layer of ``benchmarks/`` peaks 19 MiB lower, 55
-instead of 74 MiB above its imports). That arena belongs to onnxruntime's
-process-wide environment: it is registered once per process and keeps its
-largest size until the process ends, for the next module to reuse. Sessions
-with options of the user's own keep their own arenas.
+(measured on the CPU: the transformer layer of ``benchmarks/`` peaks 19 MiB
+lower, 55 instead of 74 MiB above its imports; on a GPU the reset step's
+arena would hold a second copy of a step's activations). That arena belongs
+to onnxruntime's process-wide environment: it is registered once per process
+and device and keeps its largest size until the process ends, for the next
+module to reuse. A CUDA arena grows by what each allocation asks
+(``onnxtrain.training.device``). Sessions with options of the user's own,
+and CUDA providers with arena settings of the user's own
+(``device.shares_arena``), keep their own arenas; so do all sessions where
+this onnxruntime cannot register an arena for the device (a CPU-only build
+asked for CUDA's).
 """
 
 from __future__ import annotations
@@ -24,12 +30,17 @@ from collections.abc import Mapping, Sequence
 import onnx
 import onnxruntime as ort
 
+from onnxtrain.training.device import CUDA_PROVIDER, Device
+
+#: onnxruntime's ``ArenaExtendStrategy`` values (``OrtArenaCfg``): the default, and each growth the size requested.
+_DEFAULT_EXTEND, _SAME_AS_REQUESTED = -1, 1
+
 
 def default_session_options(
     *,
     spinning: bool = False,
     update_first: bool = False,
-    shared_cpu_arena: bool = False,
+    shared_arena: Device | None = None,
     threads: int = 0,
     memory_pattern: bool = True,
 ) -> ort.SessionOptions:
@@ -42,8 +53,8 @@ def default_session_options(
     once per step, spins: its runs start faster. ``update_first`` selects
     onnxruntime's priority-based execution order, which runs the nodes listed
     first before the others wherever both are ready: the fused model's update
-    (onnxtrain.training.fused). ``shared_cpu_arena``: allocate CPU memory from
-    the arena all such sessions share (see the module docstring). ``threads``:
+    (onnxtrain.training.fused). ``shared_arena``: allocate that device's
+    memory from the arena all such sessions share (see the module docstring). ``threads``:
     the intra-op thread count (0: onnxruntime's default, the physical cores).
     ``memory_pattern``: onnxruntime's memory pattern, which plans one block
     for a run's tensors after the first run of each input shape. A session
@@ -60,21 +71,30 @@ def default_session_options(
         options.intra_op_num_threads = threads
     if update_first:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    if shared_cpu_arena and _register_shared_cpu_arena():
+    if shared_arena is not None and register_shared_arena(shared_arena):
         options.add_session_config_entry("session.use_env_allocators", "1")
     return options
 
 
 @functools.cache
-def _register_shared_cpu_arena() -> bool:
-    """Register a CPU arena with default settings in onnxruntime's environment, once per process.
+def register_shared_arena(device: Device) -> bool:
+    """Register an arena for ``device`` in onnxruntime's environment, once per process and device.
 
-    The cache mirrors the environment, which is process-wide too. ``False``
-    where this onnxruntime cannot: the sessions then keep arenas of their own.
+    The CPU's with onnxruntime's default settings; a CUDA device's growing by
+    what each allocation asks, as ``device="cuda"``'s providers set it. The
+    cache mirrors the environment, which is process-wide too. ``False`` where
+    this onnxruntime cannot (a build without CUDA): the sessions then keep
+    arenas of their own.
     """
+    arena = ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR
     try:
-        info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+        if device.type == "cpu":
+            info = ort.OrtMemoryInfo("Cpu", arena, 0, ort.OrtMemType.DEFAULT)
+            ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, _DEFAULT_EXTEND, -1, -1))
+        else:
+            info = ort.OrtMemoryInfo("Cuda", arena, device.id, ort.OrtMemType.DEFAULT)
+            config = ort.OrtArenaCfg(0, _SAME_AS_REQUESTED, -1, -1)
+            ort.create_and_register_allocator_v2(CUDA_PROVIDER, info, {"device_id": str(device.id)}, config)
     except (AttributeError, RuntimeError, TypeError):  # onnxruntime raises its own RuntimeError subclasses
         return False
     return True

@@ -1,4 +1,5 @@
-"""Default session options: the sessions of a CPU module share one arena; options of the user's own are theirs."""
+"""Default session options: the sessions of a module share one arena on its device; options of the user's own, and
+CUDA arena settings of the user's own, are theirs."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from typing import Any
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 
-from onnxtrain.training.options import default_session_options
+from onnxtrain.training.device import CUDA_PROVIDER, Device, shares_arena
+from onnxtrain.training.options import default_session_options, register_shared_arena
 from tests.training.helpers import classifier_batch, open_module, parameters
 
 SHARED = "session.use_env_allocators"
@@ -26,10 +29,13 @@ def _sessions(module: Any, optimizer: Any) -> dict[str, Any]:
     return sessions
 
 
+HAS_CUDA = CUDA_PROVIDER in ort.get_available_providers()
+
+
 def test_default_options_use_the_shared_arena_only_when_asked():
-    assert _config(default_session_options(shared_cpu_arena=True), SHARED) == "1"
+    assert _config(default_session_options(shared_arena=Device("cpu")), SHARED) == "1"
     assert _config(default_session_options(), SHARED) is None
-    fused = default_session_options(spinning=True, update_first=True, shared_cpu_arena=True)
+    fused = default_session_options(spinning=True, update_first=True, shared_arena=Device("cpu"))
     assert _config(fused, "session.intra_op.allow_spinning") == "1"
     assert fused.execution_order == ort.ExecutionOrder.PRIORITY_BASED
 
@@ -103,3 +109,50 @@ def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, 
     mine = ort.SessionOptions()
     _, module, optimizer = open_module(classifier, session_options=mine)
     assert all(s.session.get_session_options().enable_mem_pattern for s in _sessions(module, optimizer).values())
+
+
+def test_cuda_sessions_share_an_arena_only_where_the_providers_leave_its_settings_as_device_cuda_has_them():
+    cuda = Device.parse("cuda:1").providers()
+    assert cuda[0] == (CUDA_PROVIDER, {"device_id": "1", "use_tf32": "0", "arena_extend_strategy": "kSameAsRequested"})
+    assert shares_arena(cuda) and shares_arena(Device("cpu").providers())
+    assert shares_arena([CUDA_PROVIDER, "CPUExecutionProvider"])  # no arena settings at all
+    assert shares_arena([(CUDA_PROVIDER, {"device_id": "0", "arena_extend_strategy": "kSameAsRequested"})])
+    assert shares_arena([("CPUExecutionProvider", {"arena_extend_strategy": "kNextPowerOfTwo"})])  # the CPU's: ours
+    for own in (
+        {"arena_extend_strategy": "kNextPowerOfTwo"},
+        {"gpu_mem_limit": "2147483648"},
+        {"gpu_mem_limit": 2147483648, "arena_extend_strategy": "kSameAsRequested"},
+        {"gpu_external_alloc": "1234", "gpu_external_free": "5678"},
+    ):
+        assert not shares_arena([(CUDA_PROVIDER, own), "CPUExecutionProvider"]), own
+    assert not shares_arena(["TensorrtExecutionProvider", CUDA_PROVIDER])
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="CUDA is available here")
+def test_a_build_without_cuda_leaves_each_session_its_own_arena_for_a_cuda_device():
+    assert not register_shared_arena(Device("cuda"))
+    assert _config(default_session_options(shared_arena=Device("cuda")), SHARED) is None
+    assert register_shared_arena(Device("cpu"))  # the CPU's is unaffected
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="no CUDA here")
+def test_every_session_of_a_cuda_module_shares_the_arena_unless_the_providers_configure_it(classifier):
+    assert register_shared_arena(Device("cuda"))
+    results = []
+    own = [(CUDA_PROVIDER, {"device_id": "0", "use_tf32": "0", "gpu_mem_limit": str(1 << 30)}), "CPUExecutionProvider"]
+    for kwargs, shared in (({"device": "cuda"}, "1"), ({"providers": own}, None)):
+        state, module, optimizer = open_module(classifier, **kwargs)
+        rng = np.random.default_rng(4)
+        losses = []
+        for _ in range(4):
+            losses.append(module(*classifier_batch(rng)))
+            optimizer.step()
+            module.lazy_reset_grad()
+        for what, session in _sessions(module, optimizer).items():
+            assert _config(session.session.get_session_options(), SHARED) == shared, what
+        results.append((losses, parameters(state)))
+    (losses_a, params_a), (losses_b, params_b) = results  # the same arithmetic; CUDA's sums may take other orders
+    for a, b in zip(losses_a, losses_b, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    for name, value in params_a.items():
+        np.testing.assert_allclose(value, params_b[name], rtol=1e-6, atol=1e-7, err_msg=name)
