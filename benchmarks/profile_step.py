@@ -137,9 +137,11 @@ def _ort_profile(paths: dict[str, Path]) -> dict[str, list[tuple[str, float, flo
 def _fused_floors(
     directory: Path, train_feed: dict[str, Any], optimizer_feed: dict[str, Any], paths: list[Path], steps: int
 ) -> None:
-    """Two sessions against one fused session, spinning threads or not: plain onnxruntime, all inputs pre-bound."""
+    """Two sessions against one fused session, and the fused step's two parts alone, spinning threads or not: plain
+    onnxruntime, all inputs pre-bound."""
     import onnx
 
+    from onnxtrain.artifacts.accumulation import remove_gradient_accumulation
     from onnxtrain.artifacts.fuse import fuse_update_and_train
     from onnxtrain.optim.base import grad_name, updated_name
 
@@ -156,13 +158,24 @@ def _fused_floors(
     in_place = {out: source for out, source in in_place.items() if source in names}
     print("\nfloors by layout (plain onnxruntime, all inputs pre-bound), µs per step:")
     print(f"  {'layout':52s} {'no spinning':>12s} {'spinning':>10s}")
+    # its two parts alone, each in place: the train step from reset gradients, and the update
+    reset = remove_gradient_accumulation(training, trainable)
+    reset_names = {i.name for i in reset.model.graph.input}
+    reset_feed = {k: v for k, v in train_feed.items() if k in reset_names}
+    update_in_place = {updated_name(n): n for n in optimizer_feed if updated_name(n) in _outputs(optimizer)}
     layouts: list[tuple[str, list[Any], list[dict[str, Any]], dict[str, str] | None]] = [
         ("two sessions", list(paths), [train_feed, optimizer_feed], None),
         ("one fused session, in place (the runtime's step)", [fused.model.SerializeToString()], [feed], in_place),
+        ("  its train step alone (from reset gradients)", [reset.model.SerializeToString()], [reset_feed], None),
+        ("  its update alone (the optimizer model, in place)", [paths[1]], [optimizer_feed], update_in_place),
     ]
     for what, sources, feeds, aliases in layouts:
         cells = [_session_floor(sources, feeds, _options(spinning), steps, aliases) for spinning in (False, True)]
         print(f"  {what:52s} {cells[0]:12.1f} {cells[1]:10.1f}")
+
+
+def _outputs(model: Any) -> set[str]:
+    return {o.name for o in model.graph.output}
 
 
 def _options(spinning: bool) -> Any:
