@@ -201,11 +201,13 @@ class RunCounter:
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # inside the runs, by label
         self.inside_s = 0.0
         self.wrapper_s = 0.0  # per call: the wrapper's time outside its own timed span
 
     def record(self, label: str, seconds: float) -> None:
         self.calls[label] = self.calls.get(label, 0) + 1
+        self.seconds[label] = self.seconds.get(label, 0.0) + seconds
         self.inside_s += seconds
 
     def wrap(self, label: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,6 +225,7 @@ class RunCounter:
 
     def reset(self) -> None:
         self.calls.clear()
+        self.seconds.clear()
         self.inside_s = 0.0
 
     def calibrate(self, calls: int = 20000) -> None:
@@ -243,7 +246,8 @@ def counted_pass(
     step: Callable[[int], Any], first: int, calls: int, counter: RunCounter, *, per_call: int = 1
 ) -> dict[str, Any]:
     """Run ``step(first)``, ... ``step(first + calls - 1)`` (``per_call`` steps each) with ``counter``'s wrappers
-    installed; per step: the model runs by label, all of them, the µs inside them and the µs outside them.
+    installed; per step: the model runs by label, all of them, the µs inside them (all, and by label) and the µs
+    outside them.
 
     Outside: the pass's wall time less the time inside the runs and the
     wrappers' own overhead, that is the Python (and whatever else is not a
@@ -262,6 +266,7 @@ def counted_pass(
         "runs_per_step": runs / steps,
         "runs_by_label": {label: count / steps for label, count in sorted(counter.calls.items())},
         "us_inside_runs_per_step": counter.inside_s / steps * 1e6,
+        "us_inside_by_label": {label: seconds / steps * 1e6 for label, seconds in sorted(counter.seconds.items())},
         "us_outside_runs_per_step": outside / steps * 1e6,
         "us_counted_step": wall / steps * 1e6,
     }

@@ -204,6 +204,12 @@ def _per_step(value: float) -> str:
     return f"{value:.3g}"
 
 
+def _runs(label: str, per_step: float, inside: dict[str, float] | None) -> str:
+    """``label runs``, and the µs per step inside them where there are several labels to tell apart."""
+    text = f"{label} {_per_step(per_step)}"
+    return f"{text} ({inside[label]:.3g} µs)" if inside and len(inside) > 1 and label in inside else text
+
+
 def runs_table(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str, str]]) -> str:
     """Per step of the counted pass: the calls into onnxruntime that run a model, the time inside them and the
     time outside them, for each result that has one (the ONNX frameworks)."""
@@ -219,7 +225,9 @@ def runs_table(results: Sequence[dict[str, Any]], workloads: Sequence[tuple[str,
             counted = result.get("counted") if result is not None and _ok(result) else None
             if not counted:
                 continue
-            which = ", ".join(f"{label} {_per_step(v)}" for label, v in counted["runs_by_label"].items())
+            which = ", ".join(
+                _runs(label, v, counted.get("us_inside_by_label")) for label, v in counted["runs_by_label"].items()
+            )
             lines.append(
                 f"| {name} | {framework} | {_per_step(counted['runs_per_step'])} | {which} "
                 f"| {counted['us_inside_runs_per_step']:.3g} | {counted['us_outside_runs_per_step']:.3g} "

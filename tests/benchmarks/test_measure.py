@@ -63,6 +63,8 @@ def test_the_counted_pass_counts_the_wrapped_runs_per_step_and_splits_the_time()
     assert native.trained == [1, 5, 5, 6, 6, 7, 7]
     assert counted["counted_steps"] == 6
     assert counted["runs_per_step"] == 1.0 and counted["runs_by_label"] == {"Module.train_step": 1.0}
+    assert list(counted["us_inside_by_label"]) == ["Module.train_step"]
+    assert counted["us_inside_by_label"]["Module.train_step"] == pytest.approx(counted["us_inside_runs_per_step"])
     inside, outside, wrappers = (
         counted["us_inside_runs_per_step"],
         counted["us_outside_runs_per_step"],

@@ -81,6 +81,7 @@ def test_the_runs_table_shows_the_counted_pass_of_those_that_have_one():
     }
     ort = {"runs_per_step": 2.0, "runs_by_label": {"Module.train_step": 1.0, "Optimizer.optimizer_step": 1.0}}
     ort.update(us_inside_runs_per_step=80.0, us_outside_runs_per_step=6.0, us_counted_step=86.5)
+    ort["us_inside_by_label"] = {"Module.train_step": 55.0, "Optimizer.optimizer_step": 25.0}
     results = [
         _result(report.ONNXTRAIN, [41.0], workload="digits-mlp-epoch", counted=counted),
         _result(report.ORT, [86.0], workload="digits-mlp-epoch", counted=ort),
@@ -90,7 +91,7 @@ def test_the_runs_table_shows_the_counted_pass_of_those_that_have_one():
     rows = table.splitlines()[2:]
     assert rows == [
         "| digits-mlp-epoch | onnxtrain | 1/56 | epoch model 1/56 | 40 | 1.5 | 41.6 µs |",
-        "| digits-mlp-epoch | onnxruntime-training | 2 | Module.train_step 1, Optimizer.optimizer_step 1 | 80 | 6 "
-        "| 86.5 µs |",
+        "| digits-mlp-epoch | onnxruntime-training | 2 | Module.train_step 1 (55 µs), Optimizer.optimizer_step 1 "
+        "(25 µs) | 80 | 6 | 86.5 µs |",
     ]
     assert report.runs_table(results[2:], [("digits-mlp-epoch", "digits")]) == ""
