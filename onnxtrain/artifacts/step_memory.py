@@ -15,9 +15,10 @@ model (:func:`live_memory`), with the user inputs' shapes fixed:
    place in the graph as listed (onnxruntime numbers them so when it loads a
    model): its default (a depth-first walk back from the graph's last nodes,
    each node's producers visited by ascending index: ``GraphViewer``'s
-   topological order) or, for the fused step's session, its priority-based
-   order (``Shape`` and ``Size`` first, then the lowest index that is ready:
-   the optimizer's nodes, listed first, run before the train step's);
+   topological order) or, for the runtime's sessions of the training model
+   (the fused step's, the reset step's), its priority-based order (``Shape``
+   and ``Size`` first, then the lowest index that is ready: the optimizer's
+   nodes, listed first, run before the train step's);
 3. **liveness**: graph inputs, initializers, ``Constant`` nodes and outputs
    bound into buffers that exist anyway (a gradient written where the
    runtime keeps it) are held for the whole run; every other tensor lives
@@ -596,7 +597,7 @@ def step_memory(
 ) -> StepMemory:
     """The live memory of the runtime's steps at the user inputs' ``shapes``: the fused step (the optimizer's
     update, then a train step, in onnxruntime's priority-based order, parameters, moments and gradients
-    written in place) and the step from reset gradients (the default order, gradients written into their
+    written in place) and the step from reset gradients (the same order, gradients written into their
     buffers). ``training`` and ``optimizer``: the artifacts' models (or paths, read without external data).
 
     ``rewrite``: what runs instead of each step's model, keeping its inputs' and outputs' names (onnxruntime's
@@ -612,7 +613,7 @@ def step_memory(
     categories = {**dict.fromkeys(trainable, "parameters"), **{name: "inputs" for name in user}}
     gradients = dict.fromkeys(reset.gradients.values(), "gradients")
     reset_memory = live_memory(
-        run(reset.model), fixed, order="default", held_outputs=gradients, categories=categories, largest=largest
+        run(reset.model), fixed, order="priority", held_outputs=gradients, categories=categories, largest=largest
     )
     fused_memory = None
     if optimizer is not None:

@@ -31,6 +31,7 @@ from onnxtrain.graph.passes import (
     replace_identity_dropouts,
 )
 from onnxtrain.graph.passes.autocast import accumulate_in_float32
+from onnxtrain.graph.passes.functions import expand_loss_functions, function_inputs
 from onnxtrain.graph.roles import running_statistics
 from onnxtrain.optim.loss_scaling import scaled_loss
 
@@ -263,11 +264,13 @@ def build_training_models(
     builder.set_outputs([*outputs, *(grads[name] for name in wrt), *running.values()])
     forward_values = [name for node in training_model.graph.node[:forward_nodes] for name in node.output if name]
     shapes = {name: builder.shape_if_known(name) for name in forward_values}
+    loss_types = {name: builder.type_of(name) for name in function_inputs(training_model)}
     recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
     accumulate_in_float32(training_model)  # gathers' gradients in a half type add up in float32
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)
     read_shapes_early(training_model)  # forward values are not kept alive for the shapes the backward reads
+    expand_loss_functions(training_model, type_of=loss_types.get)  # the loss runs in the forward, not last
 
     return TrainingModels(
         training=GraphBuilder(training_model).finalize(),

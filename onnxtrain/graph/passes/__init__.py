@@ -15,6 +15,8 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
 - :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
+- :func:`~onnxtrain.graph.passes.functions.expand_loss_functions`: loss functions written out as their bodies, in
+  their place (onnxruntime would add them last);
 - :func:`~onnxtrain.graph.passes.autocast.autocast`: a float32 forward computing in a half type where safe, and
   :func:`~onnxtrain.graph.passes.autocast.accumulate_in_float32`: half scatters that add, adding in float32
   (import them from their module: they type the graph with ``GraphBuilder``, which imports this package).
@@ -28,6 +30,7 @@ from __future__ import annotations
 from onnxtrain.graph.passes.constants import fold_constants
 from onnxtrain.graph.passes.dropouts import replace_identity_dropouts
 from onnxtrain.graph.passes.duplicates import merge_duplicates
+from onnxtrain.graph.passes.functions import expand_loss_functions
 from onnxtrain.graph.passes.recompute import recompute_elementwise
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
@@ -36,6 +39,7 @@ from onnxtrain.graph.passes.unused import drop_unread_initializers, prune_unused
 
 __all__ = [
     "drop_unread_initializers",
+    "expand_loss_functions",
     "fold_constants",
     "fold_static_shapes",
     "fold_transposes",
