@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import platform
 import subprocess
@@ -95,15 +96,31 @@ def _worker(argv: list[str]) -> dict[str, Any]:
 
 
 def prepared(workload: str, workdir: Path, precision: str = "fp32") -> tuple[Path, dict[str, Any]]:
-    """The workload's folder, exported and with onnxtrain's artifacts of ``precision`` (made now where missing)."""
+    """The workload's folder, exported and with onnxtrain's artifacts of ``precision``: made now where missing,
+    or where onnxtrain's sources are not those that wrote them (artifacts of other code measure that code)."""
     folder = workdir / workload
-    if (artifact_folder(folder, precision) / "checkpoint").exists() and (folder / "spec.json").exists():
-        return folder, {"reused": True}
+    artifacts = artifact_folder(folder, precision)
+    written_by = artifacts.with_name(f"{artifacts.name}.sources")
+    sources = onnxtrain_sources()
+    if (artifacts / "checkpoint").exists() and (folder / "spec.json").exists():
+        if written_by.exists() and written_by.read_text().strip() == sources:
+            return folder, {"reused": True}
+        _log(f"{workload}: the artifacts were written by other onnxtrain sources; writing them again")
     _log(f"{workload}: exporting and writing the artifacts ({precision})")
     result = _worker(["prepare", "--workload", workload, "--folder", str(folder), "--precision", precision])
     if "error" in result:
         raise SystemExit(f"{workload}: prepare failed: {result['error']}")
+    written_by.write_text(sources + "\n")
     return folder, result
+
+
+def onnxtrain_sources() -> str:
+    """A digest of onnxtrain's Python sources (SHA-256 over their paths and contents, 16 hex digits)."""
+    digest = hashlib.sha256()
+    package = ROOT / "onnxtrain"
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def _log(message: str) -> None:
