@@ -5,7 +5,8 @@ functions. onnxruntime has kernels for them only in its training build;
 elsewhere it replaces each by its body when it loads the model (ONNX's own
 body for the node's attributes and input types), and the nodes it makes take
 indices after every node of the graph. Under the priority-based order that
-the runtime's fused step runs in, those nodes run last: in a training graph
+the runtime's sessions of a training model run in, those nodes run last
+(onnxruntime's default order ran them late too): in a training graph
 the forward loss's ``GatherElements`` then reads the log-probabilities at the
 end of the step, which keeps them (``[N, C]``: for a language model, the size
 of its logits) alive through the whole backward (GPT-2 small at 16 x 256:
@@ -43,10 +44,11 @@ def expand_loss_functions(model: onnx.ModelProto, *, type_of: TypeOf) -> onnx.Mo
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
     if opset is None or not any(_expandable(node) for node in model.graph.node):
         return model
-    body = _Writer(model, opset)
+    writer = _Writer(model, opset)
     nodes: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        written = body.write(node, {name: type_of(name) for name in node.input if name}) if _expandable(node) else None
+        types = {name: type_of(name) for name in node.input if name}
+        written = writer.write(node, types) if _expandable(node) else None
         nodes.extend([node] if written is None else written)
     del model.graph.node[:]
     model.graph.node.extend(nodes)
