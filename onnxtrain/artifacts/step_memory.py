@@ -63,6 +63,9 @@ Order = Literal["graph", "default", "priority"]
 Phase = Literal["held", "update", "forward", "backward"]
 #: Operators whose output is a view of input 0 in onnxruntime (``KernelDefBuilder().Alias(0, 0)``).
 ALIASING = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
+#: Operators that read only their input's shape: a backward one (a gradient rule's ``Shape``, read right after the
+#: value is made) does not keep the value for the backward.
+_METADATA_READERS = frozenset({"Shape", "Size"})
 #: The most elements of a tensor whose values are computed (shape arithmetic: what later shapes depend on).
 MAX_COMPUTED = 1024
 #: Held categories of :func:`step_memory`, in the order reports list them.
@@ -105,8 +108,9 @@ class LiveMemory:
     tensors' bytes while the ``i``-th node of the order runs; ``peak`` (held
     and live) at position ``peak_at`` (node ``peak_node``, of ``peak_phase``);
     ``at_peak``: the buffers alive there, largest first; ``kept_for_backward``:
-    the bytes of forward tensors a backward node reads (activations the
-    gradient keeps), ``forward_end`` the position of the last forward node;
+    the bytes of forward tensors a backward node reads the data of
+    (activations the gradient keeps; a ``Shape`` or ``Size`` reads none),
+    ``forward_end`` the position of the last forward node;
     ``unknown``: values of unknown size (counted as 0); ``op_counts``: nodes by
     operator; ``phase_peaks``: the largest ``live`` while a node of each phase
     runs; ``kept``: the tensors kept for the backward, largest first.
@@ -474,7 +478,8 @@ def _buffers(
         for name in names_read(node):
             base = root.get(name, name)
             buffers.last_read[base] = max(buffers.last_read.get(base, p), p)
-            if phase == "backward" and buffers.producer.get(base, ("", "held"))[1] == "forward":
+            reads_data = not (standard and node.op_type in _METADATA_READERS)
+            if phase == "backward" and reads_data and buffers.producer.get(base, ("", "held"))[1] == "forward":
                 buffers.kept.add(base)
         for k, name in enumerate(node.output):
             if not name:

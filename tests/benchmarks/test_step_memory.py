@@ -17,7 +17,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 from benchmarks.real_size.static import user_inputs
 from onnxtrain import artifacts
-from onnxtrain.artifacts.step_memory import execution_order, live_memory, parse_shapes, step_memory, value_types
+from onnxtrain.artifacts.step_memory import (
+    execution_order,
+    live_memory,
+    parse_shapes,
+    phases,
+    step_memory,
+    value_types,
+)
 from onnxtrain.cli import main as cli_main
 
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
@@ -130,6 +137,24 @@ def test_forward_tensors_a_backward_node_reads_are_kept_for_the_backward():
     assert memory.kept_for_backward == 16 and memory.forward_end == 2
     # the loss (4 B, an output) lives to the end: h, r and the loss at ReduceSum; h, the loss and g at the last Mul
     assert memory.phase_peaks == {"forward": 16 + 16 + 4, "backward": 16 + 4 + 16}
+
+
+def test_a_backward_shape_read_keeps_nothing_for_the_backward():
+    """A gradient rule's ``Shape`` of a forward value (read right after it is made) reads no data: the value is not
+    kept, and lives only to that read."""
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("Shape", ["h"], ["shape"]),  # backward: only the gradient reads it
+        helper.make_node("ReduceSum", ["h"], ["loss"], keepdims=0),
+        helper.make_node("ConstantOfShape", ["shape"], ["g"]),
+    ]
+    model = _model(nodes, [_input("x", [4]), _input("w", [4])], [_output("loss"), _output("g")])
+    memory = live_memory(model, {}, order="graph", categories={"w": "parameters"})
+    assert phases(model, "loss")[1] == "backward"
+    assert memory.kept_for_backward == 0 and memory.kept == []
+    size_op = helper.make_node("Size", ["h"], ["count"])
+    model = _model([*nodes[:3], size_op], [_input("x", [4]), _input("w", [4])], [_output("loss"), _output("count")])
+    assert live_memory(model, {}, order="graph").kept_for_backward == 0
 
 
 @pytest.fixture(scope="module")
