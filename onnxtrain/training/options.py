@@ -29,9 +29,22 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from onnxtrain.training.device import CUDA_PROVIDER, Device
 
+#: What registering an arena raises where it cannot be done: an older binding (AttributeError, TypeError), the
+#: binding's refusal (RuntimeError), or onnxruntime's own errors from the provider (a CUDA failure).
+_REGISTRATION_ERRORS = (
+    AttributeError,
+    RuntimeError,
+    TypeError,
+    ort_errors.Fail,
+    ort_errors.RuntimeException,
+    ort_errors.InvalidArgument,
+    ort_errors.NotImplemented,
+    ort_errors.EPFail,
+)
 #: onnxruntime's ``ArenaExtendStrategy`` values (``OrtArenaCfg``): the default, and each growth the size requested.
 _DEFAULT_EXTEND, _SAME_AS_REQUESTED = -1, 1
 
@@ -95,7 +108,7 @@ def register_shared_arena(device: Device) -> bool:
             info = ort.OrtMemoryInfo("Cuda", arena, device.id, ort.OrtMemType.DEFAULT)
             config = ort.OrtArenaCfg(0, _SAME_AS_REQUESTED, -1, -1)
             ort.create_and_register_allocator_v2(CUDA_PROVIDER, info, {"device_id": str(device.id)}, config)
-    except (AttributeError, RuntimeError, TypeError):  # onnxruntime raises its own RuntimeError subclasses
+    except _REGISTRATION_ERRORS:  # the binding raises RuntimeError; onnxruntime's own errors are not subclasses
         return False
     return True
 

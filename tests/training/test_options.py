@@ -135,6 +135,20 @@ def test_a_build_without_cuda_leaves_each_session_its_own_arena_for_a_cuda_devic
     assert register_shared_arena(Device("cpu"))  # the CPU's is unaffected
 
 
+def test_an_arena_onnxruntime_fails_to_make_leaves_each_session_its_own(monkeypatch: pytest.MonkeyPatch):
+    """A failure inside the provider (onnxruntime's own error types, which are not RuntimeErrors) leaves the
+    sessions arenas of their own instead of raising."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    def fail(*args: Any) -> None:
+        raise ort_errors.Fail("CUDA failure 2: out of memory")
+
+    monkeypatch.setattr(ort, "create_and_register_allocator_v2", fail)
+    device = Device("cuda", 7)  # an id no other test registers (the registration is remembered per device)
+    assert not register_shared_arena(device)
+    assert _config(default_session_options(shared_arena=device), SHARED) is None
+
+
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA here")
 def test_every_session_of_a_cuda_module_shares_the_arena_unless_the_providers_configure_it(classifier):
     assert register_shared_arena(Device("cuda"))
