@@ -11,7 +11,7 @@ still brings the main table):
 2. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
    artifacts against PyTorch under autocast (and GradScaler for fp16), one run;
 3. ``no-pattern``: onnxtrain's fp32 step without onnxruntime's memory pattern;
-4. ``own-arenas``: onnxtrain's fp32 step with an arena per session growing to
+4. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session growing to
    powers of two (onnxruntime's defaults), against the default run's one
    arena shared by the sessions that grows by what is asked.
 
@@ -38,6 +38,8 @@ RUNS: dict[str, list[str]] = {
     "own-arenas": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--own-arenas"],
 }
 SHAPES = "16x256"
+#: Runs that only mean something on a GPU.
+CUDA_ONLY = frozenset({"own-arenas"})
 
 
 def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list[tuple[str, list[str]]]:
@@ -46,6 +48,8 @@ def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list
     if unknown:
         raise ValueError(f"unknown runs {unknown}; choose from {list(RUNS)}")
     chosen = [name for name in RUNS if name in only] if only else list(RUNS)
+    if device != "cuda":  # the CPU's sessions share onnxruntime's default arena: nothing to compare
+        chosen = [name for name in chosen if name not in CUDA_ONLY]
     base = [sys.executable, "-m", "benchmarks.real_size", "--shapes", SHAPES, "--device", device]
     return [
         (

@@ -27,3 +27,10 @@ def test_only_picks_and_unknown_names_are_refused(tmp_path: Path, capsys: pytest
     assert not any(tmp_path.iterdir())  # a dry run writes nothing
     with pytest.raises(SystemExit):
         gpu_suite.main(["--out", str(tmp_path), "--only", "fp64"])
+
+
+def test_the_cuda_only_runs_are_left_out_on_the_cpu(tmp_path: Path) -> None:
+    on_cpu = [name for name, _ in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu")]
+    assert on_cpu == [name for name in gpu_suite.RUNS if name not in gpu_suite.CUDA_ONLY] and "own-arenas" not in on_cpu
+    for _, command in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu"):
+        arguments().parse_args(command[3:])
