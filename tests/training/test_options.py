@@ -52,6 +52,21 @@ def test_every_session_of_a_cpu_module_shares_the_arena_unless_the_user_gives_op
         assert _config(options, SHARED) is None and options.intra_op_num_threads == 1, what
 
 
+def test_the_training_and_optimizer_sessions_run_in_node_order_and_the_eval_session_in_onnxruntimes(classifier):
+    """Priority-based order for every session of the training and optimizer models: the loss runs where the
+    forward computes it, not where onnxruntime's default order would put it (docs/runtime.md)."""
+    _, module, optimizer = open_module(classifier)
+    orders = {what: s.session.get_session_options().execution_order for what, s in _sessions(module, optimizer).items()}
+    priority, default = ort.ExecutionOrder.PRIORITY_BASED, ort.ExecutionOrder.DEFAULT
+    assert orders == {
+        "training": priority,
+        "reset": priority,
+        "eval": default,
+        "optimizer": priority,
+        "fused": priority,
+    }
+
+
 def test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_their_own(classifier):
     results = []
     for options in (None, ort.SessionOptions()):
