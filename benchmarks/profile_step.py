@@ -162,7 +162,8 @@ def _fused_floors(
     reset = remove_gradient_accumulation(training, trainable)
     reset_names = {i.name for i in reset.model.graph.input}
     reset_feed = {k: v for k, v in train_feed.items() if k in reset_names}
-    update_in_place = {updated_name(n): n for n in optimizer_feed if updated_name(n) in _outputs(optimizer)}
+    updated = {o.name for o in optimizer.graph.output}
+    update_in_place = {updated_name(n): n for n in optimizer_feed if updated_name(n) in updated}
     layouts: list[tuple[str, list[Any], list[dict[str, Any]], dict[str, str] | None]] = [
         ("two sessions", list(paths), [train_feed, optimizer_feed], None),
         ("one fused session, in place (the runtime's step)", [fused.model.SerializeToString()], [feed], in_place),
@@ -172,10 +173,6 @@ def _fused_floors(
     for what, sources, feeds, aliases in layouts:
         cells = [_session_floor(sources, feeds, _options(spinning), steps, aliases) for spinning in (False, True)]
         print(f"  {what:52s} {cells[0]:12.1f} {cells[1]:10.1f}")
-
-
-def _outputs(model: Any) -> set[str]:
-    return {o.name for o in model.graph.output}
 
 
 def _options(spinning: bool) -> Any:

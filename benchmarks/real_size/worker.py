@@ -146,10 +146,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
         cuda = {"device_id": "0", "use_tf32": "0", "arena_extend_strategy": "kNextPowerOfTwo"}
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     training, evaluation = str(directory / "training_model.onnx"), str(directory / "eval_model.onnx")
-    if providers is None:
-        module = Module(training, state, evaluation, args.device, session_options=options)
-    else:
-        module = Module(training, state, evaluation, session_options=options, providers=providers)
+    module = Module(training, state, evaluation, args.device, session_options=options, providers=providers)
     optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
     optimizer.set_learning_rate(LEARNING_RATE)
     module.train()

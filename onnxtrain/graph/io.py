@@ -49,10 +49,11 @@ def load_base_model(
         path = Path(model)
         if not path.is_file():
             raise ValueError(f"no ONNX model at {str(path)!r}: pass an existing .onnx file or a ModelProto")
-        folder = path.resolve().parent
+        resolved = path.resolve()
+        folder = resolved.parent
         try:
             if in_file:  # its large inline weights refer to their bytes in the file, unread
-                loaded = wire.load_light(path, location=path.resolve().name)
+                loaded = wire.load_light(path, location=resolved.name)
             else:
                 loaded = onnx.load(os.fspath(path), load_external_data=False)
         except Exception as error:  # protobuf raises its own DecodeError

@@ -63,6 +63,7 @@ with the same results. A nominal state's steps raise ``NominalStateError``
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -158,19 +159,15 @@ class Module:
             self._eval_model = self._constants.share(self._eval_model, "eval_model_uri")
         self._constants.release_host_copies()
         self._train_model = train
-        self._train_session = self.open_session(train, "training model", in_node_order=True)
+        # the training model's sessions run its nodes in its order (open_session): the loss where it is written
+        in_node_order = functools.partial(self.open_session, in_node_order=True)
+        self._train_session = in_node_order(train, "training model")
         # STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind: each step then runs the
         # training (eval) model with InferenceSession.run, without the reset and fused steps (training.unbound)
         self._unbound = self._io.strings
         self._unbound_eval = self._eval_io is not None and self._eval_io.strings
         # the steps from reset gradients, which write them in place (None: the training session runs those too)
-        self._reset = (
-            None
-            if self._unbound
-            else ResetStep.create(
-                train, self._io.trainable, lambda model, what: self.open_session(model, what, in_node_order=True)
-            )
-        )
+        self._reset = None if self._unbound else ResetStep.create(train, self._io.trainable, in_node_order)
         self._eval_session = None if self._eval_model is None else self.open_session(self._eval_model, "eval model")
         # everything checked: only now does the state move
         store.place(self._device)

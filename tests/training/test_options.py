@@ -29,6 +29,16 @@ def _sessions(module: Any, optimizer: Any) -> dict[str, Any]:
     return sessions
 
 
+def _train(module: Any, optimizer: Any, rng: np.random.Generator, steps: int) -> list[Any]:
+    """The losses of ``steps`` steps of the usual loop on the classifier's batches."""
+    losses = []
+    for _ in range(steps):
+        losses.append(module(*classifier_batch(rng)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    return losses
+
+
 HAS_CUDA = CUDA_PROVIDER in ort.get_available_providers()
 
 
@@ -72,11 +82,7 @@ def test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_t
     for options in (None, ort.SessionOptions()):
         state, module, optimizer = open_module(classifier, session_options=options)
         rng = np.random.default_rng(4)
-        losses = []
-        for _ in range(5):
-            losses.append(module(*classifier_batch(rng)))
-            optimizer.step()
-            module.lazy_reset_grad()
+        losses = _train(module, optimizer, rng, 5)
         module.eval()
         losses.append(module(*classifier_batch(rng)))
         results.append((losses, parameters(state)))
@@ -97,10 +103,7 @@ def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, 
 
     _, module, optimizer = open_module(classifier)
     rng = np.random.default_rng(5)
-    for _ in range(2):
-        module(*classifier_batch(rng))
-        optimizer.step()
-        module.lazy_reset_grad()
+    _train(module, optimizer, rng, 2)
     fixed = optimizer.fused_step.sessions()[-1]  # made for the batches of 16 rows
     assert fixed.session.get_session_options().enable_mem_pattern
     patterns = {
@@ -116,10 +119,7 @@ def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, 
         optimizer=artifacts.OptimType.AdamW,
     )
     _, module, optimizer = open_module(wide)
-    for _ in range(2):
-        module(*classifier_batch(rng))
-        optimizer.step()
-        module.lazy_reset_grad()
+    _train(module, optimizer, rng, 2)
     assert [s.session.get_session_options().enable_mem_pattern for s in optimizer.fused_step.sessions()] == [False]
     mine = ort.SessionOptions()
     _, module, optimizer = open_module(classifier, session_options=mine)
@@ -171,12 +171,7 @@ def test_every_session_of_a_cuda_module_shares_the_arena_unless_the_providers_co
     own = [(CUDA_PROVIDER, {"device_id": "0", "use_tf32": "0", "gpu_mem_limit": str(1 << 30)}), "CPUExecutionProvider"]
     for kwargs, shared in (({"device": "cuda"}, "1"), ({"providers": own}, None)):
         state, module, optimizer = open_module(classifier, **kwargs)
-        rng = np.random.default_rng(4)
-        losses = []
-        for _ in range(4):
-            losses.append(module(*classifier_batch(rng)))
-            optimizer.step()
-            module.lazy_reset_grad()
+        losses = _train(module, optimizer, np.random.default_rng(4), 4)
         for what, session in _sessions(module, optimizer).items():
             assert _config(session.session.get_session_options(), SHARED) == shared, what
         results.append((losses, parameters(state)))
