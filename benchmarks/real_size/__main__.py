@@ -50,6 +50,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
     parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
     parser.add_argument(
+        "--checkpointing", action="store_true",
+        help="activation checkpointing: onnxtrain's activation_checkpoints='auto', transformers' "
+        "gradient_checkpointing_enable()",
+    )  # fmt: skip
+    parser.add_argument(
         "--own-arenas", action="store_true",
         help="CUDA: onnxtrain's sessions each with an arena growing to powers of two (onnxruntime's default)",
     )  # fmt: skip
@@ -95,19 +100,23 @@ def _worker(argv: list[str]) -> dict[str, Any]:
     return result
 
 
-def prepared(workload: str, workdir: Path, precision: str = "fp32") -> tuple[Path, dict[str, Any]]:
-    """The workload's folder, exported and with onnxtrain's artifacts of ``precision``: made now where missing,
-    or where onnxtrain's sources are not those that wrote them (artifacts of other code measure that code)."""
+def prepared(
+    workload: str, workdir: Path, precision: str = "fp32", checkpointing: bool = False
+) -> tuple[Path, dict[str, Any]]:
+    """The workload's folder, exported and with onnxtrain's artifacts of ``precision`` (and ``checkpointing``):
+    made now where missing, or where onnxtrain's sources are not those that wrote them (artifacts of other code
+    measure that code)."""
     folder = workdir / workload
-    artifacts = artifact_folder(folder, precision)
+    artifacts = artifact_folder(folder, precision, checkpointing)
     written_by = artifacts.with_name(f"{artifacts.name}.sources")
     sources = onnxtrain_sources()
     if (artifacts / "checkpoint").exists() and (folder / "spec.json").exists():
         if written_by.exists() and written_by.read_text().strip() == sources:
             return folder, {"reused": True}
         _log(f"{workload}: the artifacts were written by other onnxtrain sources; writing them again")
-    _log(f"{workload}: exporting and writing the artifacts ({precision})")
-    result = _worker(["prepare", "--workload", workload, "--folder", str(folder), "--precision", precision])
+    _log(f"{workload}: exporting and writing the artifacts ({precision}{', checkpointed' if checkpointing else ''})")
+    argv = ["prepare", "--workload", workload, "--folder", str(folder), "--precision", precision]
+    result = _worker(argv + (["--checkpointing"] if checkpointing else []))
     if "error" in result:
         raise SystemExit(f"{workload}: prepare failed: {result['error']}")
     written_by.write_text(sources + "\n")
@@ -144,8 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     folders = {}
     for workload in workloads:
-        folders[workload], prepares[workload] = prepared(workload, args.workdir, args.precision)
-        artifacts = artifact_folder(folders[workload], args.precision)
+        folders[workload], prepares[workload] = prepared(workload, args.workdir, args.precision, args.checkpointing)
+        artifacts = artifact_folder(folders[workload], args.precision, args.checkpointing)
         providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
         figures[workload] = static.static_figures(artifacts, shapes, providers)
         kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
@@ -164,6 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"torch.set_num_threads({physical_cores()}). {args.warmup} warm-up steps, then {args.steps} timed steps per "
         f"run; {args.runs} runs, each a fresh process, the frameworks' order rotated from run to run.",
     ]
+    if args.checkpointing:
+        header.append(
+            "Activation checkpointing: onnxtrain's artifacts generated with activation_checkpoints='auto' (the "
+            "layer boundaries kept); PyTorch with transformers' gradient_checkpointing_enable() (each layer's input)."
+        )
     if args.precision != "fp32":
         header.append(
             f"Precision {args.precision}: onnxtrain's artifacts generated with precision={args.precision!r}; PyTorch "
@@ -187,6 +201,8 @@ def _train(
     argv += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", args.precision]
     if args.no_memory_pattern:
         argv.append("--no-memory-pattern")
+    if args.checkpointing:
+        argv.append("--checkpointing")
     if args.own_arenas:
         argv.append("--own-arenas")
     load = load_average()

@@ -74,8 +74,9 @@ class RealModel:
             attn_implementation=attention,
         )  # fmt: skip
 
-    def build(self, attention: Attention = "eager") -> torch.nn.Module:
-        """The model in train mode, ``ids -> logits [batch * seq, vocab]``, with the seeded initial weights."""
+    def build(self, attention: Attention = "eager", *, checkpointing: bool = False) -> torch.nn.Module:
+        """The model in train mode, ``ids -> logits [batch * seq, vocab]``, with the seeded initial weights;
+        ``checkpointing``: with transformers' activation checkpointing (each layer run again in the backward)."""
         import torch
         import transformers
 
@@ -83,7 +84,10 @@ class RealModel:
         torch.manual_seed(0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return flat_logits(kind(self.config(attention))).train()
+            model = kind(self.config(attention))
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            return flat_logits(model).train()
 
     def batches(self, batch: int, seq: int, count: int = BATCHES) -> tuple[np.ndarray, np.ndarray]:
         """``count`` batches of random token ids ``[count, batch, seq]`` and labels ``[count, batch * seq]``."""

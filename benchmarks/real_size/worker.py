@@ -41,9 +41,11 @@ FRAMEWORKS = ("onnxtrain", "pytorch-eager", "pytorch-sdpa")
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def artifact_folder(folder: Path, precision: str) -> Path:
-    """Where a workload's artifacts of ``precision`` are: ``artifacts``, ``artifacts-bf16``, ``artifacts-fp16``."""
-    return folder / ("artifacts" if precision == "fp32" else f"artifacts-{precision}")
+def artifact_folder(folder: Path, precision: str, checkpointing: bool = False) -> Path:
+    """Where a workload's artifacts of ``precision`` are: ``artifacts``, ``artifacts-bf16``, ``artifacts-fp16``;
+    with activation checkpointing, ``-checkpointed`` added."""
+    name = "artifacts" if precision == "fp32" else f"artifacts-{precision}"
+    return folder / (f"{name}-checkpointed" if checkpointing else name)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -62,6 +64,12 @@ def arguments() -> argparse.ArgumentParser:
         help="onnxtrain: generate_artifacts(precision=...); PyTorch: torch.autocast to that type (and GradScaler "
         "for fp16)",
     )  # fmt: skip
+    parser.add_argument(
+        "--checkpointing",
+        action="store_true",
+        help="activation checkpointing: onnxtrain's artifacts with activation_checkpoints='auto'; PyTorch with "
+        "transformers' gradient_checkpointing_enable() (every layer's input kept, the layer run again)",
+    )
     parser.add_argument(
         "--no-memory-pattern",
         action="store_true",
@@ -91,8 +99,9 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
         requires_grad=spec["parameters"],
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.OptimType.AdamW,
-        artifact_directory=str(artifact_folder(folder, args.precision)),
+        artifact_directory=str(artifact_folder(folder, args.precision, args.checkpointing)),
         precision=args.precision,
+        activation_checkpoints="auto" if args.checkpointing else None,
     )
     generated = time.perf_counter()
     return {
@@ -128,7 +137,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
     import onnxtrain
     from onnxtrain.api import CheckpointState, Module, Optimizer
 
-    directory = artifact_folder(args.folder, args.precision)
+    directory = artifact_folder(args.folder, args.precision, args.checkpointing)
     if args.device == "cuda":  # the CUDA context before the baseline: it is not the model's
         onnxruntime.OrtValue.ortvalue_from_shape_and_type([1], np.float32, "cuda", 0)
     baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
@@ -189,7 +198,7 @@ def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, b
         torch.cuda.reset_peak_memory_stats()
     baseline = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
     memory.reset_peak_rss()
-    module = model.build(attention).to(device)
+    module = model.build(attention, checkpointing=args.checkpointing).to(device)
     optimizer = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE, **ADAMW)  # type: ignore[arg-type]
     loss_fn = torch.nn.CrossEntropyLoss()
     half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
@@ -251,6 +260,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "seq": args.seq,
         "device": args.device,
         "precision": args.precision,
+        "checkpointing": args.checkpointing,
         "tokens_per_s": tokens / result["step_s"],
         **result,
     }

@@ -148,6 +148,7 @@ def build_artifacts(
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
     loss_scaling: bool | optim.LossScaling | None = None,
+    activation_checkpoints: str | Sequence[str] | None = None,
     in_memory: bool = True,
 ) -> ArtifactSet:
     """The artifacts of :func:`generate_artifacts`, built in memory and not written anywhere.
@@ -164,7 +165,7 @@ def build_artifacts(
     """
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry, precision, precision_overrides, loss_scaling,
+        target, registry, precision, precision_overrides, loss_scaling, activation_checkpoints,
     )  # fmt: skip
     return _in_memory(built) if in_memory else built
 
@@ -182,6 +183,7 @@ def _build(
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
     loss_scaling: bool | optim.LossScaling | None = None,
+    activation_checkpoints: str | Sequence[str] | None = None,
 ) -> ArtifactSet:
     """:func:`build_artifacts`' set built on a light copy of ``model``: the models keep the constants of a large
     base without their data, and the checkpoint reads its parameters when written (``tensor_data`` says where)."""
@@ -219,6 +221,7 @@ def _build(
         if optimizer_of is not None:
             optimizer_of.loss_scaling = scaling
     training_block = _Training(loss_of, additional, registry)
+    training_block.checkpoint_activations(activation_checkpoints)
     if scaling is not None:
         training_block.requires_grad(LOSS_SCALE, False)
         training_block.scale_loss_by(LOSS_SCALE)
@@ -306,6 +309,7 @@ def generate_artifacts(
     precision: str = "fp32",
     precision_overrides: Mapping[str, str] | None = None,
     loss_scaling: bool | optim.LossScaling | None = None,
+    activation_checkpoints: str | Sequence[str] | None = None,
 ) -> dict[str, Path]:
     """Write the training, eval and optimizer models and the checkpoint for ``model``.
 
@@ -326,6 +330,11 @@ def generate_artifacts(
     gradients and optimizer state in float32. ``loss_scaling`` (default: on for
     ``"fp16"``; ``True`` or an ``optim.LossScaling`` for its settings) scales the
     loss dynamically as ``torch.amp.GradScaler`` (:mod:`onnxtrain.optim.loss_scaling`).
+    ``activation_checkpoints`` trades compute for memory (activation
+    checkpointing): ``"auto"`` keeps the layer boundaries for the backward and
+    recomputes each layer's activations there, one more forward pass per step;
+    a list of forward values keeps those; ``None`` (the default) keeps every
+    value the backward reads (:mod:`onnxtrain.graph.passes.recompute`).
     Returns ``{artifact: path}``.
     :func:`build_artifacts` builds the same set in memory.
 
@@ -335,7 +344,7 @@ def generate_artifacts(
     _check_prefix(prefix)
     built = _build(
         model, requires_grad, frozen_params, loss, optimizer, additional_output_names, loss_input_names,
-        target, registry, precision, precision_overrides, loss_scaling,
+        target, registry, precision, precision_overrides, loss_scaling, activation_checkpoints,
     )  # fmt: skip
     if ort_format:
         ort_training.check_ort_format(built.models())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import onnx
@@ -44,6 +45,7 @@ class TrainingBlock(Block):
         self._frozen_params: dict[str, None] = {}
         self._registry = registry
         self._loss_scale: str | None = None
+        self._activation_checkpoints: str | list[str] | None = None
         self._built: TrainingModels | None = None
         self._accumulated: onnx.ModelProto | None = None
 
@@ -55,6 +57,14 @@ class TrainingBlock(Block):
         """Differentiate ``loss * parameter`` (a frozen float32 ``[1]`` parameter, the dynamic loss scale of
         :mod:`onnxtrain.optim.loss_scaling`) instead of the loss; ``None``: the loss itself."""
         self._loss_scale = parameter
+
+    def checkpoint_activations(self, checkpoints: str | Sequence[str] | None = "auto") -> None:
+        """Keep only ``checkpoints`` (forward values) for the backward and recompute the rest from them;
+        ``"auto"``: the layer boundaries; ``None``: keep every value the backward reads (the default).
+        See :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`."""
+        if checkpoints is not None and not isinstance(checkpoints, str):
+            checkpoints = list(checkpoints)
+        self._activation_checkpoints = checkpoints
 
     def requires_grad(self, argument_name: str, value: bool = True) -> None:
         """Mark the initializer ``argument_name`` as trainable (``value=True``) or frozen.
@@ -120,6 +130,7 @@ class TrainingBlock(Block):
                 input_gradients=marked_inputs,
                 registry=self._registry,
                 loss_scale=self._loss_scale,
+                activation_checkpoints=self._activation_checkpoints,
             )
             order = [value.name for value in built.training.graph.input if value.name in marked_inputs]
             accumulated = add_gradient_accumulation(built.training, [*order, *(t.name for t in built.trainable)])

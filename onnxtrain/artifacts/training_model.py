@@ -14,7 +14,7 @@ BatchNormalization switched to inference mode.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -28,9 +28,11 @@ from onnxtrain.graph.passes import (
     prune_unused_nodes,
     read_shapes_early,
     recompute_elementwise,
+    recompute_from_checkpoints,
     replace_identity_dropouts,
 )
 from onnxtrain.graph.passes.autocast import accumulate_in_float32
+from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
 from onnxtrain.graph.passes.functions import expand_loss_functions, function_inputs
 from onnxtrain.graph.roles import running_statistics
 from onnxtrain.optim.loss_scaling import scaled_loss
@@ -211,6 +213,42 @@ def _declare_gradient_types(model: onnx.ModelProto, parameters: dict[str, str]) 
             value.type.CopyFrom(inputs[parameter].type)
 
 
+def _checkpoints(
+    model: onnx.ModelProto,
+    builder: GraphBuilder,
+    forward_nodes: int,
+    parameters: Collection[str],
+    checkpoints: str | Sequence[str],
+) -> list[str]:
+    """The forward values to keep for the backward: ``checkpoints`` checked, or chosen for ``"auto"``."""
+    values = [name for node in model.graph.node[:forward_nodes] for name in node.output if name]
+    if isinstance(checkpoints, str):
+        if checkpoints != "auto":
+            raise ValueError(
+                f"activation_checkpoints={checkpoints!r}: pass 'auto' (the layer boundaries), a list of forward "
+                "values to keep, or None"
+            )
+        batch_inputs = [value.name for value in model.graph.input if value.name not in parameters]
+        types = {name: _type_of(builder, name) for name in values}
+        return choose_checkpoints(model, backward_from=forward_nodes, batch_inputs=batch_inputs, types=types)
+    if not all(isinstance(name, str) for name in checkpoints):
+        raise TypeError(f"activation_checkpoints must be 'auto' or a list of value names, not {checkpoints!r}")
+    known = set(values) | {value.name for value in model.graph.input}
+    unknown = [name for name in checkpoints if name not in known]
+    if unknown:
+        raise ValueError(
+            f"activation_checkpoints names {unknown}, which the forward does not compute; name outputs of the "
+            "model's nodes (or pass 'auto')"
+        )
+    return list(checkpoints)
+
+
+def _type_of(builder: GraphBuilder, name: str) -> tuple[int, list[int | str | None]] | None:
+    """``(element type, dimensions)`` of tensor ``name``, or ``None`` where either is unknown."""
+    elem_type, dims = builder.elem_type_if_known(name), builder.shape_if_known(name)
+    return None if elem_type is None or dims is None else (elem_type, dims)
+
+
 def build_training_models(
     forward: onnx.ModelProto,
     outputs: Sequence[str],
@@ -220,6 +258,7 @@ def build_training_models(
     input_gradients: Sequence[str] = (),
     registry: GradientRegistry | None = None,
     loss_scale: str | None = None,
+    activation_checkpoints: str | Sequence[str] | None = None,
 ) -> TrainingModels:
     """The training and eval models of ``forward``, whose output ``outputs[0]`` is the loss.
 
@@ -232,6 +271,12 @@ def build_training_models(
     gradient rule. ``loss_scale``: a frozen parameter (float32 ``[1]``) the
     loss is multiplied by before it is differentiated (the gradients come
     out scaled; the loss output is not), for dynamic loss scaling.
+    ``activation_checkpoints``: the forward values kept for the backward,
+    everything else the backward reads being recomputed from them
+    (:func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`);
+    ``"auto"``: the layer boundaries
+    (:func:`~onnxtrain.graph.passes.checkpoint_choice.choose_checkpoints`);
+    ``None`` (the default): every value is kept, but element-wise chains.
     """
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
@@ -265,6 +310,9 @@ def build_training_models(
     forward_values = [name for node in training_model.graph.node[:forward_nodes] for name in node.output if name]
     shapes = {name: builder.shape_if_known(name) for name in forward_values}
     loss_types = {name: builder.type_of(name) for name in function_inputs(training_model)}
+    if activation_checkpoints is not None:
+        kept = _checkpoints(training_model, builder, forward_nodes, parameter_names, activation_checkpoints)
+        recompute_from_checkpoints(training_model, backward_from=forward_nodes, shapes=shapes, checkpoints=kept)
     recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
     accumulate_in_float32(training_model)  # gathers' gradients in a half type add up in float32
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})

@@ -34,6 +34,7 @@ LIBRARY_ARGUMENTS = {
     "frozen_params": "--frozen",
     "loss_input_names": "--loss-inputs",
     "precision_overrides": "--precision-override",
+    "activation_checkpoints": "--activation-checkpoints",
 }
 #: ``--optimizer`` choices: ``onnxtrain.optim`` classes.
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad", "rmsprop": "RMSprop"}
@@ -90,6 +91,12 @@ def add_parser(subcommands: Any) -> None:
         help="move an operator type in the autocast policy: MatMul=float32, Softmax=half",
     )  # fmt: skip
     parser.add_argument(
+        "--activation-checkpoints", nargs="*", metavar="VALUE",
+        help="keep only these forward values for the backward and recompute the others there, one more forward "
+        "pass per step for less memory; with no VALUE, the layer boundaries (docs/artifacts.md, Activation "
+        "checkpointing)",
+    )  # fmt: skip
+    parser.add_argument(
         "--loss-inputs", nargs="+", metavar="NAME", help="the model outputs the loss reads (default: all, in order)"
     )
     parser.add_argument(
@@ -135,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
             args.model, requires_grad=requires, frozen_params=args.frozen, loss=loss, optimizer=optimizer,
             additional_output_names=scores_output(args), loss_input_names=args.loss_inputs, target=args.target,
             precision=args.precision, precision_overrides=dict(args.precision_override),
+            activation_checkpoints=checkpoints_of(args.activation_checkpoints),
             in_memory=False,  # the weights are read when written, a tensor at a time
         )  # fmt: skip
     if args.lr is not None:  # in the one checkpoint written, not a second write of it
@@ -151,6 +159,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
     print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
     return 0
+
+
+def checkpoints_of(values: list[str] | None) -> str | list[str] | None:
+    """``activation_checkpoints`` for ``--activation-checkpoints``: absent, ``None``; given alone, ``"auto"``."""
+    if values is None:
+        return None
+    return values or "auto"
 
 
 def loss_of(option: str) -> Block | str | None:

@@ -16,6 +16,7 @@ from onnxtrain.artifacts import TARGETS
 from onnxtrain.artifacts.generate import OPTIMIZER_KEY
 from onnxtrain.artifacts.metadata import LOSS_KEY, MODEL_OUTPUTS_KEY, PRECISION_KEY, read_metadata
 from onnxtrain.cli import generate
+from onnxtrain.graph.passes.recompute import recomputes
 from onnxtrain.loop import LEARNING_RATE_PROPERTY
 from onnxtrain.training.half_kernels import HalfPrecisionFallbackWarning
 from tests.cli.docs import python_example
@@ -161,6 +162,7 @@ def test_a_model_without_float_initializers(capsys, tmp_path: Path):
         (["--requires-grad", "all-float", "--frozen", "nope"], ["--frozen names 'nope'"]),
         (["--requires-grad", "all-float", "--loss-inputs", "nope"], ["--loss-inputs names ['nope']"]),
         (["--requires-grad", "linear.weight_0", "--frozen", "linear.weight_0"], ["--requires-grad and --frozen"]),
+        (["--requires-grad", "all-float", "--activation-checkpoints", "nope"], ["--activation-checkpoints names"]),
     ],
 )
 def test_errors_name_the_options_not_the_librarys_arguments(
@@ -170,6 +172,37 @@ def test_errors_name_the_options_not_the_librarys_arguments(
     assert status == 1
     assert_error(err, "generate", *fragments)
     assert not any(name in err for name in ("requires_grad", "frozen_params", "loss_input_names", "ModelProto"))
+
+
+@pytest.mark.parametrize("values", [[], ["layer_2"]])
+def test_activation_checkpoints_recompute_in_the_backward(capsys, tmp_path: Path, values: list[str]):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_two_layers(), path)
+    status, _, err = _generate(capsys, path, tmp_path / "art", "--activation-checkpoints", *values)
+    assert (status, err) == (0, "")
+    training = onnx.load(tmp_path / "art" / "training_model.onnx")
+    copies = [node.op_type for node in training.graph.node if node.name.endswith(".recomputed")]
+    assert "Relu" in copies and recomputes(training)
+
+
+def _two_layers() -> onnx.ModelProto:
+    """``Gemm -> Relu -> Gemm -> Relu -> Gemm`` on ``[batch, 4]``: ``layer_1`` and ``layer_2`` are the Relus'
+    outputs."""
+    rng = np.random.default_rng(0)
+    weights = [rng.normal(size=shape).astype(np.float32) for shape in ((4, 8), (8, 8), (8, 3))]
+    nodes = [
+        onnx.helper.make_node("Gemm", ["x", "w0"], ["h0"]),
+        onnx.helper.make_node("Relu", ["h0"], ["layer_1"]),
+        onnx.helper.make_node("Gemm", ["layer_1", "w1"], ["h1"]),
+        onnx.helper.make_node("Relu", ["h1"], ["layer_2"]),
+        onnx.helper.make_node("Gemm", ["layer_2", "w2"], ["scores"]),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes, "mlp", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 4])],
+        [onnx.helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, ["batch", 3])],
+        [onnx.numpy_helper.from_array(w, f"w{k}") for k, w in enumerate(weights)],
+    )  # fmt: skip
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
 
 
 def test_a_missing_model_is_named_in_the_commands_words(capsys, tmp_path: Path):

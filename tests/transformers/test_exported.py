@@ -6,7 +6,9 @@ Llama) is exported with symbolic batch and sequence axes; ``generate_artifacts``
 writes its artifacts once per session, and ``onnxtrain.api`` runs train steps
 at two sequence lengths. The loss and the gradient of *every* parameter must
 equal torch autograd's on the same batch, and AdamW steps must move every
-parameter and lower the loss.
+parameter and lower the loss. The same holds with activation checkpointing
+(``activation_checkpoints="auto"``), which must keep the layer boundaries and
+recompute the rest of each layer in the backward.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import onnx
 import pytest
 
+from onnxtrain.artifacts import step_memory
 from tests.transformers import models, train
 from tests.transformers.models import LENGTHS, NAMES
 
@@ -30,19 +33,31 @@ def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("transformers")
 
 
+#: ``generate_artifacts``' ``activation_checkpoints``: every activation kept, and layer boundaries alone.
+CHECKPOINTING = (None, "auto")
+
+
 @functools.cache
-def _artifacts(name: str, directory: Path) -> dict[str, Path]:
+def _artifacts(name: str, directory: Path, checkpoints: str | None = None) -> dict[str, Path]:
     ex = models.exported(name)
-    return train.write_artifacts(models.save(ex.model, directory, name), ex.parameters, directory / "artifacts")
+    return train.write_artifacts(
+        models.save(ex.model, directory, name),
+        ex.parameters,
+        directory / f"artifacts-{checkpoints}",
+        activation_checkpoints=checkpoints,
+    )
 
 
-def _trained(name: str, directory: Path) -> train.Trained:
-    return train.load(_artifacts(name, directory / name))
+def _trained(name: str, directory: Path, checkpoints: str | None = None) -> train.Trained:
+    return train.load(_artifacts(name, directory / name, checkpoints))
 
 
+@pytest.mark.parametrize("checkpoints", CHECKPOINTING)
 @pytest.mark.parametrize("name", NAMES)
-def test_every_gradient_matches_torch_at_two_sequence_lengths(name: str, directory: Path) -> None:
-    trained = _trained(name, directory)
+def test_every_gradient_matches_torch_at_two_sequence_lengths(
+    name: str, checkpoints: str | None, directory: Path
+) -> None:
+    trained = _trained(name, directory, checkpoints)
     ex = models.exported(name)
     trainable = {p for p, parameter in trained.state.parameters if parameter.requires_grad}
     assert trainable == set(ex.parameters), f"{name}: trainable {sorted(trainable)}, torch {sorted(ex.parameters)}"
@@ -60,9 +75,12 @@ def test_every_gradient_matches_torch_at_two_sequence_lengths(name: str, directo
             models.assert_grad_close(got[param], want.grads[param], f"{name}, length {length}: d loss / d {param}")
 
 
+@pytest.mark.parametrize("checkpoints", CHECKPOINTING)
 @pytest.mark.parametrize("name", NAMES)
-def test_adamw_steps_move_every_parameter_and_lower_the_loss(name: str, directory: Path) -> None:
-    trained = _trained(name, directory)
+def test_adamw_steps_move_every_parameter_and_lower_the_loss(
+    name: str, checkpoints: str | None, directory: Path
+) -> None:
+    trained = _trained(name, directory, checkpoints)
     parameters = models.exported(name).parameters
     data = models.batch(name, np.random.default_rng(3), LENGTHS[-1])
     before = {p: trained.state.parameters[p].data.copy() for p in parameters}
@@ -74,3 +92,31 @@ def test_adamw_steps_move_every_parameter_and_lower_the_loss(name: str, director
         train.step(trained, data)
         trained.optimizer.step()
     assert train.step(trained, data) < first, f"{name}: four AdamW steps on one batch did not lower the loss"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_checkpointing_keeps_a_fraction_of_the_activations(name: str, directory: Path) -> None:
+    """The backward of the checkpointed model keeps under half of the activation bytes (layer boundaries, and
+    the values after the last one, whose gradients run first: a large share of two layers), and recomputes
+    the products before it."""
+    kept = _artifacts(name, directory / name)
+    checkpointed = _artifacts(name, directory / name, "auto")
+    data = models.batch(name, np.random.default_rng(5), LENGTHS[-1])
+
+    def memory(paths: dict[str, Path]) -> step_memory.LiveMemory:
+        training = onnx.load(paths["training_model"], load_external_data=False)
+        ids, labels = (value.name for value in training.graph.input[:2])
+        shapes = {ids: data["ids"].shape, labels: data["labels"].shape}
+        return step_memory.step_memory(training, None, shapes).reset
+
+    everything, boundaries = memory(kept), memory(checkpointed)
+    assert boundaries.kept_for_backward < everything.kept_for_backward / 2, (
+        f"{name}: {boundaries.kept_for_backward} bytes kept with checkpoints, {everything.kept_for_backward} without"
+    )
+    assert boundaries.peak <= everything.peak
+    copies = [
+        node
+        for node in onnx.load(checkpointed["training_model"], load_external_data=False).graph.node
+        if node.name.endswith(".recomputed")
+    ]
+    assert any(node.op_type == "MatMul" for node in copies), f"{name}: no product recomputed"

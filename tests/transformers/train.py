@@ -30,7 +30,9 @@ def session_options() -> ort.SessionOptions:
     return options
 
 
-def write_artifacts(model: Path, requires_grad: Sequence[str], directory: Path) -> dict[str, Path]:
+def write_artifacts(
+    model: Path, requires_grad: Sequence[str], directory: Path, *, activation_checkpoints: str | None = None
+) -> dict[str, Path]:
     """``generate_artifacts``: ``requires_grad`` trainable, cross-entropy on the logits, AdamW."""
     return artifacts.generate_artifacts(
         str(model),
@@ -38,6 +40,7 @@ def write_artifacts(model: Path, requires_grad: Sequence[str], directory: Path) 
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.OptimType.AdamW,
         artifact_directory=directory,
+        activation_checkpoints=activation_checkpoints,
     )
 
 

@@ -15,6 +15,9 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
 - :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
+- :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
+  the backward reads recomputed from chosen ones
+  (:func:`~onnxtrain.graph.passes.checkpoint_choice.choose_checkpoints` chooses the layer boundaries);
 - :func:`~onnxtrain.graph.passes.functions.expand_loss_functions`: loss functions written out as their bodies, in
   their place (onnxruntime would add them last);
 - :func:`~onnxtrain.graph.passes.autocast.autocast`: a float32 forward computing in a half type where safe, and
@@ -31,7 +34,7 @@ from onnxtrain.graph.passes.constants import fold_constants
 from onnxtrain.graph.passes.dropouts import replace_identity_dropouts
 from onnxtrain.graph.passes.duplicates import merge_duplicates
 from onnxtrain.graph.passes.functions import expand_loss_functions
-from onnxtrain.graph.passes.recompute import recompute_elementwise
+from onnxtrain.graph.passes.recompute import recompute_elementwise, recompute_from_checkpoints
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
 from onnxtrain.graph.passes.transposes import fold_transposes
@@ -47,5 +50,6 @@ __all__ = [
     "prune_unused_nodes",
     "read_shapes_early",
     "recompute_elementwise",
+    "recompute_from_checkpoints",
     "replace_identity_dropouts",
 ]

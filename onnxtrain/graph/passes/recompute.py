@@ -14,7 +14,7 @@ on the same inputs), so the gradients do not change.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import onnx
 
@@ -29,6 +29,15 @@ ELEMENTWISE = frozenset(
     }
 )  # fmt: skip
 
+
+#: Operators of ai.onnx never recomputed from checkpoints: random ones (a copy would draw other numbers), and
+#: ``Constant`` (a copy would copy its data).
+NOT_RECOMPUTED = frozenset(
+    {
+        "Bernoulli", "Constant", "Dropout", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
+        "RandomUniformLike",
+    }
+)  # fmt: skip
 
 #: Known elements per sample (the product of a value's known dimensions) from which a value is recomputed: below,
 #: keeping it costs little and its copy costs a node (a small MLP's graph grows by a tenth).
@@ -55,55 +64,119 @@ def recompute_elementwise(
     elements is recomputed, with the derivable values it is made from; each
     copy goes right before the first backward node that needs it.
     """
+    return _recompute(
+        model,
+        backward_from,
+        recomputable=_elementwise,
+        worth=lambda value: _known_elements(shapes.get(value)) >= MIN_KNOWN_ELEMENTS,
+    )
+
+
+def recompute_from_checkpoints(
+    model: onnx.ModelProto,
+    *,
+    backward_from: int,
+    shapes: Mapping[str, Sequence[int | None]],
+    checkpoints: Collection[str],
+) -> onnx.ModelProto:
+    """``model`` with the forward values the backward reads recomputed from ``checkpoints``, in place
+    (activation checkpointing, as ``torch.utils.checkpoint``).
+
+    The forward values named in ``checkpoints`` are kept for the backward;
+    every other forward value a backward node reads is made again by copies
+    of the forward nodes between the checkpoints (and the graph's inputs and
+    initializers), each copy right before the first backward node that needs
+    it: the segment after a checkpoint is recomputed when the backward
+    reaches it, and its values die with its gradients. The nodes after the
+    last checkpoint are not copied: their gradients run first, right after
+    the forward, so keeping their values costs no more. Nodes that cannot
+    give the same values twice are never copied and their outputs are kept:
+    random operators (``Dropout``, ``Random*``, ``Bernoulli``,
+    ``Multinomial``), ``Constant``, operators of other domains, and nodes
+    with subgraphs. Values whose dimensions are all known and hold fewer
+    than :data:`MIN_KNOWN_ELEMENTS` elements are kept. The cost: one more
+    forward pass of the recomputed nodes per step.
+    """
+    kept = frozenset(checkpoints)
+    forward = model.graph.node[:backward_from]
+    last = max((k for k, node in enumerate(forward) if not kept.isdisjoint(node.output)), default=-1)
+    tail = {name for node in forward[last + 1 :] for name in node.output}  # its backward runs first: kept
+
+    def recomputable(node: onnx.NodeProto) -> bool:
+        return _deterministic(node) and kept.isdisjoint(node.output) and tail.isdisjoint(node.output)
+
+    return _recompute(
+        model, backward_from, recomputable=recomputable, worth=lambda v: _per_batch(shapes.get(v)), kept=kept
+    )
+
+
+def _recompute(
+    model: onnx.ModelProto,
+    backward_from: int,
+    *,
+    recomputable: Callable[[onnx.NodeProto], bool],
+    worth: Callable[[str], bool],
+    kept: Collection[str] = (),
+) -> onnx.ModelProto:
+    """Copy into the backward the forward nodes that make the values the backward reads, in place.
+
+    A forward value is *derivable* when a ``recomputable`` node makes it
+    from values the backward has anyway (graph inputs, initializers,
+    ``Constant`` nodes, the outputs of other nodes that the backward reads or
+    that are in ``kept``)
+    or derivable ones. Each derivable value the backward reads and that is
+    ``worth`` it is recomputed, with the derivable values it is made from;
+    a derivable value the backward reads that is not worth it is kept.
+    Each copy goes right before the first backward node that needs it.
+    """
     graph = model.graph
     forward, backward = list(graph.node[:backward_from]), list(graph.node[backward_from:])
     read_by_backward = {name for node in backward for name in names_read(node)}
-    available = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
-    derivable: dict[str, onnx.NodeProto] = {}  # element-wise values computable in the backward from what is there
-    for node in forward:
-        if _elementwise(node) and all(name in available or name in derivable for name in node.input if name):
-            derivable[node.output[0]] = node
+    there = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    made_by: dict[str, int] = {}  # derivable value -> the forward node making it
+    for index, node in enumerate(forward):
+        if recomputable(node) and all(name in there or name in made_by for name in node.input if name):
+            made_by.update((name, index) for name in node.output if name)
+        elif node.op_type == "Constant" and node.domain in ("", "ai.onnx"):  # a constant, read where it is
+            there.update(node.output)
         else:  # kept where the backward reads it
-            available.update(name for name in node.output if name in read_by_backward)
-    targets = [
-        value
-        for value in derivable
-        if value in read_by_backward and _known_elements(shapes.get(value)) >= MIN_KNOWN_ELEMENTS
-    ]
-    # the targets, and the derivable values they are computed from that the backward does not keep itself
-    needed, stack = set(), list(targets)
+            there.update(name for name in node.output if name in read_by_backward or name in kept)
+    targets = {value for value in made_by if value in read_by_backward and worth(value)}
+    # the targets, and the derivable values they are made from that the backward does not keep itself
+    recomputed: set[str] = set()
+    stack = list(targets)
     while stack:
         value = stack.pop()
-        if value in needed:
+        if value in recomputed or (value in read_by_backward and value not in targets):
             continue
-        needed.add(value)
-        stack.extend(name for name in derivable[value].input if name in derivable and name not in needed)
-    keep = {value for value in needed if value in read_by_backward and value not in targets}
-    recomputed = {value: node for value, node in derivable.items() if value in needed and value not in keep}
+        recomputed.add(value)
+        stack.extend(name for name in forward[made_by[value]].input if name in made_by)
     if not recomputed:
         return model
+    sources = sorted({made_by[value] for value in recomputed})
     taken = names_in(graph)
-    copies = {value: first_free(f"{value}.recomputed", taken) for value in recomputed}
-    first_use = _first_uses(backward, recomputed)
-    order = {value: index for index, value in enumerate(recomputed)}
+    copies = {
+        value: first_free(f"{value}.recomputed", taken) for index in sources for value in forward[index].output if value
+    }
+    first_use = _first_uses(backward, forward, sources, recomputed, made_by)
     placed: dict[int, list[onnx.NodeProto]] = {}
-    for value in sorted(recomputed, key=lambda v: (first_use[v], order[v])):
-        source = recomputed[value]
+    for index in sorted(sources, key=lambda i: (first_use[i], i)):
+        source = forward[index]
         copy = onnx.NodeProto()
         copy.CopyFrom(source)
         copy.name = first_free(f"{source.name or source.op_type}.recomputed", taken)
-        copy.input[:] = [copies.get(name, name) for name in source.input]
-        copy.output[:] = [copies[value]]
-        placed.setdefault(first_use[value], []).append(copy)
+        copy.input[:] = [copies[name] if name in recomputed else name for name in source.input]
+        copy.output[:] = [copies.get(name, name) for name in source.output]
+        placed.setdefault(first_use[index], []).append(copy)
     for node in backward:
-        node.input[:] = [copies.get(name, name) for name in node.input]
+        node.input[:] = [copies[name] if name in recomputed else name for name in node.input]
     nodes = list(forward)
     for index, node in enumerate(backward):
         nodes.extend(placed.get(index, []))
         nodes.append(node)
     del graph.node[:]
     graph.node.extend(nodes)
-    _record(model, sum(len(copies) for copies in placed.values()))
+    _record(model, len(sources))
     return model
 
 
@@ -136,6 +209,18 @@ def _elementwise(node: onnx.NodeProto) -> bool:
     )
 
 
+def _deterministic(node: onnx.NodeProto) -> bool:
+    """A node of ai.onnx that gives the same outputs for the same inputs, holds no subgraph, and is no
+    ``Constant`` (whose copy would copy its data)."""
+    return node.domain in ("", "ai.onnx") and node.op_type not in NOT_RECOMPUTED and not subgraphs(node)
+
+
+def _per_batch(dims: Sequence[int | None] | None) -> bool:
+    """Whether a value of ``dims`` is worth recomputing for a checkpoint: a dimension is unknown (it grows with
+    the batch, as a rule), or the known ones hold at least :data:`MIN_KNOWN_ELEMENTS` elements."""
+    return dims is None or not all(isinstance(d, int) for d in dims) or _known_elements(dims) >= MIN_KNOWN_ELEMENTS
+
+
 def _known_elements(dims: Sequence[int | None] | None) -> int:
     """The product of the known dimensions (0 for an unknown shape)."""
     if dims is None:
@@ -143,25 +228,34 @@ def _known_elements(dims: Sequence[int | None] | None) -> int:
     return math.prod(d for d in dims if isinstance(d, int))
 
 
-def _first_uses(backward: list[onnx.NodeProto], recomputed: dict[str, onnx.NodeProto]) -> dict[str, int]:
-    """For each recomputed value, the index of the first backward node that reads it or a copy made from it."""
-    first = {value: len(backward) for value in recomputed}
+def _first_uses(
+    backward: list[onnx.NodeProto],
+    forward: list[onnx.NodeProto],
+    sources: list[int],
+    recomputed: set[str],
+    made_by: Mapping[str, int],
+) -> dict[int, int]:
+    """For each copied forward node (its index), the index of the first backward node that reads one of its
+    recomputed values, or a copy made from them."""
+    first = dict.fromkeys(sources, len(backward))
     for index, node in enumerate(backward):
         for name in names_read(node):
-            if name in first and first[name] > index:
-                first[name] = index
-    for value in reversed(list(recomputed)):  # a copy's inputs are needed no later than the copy itself
-        for name in recomputed[value].input:
-            if name in first:
-                first[name] = min(first[name], first[value])
+            if name in recomputed and first[made_by[name]] > index:
+                first[made_by[name]] = index
+    for source in reversed(sources):  # a copy's inputs are needed no later than the copy itself
+        for name in forward[source].input:
+            if name in recomputed:
+                first[made_by[name]] = min(first[made_by[name]], first[source])
     return first
 
 
 __all__ = [
     "ELEMENTWISE",
     "MIN_KNOWN_ELEMENTS",
+    "NOT_RECOMPUTED",
     "RECOMPUTED_KEY",
     "recompute_elementwise",
+    "recompute_from_checkpoints",
     "recomputes",
     "transformers_to_disable",
 ]
