@@ -19,7 +19,6 @@ from unittest import mock
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -30,11 +29,9 @@ from onnxtrain.artifacts import LossType, training_model
 from onnxtrain.artifacts.training_model import build_training_models
 from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
 from onnxtrain.graph.passes.recompute import MIN_KNOWN_ELEMENTS, NOT_RECOMPUTED, recomputes
-from onnxtrain.sessions import inference_session
+from tests.graph.recomputed import assert_bit_equal, assert_same_outputs
 from tests.helpers import DOUBLE, FLOAT, make_model
 from tests.training import models
-
-NO_CSE = ["CommonSubexpressionElimination"]
 
 
 def _stack(
@@ -111,12 +108,6 @@ def _checkpointed(model: onnx.ModelProto, checkpoints: str | Sequence[str]) -> t
     return training, chosen[0] if chosen else list(checkpoints)
 
 
-def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: ort.GraphOptimizationLevel) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    return inference_session(model.SerializeToString(), options, disabled_optimizers=NO_CSE).run(None, feeds)
-
-
 def _feeds(model: onnx.ModelProto, rows: int) -> dict[str, np.ndarray]:
     width = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
     feeds = {"x": np.random.default_rng(rows).normal(size=(rows, width))}
@@ -168,12 +159,7 @@ def test_checkpointed_gradients_equal_kept_ones_bit_for_bit(depth: int, width: i
     read = _forward_values_the_backward_reads(checkpointed, model)
     assert read <= set(checkpoints) | _made_after(model, max(checkpoints, key=_layer))
     feeds = _feeds(model, rows)
-    as_written = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for got, want in zip(_run(checkpointed, feeds, as_written), _run(kept, feeds, as_written), strict=True):
-        np.testing.assert_array_equal(got, want)
-    optimized = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    for got, want in zip(_run(checkpointed, feeds, optimized), _run(kept, feeds, optimized), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert_same_outputs(checkpointed, kept, feeds)
 
 
 def test_auto_keeps_boundaries_and_the_value_every_layer_reads_and_recomputes_layers_last_first():
@@ -218,9 +204,7 @@ def test_a_chain_of_n_layers_keeps_about_sqrt_n_of_its_activations(depth: int):
     assert np.sqrt(depth) / 2 <= len(chosen) <= 2 * np.sqrt(depth) + 1, chosen
     checkpointed = _training(model, "auto")
     feeds = _feeds(model, 3)
-    level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for got, want in zip(_run(checkpointed, feeds, level), _run(_training(model, None), feeds, level), strict=True):
-        np.testing.assert_array_equal(got, want)
+    assert_bit_equal(checkpointed, _training(model, None), feeds)
 
 
 def test_choose_checkpoints_keeps_the_shared_value_and_boundaries_in_forward_order():
@@ -278,9 +262,7 @@ def test_values_of_fewer_known_elements_than_the_threshold_are_kept(rows: int):
     read = _forward_values_the_backward_reads(training, model)
     assert ("t0" in read) == small  # read by the gradients of Tanh and of the MatMul after it, unless recomputed
     feeds = _feeds(model, rows)
-    level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for got, want in zip(_run(training, feeds, level), _run(_training(model, None), feeds, level), strict=True):
-        np.testing.assert_array_equal(got, want)
+    assert_bit_equal(training, _training(model, None), feeds)
 
 
 def _train(

@@ -26,14 +26,13 @@ from onnxtrain.artifacts.training_model import build_training_models
 from onnxtrain.graph.passes import recompute
 from onnxtrain.graph.passes.recompute import MIN_KNOWN_ELEMENTS, recompute_elementwise, recomputes
 from onnxtrain.sessions import inference_session
+from tests.graph.recomputed import NO_CSE, assert_same_outputs
 from tests.helpers import DOUBLE, make_model
 from tests.training import models
 
 #: Element-wise links of an activation, each ``(op, reads the link before it twice)``; none of them is fused by
 #: onnxruntime into a contrib kernel, so every copy shows in the optimized graph.
 LINKS = [("Tanh", False), ("Sin", False), ("Mul", True), ("Exp", False), ("Add", True), ("Sigmoid", False)]
-
-NO_CSE = ["CommonSubexpressionElimination"]
 
 
 def _mlp(width: int, links: list[tuple[str, bool]]) -> onnx.ModelProto:
@@ -58,12 +57,6 @@ def _training(model: onnx.ModelProto, *, recomputing: bool) -> onnx.ModelProto:
     threshold = MIN_KNOWN_ELEMENTS if recomputing else np.iinfo(np.int64).max
     with mock.patch.object(recompute, "MIN_KNOWN_ELEMENTS", threshold):
         return build_training_models(model, ["loss"], ["w1", "w2"]).training
-
-
-def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray], level: ort.GraphOptimizationLevel) -> list[np.ndarray]:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = level
-    return inference_session(model.SerializeToString(), options, disabled_optimizers=NO_CSE).run(None, feeds)
 
 
 def _feeds(model: onnx.ModelProto, width: int, rows: int) -> dict[str, np.ndarray]:
@@ -100,12 +93,7 @@ def test_recomputed_gradients_equal_kept_ones_bit_for_bit(links: list[tuple[str,
         assert _copies(recomputed)
     onnx.checker.check_model(recomputed, full_check=True)
     feeds = _feeds(model, width, rows)
-    as_written = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    for got, want in zip(_run(recomputed, feeds, as_written), _run(kept, feeds, as_written), strict=True):
-        np.testing.assert_array_equal(got, want)
-    optimized = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    for got, want in zip(_run(recomputed, feeds, optimized), _run(kept, feeds, optimized), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert_same_outputs(recomputed, kept, feeds)
 
 
 def test_the_backward_reads_copies_placed_before_it_and_the_forward_values_die_in_the_forward():

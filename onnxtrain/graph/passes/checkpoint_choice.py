@@ -24,11 +24,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 import onnx
 
+from onnxtrain.graph import dtypes
+from onnxtrain.graph.passes.shapes_early import SHAPE_READERS
 from onnxtrain.graph.walk import names_read
-
-#: Operators whose outputs describe a value's shape, not its data: a batch value read only through them is not
-#: carried across a cut.
-SHAPE_READERS = frozenset({"Shape", "Size"})
 
 #: Operators that give their first input's data again (a ``Cast`` may change the type): a narrowing made by one
 #: from another narrowing is recomputed from it rather than kept too.
@@ -61,16 +59,16 @@ def choose_checkpoints(
     forward = list(model.graph.node[:backward_from])
     batch = set(batch_inputs)
     made_at: dict[str, int] = {}
+    last_read: dict[str, int] = {}
     for index, node in enumerate(forward):
-        if node.op_type not in SHAPE_READERS and not batch.isdisjoint(names_read(node)):
+        if node.op_type in SHAPE_READERS:  # reads a shape, not the data: a batch value is not carried through it
+            continue
+        read = names_read(node)
+        last_read.update((name, index) for name in read if name in made_at)
+        if not batch.isdisjoint(read):
             outputs = [name for name in node.output if name]
             batch.update(outputs)
             made_at.update(dict.fromkeys(outputs, index))
-    last_read: dict[str, int] = {}
-    for index, node in enumerate(forward):
-        for name in names_read(node):
-            if name in made_at and node.op_type not in SHAPE_READERS:
-                last_read[name] = index
     spans = {value: (made_at[value], end) for value, end in last_read.items() if end > made_at[value]}
     cuts = max(len(forward) - 1, 1)
     global_values = {value for value, (start, end) in spans.items() if (end - start) / cuts > GLOBAL_SHARE}
@@ -79,9 +77,8 @@ def choose_checkpoints(
     for value, (start, end) in spans.items():
         if value not in global_values and min(crossing[start:end]) == 1 and _floating(types.get(value)):
             alone[value] = None  # the only value crossing the cut after its maker
-    makers = {name: node for node in forward for name in node.output if name in alone}
     for value in list(alone):  # a copy of another narrowing (a Cast to the same type, a Reshape) is made again
-        node = makers[value]
+        node = forward[made_at[value]]
         if node.op_type in COPIES and node.input and node.input[0] in alone:
             del alone[value]
     if not alone:
@@ -94,8 +91,7 @@ def choose_checkpoints(
     chosen = max(counts, key=lambda signature: (counts[signature], _nominal_elements(signature)))
     boundaries = [value for value in alone if shape_of[value] == chosen]
     read_by_backward = {name for node in model.graph.node[backward_from:] for name in names_read(node)}
-    stored = {value: _nominal_elements(shape_of.get(value) or _signature(types.get(value))) for value in made_at
-              if value in read_by_backward}  # fmt: skip
+    stored = {value: _nominal_elements(_signature(types.get(value))) for value in made_at if value in read_by_backward}
     spaced = _spaced(forward, boundaries, stored, _nominal_elements(chosen))
     return sorted([*spaced, *global_values], key=made_at.__getitem__)
 
@@ -133,7 +129,7 @@ def _crossing_counts(spans: Mapping[str, tuple[int, int]], global_values: Collec
 
 
 def _floating(value_type: tuple[int, Sequence[int | str | None]] | None) -> bool:
-    return value_type is not None and value_type[0] in FLOATING
+    return value_type is not None and dtypes.is_float(value_type[0])
 
 
 def _signature(value_type: tuple[int, Sequence[int | str | None]] | None) -> tuple[object, ...]:
@@ -153,14 +149,4 @@ def _nominal_elements(signature: tuple[object, ...]) -> int:
     return product
 
 
-#: The floating-point element types an activation is made of.
-FLOATING = frozenset(
-    {
-        onnx.TensorProto.FLOAT,
-        onnx.TensorProto.DOUBLE,
-        onnx.TensorProto.FLOAT16,
-        onnx.TensorProto.BFLOAT16,
-    }
-)
-
-__all__ = ["COPIES", "FLOATING", "GLOBAL_SHARE", "NOMINAL_DIM", "SHAPE_READERS", "choose_checkpoints"]
+__all__ = ["COPIES", "GLOBAL_SHARE", "NOMINAL_DIM", "choose_checkpoints"]

@@ -181,7 +181,8 @@ def _recompute(
 
 
 def recomputes(model: onnx.ModelProto) -> bool:
-    """Whether ``model`` holds values recomputed by :func:`recompute_elementwise`."""
+    """Whether ``model`` holds values recomputed by :func:`recompute_elementwise` or
+    :func:`recompute_from_checkpoints`."""
     return any(prop.key == RECOMPUTED_KEY for prop in model.metadata_props)
 
 
