@@ -295,6 +295,8 @@ def _type_node(
                 values[node.output[0]] = value
         return
     inputs = [name for name in node.input if name]
+    if standard and node.op_type == "Where" and len(inputs) == 3 and inputs[1] == inputs[2] and inputs[1] in values:
+        values[node.output[0]] = values[node.input[1]]  # Where(c, x, x) is x, whatever c (a hold)
     if standard and len(node.output) == 1 and all(name in values for name in inputs):
         value = _computed(node, [values[name] for name in inputs], onnx_opset)
         if value is not None and value.size <= MAX_COMPUTED:
@@ -318,8 +320,9 @@ def _type_node(
         return
     try:
         schema = onnx.defs.get_schema(node.op_type, version, node.domain)
-    except onnx.defs.SchemaError:
-        return  # an operator onnx does not define: its outputs stay unknown
+    except onnx.defs.SchemaError:  # an operator onnx does not define: onnxruntime's of the default domain, or unknown
+        infos.update(_contrib_types(node, infos))
+        return
     types = {name: _type_proto(infos[name]) for name in inputs}
     data = {name: numpy_helper.from_array(values[name], name) for name in inputs if name in values}
     try:

@@ -312,7 +312,13 @@ def build_training_models(
     loss_types = {name: builder.type_of(name) for name in function_inputs(training_model)}
     if activation_checkpoints is not None:
         kept = _checkpoints(training_model, builder, forward_nodes, parameter_names, activation_checkpoints)
-        recompute_from_checkpoints(training_model, backward_from=forward_nodes, shapes=shapes, checkpoints=kept)
+        recompute_from_checkpoints(
+            training_model,
+            backward_from=forward_nodes,
+            shapes=shapes,
+            checkpoints=kept,
+            elem_type=builder.elem_type_if_known,
+        )
     recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
     accumulate_in_float32(training_model)  # gathers' gradients in a half type add up in float32
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})

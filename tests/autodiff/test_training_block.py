@@ -254,7 +254,10 @@ def test_missing_rule_on_the_path_names_operator_and_path() -> None:
         helper.make_node("Twist", ["h"], ["y"], domain="my.domain"),
     ]
     model = make_model(
-        {"x": (DOUBLE, ["batch", 4])}, nodes, {"y": (DOUBLE, ["batch", 4])}, [("W", W)],
+        {"x": (DOUBLE, ["batch", 4])},
+        nodes,
+        {"y": (DOUBLE, ["batch", 4])},
+        [("W", W)],
         extra_opsets={"my.domain": 1},
     )
     block = MSETraining()

@@ -100,6 +100,25 @@ def test_shapes_computed_at_run_time_are_known_once_the_inputs_are_fixed():
     assert memory.held == {"inputs": 80, "constants": 16} and max(memory.live) == 80 + 80 + 40
 
 
+def test_a_held_shape_keeps_its_value_and_onnxruntimes_default_domain_norm_its_input_type():
+    """``Where(c, shape, shape)`` (a hold: activation checkpointing's) is ``shape`` whatever ``c``; onnxruntime's
+    ``SimplifiedLayerNormalization``, which it registers in the default domain, has input 0's type."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Cast", ["flag"], ["c"], to=TensorProto.BOOL),
+        helper.make_node("Where", ["c", "shape", "shape"], ["held"]),
+        helper.make_node(
+            "ConstantOfShape", ["held"], ["zeros"], value=numpy_helper.from_array(np.zeros(1, np.float32))
+        ),
+        helper.make_node("SimplifiedLayerNormalization", ["zeros", "scale"], ["y"], axis=-1, epsilon=1e-6),
+    ]
+    scale = numpy_helper.from_array(np.ones(4, np.float32), "scale")
+    model = _model(nodes, [_input("x", ["batch", 4]), _input("flag", [])], [_output("y")], [scale])
+    types = value_types(model, {"batch": [3]})
+    assert types["zeros"].dims == (3, 4)
+    assert types["y"] == types["zeros"]
+
+
 def _diamond() -> list[onnx.NodeProto]:
     return [
         helper.make_node("Relu", ["x"], ["a"]),

@@ -27,7 +27,11 @@ def test_digits_demo_learns_the_digits(tmp_path: Path) -> None:
     accuracy = _load("digits_demo").main(tmp_path, epochs=3)
     assert accuracy > 0.85
     assert {p.name for p in tmp_path.iterdir()} >= {
-        "training_model.onnx", "eval_model.onnx", "optimizer_model.onnx", "checkpoint", "digits.onnx"
+        "training_model.onnx",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "checkpoint",
+        "digits.onnx",
     }
 
 

@@ -19,6 +19,7 @@ from unittest import mock
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -26,10 +27,12 @@ from onnx import helper
 
 from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType, training_model
+from onnxtrain.artifacts.step_memory import execution_order
 from onnxtrain.artifacts.training_model import build_training_models
 from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
 from onnxtrain.graph.passes.recompute import MIN_KNOWN_ELEMENTS, NOT_RECOMPUTED, recomputes
-from tests.graph.recomputed import assert_bit_equal, assert_same_outputs
+from onnxtrain.sessions import inference_session
+from tests.graph.recomputed import NO_CSE, assert_bit_equal, assert_same_outputs
 from tests.helpers import DOUBLE, FLOAT, make_model
 from tests.training import models
 
@@ -306,3 +309,40 @@ def test_checkpointing_in_half_precision_trains_as_keeping_everything(tmp_path: 
     np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
     for name, value in parameters.items():
         np.testing.assert_allclose(value, want_parameters[name], rtol=1e-6, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("depth", [3, 6])
+def test_copies_wait_for_the_backward_whatever_onnxruntime_renumbers(depth: int):
+    """onnxruntime runs the ready node of lowest index and numbers the nodes its fusions make after every other
+    one: a copy ready once its checkpoint is made would run in the forward. Renumbered as if every forward
+    node were fused, the copies still run after ``y``, the value the gradients start from."""
+    model = _stack(depth, 8)
+    training, _ = _checkpointed(model, "auto")
+    forward = len(model.graph.node)
+    nodes = list(training.graph.node)
+    renumbered = nodes[forward:] + nodes[:forward]
+    order = [renumbered[i] for i in execution_order(renumbered, "priority")]
+    made_at = {name: k for k, node in enumerate(order) for name in node.output}
+    copies = [k for k, node in enumerate(order) if node.name.endswith(".recomputed")]
+    assert copies
+    assert min(copies) > made_at["y"]
+
+
+def test_copies_wait_for_the_backward_in_the_graph_onnxruntime_optimizes(tmp_path: Path):
+    """The same in onnxruntime's optimized graph, in its numbering: the nodes of the model loaded keep their
+    index, the ones its fusions make come after them all. Its optimizations must not drop the holds."""
+    model = _stack(4, 8, elem_type=FLOAT)
+    training, _ = _checkpointed(model, "auto")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    inference_session(training.SerializeToString(), options, disabled_optimizers=NO_CSE)
+    optimized = list(onnx.load(options.optimized_model_filepath).graph.node)
+    index = {node.name: k for k, node in enumerate(training.graph.node)}
+    numbered = sorted(range(len(optimized)), key=lambda k: index.get(optimized[k].name, len(index) + k))
+    nodes = [optimized[k] for k in numbered]
+    order = [nodes[k] for k in execution_order(nodes, "priority")]
+    made_at = {name: k for k, node in enumerate(order) for name in node.output}
+    copies = [k for k, node in enumerate(order) if node.name.endswith(".recomputed")]
+    assert copies
+    assert min(copies) > made_at["y"]

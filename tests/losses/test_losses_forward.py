@@ -574,7 +574,10 @@ def test_existing_input_is_reused_as_target() -> None:
 
 def test_existing_int_input_is_reused_as_labels() -> None:
     model = build_loss_model(
-        onnxblock.loss.CrossEntropyLoss(ignore_index=-100, label_dtype=np.int32), None, FLOAT, target_name="t",
+        onnxblock.loss.CrossEntropyLoss(ignore_index=-100, label_dtype=np.int32),
+        None,
+        FLOAT,
+        target_name="t",
         model=two_input_model(INT32, ["batch"]),
     )
     assert list(inputs_of(model)) == ["x", "t"]

@@ -17,7 +17,8 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
   the backward reads recomputed from chosen ones
-  (:func:`~onnxtrain.graph.passes.checkpoint_choice.choose_checkpoints` chooses the layer boundaries);
+  (:func:`~onnxtrain.graph.passes.checkpoint_choice.choose_checkpoints` chooses the layer boundaries; the copies
+  wait for the backward through :func:`~onnxtrain.graph.passes.hold_back.hold_copies`);
 - :func:`~onnxtrain.graph.passes.functions.expand_loss_functions`: loss functions written out as their bodies, in
   their place (onnxruntime would add them last);
 - :func:`~onnxtrain.graph.passes.autocast.autocast`: a float32 forward computing in a half type where safe, and

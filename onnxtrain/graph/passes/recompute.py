@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import onnx
 
 from onnxtrain.graph.naming import first_free, names_in
+from onnxtrain.graph.passes.hold_back import hold_copies
 from onnxtrain.graph.walk import names_read, subgraphs
 
 #: Deterministic element-wise operators of ai.onnx, each one pass over its output: recomputed rather than kept.
@@ -78,6 +79,7 @@ def recompute_from_checkpoints(
     backward_from: int,
     shapes: Mapping[str, Sequence[int | None]],
     checkpoints: Collection[str],
+    elem_type: Callable[[str], int | None] | None = None,
 ) -> onnx.ModelProto:
     """``model`` with the forward values the backward reads recomputed from ``checkpoints``, in place
     (activation checkpointing, as ``torch.utils.checkpoint``).
@@ -94,8 +96,15 @@ def recompute_from_checkpoints(
     random operators (``Dropout``, ``Random*``, ``Bernoulli``,
     ``Multinomial``), ``Constant``, operators of other domains, and nodes
     with subgraphs. Values whose dimensions are all known and hold fewer
-    than :data:`MIN_KNOWN_ELEMENTS` elements are kept. The cost: one more
+    than :data:`MIN_KNOWN_ELEMENTS` elements are kept (shape computations,
+    say), and the copies read them. The cost: one more
     forward pass of the recomputed nodes per step.
+
+    The copies of a segment are held back until the backward reaches it
+    (:func:`~onnxtrain.graph.passes.hold_back.hold_copies`), else onnxruntime
+    may run them in the forward. ``elem_type`` gives the values' element
+    types (``None`` where unknown: such a value is not held); without it,
+    nothing is held.
     """
     kept = frozenset(checkpoints)
     forward = model.graph.node[:backward_from]
@@ -106,7 +115,13 @@ def recompute_from_checkpoints(
         return _deterministic(node) and kept.isdisjoint(node.output) and tail.isdisjoint(node.output)
 
     return _recompute(
-        model, backward_from, recomputable=recomputable, worth=lambda v: _per_batch(shapes.get(v)), kept=kept
+        model,
+        backward_from,
+        recomputable=recomputable,
+        worth=lambda v: _per_batch(shapes.get(v)),
+        kept=kept,
+        keep_small=True,
+        elem_type=elem_type,
     )
 
 
@@ -117,6 +132,8 @@ def _recompute(
     recomputable: Callable[[onnx.NodeProto], bool],
     worth: Callable[[str], bool],
     kept: Collection[str] = (),
+    keep_small: bool = False,
+    elem_type: Callable[[str], int | None] | None = None,
 ) -> onnx.ModelProto:
     """Copy into the backward the forward nodes that make the values the backward reads, in place.
 
@@ -126,28 +143,38 @@ def _recompute(
     that are in ``kept``)
     or derivable ones. Each derivable value the backward reads and that is
     ``worth`` it is recomputed, with the derivable values it is made from;
-    a derivable value the backward reads that is not worth it is kept.
-    Each copy goes right before the first backward node that needs it.
+    a derivable value the backward reads that is not worth it is kept, and
+    with ``keep_small``, so is one a recomputed value is made from (a
+    shape computation, say: the copies read it).
+    Each copy goes right before the first backward node that needs it; with
+    ``elem_type``, the copies are held back until the backward reaches them
+    (:func:`~onnxtrain.graph.passes.hold_back.hold_copies`).
     """
     graph = model.graph
     forward, backward = list(graph.node[:backward_from]), list(graph.node[backward_from:])
     read_by_backward = {name for node in backward for name in names_read(node)}
     there = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    constant = {tensor.name for tensor in graph.initializer}
     made_by: dict[str, int] = {}  # derivable value -> the forward node making it
     for index, node in enumerate(forward):
         if recomputable(node) and all(name in there or name in made_by for name in node.input if name):
             made_by.update((name, index) for name in node.output if name)
         elif node.op_type == "Constant" and node.domain in ("", "ai.onnx"):  # a constant, read where it is
             there.update(node.output)
+            constant.update(node.output)
         else:  # kept where the backward reads it
             there.update(name for name in node.output if name in read_by_backward or name in kept)
     targets = {value for value in made_by if value in read_by_backward and worth(value)}
+
+    def kept_if_small(value: str) -> bool:
+        return keep_small and not worth(value)
+
     # the targets, and the derivable values they are made from that the backward does not keep itself
     recomputed: set[str] = set()
     stack = list(targets)
     while stack:
         value = stack.pop()
-        if value in recomputed or (value in read_by_backward and value not in targets):
+        if value in recomputed or (value not in targets and (value in read_by_backward or kept_if_small(value))):
             continue
         recomputed.add(value)
         stack.extend(name for name in forward[made_by[value]].input if name in made_by)
@@ -170,6 +197,17 @@ def _recompute(
         placed.setdefault(first_use[index], []).append(copy)
     for node in backward:
         node.input[:] = [copies[name] if name in recomputed else name for name in node.input]
+    if elem_type is not None:
+        original = {copied: value for value, copied in copies.items()}
+        hold_copies(
+            graph,
+            backward,
+            placed,
+            available=constant,
+            elem_type=lambda name: elem_type(original.get(name, name)),
+            small=lambda name: not worth(original.get(name, name)),
+            taken=taken,
+        )
     nodes = list(forward)
     for index, node in enumerate(backward):
         nodes.extend(placed.get(index, []))

@@ -1,0 +1,142 @@
+"""Holding recomputed nodes back until the backward needs them: a data dependency that changes no value.
+
+onnxruntime runs, of the nodes whose inputs are ready, the one of lowest
+index; the nodes its fusions make (``FastGelu``, ``FusedMatMul``...) are
+numbered after every node of the model loaded. A copy that recomputes a
+segment from a checkpoint is ready as soon as the forward makes that
+checkpoint, so it runs whenever the next forward node is a fused one: in the
+forward, where its outputs live until the backward reads them, which undoes
+the saving of checkpointing. A *hold* makes the copy wait for a gradient:
+
+    flat  = Reshape(g, [-1])                    # g: a gradient the backward makes before the copy's reader
+    first = Cast(Slice(flat, [0], [1]), to=BOOL)  # one element, or none when g is empty
+    cond  = Gather(Concat(first, [True]), 0)    # a scalar, whatever g holds
+    x'    = Where(cond, x, x)                   # x, bit for bit, once g is made
+
+and the copy reads ``x'`` for ``x``. The cost: one pass over ``x`` per hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain.graph.dtypes import is_float
+from onnxtrain.graph.naming import first_free
+
+#: The element types onnxruntime's ``Where`` takes on the CPU in every release we support: the values a hold can
+#: hold back (bfloat16, the 8- and 16-bit integers are not held: their copies may run early).
+HELD_TYPES = frozenset(
+    {
+        TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
+        TensorProto.UINT8, TensorProto.BOOL,
+    }
+)  # fmt: skip
+
+
+def hold_copies(
+    graph: onnx.GraphProto,
+    backward: Sequence[onnx.NodeProto],
+    placed: MutableMapping[int, list[onnx.NodeProto]],
+    *,
+    available: Collection[str],
+    elem_type: Callable[[str], int | None],
+    small: Callable[[str], bool],
+    taken: set[str],
+) -> int:
+    """Hold back each list of copies ``placed[p]`` (the copies to insert before ``backward[p]``, in an order
+    they can run in) until a gradient ``backward[p]`` reads is made, in place; returns the number of holds.
+
+    A copy that reads no held copy's output reads one of its inputs through
+    a hold: one not in ``available`` (initializers, constants) whose element
+    type is in :data:`HELD_TYPES`, preferably not ``small`` (a shape held
+    is a shape onnxruntime no longer knows before it runs). A copy with no
+    such input is not held. The gradient waited for: a float input of
+    ``backward[p]`` made by an earlier backward node, else any input so
+    made, else an output of ``backward[p - 1]``; copies placed before the
+    first backward node are not held. Each hold goes right before its
+    copy, the nodes making its condition before the first hold of the list;
+    the constants they read are added to ``graph``'s initializers.
+    """
+    made_at = {name: index for index, node in enumerate(backward) for name in node.output if name}
+    constants: dict[str, str] = {}
+    held_outputs: set[str] = set()
+    holds = 0
+    for index in sorted(placed):
+        gradient = _gradient_read(backward, index, made_at, elem_type)
+        if gradient is None:
+            continue
+        condition: str | None = None
+        held: dict[str, str] = {}
+        nodes: list[onnx.NodeProto] = []
+        for copy in placed[index]:
+            if held_outputs.isdisjoint(copy.input):
+                candidates = [
+                    name for name in copy.input if name and name not in available and elem_type(name) in HELD_TYPES
+                ]
+                if candidates:
+                    name = next((name for name in candidates if not small(name)), candidates[0])
+                    if condition is None:
+                        condition, making = _condition(graph, gradient, constants, taken)
+                        nodes.extend(making)
+                    if name not in held:
+                        held[name] = first_free(f"{name}.held", taken)
+                        nodes.append(helper.make_node("Where", [condition, name, name], [held[name]], name=held[name]))
+                    copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
+            if not held_outputs.isdisjoint(copy.input) or not set(held.values()).isdisjoint(copy.input):
+                held_outputs.update(copy.output)
+            nodes.append(copy)
+        placed[index][:] = nodes
+        holds += len(held)
+    return holds
+
+
+def _gradient_read(
+    backward: Sequence[onnx.NodeProto],
+    index: int,
+    made_at: Mapping[str, int],
+    elem_type: Callable[[str], int | None],
+) -> str | None:
+    """The value copies placed before ``backward[index]`` wait for (see :func:`hold_copies`), or ``None``."""
+    made_before = [name for name in backward[index].input if made_at.get(name, index) < index]
+    floats = [name for name in made_before if is_float(elem_type(name) or 0)]
+    if floats or made_before:
+        return (floats or made_before)[0]
+    earlier = [name for name in backward[index - 1].output if name] if index > 0 else []
+    return earlier[0] if earlier else None
+
+
+def _condition(
+    graph: onnx.GraphProto, gradient: str, constants: dict[str, str], taken: set[str]
+) -> tuple[str, list[onnx.NodeProto]]:
+    """A boolean scalar made from ``gradient`` (see the module docstring), and the nodes making it."""
+    for role in ("flat", "zero", "one", "true", "index"):
+        if role not in constants:
+            constants[role] = first_free(f"hold.{role}", taken)
+            graph.initializer.append(numpy_helper.from_array(_constant(role), constants[role]))
+
+    def out(role: str) -> str:
+        return first_free(f"{gradient}.hold_{role}", taken)
+
+    flat, first, some, pair, condition = (out(r) for r in ("flat", "first", "some", "pair", "condition"))
+    nodes = [
+        helper.make_node("Reshape", [gradient, constants["flat"]], [flat], name=flat),
+        helper.make_node("Slice", [flat, constants["zero"], constants["one"]], [first], name=first),
+        helper.make_node("Cast", [first], [some], name=some, to=TensorProto.BOOL),
+        helper.make_node("Concat", [some, constants["true"]], [pair], name=pair, axis=0),
+        helper.make_node("Gather", [pair, constants["index"]], [condition], name=condition, axis=0),
+    ]
+    return condition, nodes
+
+
+def _constant(role: str) -> np.ndarray:
+    """The constant a condition reads in ``role``."""
+    if role == "true":
+        return np.array([True])
+    return np.array({"flat": [-1], "zero": [0], "one": [1], "index": 0}[role], dtype=np.int64)
+
+
+__all__ = ["HELD_TYPES", "hold_copies"]

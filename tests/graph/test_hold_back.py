@@ -1,0 +1,162 @@
+"""Holds: copies placed before a backward node wait for a gradient it reads, through ``Where(c, x, x)``.
+
+The promise: a hold changes no value (bit for bit, an empty gradient and a
+scalar value included); each copy that reads a value the backward may have
+early is held, once, and a copy of a held copy is not held again; what
+cannot or need not be held (constants, bfloat16 values, copies before the
+first backward node) is left as it is.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnxtrain.graph.naming import names_in
+from onnxtrain.graph.passes.hold_back import HELD_TYPES, hold_copies
+from tests.helpers import FLOAT, make_model
+
+ELEM_TYPES = {"x": FLOAT, "s": FLOAT, "g0": FLOAT, "g1": FLOAT, "g2": FLOAT, "w": FLOAT, "b": TensorProto.BFLOAT16}
+
+
+def _backward() -> list[onnx.NodeProto]:
+    """``g0 = -x``, ``g1 = g0 * r``, ``g2 = g1 + t + s``: the gradients, ``r`` and ``t`` recomputed."""
+    return [
+        helper.make_node("Neg", ["x"], ["g0"], name="B0"),
+        helper.make_node("Mul", ["g0", "r"], ["g1"], name="B1"),
+        helper.make_node("Add", ["g1", "t"], ["t1"], name="B2"),
+        helper.make_node("Add", ["t1", "s"], ["g2"], name="B3"),
+    ]
+
+
+def _placed() -> dict[int, list[onnx.NodeProto]]:
+    """``r = Relu(x)`` before B1; ``t = Sigmoid(r) * Exp(w) * Abs(s)`` before B2 (``w`` an initializer)."""
+    return {
+        1: [helper.make_node("Relu", ["x"], ["r"], name="r.recomputed")],
+        2: [
+            helper.make_node("Sigmoid", ["r"], ["q"], name="q.recomputed"),
+            helper.make_node("Exp", ["w"], ["e"], name="e.recomputed"),
+            helper.make_node("Abs", ["s"], ["a"], name="a.recomputed"),
+            helper.make_node("Mul", ["q", "e"], ["qe"], name="qe.recomputed"),
+            helper.make_node("Mul", ["qe", "a"], ["t"], name="t.recomputed"),
+        ],
+    }
+
+
+def _model(backward: list[onnx.NodeProto], placed: dict[int, list[onnx.NodeProto]]) -> onnx.ModelProto:
+    nodes = [n for index, node in enumerate(backward) for n in [*placed.get(index, []), node]]
+    return make_model(
+        {"x": (FLOAT, ["n", 3]), "s": (FLOAT, None)},
+        nodes,
+        {"g2": (FLOAT, None)},
+        [("w", np.linspace(-1, 1, 3).astype(np.float32))],
+    )
+
+
+def _hold(
+    backward: list[onnx.NodeProto],
+    placed: dict[int, list[onnx.NodeProto]],
+    elem_types: dict[str, int] = ELEM_TYPES,
+    small: frozenset[str] = frozenset(),
+) -> tuple[onnx.ModelProto, int]:
+    """The model of ``backward`` and ``placed``, and the number of holds ``hold_copies`` added to them."""
+    model = _model(backward, placed)
+    holds = hold_copies(
+        model.graph,
+        backward,
+        placed,
+        available={"w"},
+        elem_type=elem_types.get,
+        small=small.__contains__,
+        taken=names_in(model.graph),
+    )
+    return model, holds
+
+
+def _held(elem_types: dict[str, int] = ELEM_TYPES) -> tuple[onnx.ModelProto, dict[int, list[onnx.NodeProto]], int]:
+    backward, placed = _backward(), _placed()
+    model, holds = _hold(backward, placed, elem_types)
+    del model.graph.node[:]
+    model.graph.node.extend(_model(backward, placed).graph.node)
+    return model, placed, holds
+
+
+def _wheres(nodes: list[onnx.NodeProto]) -> dict[str, list[str]]:
+    return {node.output[0]: list(node.input) for node in nodes if node.op_type == "Where"}
+
+
+def test_each_copy_reading_an_early_value_waits_for_a_gradient_and_held_copies_are_not_held_again():
+    _, placed, holds = _held()
+    assert holds == 2
+    first = _wheres(placed[1])
+    assert [inputs[1:] for inputs in first.values()] == [["x", "x"]]
+    assert placed[1][-1].input[:] == ["x.held"]
+    second = _wheres(placed[2])
+    assert [inputs[1:] for inputs in second.values()] == [["s", "s"]]  # r is held already; w is a constant
+    by_name = {node.name: node for node in placed[2]}
+    assert by_name["q.recomputed"].input[:] == ["r"]
+    assert by_name["e.recomputed"].input[:] == ["w"]
+    assert by_name["a.recomputed"].input[:] == ["s.held"]
+    order = [node.name or node.op_type for node in placed[2]]
+    assert order.index("s.held") == order.index("a.recomputed") - 1  # each hold right before its copy
+    reshape = next(node for node in placed[2] if node.op_type == "Reshape")
+    assert reshape.input[0] == "g1"  # the float input of B2 made by an earlier backward node
+
+
+@pytest.mark.parametrize(("small", "held"), [(frozenset({"k"}), "s"), (frozenset({"k", "s"}), "k")])
+def test_one_input_is_held_and_not_a_small_one_where_there_is_a_choice(small: frozenset[str], held: str):
+    backward, placed = _backward(), {1: [helper.make_node("Mul", ["k", "s"], ["r"], name="r.recomputed")]}
+    _, holds = _hold(backward, placed, {**ELEM_TYPES, "k": FLOAT}, small)
+    assert holds == 1
+    assert [inputs[1:] for inputs in _wheres(placed[1]).values()] == [[held, held]]
+
+
+@pytest.mark.parametrize(
+    ("rows", "s_shape"),
+    [(2, (2, 3)), (0, (0, 3)), (2, ())],
+    ids=["a batch", "an empty gradient", "a scalar held"],
+)
+def test_holds_change_no_value(rows: int, s_shape: tuple[int, ...]):
+    held, _, _ = _held()
+    plain = _model(_backward(), _placed())
+    rng = np.random.default_rng(rows)
+    x = rng.normal(size=(rows, 3)).astype(np.float32)
+    x[0:1, 0] = np.nan if rows else x[0:1, 0]
+    feeds = {"x": x, "s": rng.normal(size=s_shape).astype(np.float32)}
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        got, want = (
+            ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
+            for m in (held, plain)
+        )
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[0].shape == want[0].shape
+
+
+def test_values_no_hold_takes_are_left_as_they_are():
+    assert TensorProto.BFLOAT16 not in HELD_TYPES
+    _, placed, holds = _held({**ELEM_TYPES, "x": TensorProto.BFLOAT16, "s": TensorProto.BFLOAT16})
+    assert holds == 0
+    assert [node.op_type for node in placed[1]] == ["Relu"]
+    assert placed == _placed()
+
+
+def test_without_a_gradient_read_the_copies_wait_for_the_node_before():
+    backward, placed = _backward(), _placed()
+    backward[1] = helper.make_node("Mul", ["x", "r"], ["g1"], name="B1")  # reads no backward value
+    _hold(backward, placed)
+    reshape = next(node for node in placed[1] if node.op_type == "Reshape")
+    assert reshape.input[0] == "g0"
+
+
+def test_copies_before_the_first_backward_node_are_not_held():
+    backward, placed = _backward(), {0: copy.deepcopy(_placed()[1])}
+    _, holds = _hold(backward, placed)
+    assert holds == 0
+    assert [node.op_type for node in placed[0]] == ["Relu"]
