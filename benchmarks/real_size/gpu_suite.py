@@ -10,8 +10,11 @@ still brings the main table):
    PyTorch's peak memory, the breakdown;
 2. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
    artifacts against PyTorch under autocast (and GradScaler for fp16), one run;
-3. ``no-pattern``: onnxtrain's fp32 step without onnxruntime's memory pattern;
-4. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session growing to
+3. ``checkpointed``: gpt2-small at 16x256 with activation checkpointing,
+   onnxtrain's ``activation_checkpoints="auto"`` against transformers'
+   ``gradient_checkpointing_enable()``, one run;
+4. ``no-pattern``: onnxtrain's fp32 step without onnxruntime's memory pattern;
+5. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session growing to
    powers of two (onnxruntime's defaults), against the default run's one
    arena shared by the sessions that grows by what is asked.
 
@@ -34,6 +37,7 @@ RUNS: dict[str, list[str]] = {
     "fp32": ["--workload", "gpt2-small,llama-125m", "--runs", "2"],
     "bf16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"],
     "fp16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"],
+    "checkpointed": ["--workload", "gpt2-small", "--runs", "1", "--checkpointing"],
     "no-pattern": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--no-memory-pattern"],
     "own-arenas": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--own-arenas"],
 }
