@@ -108,10 +108,20 @@ def test_each_copy_reading_an_early_value_waits_for_a_gradient_and_held_copies_a
     assert reshape.input[0] == "g1"  # the float input of B2 made by an earlier backward node
 
 
-@pytest.mark.parametrize(("small", "held"), [(frozenset({"k"}), "s"), (frozenset({"k", "s"}), "k")])
-def test_one_input_is_held_and_not_a_small_one_where_there_is_a_choice(small: frozenset[str], held: str):
-    backward, placed = _backward(), {1: [helper.make_node("Mul", ["k", "s"], ["r"], name="r.recomputed")]}
-    _, holds = _hold(backward, placed, {**ELEM_TYPES, "k": FLOAT}, small)
+@pytest.mark.parametrize(
+    ("inputs", "small", "held"),
+    [
+        (["k", "s"], {"k"}, "s"),
+        (["k", "s"], {"k", "s"}, "k"),
+        (["x", "m"], set(), "m"),  # x is a graph input (a parameter, say), m a forward value
+        (["x", "m"], {"m"}, "x"),
+    ],
+)
+def test_one_input_is_held_and_not_a_small_one_nor_a_graph_input_where_there_is_a_choice(
+    inputs: list[str], small: set[str], held: str
+):
+    backward, placed = _backward(), {1: [helper.make_node("Mul", inputs, ["r"], name="r.recomputed")]}
+    _, holds = _hold(backward, placed, {**ELEM_TYPES, "k": FLOAT, "m": FLOAT}, frozenset(small))
     assert holds == 1
     assert [inputs[1:] for inputs in _wheres(placed[1]).values()] == [[held, held]]
 

@@ -53,8 +53,12 @@ def hold_copies(
     A copy that reads no held copy's output reads one of its inputs through
     a hold: one not in ``available`` (initializers, constants) whose element
     type is in :data:`HELD_TYPES`, preferably not ``small`` (a shape held
-    is a shape onnxruntime no longer knows before it runs). A copy with no
-    such input is not held. The gradient waited for: a float input of
+    is a shape onnxruntime no longer knows before it runs), then preferably
+    no graph input (a parameter: a copy of the weights each step), the
+    first in the copy's input order of those left. A copy with no such
+    input is not held (its inputs are constants, or of other types); one
+    whose inputs are parameters alone (a weight cast to a half type) holds
+    a parameter. The gradient waited for: a float input of
     ``backward[p]`` made by an earlier backward node, else any input so
     made, else an output of ``backward[p - 1]``; copies placed before the
     first backward node are not held. Each hold goes right before its
@@ -62,6 +66,7 @@ def hold_copies(
     the constants they read are added to ``graph``'s initializers.
     """
     made_at = {name: index for index, node in enumerate(backward) for name in node.output if name}
+    inputs = {value.name for value in graph.input}
     constants: dict[str, str] = {}
     held_outputs: set[str] = set()
     holds = 0
@@ -78,7 +83,7 @@ def hold_copies(
                     name for name in copy.input if name and name not in available and elem_type(name) in HELD_TYPES
                 ]
                 if candidates:
-                    name = next((name for name in candidates if not small(name)), candidates[0])
+                    name = min(candidates, key=lambda name: (small(name), name in inputs))
                     if condition is None:
                         condition, making = _condition(graph, gradient, constants, taken)
                         nodes.extend(making)
