@@ -380,3 +380,52 @@ def test_copies_wait_for_the_backward_in_the_graph_onnxruntime_optimizes(tmp_pat
     copies = [k for k, node in enumerate(order) if _is_copy(node)]
     assert copies
     assert min(copies) > made_at["y"]
+
+
+@pytest.mark.filterwarnings("ignore::onnxtrain.training.half_kernels.HalfPrecisionFallbackWarning")
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_copies_wait_for_the_backward_in_mixed_precision(tmp_path: Path, precision: str):
+    """The same in the artifacts of mixed precision, whose checkpoints are of the half type (bfloat16 has no
+    ``Where`` on the CPU: its values are held by appending nothing)."""
+    model = _stack(4, 8, loss=False, elem_type=FLOAT)
+    paths = models.generate(tmp_path, model, loss=LossType.MSELoss, activation_checkpoints="auto", precision=precision)
+    training = onnx.load(paths["training_model"])
+    nodes = list(training.graph.node)
+    made_by = {name: k for k, node in enumerate(nodes) for name in node.output}
+    forward: set[int] = set()
+    stack = [made_by[training.graph.output[0].name]]
+    while stack:
+        k = stack.pop()
+        if k not in forward:
+            forward.add(k)
+            stack.extend(made_by[name] for name in nodes[k].input if name in made_by)
+    renumbered = [node for k, node in enumerate(nodes) if k not in forward] + [nodes[k] for k in sorted(forward)]
+    order = [renumbered[i] for i in execution_order(renumbered, "priority")]
+    made_at = {name: k for k, node in enumerate(order) for name in node.output}
+    copies = [k for k, node in enumerate(order) if _is_copy(node)]
+    assert copies
+    assert min(copies) > made_at["y"]
+
+
+def test_values_made_from_parameters_alone_are_recomputed_and_held_on_their_parameter():
+    """``Transpose(a0)`` (as torch exports ``Linear``) is made again in the backward, held on ``a0``: keeping it
+    would keep a copy of the weight through the step."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h0"]),
+        helper.make_node("Transpose", ["a0"], ["a0t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["h0", "a0t"], ["p0"]),
+        helper.make_node("Tanh", ["p0"], ["t0"]),
+        helper.make_node("Add", ["h0", "t0"], ["h1"]),
+        helper.make_node("MatMul", ["h1", "w_out"], ["y"]),
+        helper.make_node("Mul", ["y", "y"], ["squares"]),
+        helper.make_node("ReduceSum", ["squares"], ["loss"], keepdims=0),
+    ]
+    rng = np.random.default_rng(0)
+    weights = {"w_in": rng.normal(size=(40, 40)), "a0": rng.normal(size=(40, 40)), "w_out": rng.normal(size=(40, 2))}
+    model = make_model({"x": (DOUBLE, ["n", 40])}, nodes, {"loss": (DOUBLE, [])}, list(weights.items()))
+    training = _training(model, ["h0", "h1"])
+    assert sorted(node.op_type for node in _copies(training)) == ["MatMul", "Tanh", "Transpose"]
+    held = sorted(node.input[1] for node in training.graph.node if node.name.endswith(".held"))
+    assert held == ["a0"]  # the product reads the held transpose: it waits too
+    assert "a0t" not in _forward_values_the_backward_reads(training, model)
+    assert_bit_equal(training, _training(model, None), {"x": rng.normal(size=(3, 40)), **weights})

@@ -63,6 +63,7 @@ def _hold(
     placed: dict[int, list[onnx.NodeProto]],
     elem_types: dict[str, int] = ELEM_TYPES,
     small: frozenset[str] = frozenset(),
+    ranks: dict[str, int] | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """The model of ``backward`` and ``placed``, and the number of holds ``hold_copies`` added to them."""
     model = _model(backward, placed)
@@ -72,15 +73,19 @@ def _hold(
         placed,
         available={"w"},
         elem_type=elem_types.get,
+        rank=(ranks or {}).get,
         small=small.__contains__,
         taken=names_in(model.graph),
+        opset=17,
     )
     return model, holds
 
 
-def _held(elem_types: dict[str, int] = ELEM_TYPES) -> tuple[onnx.ModelProto, dict[int, list[onnx.NodeProto]], int]:
+def _held(
+    elem_types: dict[str, int] = ELEM_TYPES, ranks: dict[str, int] | None = None
+) -> tuple[onnx.ModelProto, dict[int, list[onnx.NodeProto]], int]:
     backward, placed = _backward(), _placed()
-    model, holds = _hold(backward, placed, elem_types)
+    model, holds = _hold(backward, placed, elem_types, ranks=ranks)
     del model.graph.node[:]
     model.graph.node.extend(_model(backward, placed).graph.node)
     return model, placed, holds
@@ -149,12 +154,62 @@ def test_holds_change_no_value(rows: int, s_shape: tuple[int, ...]):
         assert got[0].shape == want[0].shape
 
 
-def test_values_no_hold_takes_are_left_as_they_are():
+def test_values_where_lacks_a_kernel_for_are_held_by_appending_nothing_and_scalars_of_them_not_at_all():
     assert TensorProto.BFLOAT16 not in HELD_TYPES
-    _, placed, holds = _held({**ELEM_TYPES, "x": TensorProto.BFLOAT16, "s": TensorProto.BFLOAT16})
-    assert holds == 0
-    assert [node.op_type for node in placed[1]] == ["Relu"]
-    assert placed == _placed()
+    bfloat16 = {**ELEM_TYPES, "x": TensorProto.BFLOAT16, "s": TensorProto.BFLOAT16}
+    _, placed, holds = _held(bfloat16, ranks={"x": 2, "s": 0})
+    assert holds == 1
+    concat = next(node for node in placed[1] if node.output[0] == "x.held")
+    assert concat.op_type == "Concat" and concat.input[0] == "x"
+    assert [node.op_type for node in placed[2]] == [node.op_type for node in _placed()[2]]  # s: a scalar
+
+
+def test_a_value_held_by_appending_nothing_is_the_same_bit_for_bit():
+    """``x`` of bfloat16 (made from a float input: NumPy feeds no bfloat16), held before ``Identity``, for a
+    batch and an empty one, with onnxruntime's optimizations on and off."""
+    backward = [
+        helper.make_node("Neg", ["f"], ["g0"], name="B0"),
+        helper.make_node("Cast", ["r"], ["g1"], name="B1", to=FLOAT),
+        helper.make_node("Add", ["g1", "g0"], ["g2"], name="B2"),
+    ]
+
+    def model(placed: dict[int, list[onnx.NodeProto]]) -> onnx.ModelProto:
+        built = make_model(
+            {"f": (FLOAT, ["n", 3])},
+            [helper.make_node("Cast", ["f"], ["x"], to=TensorProto.BFLOAT16), *_model(backward, placed).graph.node],
+            {"g2": (FLOAT, None)},
+        )
+        return built
+
+    plain = model({1: [helper.make_node("Identity", ["x"], ["r"], name="r.recomputed")]})
+    placed = {1: [helper.make_node("Identity", ["x"], ["r"], name="r.recomputed")]}
+    held = model(placed)
+    holds = hold_copies(
+        held.graph,
+        backward,
+        placed,
+        available=set(),
+        elem_type={"x": TensorProto.BFLOAT16, "g0": FLOAT, "f": FLOAT}.get,
+        rank={"x": 2}.get,
+        small=lambda name: False,
+        taken=names_in(held.graph),
+        opset=17,
+    )
+    assert holds == 1
+    del held.graph.node[1:]
+    held.graph.node.extend(_model(backward, placed).graph.node)
+    for rows in (3, 0):
+        feeds = {"f": np.random.default_rng(rows).normal(size=(rows, 3)).astype(np.float32)}
+        for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+            options = ort.SessionOptions()
+            options.graph_optimization_level = level
+            got, want = (
+                ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(
+                    None, feeds
+                )
+                for m in (held, plain)
+            )
+            np.testing.assert_array_equal(got[0], want[0])
 
 
 def test_without_a_gradient_read_the_copies_wait_for_the_node_before():

@@ -13,7 +13,14 @@ the saving of checkpointing. A *hold* makes the copy wait for a gradient:
     cond  = Gather(Concat(first, [True]), 0)    # a scalar, whatever g holds
     x'    = Where(cond, x, x)                   # x, bit for bit, once g is made
 
-and the copy reads ``x'`` for ``x``. The cost: one pass over ``x`` per hold.
+and the copy reads ``x'`` for ``x``. onnxruntime's ``Where`` lacks some
+types on the CPU (bfloat16, the 8- and 16-bit integers); a value of those,
+of rank 1 or more, is held by appending nothing to it along its first axis:
+
+    none  = Cast(Slice(flat, [0], [0]), to=T)                   # no element, of x's type T, once g is made
+    x'    = Concat(x, Reshape(none, [0, *Shape(x)[1:]]), axis=0)  # x, bit for bit
+
+Either costs one pass over ``x``.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxtrain.graph.dtypes import is_float
 from onnxtrain.graph.naming import first_free
 
-#: The element types onnxruntime's ``Where`` takes on the CPU in every release we support: the values a hold can
-#: hold back (bfloat16, the 8- and 16-bit integers are not held: their copies may run early).
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+#: The element types onnxruntime's ``Where`` takes on the CPU in every release we support: values held by ``Where``
+#: (others, of rank 1 or more, by ``Concat``).
 HELD_TYPES = frozenset(
     {
         TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
@@ -44,27 +53,38 @@ def hold_copies(
     *,
     available: Collection[str],
     elem_type: Callable[[str], int | None],
+    rank: Callable[[str], int | None],
     small: Callable[[str], bool],
     taken: set[str],
+    opset: int,
 ) -> int:
     """Hold back each list of copies ``placed[p]`` (the copies to insert before ``backward[p]``, in an order
     they can run in) until a gradient ``backward[p]`` reads is made, in place; returns the number of holds.
 
     A copy that reads no held copy's output reads one of its inputs through
     a hold: one not in ``available`` (initializers, constants) whose element
-    type is in :data:`HELD_TYPES`, preferably not ``small`` (a shape held
+    type is in :data:`HELD_TYPES`, or is another tensor type of known
+    ``rank`` of 1 or more (strings aside), preferably not ``small`` (a shape held
     is a shape onnxruntime no longer knows before it runs), then preferably
     no graph input (a parameter: a copy of the weights each step), the
     first in the copy's input order of those left. A copy with no such
     input is not held (its inputs are constants, or of other types); one
-    whose inputs are parameters alone (a weight cast to a half type) holds
+    whose inputs are parameters alone (a weight transposed or cast to a half type) holds
     a parameter. The gradient waited for: a float input of
     ``backward[p]`` made by an earlier backward node, else any input so
     made, else an output of ``backward[p - 1]``; copies placed before the
     first backward node are not held. Each hold goes right before its
     copy, the nodes making its condition before the first hold of the list;
-    the constants they read are added to ``graph``'s initializers.
+    the constants they read are added to ``graph``'s initializers. ``opset``:
+    the graph's ai.onnx opset.
     """
+
+    def holdable(name: str) -> bool:
+        kind = elem_type(name)
+        if kind in HELD_TYPES:
+            return True
+        return kind not in (None, TensorProto.UNDEFINED, TensorProto.STRING) and (rank(name) or 0) >= 1
+
     made_at = {name: index for index, node in enumerate(backward) for name in node.output if name}
     inputs = {value.name for value in graph.input}
     constants: dict[str, str] = {}
@@ -75,21 +95,26 @@ def hold_copies(
         if gradient is None:
             continue
         condition: str | None = None
+        flat = ""
         held: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
         for copy in placed[index]:
             if held_outputs.isdisjoint(copy.input):
-                candidates = [
-                    name for name in copy.input if name and name not in available and elem_type(name) in HELD_TYPES
-                ]
+                candidates = [name for name in copy.input if name and name not in available and holdable(name)]
                 if candidates:
                     name = min(candidates, key=lambda name: (small(name), name in inputs))
                     if condition is None:
-                        condition, making = _condition(graph, gradient, constants, taken)
+                        condition, flat, making = _condition(graph, gradient, constants, taken)
                         nodes.extend(making)
                     if name not in held:
                         held[name] = first_free(f"{name}.held", taken)
-                        nodes.append(helper.make_node("Where", [condition, name, name], [held[name]], name=held[name]))
+                        kind = elem_type(name)
+                        if kind in HELD_TYPES:
+                            nodes.append(
+                                helper.make_node("Where", [condition, name, name], [held[name]], name=held[name])
+                            )
+                        else:
+                            nodes.extend(_appended_nothing(name, held[name], flat, kind or 0, constants, taken, opset))
                     copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
             if not held_outputs.isdisjoint(copy.input) or not set(held.values()).isdisjoint(copy.input):
                 held_outputs.update(copy.output)
@@ -116,9 +141,10 @@ def _gradient_read(
 
 def _condition(
     graph: onnx.GraphProto, gradient: str, constants: dict[str, str], taken: set[str]
-) -> tuple[str, list[onnx.NodeProto]]:
-    """A boolean scalar made from ``gradient`` (see the module docstring), and the nodes making it."""
-    for role in ("flat", "zero", "one", "true", "index"):
+) -> tuple[str, str, list[onnx.NodeProto]]:
+    """A boolean scalar made from ``gradient`` and ``gradient`` flattened (see the module docstring), and the nodes
+    making them."""
+    for role in ("flat", "zero", "one", "true", "index", "end"):
         if role not in constants:
             constants[role] = first_free(f"hold.{role}", taken)
             graph.initializer.append(numpy_helper.from_array(_constant(role), constants[role]))
@@ -134,14 +160,38 @@ def _condition(
         helper.make_node("Concat", [some, constants["true"]], [pair], name=pair, axis=0),
         helper.make_node("Gather", [pair, constants["index"]], [condition], name=condition, axis=0),
     ]
-    return condition, nodes
+    return condition, flat, nodes
+
+
+def _appended_nothing(
+    value: str, held: str, flat: str, elem_type: int, constants: Mapping[str, str], taken: set[str], opset: int
+) -> list[onnx.NodeProto]:
+    """The nodes making ``held``: ``value`` with no element of ``flat`` appended along its first axis (see the
+    module docstring)."""
+
+    def out(role: str) -> str:
+        return first_free(f"{value}.hold_{role}", taken)
+
+    empty, none, shape, dims, target, nothing = (
+        out(r) for r in ("empty", "none", "shape", "dims", "target", "nothing")
+    )
+    reshape = {"allowzero": 1} if opset >= 14 else {}  # a 0 in the target is a size, not "as the input"
+    return [
+        helper.make_node("Slice", [flat, constants["zero"], constants["zero"]], [empty], name=empty),
+        helper.make_node("Cast", [empty], [none], name=none, to=elem_type),
+        helper.make_node("Shape", [value], [shape], name=shape),
+        helper.make_node("Slice", [shape, constants["one"], constants["end"]], [dims], name=dims),
+        helper.make_node("Concat", [constants["zero"], dims], [target], name=target, axis=0),
+        helper.make_node("Reshape", [none, target], [nothing], name=nothing, **reshape),
+        helper.make_node("Concat", [value, nothing], [held], name=held, axis=0),
+    ]
 
 
 def _constant(role: str) -> np.ndarray:
     """The constant a condition reads in ``role``."""
     if role == "true":
         return np.array([True])
-    return np.array({"flat": [-1], "zero": [0], "one": [1], "index": 0}[role], dtype=np.int64)
+    return np.array({"flat": [-1], "zero": [0], "one": [1], "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)
 
 
 __all__ = ["HELD_TYPES", "hold_copies"]

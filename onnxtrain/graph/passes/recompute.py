@@ -20,6 +20,7 @@ import onnx
 
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.passes.hold_back import hold_copies
+from onnxtrain.graph.versions import opset_version
 from onnxtrain.graph.walk import names_read, subgraphs
 
 #: Deterministic element-wise operators of ai.onnx, each one pass over its output: recomputed rather than kept.
@@ -97,7 +98,9 @@ def recompute_from_checkpoints(
     ``Multinomial``), ``Constant``, operators of other domains, and nodes
     with subgraphs. Values whose dimensions are all known and hold fewer
     than :data:`MIN_KNOWN_ELEMENTS` elements are kept (shape computations,
-    say), and the copies read them. The cost: one more
+    say), and the copies read them. Values made from graph inputs alone (a
+    weight transposed, or cast to a half type) are recomputed too: keeping
+    them would keep a copy of those weights. The cost: one more
     forward pass of the recomputed nodes per step.
 
     The copies of a segment are held back until the backward reaches it
@@ -122,6 +125,7 @@ def recompute_from_checkpoints(
         kept=kept,
         keep_small=True,
         elem_type=elem_type,
+        rank=lambda v: None if shapes.get(v) is None else len(shapes[v]),
     )
 
 
@@ -134,6 +138,7 @@ def _recompute(
     kept: Collection[str] = (),
     keep_small: bool = False,
     elem_type: Callable[[str], int | None] | None = None,
+    rank: Callable[[str], int | None] = lambda name: None,
 ) -> onnx.ModelProto:
     """Copy into the backward the forward nodes that make the values the backward reads, in place.
 
@@ -147,7 +152,8 @@ def _recompute(
     with ``keep_small``, so is one a recomputed value is made from (a
     shape computation, say: the copies read it).
     Each copy goes right before the first backward node that needs it; with
-    ``elem_type``, the copies are held back until the backward reaches them
+    ``elem_type`` (and ``rank``: the values' ranks, ``None`` where unknown),
+    the copies are held back until the backward reaches them
     (:func:`~onnxtrain.graph.passes.hold_back.hold_copies`).
     """
     graph = model.graph
@@ -205,8 +211,10 @@ def _recompute(
             placed,
             available=constant,
             elem_type=lambda name: elem_type(original.get(name, name)),
+            rank=lambda name: rank(original.get(name, name)),
             small=lambda name: not worth(original.get(name, name)),
             taken=taken,
+            opset=opset_version(model) or 0,
         )
     nodes = list(forward)
     for index, node in enumerate(backward):
