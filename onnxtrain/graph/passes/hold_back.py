@@ -63,14 +63,14 @@ def hold_copies(
 
     A copy that reads no held copy's output reads one of its inputs through
     a hold: one not in ``available`` (initializers, constants) whose element
-    type is in :data:`HELD_TYPES`, or is another tensor type of known
-    ``rank`` of 1 or more (strings aside), preferably not ``small`` (a shape held
-    is a shape onnxruntime no longer knows before it runs), then preferably
-    no graph input (a parameter: a copy of the weights each step), the
-    first in the copy's input order of those left. A copy with no such
-    input is not held (its inputs are constants, or of other types); one
-    whose inputs are parameters alone (a weight transposed or cast to a half type) holds
-    a parameter. The gradient waited for: a float input of
+    type is in :data:`HELD_TYPES` (held by ``Where``) or is another tensor
+    type of known ``rank`` of 1 or more, strings aside (held by ``Concat``);
+    preferably not ``small`` (a shape held is a shape onnxruntime no longer
+    knows before it runs), then preferably no graph input (a parameter: a
+    copy of the weight each step), then the first in the copy's input order.
+    A copy with no such input is not held (its inputs are constants); one
+    whose inputs are parameters alone (a weight transposed or cast to a half
+    type) holds a parameter. The gradient waited for: a float input of
     ``backward[p]`` made by an earlier backward node, else any input so
     made, else an output of ``backward[p - 1]``; copies placed before the
     first backward node are not held. Each hold goes right before its
@@ -108,13 +108,13 @@ def hold_copies(
                         nodes.extend(making)
                     if name not in held:
                         held[name] = first_free(f"{name}.held", taken)
-                        kind = elem_type(name)
+                        kind = elem_type(name) or TensorProto.UNDEFINED
                         if kind in HELD_TYPES:
                             nodes.append(
                                 helper.make_node("Where", [condition, name, name], [held[name]], name=held[name])
                             )
                         else:
-                            nodes.extend(_appended_nothing(name, held[name], flat, kind or 0, constants, taken, opset))
+                            nodes.extend(_appended_nothing(name, held[name], flat, kind, constants, taken, opset))
                     copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
             if not held_outputs.isdisjoint(copy.input) or not set(held.values()).isdisjoint(copy.input):
                 held_outputs.update(copy.output)
