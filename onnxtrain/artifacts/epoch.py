@@ -45,6 +45,7 @@ from onnxtrain.graph.fold import ShapeInference, onnx_shapes
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes import drop_unread_initializers, fold_static_shapes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.losses.label_check import LabelCheck, strip_label_checks, strippable_label_checks
 
 #: ``(body input, body output)``: a tensor the fused step reads and writes a new value of, carried by the scan.
@@ -253,7 +254,7 @@ def _hoistable(
         takes = all(name in per_iteration or (name in constants and not constants[name].dims) for name in inputs)
         if (
             node.op_type in HOISTABLE
-            and node.domain in ("", "ai.onnx")
+            and is_standard(node)
             and len(node.output) == 1
             and takes
             and any(name in per_iteration for name in inputs)

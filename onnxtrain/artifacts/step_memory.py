@@ -56,6 +56,7 @@ from onnxtrain.artifacts.accumulation import buffer_name, remove_gradient_accumu
 from onnxtrain.artifacts.fuse import fuse_update_and_train
 from onnxtrain.graph.contrib_types import MS_DOMAIN, SAME_AS_FIRST_INPUT
 from onnxtrain.graph.fold import evaluate_constant
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read, node_label, topological_order
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 
@@ -286,7 +287,7 @@ def _type_node(
     opset_import: Iterable[onnx.OperatorSetIdProto],
 ) -> None:
     """Type ``node``'s outputs into ``infos``, and compute its small integer output into ``values``."""
-    standard = node.domain in ("", "ai.onnx")
+    standard = is_standard(node)
     if standard and node.op_type == "Constant":
         value = _const_value(node)
         if value is not None:
@@ -477,7 +478,7 @@ def _buffers(
     root = buffers.root
     for node_index in topological_order(graph.node):  # producers before readers, whatever the listed order
         node = graph.node[node_index]
-        p, phase, standard = position[node_index], node_phase[node_index], node.domain in ("", "ai.onnx")
+        p, phase, standard = position[node_index], node_phase[node_index], is_standard(node)
         for name in names_read(node):
             base = root.get(name, name)
             buffers.last_read[base] = max(buffers.last_read.get(base, p), p)

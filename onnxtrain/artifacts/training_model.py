@@ -35,6 +35,7 @@ from onnxtrain.graph.passes.autocast import accumulate_in_float32
 from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
 from onnxtrain.graph.passes.functions import expand_loss_functions, function_inputs
 from onnxtrain.graph.roles import running_statistics
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.optim.loss_scaling import scaled_loss
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -119,11 +120,7 @@ def statistics_as_parameters(
 
 def _trains_statistics(node: onnx.NodeProto) -> bool:
     """Whether ``node`` is a training-mode BatchNormalization, which outputs new running statistics."""
-    return (
-        node.op_type == "BatchNormalization"
-        and node.domain in ("", "ai.onnx")
-        and bool(_attribute(node, "training_mode", 0))
-    )
+    return node.op_type == "BatchNormalization" and is_standard(node) and bool(_attribute(node, "training_mode", 0))
 
 
 def _check_input_gradients(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:

@@ -37,6 +37,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnxtrain.graph.fold import ShapeInference, onnx_shapes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read
 
 #: Element-wise operators a chain may be made of (each element of the result depends on the same element of
@@ -143,7 +144,7 @@ def _single_elements(graph: onnx.GraphProto, sizes: dict[str, int | None]) -> se
     for node in graph.node:
         inputs = [name for name in node.input if name]
         spreads = node.op_type in ELEMENTWISE or node.op_type in ("Squeeze", "Unsqueeze", "Reshape")
-        if spreads and node.domain in ("", "ai.onnx") and inputs and all(n in single for n in inputs):
+        if spreads and is_standard(node) and inputs and all(n in single for n in inputs):
             single.update(node.output)
     return single
 

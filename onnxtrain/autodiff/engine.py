@@ -56,6 +56,7 @@ from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder, describe_type
 from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.passes import fold_transposes, merge_duplicates, prune_unused_nodes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read, node_label, rename_references, subgraph_references, subgraphs
 
 
@@ -333,7 +334,7 @@ class _Backward:
     def _is_zeros(self, value: str) -> bool:
         """Whether ``value`` is made by ``ConstantOfShape`` of a zero (maybe reshaped or cast)."""
         node = self._producer(value)
-        while node is not None and node.op_type in ("Reshape", "Cast") and node.domain in ("", "ai.onnx"):
+        while node is not None and node.op_type in ("Reshape", "Cast") and is_standard(node):
             node = self._producer(node.input[0])
         if node is None or node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
             return False

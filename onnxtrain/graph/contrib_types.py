@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import onnx
 
+from onnxtrain.graph.versions import is_standard
+
 MS_DOMAIN = "com.microsoft"
 ML_DOMAIN = "ai.onnx.ml"
 
@@ -98,7 +100,7 @@ def _declarable(node: onnx.NodeProto, known: dict[str, onnx.TypeProto]) -> list[
 
 
 def _key(node: onnx.NodeProto) -> tuple[str, str]:
-    return ("" if node.domain in ("", "ai.onnx") else node.domain, node.op_type)
+    return ("" if is_standard(node) else node.domain, node.op_type)
 
 
 def _known_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:

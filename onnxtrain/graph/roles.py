@@ -42,6 +42,7 @@ from typing import Literal
 import onnx
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes, subgraphs
 
 Role = Literal["weight", "constant", "running statistic"]
@@ -182,7 +183,7 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx
         while frontier:
             value = frontier.pop()
             for node in readers.get(value, ()):
-                if node.op_type in PASS_THROUGH and node.domain in ("", "ai.onnx"):
+                if node.op_type in PASS_THROUGH and is_standard(node):
                     for out in node.output:
                         if out and out not in seen:
                             seen.add(out)

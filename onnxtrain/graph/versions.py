@@ -46,6 +46,11 @@ del _name, _ir
 _IR_FOR_LOCAL_FUNCTIONS = 8
 
 
+def is_standard(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an operator of ONNX's default domain (written ``""`` or ``"ai.onnx"``)."""
+    return node.domain in ("", "ai.onnx")
+
+
 def opset_version(model: onnx.ModelProto, domain: str = "") -> int | None:
     """The version of ``domain`` the model imports (the newest, if imported twice), or ``None``."""
     found = [opset.version for opset in model.opset_import if opset.domain in (domain, _alias(domain))]

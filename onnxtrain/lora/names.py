@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnxtrain.graph.versions import is_standard
+
 #: The ``metadata_props`` key where torch's dynamo exporter writes a node's module scopes.
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
@@ -79,7 +81,7 @@ def names_of_initializers(graph: onnx.GraphProto) -> dict[str, KnownAs]:
     for tensor in graph.initializer:
         nodes = list(readers.get(tensor.name, []))
         for node in list(nodes):
-            if node.op_type in _PASS_THROUGH and node.domain in ("", "ai.onnx") and node.input[0] == tensor.name:
+            if node.op_type in _PASS_THROUGH and is_standard(node) and node.input[0] == tensor.name:
                 nodes += readers.get(node.output[0], [])
         node_names = tuple(dict.fromkeys(node.name for node in nodes if node.name))
         modules = tuple(dict.fromkeys(path for path in map(module_path, nodes) if path))

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.lora.names import KnownAs, names_of_initializers
 
 #: What kind of product reads the weight.
@@ -126,7 +127,7 @@ def _site(
     node = graph.node[k]
     where = _describe(graph, k, j)
     dims = list(tensor.dims)
-    standard = node.domain in ("", "ai.onnx")
+    standard = is_standard(node)
     if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and j == 1:
         scales = graph.node[k].input[2]
         elem = _elem_type_of(graph, scales)

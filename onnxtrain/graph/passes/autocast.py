@@ -33,6 +33,7 @@ from onnx import helper
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read, rename_values, subgraphs
 
 Mode = Literal["half", "float32"]
@@ -270,7 +271,7 @@ def defined_with(model: onnx.ModelProto, op_type: str) -> list[str]:
     can name an operator the graph does not hold."""
     opset = GraphBuilder(model).opset
     found = []
-    for candidate in sorted({node.op_type for node in model.graph.node if node.domain in ("", "ai.onnx")}):
+    for candidate in sorted({node.op_type for node in model.graph.node if is_standard(node)}):
         schema = _schema(onnx.helper.make_node(candidate, [], []), opset)
         if schema is not None and schema.has_function and any(n.op_type == op_type for n in schema.function_body.node):
             found.append(candidate)
@@ -290,7 +291,7 @@ def accumulate_in_float32(model: onnx.ModelProto) -> int:
 def _half_positions(node: onnx.NodeProto, types: GraphBuilder) -> tuple[list[int], list[int]] | None:
     """The positions of ``node``'s float16 or bfloat16 inputs of one type variable (that of the first) and of
     its outputs of that variable (none for a comparison), or ``None`` where it reads no half value."""
-    schema = _schema(node, types.opset) if node.domain in ("", "ai.onnx") and not subgraphs(node) else None
+    schema = _schema(node, types.opset) if is_standard(node) and not subgraphs(node) else None
     if schema is None or not schema.inputs:
         return None
     halves = [k for k, name in enumerate(node.input) if name and types.elem_type_if_known(name) in HALF_SUFFIX]

@@ -17,6 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph.fold import FOLDABLE, MAX_ELEMENTS, folded_value
+from onnxtrain.graph.versions import is_standard, opset_version
 
 
 def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -32,10 +33,10 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     the graph computes what it computed, in the same order and IR version.
     """
     graph = model.graph
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
+    opset = opset_version(model)
     constants = _SmallConstants(graph.initializer)
     for node in graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "Constant" and is_standard(node):
             constants.add_constant_node(node)
             continue
         value = folded_value(node, {}, constants, opset) if node.op_type in FOLDABLE else None

@@ -23,6 +23,7 @@ import onnx
 from onnx import helper, shape_inference
 
 from onnxtrain.graph.naming import NameGenerator, names_in
+from onnxtrain.graph.versions import is_standard, opset_version
 
 #: The function operators written out: onnxruntime's inference builds have no kernel for them.
 EXPANDED_OPS = ("NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")
@@ -41,7 +42,7 @@ def expand_loss_functions(model: onnx.ModelProto, *, type_of: TypeOf) -> onnx.Mo
     it written out too. A node whose input types are unknown, or whose body
     does not check against the model's opset, is left as it is.
     """
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = opset_version(model)
     if opset is None or not any(_expandable(node) for node in model.graph.node):
         return model
     writer = _Writer(model, opset)
@@ -67,7 +68,7 @@ def written_out_from(node: onnx.NodeProto) -> str | None:
 
 
 def _expandable(node: onnx.NodeProto) -> bool:
-    return node.op_type in EXPANDED_OPS and node.domain in ("", "ai.onnx")
+    return node.op_type in EXPANDED_OPS and is_standard(node)
 
 
 class _Writer:

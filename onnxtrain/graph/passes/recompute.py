@@ -20,7 +20,7 @@ import onnx
 
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.passes.hold_back import hold_copies
-from onnxtrain.graph.versions import opset_version
+from onnxtrain.graph.versions import is_standard, opset_version
 from onnxtrain.graph.walk import names_read, subgraphs
 
 #: Deterministic element-wise operators of ai.onnx, each one pass over its output: recomputed rather than kept.
@@ -165,7 +165,7 @@ def _recompute(
     for index, node in enumerate(forward):
         if recomputable(node) and all(name in there or name in made_by for name in node.input if name):
             made_by.update((name, index) for name in node.output if name)
-        elif node.op_type == "Constant" and node.domain in ("", "ai.onnx"):  # a constant, read where it is
+        elif node.op_type == "Constant" and is_standard(node):  # a constant, read where it is
             there.update(node.output)
             constant.update(node.output)
         else:  # kept where the backward reads it
@@ -251,15 +251,13 @@ def _record(model: onnx.ModelProto, copies: int) -> None:
 
 def _elementwise(node: onnx.NodeProto) -> bool:
     """An element-wise node of one output (and no subgraph)."""
-    return (
-        node.op_type in ELEMENTWISE and node.domain in ("", "ai.onnx") and len(node.output) == 1 and not subgraphs(node)
-    )
+    return node.op_type in ELEMENTWISE and is_standard(node) and len(node.output) == 1 and not subgraphs(node)
 
 
 def _deterministic(node: onnx.NodeProto) -> bool:
     """A node of ai.onnx that gives the same outputs for the same inputs, holds no subgraph, and is no
     ``Constant`` (whose copy would copy its data)."""
-    return node.domain in ("", "ai.onnx") and node.op_type not in NOT_RECOMPUTED and not subgraphs(node)
+    return is_standard(node) and node.op_type not in NOT_RECOMPUTED and not subgraphs(node)
 
 
 def _per_batch(dims: Sequence[int | None] | None) -> bool:

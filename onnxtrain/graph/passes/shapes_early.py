@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import onnx
 
+from onnxtrain.graph.versions import is_standard
+
 #: The operators that read only their input's shape.
 SHAPE_READERS = frozenset({"Shape", "Size"})
 
@@ -24,7 +26,7 @@ def read_shapes_early(model: onnx.ModelProto) -> onnx.ModelProto:
     producer = {name: index for index, node in enumerate(graph.node) for name in node.output if name}
     keys = []
     for index, node in enumerate(graph.node):
-        if node.op_type in SHAPE_READERS and node.domain in ("", "ai.onnx") and len(node.input) == 1:
+        if node.op_type in SHAPE_READERS and is_standard(node) and len(node.input) == 1:
             keys.append((producer.get(node.input[0], -1), 1, index))  # after its producer, in their own order
         else:
             keys.append((index, 0, index))

@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from onnxtrain.graph.fold import ShapeInference, folded_value, onnx_shapes
 from onnxtrain.graph.passes.unused import drop_unread_initializers
+from onnxtrain.graph.versions import is_standard, opset_version
 
 
 def fold_static_shapes(
@@ -36,13 +37,13 @@ def fold_static_shapes(
     for value in graph.input:
         if value.name in shapes:
             _set_shape(value, shapes[value.name])
-    measured = [n.input[0] for n in graph.node if n.op_type in ("Shape", "Size") and n.domain in ("", "ai.onnx")]
+    measured = [n.input[0] for n in graph.node if n.op_type in ("Shape", "Size") and is_standard(n)]
     known = dict(shapes_of(model, list(dict.fromkeys(measured)))) if measured else {}
     known.update((name, []) for name in _full_reductions(graph))
     constants: dict[str, np.ndarray] = {  # those held inline: a tensor in a file (or held apart) is no shape
         t.name: numpy_helper.to_array(t) for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL
     }
-    opset = next((entry.version for entry in model.opset_import if entry.domain in ("", "ai.onnx")), None)
+    opset = opset_version(model)
     outputs = {value.name for value in graph.output}
     kept = []
     for node in graph.node:

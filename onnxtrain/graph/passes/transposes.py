@@ -15,6 +15,7 @@ from collections import Counter
 
 import onnx
 
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import rename_references
 
 
@@ -53,7 +54,7 @@ def fold_transposes(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelProt
         elif (
             outer == [1, 0]
             and source.op_type == "Gemm"
-            and source.domain in ("", "ai.onnx")
+            and is_standard(source)
             and id(source) in backward
             and len([name for name in source.input if name]) == 2
             and uses[source.output[0]] == 1
