@@ -23,6 +23,7 @@ from onnxtrain.graph import ops
 from onnxtrain.graph.builder import GraphBuilder, tensor_type
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes import prune_unused_nodes
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read
 
 #: The flag input: true for the first train step after a gradient reset.
@@ -111,7 +112,7 @@ def _raw_gradient(
     """The tensor ``Where(reset, g, buffer + g)`` selects on reset, for ``param``'s accumulation output."""
     out = accumulated_name(param)
     node = producers.get(out)
-    if node is None or node.op_type != "Where" or node.domain not in ("", "ai.onnx") or len(node.input) != 3:
+    if node is None or node.op_type != "Where" or not is_standard(node) or len(node.input) != 3:
         raise AccumulationFormError(
             f"the training model's {out!r} is not the Where(reset, gradient, buffer + gradient) that "
             "generate_artifacts writes"

@@ -276,7 +276,7 @@ def _hoistable(
 def _only_squeeze(graph: onnx.GraphProto, name: str) -> onnx.NodeProto | None:
     """The node reading ``name`` where it is the only one and a ``Squeeze`` of axis 0, else ``None``."""
     readers = [node for node in graph.node if name in node.input]
-    if len(readers) != 1 or readers[0].op_type != "Squeeze" or readers[0].domain not in ("", "ai.onnx"):
+    if len(readers) != 1 or readers[0].op_type != "Squeeze" or not is_standard(readers[0]):
         return None
     node = readers[0]
     if node.input[0] != name:

@@ -56,6 +56,7 @@ from onnxtrain.artifacts.accumulation import buffer_name, remove_gradient_accumu
 from onnxtrain.artifacts.fuse import fuse_update_and_train
 from onnxtrain.graph.contrib_types import MS_DOMAIN, SAME_AS_FIRST_INPUT
 from onnxtrain.graph.fold import evaluate_constant
+from onnxtrain.graph.passes.shapes_early import SHAPE_READERS
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read, node_label, topological_order
 from onnxtrain.optim.base import grad_name, state_name, updated_name
@@ -64,9 +65,6 @@ Order = Literal["graph", "default", "priority"]
 Phase = Literal["held", "update", "forward", "backward"]
 #: Operators whose output is a view of input 0 in onnxruntime (``KernelDefBuilder().Alias(0, 0)``).
 ALIASING = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"})
-#: Operators that read only their input's shape: a backward one (a gradient rule's ``Shape``, read right after the
-#: value is made) does not keep the value for the backward.
-_METADATA_READERS = frozenset({"Shape", "Size"})
 #: The most elements of a tensor whose values are computed (shape arithmetic: what later shapes depend on).
 MAX_COMPUTED = 1024
 #: Held categories of :func:`step_memory`, in the order reports list them.
@@ -297,14 +295,14 @@ def _type_node(
         return
     inputs = [name for name in node.input if name]
     if standard and node.op_type == "Where" and len(inputs) == 3 and inputs[1] == inputs[2] and inputs[1] in values:
-        values[node.output[0]] = values[node.input[1]]  # Where(c, x, x) is x, whatever c (a hold)
+        values[node.output[0]] = values[inputs[1]]  # Where(c, x, x) is x, whatever c (a hold)
     if standard and len(node.output) == 1 and all(name in values for name in inputs):
         value = _computed(node, [values[name] for name in inputs], onnx_opset)
         if value is not None and value.size <= MAX_COMPUTED:
             values[node.output[0]] = value
     if standard and node.op_type == "Split" and all(name in values for name in inputs):
         values.update(zip(node.output, _split(node, [values[name] for name in inputs]), strict=False))
-    if standard and node.op_type in ("Shape", "Size") and infos.get(node.input[0], TensorInfo(0, None)).dims:
+    if standard and node.op_type in SHAPE_READERS and infos.get(node.input[0], TensorInfo(0, None)).dims:
         dims = infos[node.input[0]].dims or ()
         if node.op_type == "Size":
             values[node.output[0]] = np.array(math.prod(dims), np.int64)
@@ -398,7 +396,7 @@ def _priority_order(nodes: Sequence[onnx.NodeProto], inputs_of: Sequence[Sequenc
             readers[j].append(i)
 
     def key(i: int) -> tuple[int, int]:
-        return (0 if nodes[i].op_type in ("Shape", "Size") else 1, i)
+        return (0 if nodes[i].op_type in SHAPE_READERS else 1, i)
 
     ready = [key(i) for i, count in enumerate(waiting) if count == 0]
     heapq.heapify(ready)
@@ -482,7 +480,7 @@ def _buffers(
         for name in names_read(node):
             base = root.get(name, name)
             buffers.last_read[base] = max(buffers.last_read.get(base, p), p)
-            reads_data = not (standard and node.op_type in _METADATA_READERS)
+            reads_data = not (standard and node.op_type in SHAPE_READERS)  # a shape: not the data
             if phase == "backward" and reads_data and buffers.producer.get(base, ("", "held"))[1] == "forward":
                 buffers.kept.add(base)
         for k, name in enumerate(node.output):

@@ -163,7 +163,7 @@ def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
 def set_inference_mode(model: onnx.ModelProto) -> None:
     """Dropout without its training flag, BatchNormalization with ``training_mode=0`` and one output."""
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx"):
+        if not is_standard(node):
             continue
         if node.op_type == "Dropout" and len(node.input) > 2:
             node.input[2] = ""

@@ -175,7 +175,7 @@ def _chain(
     outputs = {value.name for value in graph.output}
     signature: list[tuple] = []
     for node in chain:
-        if node.op_type not in ELEMENTWISE or node.domain not in ("", "ai.onnx") or len(node.output) != 1:
+        if node.op_type not in ELEMENTWISE or not is_standard(node) or len(node.output) != 1:
             return None
         if node.output[0] not in ends and (node.output[0] in readers_outside or node.output[0] in outputs):
             return None  # an intermediate read elsewhere would have to be unpacked too

@@ -21,7 +21,6 @@ from onnxtrain.autodiff.paths import find_path
 from onnxtrain.autodiff.registry import GradientRegistry, Rule, domain_key
 from onnxtrain.autodiff.rules import builtin_registry
 from onnxtrain.graph import versions
-from onnxtrain.graph.versions import is_standard
 
 #: The heading that starts the torch.nn section of the document (everything before it is the registry part).
 LAYERS_HEADING = "## torch.nn layers"
@@ -205,7 +204,7 @@ class TrainingCheck:
 
 
 def _label(node: onnx.NodeProto) -> str:
-    return node.op_type if is_standard(node) else f"{node.domain}::{node.op_type}"
+    return node.op_type if versions.is_standard(node) else f"{node.domain}::{node.op_type}"
 
 
 def _float_tensor(value: onnx.ValueInfoProto) -> bool:

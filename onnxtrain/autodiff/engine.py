@@ -312,7 +312,7 @@ class _Backward:
         """Whether contribution ``part`` to ``value`` is ``ScatterND(zeros, indices, updates, reduction="add")``
         of ``value``'s known shape."""
         node = self._producer(part)
-        if node is None or node.op_type != "ScatterND" or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type != "ScatterND" or not is_standard(node):
             return False
         if not ops.scatter_adds(node):
             return False
@@ -336,7 +336,7 @@ class _Backward:
         node = self._producer(value)
         while node is not None and node.op_type in ("Reshape", "Cast") and is_standard(node):
             node = self._producer(node.input[0])
-        if node is None or node.op_type != "ConstantOfShape" or node.domain not in ("", "ai.onnx"):
+        if node is None or node.op_type != "ConstantOfShape" or not is_standard(node):
             return False
         fill = next((a.t for a in node.attribute if a.name == "value"), None)
         return fill is None or not numpy_helper.to_array(fill).any()

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import subgraphs
 
 _ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
@@ -50,7 +51,7 @@ def folded_value(
     opset: int | None,
 ) -> np.ndarray | None:
     """The constant value of ``node``'s one output, or ``None`` where it is not known before running."""
-    if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or opset is None:
+    if not is_standard(node) or len(node.output) != 1 or opset is None:
         return None
     if node.op_type in ("Shape", "Size"):
         dims = known.get(node.input[0])

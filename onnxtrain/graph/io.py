@@ -12,7 +12,6 @@ from onnx import shape_inference, version_converter
 from onnxtrain.graph import dtypes, external, versions, wire
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
 from onnxtrain.graph.passes.constants import fold_constants
-from onnxtrain.graph.versions import opset_version
 
 #: Initializers with more elements than this are not handed to shape inference
 #: with their values: only their type and shape matter for inference.
@@ -224,10 +223,10 @@ def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 def _move_runtime_contrib_nodes(model: onnx.ModelProto) -> None:
     """Move ``model``'s default-domain nodes of ONNX Runtime's contrib operators (where ONNX has no such
     operator at the model's opset) to ``com.microsoft``, importing that domain if needed (in place)."""
-    opset = opset_version(model) or 0
+    opset = versions.opset_version(model) or 0
     moved = False
     for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in RUNTIME_DEFAULT_DOMAIN_OPS:
+        if not versions.is_standard(node) or node.op_type not in RUNTIME_DEFAULT_DOMAIN_OPS:
             continue
         defined_since = RUNTIME_DEFAULT_DOMAIN_OPS[node.op_type]
         if defined_since is None or opset < defined_since:

@@ -128,7 +128,7 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
 
 def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.TensorProto, beside_weights: bool) -> bool:
     """Whether ``tensor``, input ``position`` of element-wise ``node``, is a weight (see the module docstring)."""
-    if node.domain not in ("", "ai.onnx") or position not in AFFINE.get(node.op_type, frozenset()):
+    if not is_standard(node) or position not in AFFINE.get(node.op_type, frozenset()):
         return False
     if not beside_weights or not tensor.dims:
         return False

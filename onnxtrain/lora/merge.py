@@ -35,7 +35,6 @@ from onnxtrain.fileio import sync_directory, temporary_beside
 from onnxtrain.graph import external, versions
 from onnxtrain.graph.external import TensorData
 from onnxtrain.graph.io import load_light
-from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read
 from onnxtrain.lora import record
 from onnxtrain.lora.dequantize import dequantize_linear, matmul_nbits_weight
@@ -194,7 +193,7 @@ def _inference_mode(nodes: list[onnx.NodeProto], outputs: set[str]) -> tuple[lis
     """``nodes`` with Dropout and BatchNormalization in inference mode, as in the eval model, less the
     ``Constant`` nodes that gave only the Dropouts' training flags; and the names of the flags no node reads now
     (initializers to drop)."""
-    flags = {n.input[2] for n in nodes if n.op_type == "Dropout" and is_standard(n) and len(n.input) > 2}
+    flags = {n.input[2] for n in nodes if n.op_type == "Dropout" and versions.is_standard(n) and len(n.input) > 2}
     model = onnx.ModelProto()
     model.graph.node.extend(nodes)
     set_inference_mode(model)

@@ -198,7 +198,7 @@ def _product(graph: onnx.GraphProto, k: int, j: int, dims: Sequence[int]) -> tup
     """``(in, out, transposed)`` when node ``k`` is a MatMul/Gemm reading a 2-D weight as input ``j == 1``."""
     node = graph.node[k]
     where = _describe(graph, k, j)
-    if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or j != 1:
+    if not is_standard(node) or node.op_type not in ("MatMul", "Gemm") or j != 1:
         return f"read by {where}, not as the second input of a MatMul or Gemm"
     if len(dims) != 2:
         return f"read by {where} with rank {len(dims)}; adapters need a 2-D weight"

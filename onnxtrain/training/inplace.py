@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 import onnx
 
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read
 
 #: Operators whose output element ``i`` depends on input element ``i`` only (same shapes), so that the
@@ -58,7 +59,7 @@ def unsafe_in_place(graph: onnx.GraphProto, pairs: Mapping[str, str]) -> dict[st
             before = _ancestors(writer, producers)
             for reader in readers.get(source, []):
                 if reader is writer:
-                    if writer.op_type not in ELEMENT_WISE or writer.domain not in ("", "ai.onnx"):
+                    if writer.op_type not in ELEMENT_WISE or not is_standard(writer):
                         unsafe[source] = f"{writer.op_type} reads it and writes {target!r}: not element-wise"
                         break
                 elif id(reader) not in before:

@@ -26,6 +26,7 @@ from onnxtrain.autodiff.dims import DimVector
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import data_only
+from onnxtrain.graph.versions import is_standard
 
 # ----------------------------------------------------------------------- softmax
 
@@ -118,7 +119,7 @@ def _fuse_with_log_softmax(ctx: RuleContext, g: str) -> bool:
     """
     log_probs = ctx.inputs[0]
     producer = ctx.producer(log_probs)
-    if producer is None or producer.op_type != "LogSoftmax" or producer.domain not in ("", "ai.onnx"):
+    if producer is None or producer.op_type != "LogSoftmax" or not is_standard(producer):
         return False
     scores, rank = producer.input[0], ctx.rank(log_probs)
     axis = next((helper.get_attribute_value(a) for a in producer.attribute if a.name == "axis"), -1)

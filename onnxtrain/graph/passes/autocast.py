@@ -314,7 +314,7 @@ def _data_positions(
     """The positions of ``node``'s data inputs of one of ``elem_types`` and of the outputs of their type (the
     inputs and outputs of the schema's type variable of output 0), or ``None`` where the node has none or is
     left alone (another domain, a subgraph, a ``Cast``)."""
-    if node.domain not in ("", "ai.onnx") or subgraphs(node) or not node.output or node.op_type == "Cast":
+    if not is_standard(node) or subgraphs(node) or not node.output or node.op_type == "Cast":
         return None
     schema = _schema(node, types.opset)
     if schema is None or not schema.outputs:

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import names_read
 
 #: ONNX's default ratio, where the node has no ratio input.
@@ -25,7 +26,7 @@ def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
     constants = _constants(graph)
     read = {name for node in graph.node for name in names_read(node)} | {value.name for value in graph.output}
     for position, node in enumerate(graph.node):
-        if node.op_type != "Dropout" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Dropout" or not is_standard(node):
             continue
         if len(node.output) > 1 and node.output[1] and node.output[1] in read:
             continue

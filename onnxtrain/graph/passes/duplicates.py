@@ -13,6 +13,7 @@ from typing import Any
 import onnx
 
 from onnxtrain.graph.operators import RANDOM_OPERATORS
+from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import rename_references
 
 #: Operators whose repeated evaluation may differ: never merged.
@@ -54,7 +55,7 @@ def merge_duplicates(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelPro
 
 def _pure_key(node: onnx.NodeProto) -> tuple[Any, ...] | None:
     """What two repeats of a node share; ``None`` for a node never merged."""
-    if node.domain not in ("", "ai.onnx") or node.op_type in NEVER_MERGED:
+    if not is_standard(node) or node.op_type in NEVER_MERGED:
         return None
     attributes = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
     return (node.op_type, tuple(node.input), len(node.output), attributes)

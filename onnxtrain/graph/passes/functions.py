@@ -100,7 +100,7 @@ class _Writer:
         written: list[onnx.NodeProto] = []
         for inner in body.node:
             attributes = _resolved(inner.attribute, given)
-            if attributes is None or inner.domain not in ("", "ai.onnx"):
+            if attributes is None or not is_standard(inner):
                 return None
             for name in inner.output:
                 if name not in renamed:

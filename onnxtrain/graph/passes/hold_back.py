@@ -88,36 +88,39 @@ def hold_copies(
     made_at = {name: index for index, node in enumerate(backward) for name in node.output if name}
     inputs = {value.name for value in graph.input}
     constants: dict[str, str] = {}
+
+    def constant(role: str) -> str:
+        """The initializer of ``role`` (:func:`_constant`), added to ``graph`` on first use."""
+        if role not in constants:
+            constants[role] = first_free(f"hold.{role}", taken)
+            graph.initializer.append(numpy_helper.from_array(_constant(role), constants[role]))
+        return constants[role]
+
     held_outputs: set[str] = set()
     holds = 0
     for index in sorted(placed):
         gradient = _gradient_read(backward, index, made_at, elem_type)
         if gradient is None:
             continue
-        condition: str | None = None
-        flat = ""
+        condition: tuple[str, str] | None = None  # the condition and the gradient flattened
         held: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
         for copy in placed[index]:
-            if held_outputs.isdisjoint(copy.input):
+            if held_outputs.isdisjoint(copy.input):  # else it waits for a held copy already
                 candidates = [name for name in copy.input if name and name not in available and holdable(name)]
-                if candidates:
-                    name = min(candidates, key=lambda name: (small(name), name in inputs))
-                    if condition is None:
-                        condition, flat, making = _condition(graph, gradient, constants, taken)
-                        nodes.extend(making)
-                    if name not in held:
-                        held[name] = first_free(f"{name}.held", taken)
-                        kind = elem_type(name) or TensorProto.UNDEFINED
-                        if kind in HELD_TYPES:
-                            nodes.append(
-                                helper.make_node("Where", [condition, name, name], [held[name]], name=held[name])
-                            )
-                        else:
-                            nodes.extend(_appended_nothing(name, held[name], flat, kind, constants, taken, opset))
-                    copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
-            if not held_outputs.isdisjoint(copy.input) or not set(held.values()).isdisjoint(copy.input):
-                held_outputs.update(copy.output)
+                if not candidates:  # made from constants: it may run early
+                    nodes.append(copy)
+                    continue
+                name = min(candidates, key=lambda name: (small(name), name in inputs))
+                if condition is None:
+                    made, flat, making = _condition(gradient, constant, taken)
+                    condition = (made, flat)
+                    nodes.extend(making)
+                if name not in held:
+                    held[name] = first_free(f"{name}.held", taken)
+                    nodes.extend(_hold(name, held[name], elem_type(name), *condition, constant, taken, opset))
+                copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
+            held_outputs.update(copy.output)
             nodes.append(copy)
         placed[index][:] = nodes
         holds += len(held)
@@ -139,35 +142,38 @@ def _gradient_read(
     return earlier[0] if earlier else None
 
 
-def _condition(
-    graph: onnx.GraphProto, gradient: str, constants: dict[str, str], taken: set[str]
-) -> tuple[str, str, list[onnx.NodeProto]]:
-    """A boolean scalar made from ``gradient`` and ``gradient`` flattened (see the module docstring), and the nodes
+def _condition(gradient: str, constant: Callable[[str], str], taken: set[str]) -> tuple[str, str, list[onnx.NodeProto]]:
+    """A boolean scalar made from ``gradient``, ``gradient`` flattened (see the module docstring), and the nodes
     making them."""
-    for role in ("flat", "zero", "one", "true", "index", "end"):
-        if role not in constants:
-            constants[role] = first_free(f"hold.{role}", taken)
-            graph.initializer.append(numpy_helper.from_array(_constant(role), constants[role]))
 
     def out(role: str) -> str:
         return first_free(f"{gradient}.hold_{role}", taken)
 
     flat, first, some, pair, condition = (out(r) for r in ("flat", "first", "some", "pair", "condition"))
     nodes = [
-        helper.make_node("Reshape", [gradient, constants["flat"]], [flat], name=flat),
-        helper.make_node("Slice", [flat, constants["zero"], constants["one"]], [first], name=first),
+        helper.make_node("Reshape", [gradient, constant("flat")], [flat], name=flat),
+        helper.make_node("Slice", [flat, constant("zero"), constant("one")], [first], name=first),
         helper.make_node("Cast", [first], [some], name=some, to=TensorProto.BOOL),
-        helper.make_node("Concat", [some, constants["true"]], [pair], name=pair, axis=0),
-        helper.make_node("Gather", [pair, constants["index"]], [condition], name=condition, axis=0),
+        helper.make_node("Concat", [some, constant("true")], [pair], name=pair, axis=0),
+        helper.make_node("Gather", [pair, constant("index")], [condition], name=condition, axis=0),
     ]
     return condition, flat, nodes
 
 
-def _appended_nothing(
-    value: str, held: str, flat: str, elem_type: int, constants: Mapping[str, str], taken: set[str], opset: int
+def _hold(
+    value: str,
+    held: str,
+    elem_type: int | None,
+    condition: str,
+    flat: str,
+    constant: Callable[[str], str],
+    taken: set[str],
+    opset: int,
 ) -> list[onnx.NodeProto]:
-    """The nodes making ``held``: ``value`` with no element of ``flat`` appended along its first axis (see the
-    module docstring)."""
+    """The nodes making ``held``, ``value`` once ``condition`` is made: ``Where`` for the types of
+    :data:`HELD_TYPES`, else no element of ``flat`` appended along the first axis (see the module docstring)."""
+    if elem_type in HELD_TYPES:
+        return [helper.make_node("Where", [condition, value, value], [held], name=held)]
 
     def out(role: str) -> str:
         return first_free(f"{value}.hold_{role}", taken)
@@ -177,18 +183,18 @@ def _appended_nothing(
     )
     reshape = {"allowzero": 1} if opset >= 14 else {}  # a 0 in the target is a size, not "as the input"
     return [
-        helper.make_node("Slice", [flat, constants["zero"], constants["zero"]], [empty], name=empty),
-        helper.make_node("Cast", [empty], [none], name=none, to=elem_type),
+        helper.make_node("Slice", [flat, constant("zero"), constant("zero")], [empty], name=empty),
+        helper.make_node("Cast", [empty], [none], name=none, to=elem_type or TensorProto.UNDEFINED),
         helper.make_node("Shape", [value], [shape], name=shape),
-        helper.make_node("Slice", [shape, constants["one"], constants["end"]], [dims], name=dims),
-        helper.make_node("Concat", [constants["zero"], dims], [target], name=target, axis=0),
+        helper.make_node("Slice", [shape, constant("one"), constant("end")], [dims], name=dims),
+        helper.make_node("Concat", [constant("zero"), dims], [target], name=target, axis=0),
         helper.make_node("Reshape", [none, target], [nothing], name=nothing, **reshape),
         helper.make_node("Concat", [value, nothing], [held], name=held, axis=0),
     ]
 
 
 def _constant(role: str) -> np.ndarray:
-    """The constant a condition reads in ``role``."""
+    """The constant a hold reads in ``role``."""
     if role == "true":
         return np.array([True])
     return np.array({"flat": [-1], "zero": [0], "one": [1], "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)

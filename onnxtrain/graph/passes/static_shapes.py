@@ -63,7 +63,7 @@ def _full_reductions(graph: onnx.GraphProto) -> list[str]:
     (the mean's gradient divides by ``Size`` of the mean)."""
     scalars = []
     for node in graph.node:
-        if not node.op_type.startswith("Reduce") or node.domain not in ("", "ai.onnx"):
+        if not node.op_type.startswith("Reduce") or not is_standard(node):
             continue
         attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
         every_axis = "axes" not in {a.name for a in node.attribute} and len(node.input) < 2

@@ -79,7 +79,7 @@ def fold_transposes(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelProt
 
 def _perm(node: onnx.NodeProto) -> list[int] | None:
     """The ``perm`` of a standard Transpose node, ``None`` when absent (it then depends on the rank)."""
-    if node.op_type != "Transpose" or node.domain not in ("", "ai.onnx"):
+    if node.op_type != "Transpose" or not is_standard(node):
         return None
     for attribute in node.attribute:
         if attribute.name == "perm":
