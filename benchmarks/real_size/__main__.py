@@ -50,6 +50,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
     parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
     parser.add_argument(
+        "--memory-reuse", action="store_true",
+        help="onnxtrain's sessions with onnxruntime's planned reuse of buffers (off by default for large steps)",
+    )  # fmt: skip
+    parser.add_argument(
         "--checkpointing", action="store_true",
         help="activation checkpointing: onnxtrain's activation_checkpoints='auto', transformers' "
         "gradient_checkpointing_enable()",
@@ -201,6 +205,8 @@ def _train(
     argv += ["--warmup", str(args.warmup), "--steps", str(args.steps), "--precision", args.precision]
     if args.no_memory_pattern:
         argv.append("--no-memory-pattern")
+    if args.memory_reuse:
+        argv.append("--memory-reuse")
     if args.checkpointing:
         argv.append("--checkpointing")
     if args.own_arenas:

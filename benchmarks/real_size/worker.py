@@ -76,6 +76,12 @@ def arguments() -> argparse.ArgumentParser:
         help="onnxtrain: every session without onnxruntime's memory pattern (otherwise its default options)",
     )
     parser.add_argument(
+        "--memory-reuse",
+        action="store_true",
+        help="onnxtrain: every session with onnxruntime's planned reuse of buffers (its default, which the "
+        "runtime turns off for sessions of large or unfixed steps) and without the memory pattern",
+    )
+    parser.add_argument(
         "--own-arenas",
         action="store_true",
         help="onnxtrain on CUDA: an arena per session growing to powers of two (onnxruntime's default), not the "
@@ -144,12 +150,17 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
     memory.reset_peak_rss()
     state = CheckpointState.load_checkpoint(str(directory / "checkpoint"))
     options = None
-    if args.no_memory_pattern:  # the runtime's options for its fused step (shared arena), for every session
+    if args.no_memory_pattern or args.memory_reuse:  # the options of a large fused step, for every session
         from onnxtrain.training.device import Device
         from onnxtrain.training.options import default_session_options
 
-        options = default_session_options(spinning=True, update_first=True, shared_arena=Device.parse(args.device))
-        options.enable_mem_pattern = False
+        options = default_session_options(
+            spinning=True,
+            update_first=True,
+            shared_arena=Device.parse(args.device),
+            memory_pattern=False,
+            memory_reuse=args.memory_reuse,
+        )
     providers = None
     if args.own_arenas:  # arena settings of the user's own: each session keeps its arena (training.device)
         cuda = {"device_id": "0", "use_tf32": "0", "arena_extend_strategy": "kNextPowerOfTwo"}
@@ -179,7 +190,9 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
         "steps": steps,
         "state": memory.onnxtrain_state(module),
         "versions": versions,
-        "memory_pattern": not args.no_memory_pattern,
+        # for every session, or (None) the runtime's choice per session: both on for small steps only
+        "memory_pattern": False if options is not None else None,
+        "memory_reuse": args.memory_reuse if options is not None else None,
         "shared_arena": not args.own_arenas,
     }
 

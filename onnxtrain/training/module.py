@@ -226,7 +226,9 @@ class Module:
         *small*: alone on the CPU, it runs on one thread (splitting so little
         work costs more than it saves: digits' MLP 64-32-10, batch 32: 31.5
         against 35.0 µs per step; 2 cores, 2026-11-25); any other session runs
-        without onnxruntime's memory pattern (``default_session_options``).
+        without onnxruntime's memory pattern and its planned reuse of buffers,
+        each tensor's buffer going back to the arena at its last read
+        (``default_session_options``).
         ``in_node_order``: run the nodes in the model's order where several are
         ready (onnxruntime's priority-based order, as ``alone``): the optimizer
         model's, whose update is emitted in the order that keeps the fewest
@@ -248,6 +250,7 @@ class Module:
                 shared_arena=self._shared_arena,
                 threads=1 if alone and small and self._device.type == "cpu" else 0,
                 memory_pattern=small,
+                memory_reuse=small,
             )
         own = self._session_options is None  # options made for this session alone (shared ones must not change)
         return BoundSession(

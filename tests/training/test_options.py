@@ -93,10 +93,18 @@ def test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_t
         np.testing.assert_array_equal(value, params_b[name], err_msg=name)
 
 
-def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, tmp_path):
+def _planning(session: Any) -> tuple[bool, bool]:
+    """The session's memory pattern and planned buffer reuse, on or off."""
+    options = session.session.get_session_options()
+    return options.enable_mem_pattern, options.enable_mem_reuse
+
+
+def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern_and_planned_reuse(classifier, tmp_path):
     """Sessions whose step sizes are symbolic, or fixed and over SMALL_TENSOR elements, run without onnxruntime's
-    memory pattern; the fused step's session for the small model's fixed shapes keeps it, and a user's options
-    are used as they are. The results are the same either way (the previous test)."""
+    memory pattern and without its planned reuse of buffers; the fused step's session for the small model's fixed
+    shapes keeps both, and a user's options are used as they are. The results are the same either way
+    (test_training_gives_the_same_results_with_a_shared_arena_or_with_arenas_of_their_own: a user's
+    ``SessionOptions()`` keeps both on)."""
     from onnxtrain import artifacts
     from onnxtrain.training.options import SMALL_TENSOR
     from tests.training import models
@@ -105,12 +113,11 @@ def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, 
     rng = np.random.default_rng(5)
     _train(module, optimizer, rng, 2)
     fixed = optimizer.fused_step.sessions()[-1]  # made for the batches of 16 rows
-    assert fixed.session.get_session_options().enable_mem_pattern
-    patterns = {
-        what: s.session.get_session_options().enable_mem_pattern for what, s in _sessions(module, optimizer).items()
-    }
+    assert _planning(fixed) == (True, True)
+    planning = {what: _planning(s) for what, s in _sessions(module, optimizer).items()}
     # symbolic batch sizes, but the optimizer model's parameters, all fixed and small
-    assert patterns == {"training": False, "reset": False, "eval": False, "fused": False, "optimizer": True}
+    off, on = (False, False), (True, True)
+    assert planning == {"training": off, "reset": off, "eval": off, "fused": off, "optimizer": on}
     # fixed shapes over the threshold: a weight of SMALL_TENSOR elements
     wide = models.generate(
         tmp_path / "wide",
@@ -120,10 +127,10 @@ def test_only_small_sessions_of_fixed_sizes_keep_the_memory_pattern(classifier, 
     )
     _, module, optimizer = open_module(wide)
     _train(module, optimizer, rng, 2)
-    assert [s.session.get_session_options().enable_mem_pattern for s in optimizer.fused_step.sessions()] == [False]
+    assert [_planning(s) for s in optimizer.fused_step.sessions()] == [off]
     mine = ort.SessionOptions()
     _, module, optimizer = open_module(classifier, session_options=mine)
-    assert all(s.session.get_session_options().enable_mem_pattern for s in _sessions(module, optimizer).values())
+    assert all(_planning(s) == on for s in _sessions(module, optimizer).values())
 
 
 def test_cuda_sessions_share_an_arena_only_where_the_providers_leave_its_settings_as_device_cuda_has_them():
