@@ -23,7 +23,10 @@ model (:func:`live_memory`), with the user inputs' shapes fixed:
    bound into buffers that exist anyway (a gradient written where the
    runtime keeps it) are held for the whole run; every other tensor lives
    from its producer to its last reader (both included), a graph output to
-   the end. ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` and
+   the end: the runtime's sessions of large steps run without onnxruntime's
+   planned buffer reuse, which would keep a dead tensor's buffer allocated
+   until the later tensor planned to take it dies
+   (:func:`onnxtrain.training.options.default_session_options`). ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` and
    ``Identity`` share their input's buffer, as onnxruntime's kernels do; an
    output written in place over an input (the fused step's parameters,
    moments and gradients) takes no memory of its own.
