@@ -26,7 +26,8 @@ model (:func:`live_memory`), with the user inputs' shapes fixed:
    the end: the runtime's sessions of large steps run without onnxruntime's
    planned buffer reuse, which would keep a dead tensor's buffer allocated
    until the later tensor planned to take it dies
-   (:func:`onnxtrain.training.options.default_session_options`). ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` and
+   (:func:`onnxtrain.training.options.default_session_options`).
+   ``Reshape``, ``Squeeze``, ``Unsqueeze``, ``Flatten`` and
    ``Identity`` share their input's buffer, as onnxruntime's kernels do; an
    output written in place over an input (the fused step's parameters,
    moments and gradients) takes no memory of its own.

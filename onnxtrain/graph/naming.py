@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable
 
@@ -104,3 +105,19 @@ class NameGenerator:
         self._counter, added = state
         while len(self._added) > added:
             self._taken.discard(self._added.pop())
+
+
+def unknown_name_hint(name: object, known: Iterable[str], *, shown: int = 10) -> str:
+    """The end of an error about ``name``, which is not one of ``known``: the closest of them, then the first
+    ``shown`` and how many more (a model's 148 parameters are not listed whole)."""
+    names = list(known)
+    if not isinstance(name, str):
+        return f"names are str, not {type(name).__name__}; the {len(names)} known: " + _first(names, shown)
+    close = difflib.get_close_matches(name, names, n=3)
+    guess = f"did you mean {', '.join(repr(n) for n in close)}? " if close else ""
+    return f"{guess}the {len(names)} known: {_first(names, shown)}"
+
+
+def _first(names: list[str], shown: int) -> str:
+    listed = ", ".join(repr(n) for n in names[:shown])
+    return listed + (f" and {len(names) - shown} more" if len(names) > shown else "")

@@ -21,6 +21,7 @@ import onnx
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, accumulated_name, buffer_name
 from onnxtrain.artifacts.generate import INITIAL_STATE_KEY
+from onnxtrain.graph.naming import unknown_name_hint
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.optim.loss_scaling import SCALER_STATE
@@ -59,7 +60,7 @@ def _parameters(
         elif params:  # the artifacts put every parameter after the user inputs
             raise ValueError(
                 f"the {model} takes {spec.name!r} ({spec.describe()}) among its parameters, but the checkpoint has "
-                f"no parameter of that name; the checkpoint has {sorted(state)}"
+                f"no parameter of that name; the checkpoint's: {unknown_name_hint(spec.name, sorted(state))}"
             )
         else:
             users.append(spec)

@@ -23,6 +23,7 @@ import onnxruntime as ort
 
 from onnxtrain import checkpoint as ckpt
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE, check_nominal_allocation, placeholder
+from onnxtrain.graph.naming import unknown_name_hint
 from onnxtrain.training import values
 from onnxtrain.training.device import Device
 from onnxtrain.training.model_io import ParameterInfo
@@ -176,7 +177,7 @@ class StateStore:
         try:
             return self.tensors[name]
         except KeyError:
-            raise KeyError(f"no parameter {name!r}; the state has {list(self.tensors)}") from None
+            raise KeyError(f"no parameter {name!r} in the state; {unknown_name_hint(name, self.tensors)}") from None
 
     def settle(self) -> None:
         """Apply the recorded update, if any: before anything reads or writes what it changes."""

@@ -108,3 +108,9 @@ def test_one_hot_labels_are_told_to_take_the_argmax(classifier, rng):
     with pytest.raises(TypeError, match=r"cast it with \.astype\(np\.int64\)"):  # floats of the labels' shape
         module(x, labels.astype(np.float32))
     module(x, one_hot.argmax(axis=-1).astype(np.int64))
+
+
+def test_a_misspelt_parameter_name_gets_the_close_ones(regression):
+    state, _, _ = open_module(regression)
+    with pytest.raises(KeyError, match=r"no parameter 'fc0.weigth' in the state; did you mean 'fc0.weight', "):
+        state.parameters["fc0.weigth"]
