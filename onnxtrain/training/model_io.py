@@ -60,7 +60,7 @@ def _parameters(
         elif params:  # the artifacts put every parameter after the user inputs
             raise ValueError(
                 f"the {model} takes {spec.name!r} ({spec.describe()}) among its parameters, but the checkpoint has "
-                f"no parameter of that name; the checkpoint's: {unknown_name_hint(spec.name, sorted(state))}"
+                f"no parameter of that name ({unknown_name_hint(spec.name, sorted(state))})"
             )
         else:
             users.append(spec)

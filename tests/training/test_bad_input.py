@@ -114,3 +114,16 @@ def test_a_misspelt_parameter_name_gets_the_close_ones(regression):
     state, _, _ = open_module(regression)
     with pytest.raises(KeyError, match=r"no parameter 'fc0.weigth' in the state; did you mean 'fc0.weight', "):
         state.parameters["fc0.weigth"]
+
+
+def test_a_checkpoint_without_one_of_the_models_parameters_is_named_with_its_close_ones(regression, tmp_path):
+    from onnx import numpy_helper
+
+    loaded = checkpoint.load(regression["checkpoint"])
+    renamed = {("fc1.weigth" if name == "fc1.weight" else name): value for name, value in loaded.parameters.items()}
+    path = tmp_path / "renamed.ckpt"
+    checkpoint.save(checkpoint.from_tensors([numpy_helper.from_array(v, n) for n, v in renamed.items()]), path)
+    with pytest.raises(
+        ValueError, match=r"takes 'fc1.weight' .* no parameter of that name \(did you mean 'fc1.weigth'"
+    ):
+        api.Module(regression["training_model"], api.CheckpointState.load_checkpoint(path))
