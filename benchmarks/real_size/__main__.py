@@ -48,6 +48,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--static-only", action="store_true", help="only the static figures (no training)")
+    parser.add_argument(
+        "--no-static", action="store_true",
+        help="no static figures (a run that changes only session options: the run without them has the same)",
+    )  # fmt: skip
     parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
     parser.add_argument(
         "--memory-reuse", action="store_true",
@@ -145,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.own_arenas and args.device != "cuda":
         parser.error("--own-arenas is for --device cuda (on the CPU the sessions share onnxruntime's default arena)")
+    if args.no_static and args.static_only:
+        parser.error("--no-static and --static-only leave nothing to do: choose one")
     from benchmarks.real_size import report, static
 
     workloads = _choose(args.workload, list(MODELS), "workload")
@@ -160,8 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         folders[workload], prepares[workload] = prepared(workload, args.workdir, args.precision, args.checkpointing)
         artifacts = artifact_folder(folders[workload], args.precision, args.checkpointing)
         providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
-        figures[workload] = static.static_figures(artifacts, shapes, providers)
-        kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
+        if not args.no_static:
+            figures[workload] = static.static_figures(artifacts, shapes, providers)
+            kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
     if not args.static_only:
         for run in range(args.runs):
             order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]

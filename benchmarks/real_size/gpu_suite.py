@@ -20,6 +20,9 @@ still brings the main table):
    powers of two (onnxruntime's defaults), against the default run's one
    arena shared by the sessions that grows by what is asked.
 
+4 and 5 change only session options: they skip the static figures, which
+are the fp32 run's (``--no-static``).
+
 Each writes ``DIR/<name>.md`` and ``DIR/<name>.json``, and its output to
 ``DIR/<name>.log``; artifacts go to ``DIR/work`` (``--workdir`` to keep them
 elsewhere). ``--dry-run`` prints the commands. ``--only fp32,bf16`` picks.
@@ -34,14 +37,17 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+#: A run of onnxtrain alone with other session options: the fp32 run's artifacts, so its static figures too (about
+#: 25 s of the CPU's each, skipped).
+_SESSIONS_ONLY = ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--no-static"]
 #: ``name: the arguments of python -m benchmarks.real_size`` (besides the output files and the folder).
 RUNS: dict[str, list[str]] = {
     "fp32": ["--workload", "gpt2-small,llama-125m", "--runs", "2"],
     "bf16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"],
     "fp16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"],
     "checkpointed": ["--workload", "gpt2-small", "--runs", "1", "--checkpointing"],
-    "memory-reuse": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--memory-reuse"],
-    "own-arenas": ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--own-arenas"],
+    "memory-reuse": [*_SESSIONS_ONLY, "--memory-reuse"],
+    "own-arenas": [*_SESSIONS_ONLY, "--own-arenas"],
 }
 SHAPES = "16x256"
 #: Runs that only mean something on a GPU.

@@ -34,3 +34,16 @@ def test_the_cuda_only_runs_are_left_out_on_the_cpu(tmp_path: Path) -> None:
     assert on_cpu == [name for name in gpu_suite.RUNS if name not in gpu_suite.CUDA_ONLY] and "own-arenas" not in on_cpu
     for _, command in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu"):
         arguments().parse_args(command[3:])
+
+
+def test_the_runs_that_change_only_session_options_skip_the_static_figures(tmp_path: Path) -> None:
+    planned = dict(gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda"))
+    skipping = {name for name, command in planned.items() if arguments().parse_args(command[3:]).no_static}
+    assert skipping == {"memory-reuse", "own-arenas"}  # same artifacts as fp32's: the same static figures
+
+
+def test_no_static_and_static_only_together_are_refused() -> None:
+    from benchmarks.real_size.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["--no-static", "--static-only"])
