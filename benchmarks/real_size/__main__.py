@@ -52,7 +52,10 @@ def arguments() -> argparse.ArgumentParser:
         "--no-static", action="store_true",
         help="no static figures (a run that changes only session options: the run without them has the same)",
     )  # fmt: skip
-    parser.add_argument("--no-memory-pattern", action="store_true", help="onnxtrain's sessions without it")
+    parser.add_argument(
+        "--no-memory-pattern", action="store_true",
+        help="onnxtrain's sessions, small steps' too, without it (and without the planned reuse of buffers)",
+    )  # fmt: skip
     parser.add_argument(
         "--memory-reuse", action="store_true",
         help="onnxtrain's sessions with onnxruntime's planned reuse of buffers (off by default for large steps)",

@@ -73,7 +73,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-memory-pattern",
         action="store_true",
-        help="onnxtrain: every session without onnxruntime's memory pattern (otherwise its default options)",
+        help="onnxtrain: every session with a large step's options, without onnxruntime's memory pattern or its "
+        "planned reuse of buffers (otherwise each session's own: both on for small steps only)",
     )
     parser.add_argument(
         "--memory-reuse",
