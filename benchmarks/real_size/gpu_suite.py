@@ -1,29 +1,33 @@
-"""``python -m benchmarks.real_size.gpu_suite --out DIR``: every GPU figure the real-size work still needs, in one call.
+"""``python -m benchmarks.real_size.gpu_suite --out DIR``: the GPU runs of the real-size work, in one call.
 
-The measurements docs/benchmarks.md leaves open for a GPU ("Real-size
-models", "Mixed precision"), each a ``python -m benchmarks.real_size`` run
-of its own, in this order (the most needed first, so that a call cut short
-still brings the main table):
+The measurements of docs/benchmarks.md ("Real-size models", "Mixed
+precision") on a GPU, each a run of its own, in this order (the most needed
+first, so that a call cut short still brings it):
 
-1. ``fp32``: gpt2-small and llama-125m at 16x256, onnxtrain against PyTorch
+1. ``profile``: where gpt2-small's fp32 step at 16x256 spends its time
+   (``python -m benchmarks.real_size.profile``): onnxruntime's profile of the
+   fused step by operator and provider, the slowest nodes, the copies between
+   host and device, and the GPU's kernels and busy share from torch's profiler;
+   the step is about 2x PyTorch eager's there (2026-11-28), and this says why;
+2. ``fp32``: gpt2-small and llama-125m at 16x256, onnxtrain against PyTorch
    eager and SDPA, two runs each: step time, tokens per second, NVML and
    PyTorch's peak memory, the breakdown;
-2. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
+3. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
    artifacts against PyTorch under autocast (and GradScaler for fp16), one run;
-3. ``checkpointed``: gpt2-small at 16x256 with activation checkpointing,
+4. ``checkpointed``: gpt2-small at 16x256 with activation checkpointing,
    onnxtrain's ``activation_checkpoints="auto"`` against transformers'
    ``gradient_checkpointing_enable()``, one run;
-4. ``memory-reuse``: onnxtrain's fp32 step with onnxruntime's planned reuse of
-   buffers, which the runtime turns off for large steps (its cost on the CPU:
-   about 1 GiB of peak at this shape; on a GPU it saves arena calls);
-5. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session growing to
-   powers of two (onnxruntime's defaults), against the default run's one
-   arena shared by the sessions that grows by what is asked.
+5. ``memory-reuse``: onnxtrain's fp32 step with onnxruntime's planned reuse of
+   buffers, which the runtime turns off for large steps;
+6. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session
+   growing to powers of two (onnxruntime's defaults), against the default
+   run's one arena shared by the sessions that grows by what is asked.
 
-4 and 5 change only session options: they skip the static figures, which
+5 and 6 change only session options: they skip the static figures, which
 are the fp32 run's (``--no-static``).
 
-Each writes ``DIR/<name>.md`` and ``DIR/<name>.json``, and its output to
+Each writes ``DIR/<name>.md`` and ``DIR/<name>.json`` (the profile:
+``DIR/profile-gpt2-small.md`` and ``.json``), and its output to
 ``DIR/<name>.log``; artifacts go to ``DIR/work`` (``--workdir`` to keep them
 elsewhere). ``--dry-run`` prints the commands. ``--only fp32,bf16`` picks.
 """
@@ -40,14 +44,17 @@ from pathlib import Path
 #: A run of onnxtrain alone with other session options: the fp32 run's artifacts, so its static figures too (about
 #: 25 s of the CPU's each, skipped).
 _SESSIONS_ONLY = ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--no-static"]
-#: ``name: the arguments of python -m benchmarks.real_size`` (besides the output files and the folder).
-RUNS: dict[str, list[str]] = {
-    "fp32": ["--workload", "gpt2-small,llama-125m", "--runs", "2"],
-    "bf16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"],
-    "fp16": ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"],
-    "checkpointed": ["--workload", "gpt2-small", "--runs", "1", "--checkpointing"],
-    "memory-reuse": [*_SESSIONS_ONLY, "--memory-reuse"],
-    "own-arenas": [*_SESSIONS_ONLY, "--own-arenas"],
+#: The module that makes the profile (the other runs are ``python -m benchmarks.real_size``'s).
+PROFILE_MODULE = "benchmarks.real_size.profile"
+#: ``name: (module, its arguments)`` besides the batch shape, the device, the output files and the folder.
+RUNS: dict[str, tuple[str, list[str]]] = {
+    "profile": (PROFILE_MODULE, ["--workload", "gpt2-small"]),
+    "fp32": ("benchmarks.real_size", ["--workload", "gpt2-small,llama-125m", "--runs", "2"]),
+    "bf16": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"]),
+    "fp16": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"]),
+    "checkpointed": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--checkpointing"]),
+    "memory-reuse": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--memory-reuse"]),
+    "own-arenas": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--own-arenas"]),
 }
 SHAPES = "16x256"
 #: Runs that only mean something on a GPU.
@@ -62,16 +69,17 @@ def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list
     chosen = [name for name in RUNS if name in only] if only else list(RUNS)
     if device != "cuda":  # the CPU's sessions share onnxruntime's default arena: nothing to compare
         chosen = [name for name in chosen if name not in CUDA_ONLY]
-    base = [sys.executable, "-m", "benchmarks.real_size", "--shapes", SHAPES, "--device", device]
-    return [
-        (
-            name,
-            base
-            + RUNS[name]
-            + ["--workdir", str(workdir), "--markdown", str(out / f"{name}.md"), "--json", str(out / f"{name}.json")],
-        )
-        for name in chosen
-    ]
+    planned = []
+    for name in chosen:
+        module, arguments = RUNS[name]
+        command = [sys.executable, "-m", module, "--shapes", SHAPES, "--device", device, *arguments]
+        command += ["--workdir", str(workdir)]
+        if module == PROFILE_MODULE:
+            command += ["--out", str(out)]
+        else:
+            command += ["--markdown", str(out / f"{name}.md"), "--json", str(out / f"{name}.json")]
+        planned.append((name, command))
+    return planned
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -137,11 +137,12 @@ def breakdown_table(results: Sequence[Mapping[str, Any]], static: Mapping[str, M
 
 
 def static_table(static: Mapping[str, Mapping[str, Any]], kernels: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Per model, shape and step: nodes, held bytes, the static peak, where, what is kept and alive there."""
+    """Per model, shape and step: nodes, held bytes, the static peak, where, what is kept and alive there, and how
+    many values' sizes the analysis could not know (counted as 0: a figure with many is too low)."""
     lines = [
         "| model | batch x seq | step (order) | nodes (run by onnxruntime) | held: parameters, gradients, moments "
-        "| static peak (of it live) | at | kept for the backward | largest alive at the peak |",
-        "|---|---|---|---:|---|---:|---|---:|---|",
+        "| static peak (of it live) | at | kept for the backward | largest alive at the peak | sizes unknown |",
+        "|---|---|---|---:|---|---:|---|---:|---|---:|",
     ]
     for model, shapes in static.items():
         for shape, steps in shapes.items():
@@ -156,7 +157,8 @@ def static_table(static: Mapping[str, Mapping[str, Any]], kernels: Mapping[str, 
                 lines.append(
                     f"| {model} | {shape} | {step} ({figures['order']}) | {nodes} | {held_text} | "
                     f"{_mib(figures['peak_mib'])} ({_mib(figures['peak_live_mib'])}) | {figures['peak_node']}, "
-                    f"{figures['peak_phase']} | {_mib(figures['kept_for_backward_mib'])} | {largest} |"
+                    f"{figures['peak_phase']} | {_mib(figures['kept_for_backward_mib'])} | {largest} | "
+                    f"{len(figures.get('unknown', ())):,} |"
                 )
     return lines
 

@@ -21,6 +21,7 @@ allocator), and the training state by kind (:mod:`benchmarks.real_size.memory`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -31,10 +32,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.measure import physical_cores, run_worker
-from benchmarks.real_size import memory
+from benchmarks.real_size import memory, profile
 from benchmarks.real_size.models import ADAMW, LEARNING_RATE, MODELS, Attention, RealModel, export
 
 FRAMEWORKS = ("onnxtrain", "pytorch-eager", "pytorch-sdpa")
+#: ``--profile`` on CUDA: the steps after the timed ones that torch's profiler watches for the GPU's kernels.
+PROFILED_KERNEL_STEPS = 3
 
 
 #: ``--precision``: the artifacts' (``generate_artifacts(precision=...)``) and PyTorch's autocast type.
@@ -81,6 +84,12 @@ def arguments() -> argparse.ArgumentParser:
         action="store_true",
         help="onnxtrain: every session with onnxruntime's planned reuse of buffers (its default, which the "
         "runtime turns off for sessions of large or unfixed steps) and without the memory pattern",
+    )
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="onnxtrain: onnxruntime's profiler on in every session, its files in this folder; the fused step's "
+        "summary (and on CUDA, torch's view of the GPU's kernels over 3 more steps) in the result",
     )
     parser.add_argument(
         "--own-arenas",
@@ -167,35 +176,43 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
         cuda = {"device_id": "0", "use_tf32": "0", "arena_extend_strategy": "kNextPowerOfTwo"}
         providers = [("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
     training, evaluation = str(directory / "training_model.onnx"), str(directory / "eval_model.onnx")
-    module = Module(training, state, evaluation, args.device, session_options=options, providers=providers)
-    optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
-    optimizer.set_learning_rate(LEARNING_RATE)
-    module.train()
-    setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
-    memory.reset_peak_rss()
+    profiling = profile.profiled_sessions(args.profile) if args.profile else contextlib.nullcontext([])
+    with profiling as profiles:
+        module = Module(training, state, evaluation, args.device, session_options=options, providers=providers)
+        optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+        optimizer.set_learning_rate(LEARNING_RATE)
+        module.train()
+        setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+        memory.reset_peak_rss()
 
-    def step(i: int) -> float:
-        x, y = batches[i % len(batches)]
-        loss = module(x, y)
-        optimizer.step()
-        module.lazy_reset_grad()
-        return float(loss)  # on CUDA, the loss copied back: the step has ended
+        def step(i: int) -> float:
+            x, y = batches[i % len(batches)]
+            loss = module(x, y)
+            optimizer.step()
+            module.lazy_reset_grad()
+            return float(loss)  # on CUDA, the loss copied back: the step has ended
 
-    timing = _timed(step, args.warmup, args.steps)
-    steps = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
-    versions = {"onnxtrain": onnxtrain.__version__, "onnxruntime": onnxruntime.__version__}
-    return {
-        **timing,
-        "baseline": baseline,
-        "setup": setup,
-        "steps": steps,
-        "state": memory.onnxtrain_state(module),
-        "versions": versions,
-        # for every session, or (None) the runtime's choice per session: both on for small steps only
-        "memory_pattern": False if options is not None else None,
-        "memory_reuse": args.memory_reuse if options is not None else None,
-        "shared_arena": not args.own_arenas,
-    }
+        timing = _timed(step, args.warmup, args.steps)
+        steps = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
+        versions = {"onnxtrain": onnxtrain.__version__, "onnxruntime": onnxruntime.__version__}
+        result = {
+            **timing,
+            "baseline": baseline,
+            "setup": setup,
+            "steps": steps,
+            "state": memory.onnxtrain_state(module),
+            "versions": versions,
+            # for every session, or (None) the runtime's choice per session: both on for small steps only
+            "memory_pattern": False if options is not None else None,
+            "memory_reuse": args.memory_reuse if options is not None else None,
+            "shared_arena": not args.own_arenas,
+        }
+        kernel_steps = PROFILED_KERNEL_STEPS if args.profile and args.device == "cuda" else 0
+        if kernel_steps:
+            result["kernels"] = profile.gpu_kernels(step, kernel_steps, args.warmup + args.steps, args.profile)
+    if args.profile:  # the fused step's runs: its first runs at the second step; the kernels' steps left out
+        result["profile"] = profile.fused_step_profile(profiles, max(args.warmup - 1, 0), kernel_steps)
+    return result
 
 
 def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, batches: list[tuple[Any, Any]]) -> dict:

@@ -6,7 +6,8 @@ outputs untyped, and with them every value after them: a model fused by ONNX
 Runtime's transformer optimizer would have almost no types. For the
 operators whose main outputs have the type and shape of their first input
 (the GELUs, the fused and simplified layer normalizations, the rotary
-embedding; ``BiasSplitGelu`` with its last axis halved),
+embedding, the copies between devices that onnxruntime inserts;
+``BiasSplitGelu`` with its last axis halved),
 :func:`type_contrib_outputs` declares those outputs and runs the
 inference again, until nothing more gets typed. Operators whose output
 shapes depend on more (attention, ``FusedMatMul``) are left untyped: run
@@ -33,6 +34,10 @@ ML_DOMAIN = "ai.onnx.ml"
 #: itself (``None``: never).
 RUNTIME_DEFAULT_DOMAIN_OPS: dict[str, int | None] = {"SimplifiedLayerNormalization": None, "LayerNormalization": 17}
 
+#: The copies between devices that onnxruntime inserts in the default domain (a CUDA session's optimized model
+#: holds them, named ``<value>_CUDAExecutionProvider``): the value itself, elsewhere.
+RUNTIME_COPY_OPS = ("MemcpyFromHost", "MemcpyToHost")
+
 #: ``(domain, operator) -> outputs`` that have the type and shape of input 0.
 SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
     (MS_DOMAIN, "Gelu"): (0,),
@@ -40,12 +45,14 @@ SAME_AS_FIRST_INPUT: dict[tuple[str, str], tuple[int, ...]] = {
     (MS_DOMAIN, "BiasGelu"): (0,),
     (MS_DOMAIN, "QuickGelu"): (0,),
     (MS_DOMAIN, "BiasAdd"): (0,),
+    (MS_DOMAIN, "BiasSoftmax"): (0,),  # CUDA's Softmax(x + bias), the bias broadcast to x
     (MS_DOMAIN, "RotaryEmbedding"): (0,),
     (MS_DOMAIN, "SkipLayerNormalization"): (0, 3),
     (MS_DOMAIN, "SkipSimplifiedLayerNormalization"): (0, 3),
     (ML_DOMAIN, "Imputer"): (0,),
     # below opset 17, LayerNormalization is ONNX Runtime's; from 17, onnx types ONNX's own
     **{("", op): (0,) for op in RUNTIME_DEFAULT_DOMAIN_OPS},
+    **{("", op): (0,) for op in RUNTIME_COPY_OPS},
 }
 
 
@@ -133,6 +140,7 @@ def type_contrib_outputs(
 __all__ = [
     "FLOAT_OF_FIRST_INPUT_SHAPE",
     "HALF_LAST_AXIS",
+    "RUNTIME_COPY_OPS",
     "RUNTIME_DEFAULT_DOMAIN_OPS",
     "SAME_AS_FIRST_INPUT",
     "type_contrib_outputs",

@@ -2,22 +2,34 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from benchmarks.real_size import gpu_suite
+from benchmarks.real_size import gpu_suite, profile
 from benchmarks.real_size.__main__ import arguments
 
 
-def test_every_command_is_one_real_size_accepts(tmp_path: Path) -> None:
+def _parsed(command: list[str]) -> argparse.Namespace:
+    """``command``'s arguments as its module's own parser takes them."""
+    if command[2] == gpu_suite.PROFILE_MODULE:
+        return profile.arguments().parse_args(command[3:])
+    assert command[1:3] == ["-m", "benchmarks.real_size"]
+    return arguments().parse_args(command[3:])
+
+
+def test_every_command_is_one_its_module_accepts(tmp_path: Path) -> None:
     planned = gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda")
     assert [name for name, _ in planned] == list(gpu_suite.RUNS)
+    assert planned[0][0] == "profile"  # what the GPU step's speed needs first
     for name, command in planned:
-        assert command[1:3] == ["-m", "benchmarks.real_size"]
-        parsed = arguments().parse_args(command[3:])  # real_size's own parser takes them
-        assert parsed.device == "cuda" and parsed.shapes == "16x256"
-        assert Path(parsed.json) == tmp_path / f"{name}.json"
+        parsed = _parsed(command)
+        assert parsed.device == "cuda" and parsed.shapes == "16x256" and parsed.workdir == tmp_path / "work"
+        if command[2] == gpu_suite.PROFILE_MODULE:
+            assert parsed.out == tmp_path
+        else:
+            assert Path(parsed.json) == tmp_path / f"{name}.json"
 
 
 def test_only_picks_and_unknown_names_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,11 +45,12 @@ def test_the_cuda_only_runs_are_left_out_on_the_cpu(tmp_path: Path) -> None:
     on_cpu = [name for name, _ in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu")]
     assert on_cpu == [name for name in gpu_suite.RUNS if name not in gpu_suite.CUDA_ONLY] and "own-arenas" not in on_cpu
     for _, command in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu"):
-        arguments().parse_args(command[3:])
+        _parsed(command)
 
 
 def test_the_runs_that_change_only_session_options_skip_the_static_figures(tmp_path: Path) -> None:
     planned = dict(gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda"))
+    del planned["profile"]  # no static figures to skip
     skipping = {name for name, command in planned.items() if arguments().parse_args(command[3:]).no_static}
     assert skipping == {"memory-reuse", "own-arenas"}  # same artifacts as fp32's: the same static figures
 
