@@ -76,8 +76,12 @@ class FusedStep:
     (the linear regression's step: 15 instead of 22). Whether a step is small
     is decided at each step from its inputs' shapes, so a first batch of
     another size (a large one, or a short last one) fixes nothing for the
-    batches after it; a larger model's steps cost their arithmetic and run
-    the first session whatever their shapes.
+    batches after it. On the CPU a larger model's steps cost their arithmetic
+    and run the first session whatever their shapes. On a GPU every node is
+    a launch that costs the host about as much whatever the node's size, so
+    the first step of any size gets the session for its shapes
+    (:attr:`fold_every_shape`): GPT-2 small's fused step at 16 x 256 runs
+    3,717 nodes instead of 5,064.
     """
 
     def __init__(
@@ -108,6 +112,8 @@ class FusedStep:
         self._small: dict[tuple[tuple[int, ...], ...], bool] = {}  # whether a step of these shapes is small
         # host buffers for the inputs of the session for fixed shapes (staged_inputs), and their OrtValues
         self._on_host = on_host
+        #: Whether a step of any size gets the session for its shapes, not only a small one: off the CPU.
+        self.fold_every_shape = not on_host
         self._staged: list[np.ndarray] | None = None
         self._staged_values: list[ort.OrtValue] = []
 
@@ -159,7 +165,8 @@ class FusedStep:
 
     def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
         """The session for a step whose user inputs have ``shapes``: the one for fixed shapes where they are its
-        shapes, or where none is made yet and a step of these shapes is small (made now); else the general one."""
+        shapes, or where none is made yet and a step of these shapes is small or :attr:`fold_every_shape` (made
+        now); else the general one."""
         if self._fixed is not None:
             fixed, session = self._fixed
             return session if shapes == fixed else self.session
@@ -171,7 +178,7 @@ class FusedStep:
             if len(self._small) >= _MAX_SHAPES:  # shapes that keep changing: forget the old ones
                 self._small.clear()
             self._small[shapes] = small
-        if not small:  # a step of much data: its arithmetic is the cost
+        if not small and not self.fold_every_shape:  # a step of much data on the CPU: its arithmetic is the cost
             return self.session
         by_input = dict(zip(self._user_inputs, shapes, strict=True))
         folded = fold_static_shapes(copy_model(self.model.proto), shapes=by_input, shapes_of=inferred_shapes)

@@ -181,13 +181,24 @@ def steps(rows: Sequence[int]) -> st.SearchStrategy[list[Step]]:
 
 
 def _compare(
-    paths: dict[str, Path], kind: str, loop: list[Step], *, tolerance: float = 2e-5, fuse: bool = True
+    paths: dict[str, Path],
+    kind: str,
+    loop: list[Step],
+    *,
+    tolerance: float = 2e-5,
+    fuse: bool = True,
+    fold_every_shape: bool = False,
 ) -> api.Module:
+    """``loop`` trained by the runtime and by plain sessions, compared step by step; ``fold_every_shape``: the fused
+    step as on a GPU (a step of any size gets the session for its shapes)."""
     rate = 0.05
     plain = PlainSteps(paths, rate)
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     module = api.Module(paths["training_model"], state, paths["eval_model"])
     optimizer = api.Optimizer(paths["optimizer_model"], module, fuse=fuse)
+    if module._fused is not None:
+        assert not module._fused.fold_every_shape  # on the CPU
+        module._fused.fold_every_shape = fold_every_shape
     optimizer.set_learning_rate(rate)
     rng = np.random.default_rng(len(loop))
     for i, step in enumerate(loop):
@@ -251,6 +262,30 @@ def test_a_large_models_steps_all_run_the_general_session(artifacts_of):
     module = _compare(artifacts_of("flat", 600, "sgd"), "flat", _no_accumulation([32, 32, 4, 32]))
     fused = module._fused
     assert fused is not None and len(fused.sessions()) == 1
+
+
+@pytest.mark.parametrize("hidden", FLAT_HIDDEN)
+def test_on_a_gpu_the_first_shape_of_any_size_gets_its_own_session(artifacts_of, hidden):
+    """As on a GPU, where a node costs a launch: the large model's batches of the first shape run the session for
+    their shapes too, a short last batch the general one, and every step equals plain steps."""
+    loop = _no_accumulation([520, 520, 4, 520, 32])
+    module = _compare(artifacts_of("flat", hidden, "adamw"), "flat", loop, fold_every_shape=True)
+    fused = module._fused
+    assert fused is not None
+    general, fixed = fused.sessions()
+    assert fixed.session.get_inputs()[0].shape == [520, FEATURES]
+    assert general.session.get_inputs()[0].shape != [520, FEATURES]
+    assert len(fixed.session.get_inputs()) == len(general.session.get_inputs())
+
+
+@settings(max_examples=10)
+@given(
+    hidden=st.sampled_from(FLAT_HIDDEN),
+    optimizer=st.sampled_from(sorted(OPTIMIZERS)),
+    loop=steps(FLAT_ROWS),
+)
+def test_on_a_gpu_any_sequence_of_batch_sizes_trains_as_plain_steps(artifacts_of, hidden, optimizer, loop):
+    _compare(artifacts_of("flat", hidden, optimizer), "flat", loop, fold_every_shape=True)
 
 
 @pytest.mark.parametrize("hidden", [16, 600])

@@ -108,6 +108,9 @@ def test_cuda_keeps_the_state_on_the_device_and_matches_the_cpu(classifier):
         if device == "cuda":
             assert all(t.value.device_name().lower() == "cuda" for t in state.store.tensors.values())
             assert all(g.value.device_name().lower() == "cuda" for g in state.store.gradients.values())
+            # every node a launch: the batches' shapes get a session of their own whatever their size
+            assert module._fused is not None and module._fused.fold_every_shape
+            assert [s.session.get_inputs()[0].shape for s in module._fused.sessions()] == [[16, 6]]
             device_inputs = [ort.OrtValue.ortvalue_from_numpy(a, "cuda", 0) for a in batches[0]]
             loss = module(*device_inputs)
             assert isinstance(loss, ort.OrtValue) and loss.device_name().lower() == "cuda"
