@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
         if not args.no_static:
             figures[workload] = static.static_figures(artifacts, shapes, providers)
-            kernels[workload] = static.ort_kernels(static.fused_model(artifacts), providers)
+            kernels[workload] = static.ort_kernels(static.fused_as_run(artifacts, shapes[0], providers), providers)
     if not args.static_only:
         for run in range(args.runs):
             order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]

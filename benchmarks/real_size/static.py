@@ -23,9 +23,11 @@ import onnx
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
+from onnxtrain.graph.io import copy_model
+from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.graph.passes.recompute import transformers_to_disable
 from onnxtrain.optim.loss_scaling import SCALER_STATE
-from onnxtrain.sessions import inference_session
+from onnxtrain.sessions import inference_session, inferred_shapes
 from onnxtrain.training import half_kernels
 from onnxtrain.training.models import LoadedModel
 
@@ -131,20 +133,26 @@ def static_figures(
     artifacts: Path, shapes: Sequence[tuple[int, int]], providers: Sequence[str] = ("CPUExecutionProvider",)
 ) -> dict[str, dict[str, Any]]:
     """Per ``"BxT"``: the summaries of the fused and reset steps as written (``fused``, ``reset``) and as
-    onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``)."""
+    onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``); off the CPU, the
+    fused step with its shapes folded first, as the runtime runs it there (:func:`fused_as_run`)."""
     training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
     optimizer = onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
-    optimized: dict[int, onnx.ModelProto] = {}
+    fused_nodes = len(fused_model(artifacts).graph.node)
+    optimized: dict[tuple[int, tuple[int, int] | None], onnx.ModelProto] = {}
+    fixed: dict[str, tuple[int, ...]] = {}
+    shape: tuple[int, int] = (0, 0)
 
     def rewrite(model: onnx.ModelProto) -> onnx.ModelProto:  # the same two models at every shape: once each
-        key = len(model.graph.node)
+        folds = folds_every_shape(providers) and len(model.graph.node) == fused_nodes
+        key = (len(model.graph.node), shape if folds else None)
         if key not in optimized:
-            optimized[key] = in_index_order(model, ort_optimized(model, providers))
+            run = fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes) if folds else model
+            optimized[key] = in_index_order(run, ort_optimized(run, providers))
         return optimized[key]
 
     figures = {}
     for batch, seq in shapes:
-        fixed = shapes_for(training, batch, seq)
+        shape, fixed = (batch, seq), shapes_for(training, batch, seq)
         written = step_memory(training, optimizer, fixed, largest=1 << 30)
         run = step_memory(training, optimizer, fixed, largest=1 << 30, rewrite=rewrite)
         assert written.fused is not None and run.fused is not None
@@ -164,6 +172,25 @@ def fused_model(artifacts: Path) -> onnx.ModelProto:
     return fuse_update_and_train(training, optimizer, trainable_of(training)).model
 
 
+def folds_every_shape(providers: Sequence[str]) -> bool:
+    """Whether the runtime runs the fused step with its batch's shapes folded whatever its size on
+    ``providers``' device: off the CPU (``FusedStep.fold_every_shape``)."""
+    return any(provider != "CPUExecutionProvider" for provider in providers)
+
+
+def fused_as_run(
+    artifacts: Path, shape: tuple[int, int], providers: Sequence[str] = ("CPUExecutionProvider",)
+) -> onnx.ModelProto:
+    """The fused step's model as the runtime's session for a batch of ``shape`` gets it on ``providers``' device:
+    off the CPU, with the shapes folded (:func:`onnxtrain.graph.passes.fold_static_shapes`); on the CPU, as built
+    (a large step's session; a small one's is folded there too)."""
+    model = fused_model(artifacts)
+    if not folds_every_shape(providers):
+        return model
+    training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
+    return fold_static_shapes(model, shapes=shapes_for(training, *shape), shapes_of=inferred_shapes)
+
+
 def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:
     """The nodes of ``model`` and of :func:`ort_optimized` of it: their counts, the latter's ten most frequent
     operators."""
@@ -176,6 +203,8 @@ def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
 
 
 __all__ = [
+    "folds_every_shape",
+    "fused_as_run",
     "fused_model",
     "in_index_order",
     "ort_kernels",

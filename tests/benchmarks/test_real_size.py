@@ -9,12 +9,14 @@ tables come out. Timings are never asserted.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
-from benchmarks.real_size import memory, report
+from benchmarks.real_size import memory, report, static
 from benchmarks.real_size.__main__ import main
 
 pytest.importorskip("torch")
@@ -44,6 +46,22 @@ def test_the_tiny_gpt2_trains_in_both_frameworks_and_the_tables_come_out(tmp_pat
     # the sizes the analysis could not know are counted: the label checks' outputs, nothing of the model
     assert all(len(f["unknown"]) <= 2 for f in figures.values())
     assert text.count("| sizes unknown |") == 1
+    # off the CPU the runtime runs the fused step with the batch's shapes folded, whatever its size
+    artifacts = tmp_path / "gpt2-tiny" / "artifacts"
+    assert not static.folds_every_shape(["CPUExecutionProvider"])
+    on_gpu = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert static.folds_every_shape(on_gpu) and static.folds_every_shape(["DmlExecutionProvider"])
+    general, folded = static.fused_model(artifacts), static.fused_as_run(artifacts, (2, 8), on_gpu)
+    assert static.fused_as_run(artifacts, (2, 8)) == general
+    dims = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in folded.graph.input}
+    ids, labels = static.user_inputs(onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False))
+    assert dims[ids] == [2, 8] and dims[labels] == [16]
+    assert static.ort_kernels(folded)["nodes"] < static.ort_kernels(general)["nodes"]
+    with warnings.catch_warnings():  # no CUDA here: onnxruntime optimizes for the CPU; the folding is the point
+        warnings.simplefilter("ignore")
+        as_on_gpu = static.static_figures(artifacts, [(2, 8)], on_gpu)["2x8"]
+    assert as_on_gpu["fused, optimized"]["nodes"] < figures["fused, optimized"]["nodes"]
+    assert as_on_gpu["reset, optimized"]["nodes"] == figures["reset, optimized"]["nodes"]  # the first step: as built
 
 
 def test_autograd_s_saved_tensors_are_counted_once_without_the_parameters():
