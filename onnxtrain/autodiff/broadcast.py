@@ -69,15 +69,25 @@ def merge_shapes(a: Sequence[Dim] | None, b: Sequence[Dim] | None) -> list[Dim] 
     return [x if score(x) >= score(y) else y for x, y in zip(a, b, strict=True)]
 
 
-def unbroadcast(ctx: RuleContext, grad: str, like: str, shaped_like: str | None = None) -> str:
+def unbroadcast(
+    ctx: RuleContext,
+    grad: str,
+    like: str,
+    shaped_like: str | None = None,
+    grad_dims: Sequence[Dim] | None = None,
+) -> str:
     """``grad`` summed back to the shape of ``like`` (no nodes when the shapes match).
 
     ``shaped_like``: a value known to have ``grad``'s shape (the forward output,
-    for a broadcasting rule), whose inferred shape may be better known.
+    for a broadcasting rule), whose inferred shape may be better known;
+    ``grad_dims``: dimensions the rule knows ``grad`` to have (a batched
+    product's: the output's batch axes and the operand's matrix axes).
     """
     g_dims, x_dims = ctx.shape(grad), ctx.shape(like)
     if shaped_like is not None:
         g_dims = merge_shapes(ctx.shape(shaped_like), g_dims)
+    if grad_dims is not None:
+        g_dims = merge_shapes(list(grad_dims), g_dims)
     if same_shape(g_dims, x_dims):
         return grad
     axes = broadcast_axes(g_dims, x_dims)
@@ -124,6 +134,16 @@ def sum_leading_by_product(ctx: RuleContext, grad: str, like: str, lead: int, g_
         return ctx.op("MatMul", ones, grad)  # [M] @ [M, K] -> [K], or [M] @ [M] -> []
     summed = ctx.op("MatMul", ones, ctx.op("Reshape", grad, ctx.int64s([-1, math.prod(x_static)])))
     return summed if len(x_static) == 1 else ctx.op("Reshape", summed, ctx.int64s(x_static))
+
+
+def product_grad_dims(ctx: RuleContext, output: str, operand: str) -> list[Dim] | None:
+    """The dimensions of a batched matrix product's gradient for ``operand`` before its broadcast batch axes are
+    summed: ``output``'s batch axes (the broadcast of both operands'), then ``operand``'s two matrix axes; ``None``
+    where a rank is unknown or under 2."""
+    y_dims, x_dims = ctx.shape(output), ctx.shape(operand)
+    if y_dims is None or x_dims is None or len(y_dims) < 2 or len(x_dims) < 2:
+        return None
+    return [*y_dims[:-2], *x_dims[-2:]]
 
 
 def dynamic_unbroadcast(ctx: RuleContext, grad: str, like: str, g_rank: int | None = None) -> str:

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from onnxtrain.autodiff import dims
-from onnxtrain.autodiff.broadcast import unbroadcast
+from onnxtrain.autodiff.broadcast import product_grad_dims, unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
@@ -55,7 +55,8 @@ def matmul(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.needs(0):
         da = ctx.op("MatMul", g2, _swap_last(ctx, b2))
         if rank_b2 != 2:  # B has batch axes: A's may have been broadcast
-            da = unbroadcast(ctx, da, a2)
+            known = product_grad_dims(ctx, ctx.outputs[0], a) if rank_a != 1 and rank_b != 1 else None
+            da = unbroadcast(ctx, da, a2, grad_dims=known)
         if rank_a == 1:
             da = ctx.op("Reshape", da, ctx.shape_of(a))
     if ctx.needs(1):
@@ -67,7 +68,8 @@ def matmul(ctx: RuleContext, grads: Grads) -> Result:
         else:
             db = ctx.op("MatMul", _swap_last(ctx, a2), g2)
             if rank_a2 != 2:
-                db = unbroadcast(ctx, db, b2)
+                known = product_grad_dims(ctx, ctx.outputs[0], b) if rank_a != 1 and rank_b != 1 else None
+                db = unbroadcast(ctx, db, b2, grad_dims=known)
         if rank_b == 1:
             db = ctx.op("Reshape", db, ctx.shape_of(b))
     return [da, db]

@@ -1,0 +1,198 @@
+"""Dimensions named by onnxruntime's symbolic shape inference (onnxtrain.graph.symbolic), and the gradients built
+with them: the sums over broadcast axes are decided when the gradient is built, and the gradients equal those
+decided at run time, at every batch and sequence length, 1 included (where a broadcast could have hidden)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain import api, artifacts
+from onnxtrain.artifacts import generate
+from onnxtrain.graph import symbolic
+from onnxtrain.graph.io import inferred_skeleton
+
+pytest.importorskip("sympy")
+
+FEATURES, HEADS = 8, 2
+
+
+def attention_model() -> onnx.ModelProto:
+    """Two attention heads as an export writes them: the heads by ``Reshape`` to ``[batch, seq, -1, 4]`` computed
+    from ``Shape(x)``, a causal mask made from a ``Range`` of ``Shape(x)[1]`` positions and added to the scores:
+    onnx's inference names neither the heads nor the mask's sizes."""
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.normal(size=(FEATURES, FEATURES)).astype(np.float32) * 0.3, name)
+        for name in ("Wq", "Wk", "Wv")
+    ]
+    constants = [
+        numpy_helper.from_array(np.array(0, np.int64), "start"),
+        numpy_helper.from_array(np.array(1, np.int64), "delta"),
+        numpy_helper.from_array(np.array(-1e4, np.float32), "hidden"),
+        numpy_helper.from_array(np.array(0, np.float32), "shown"),
+        numpy_helper.from_array(np.array([-1, FEATURES // HEADS], np.int64), "per_head"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([2], np.int64), "two"),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Slice", ["x_shape", "one", "two"], ["seq"]),
+        helper.make_node("Slice", ["x_shape", "zero", "two"], ["batch_seq"]),
+        helper.make_node("Concat", ["batch_seq", "per_head"], ["heads"], axis=0),
+        helper.make_node("Concat", ["batch_seq", "rest"], ["merged"], axis=0),
+        helper.make_node("Squeeze", ["seq"], ["length"]),
+        helper.make_node("Range", ["start", "length", "delta"], ["positions"]),
+        helper.make_node("Unsqueeze", ["positions", "one"], ["rows"]),
+        helper.make_node("Unsqueeze", ["positions", "zero"], ["columns"]),
+        helper.make_node("Greater", ["columns", "rows"], ["future"]),
+        helper.make_node("Where", ["future", "hidden", "shown"], ["mask"]),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [
+            helper.make_node("MatMul", ["x", f"W{name}"], [f"{name}_flat"]),
+            helper.make_node("Reshape", [f"{name}_flat", "heads"], [f"{name}_split"]),
+            helper.make_node("Transpose", [f"{name}_split"], [name], perm=[0, 2, 1, 3]),
+        ]
+    nodes += [
+        helper.make_node("Transpose", ["k"], ["k_t"], perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["q", "k_t"], ["scores"]),
+        helper.make_node("Add", ["scores", "mask"], ["masked"]),
+        helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "v"], ["heads_out"]),
+        helper.make_node("Transpose", ["heads_out"], ["joined"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["joined", "merged"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", FEATURES])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", FEATURES])],
+        weights + constants,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _dims(graph: onnx.GraphProto, name: str) -> list[int | str | None]:
+    for value in graph.value_info:
+        if value.name == name:
+            return [
+                d.dim_value if d.HasField("dim_value") else d.dim_param or None
+                for d in value.type.tensor_type.shape.dim
+            ]
+    raise KeyError(name)
+
+
+def test_the_dimensions_onnx_leaves_unknown_get_names():
+    model = attention_model()
+    plain = inferred_skeleton(model).graph
+    # onnx's inference: the heads' count and the mask's sizes unknown, or fresh names (unk__N) nothing else has
+    assert _dims(plain, "q_split")[2] != HEADS and not set(_dims(plain, "mask")) & {"seq"}
+    named = symbolic.with_symbolic_dims(attention_model())
+    inferred = inferred_skeleton(named).graph  # onnx's own inference keeps them
+    assert _dims(inferred, "q_split") == ["batch", "seq", HEADS, FEATURES // HEADS]
+    assert _dims(inferred, "mask") == ["seq", "seq"]
+    assert _dims(inferred, "scores") == _dims(inferred, "masked") == ["batch", HEADS, "seq", "seq"]
+    # the graph's inputs and outputs are the user's declarations: untouched
+    assert [i.SerializeToString() for i in named.graph.input] == [i.SerializeToString() for i in model.graph.input]
+    assert [o.SerializeToString() for o in named.graph.output] == [o.SerializeToString() for o in model.graph.output]
+
+
+def test_known_dimensions_stay_and_unknown_ones_are_filled():
+    model = attention_model()
+    model.graph.value_info.extend(
+        [
+            helper.make_tensor_value_info("q_split", TensorProto.FLOAT, ["b", None, None, 4]),
+            helper.make_tensor_value_info("mask", TensorProto.FLOAT, None),
+        ]
+    )
+    symbolic.with_symbolic_dims(model)
+    assert _dims(model.graph, "q_split") == ["b", "seq", HEADS, 4]  # the declared name kept, the rest filled
+    assert _dims(model.graph, "mask") == ["seq", "seq"]
+    assert len({v.name for v in model.graph.value_info}) == len(model.graph.value_info)  # nothing listed twice
+
+
+def test_a_model_the_inference_cannot_read_is_left_as_it_is():
+    node = helper.make_node("Mystery", ["x"], ["y"], domain="example.custom")
+    graph = helper.make_graph(
+        [node, helper.make_node("Relu", ["y"], ["z"])],
+        "custom",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)],
+    )
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("example.custom", 1)]
+    )
+    before = model.SerializeToString()
+    assert symbolic.with_symbolic_dims(model).SerializeToString() == before
+
+
+def test_without_sympy_nothing_is_named(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(sys.modules, "onnxruntime.tools.symbolic_shape_infer", None)  # its import fails
+    assert symbolic.symbolic_value_info(attention_model()) == []
+    model = attention_model()
+    assert symbolic.with_symbolic_dims(model).SerializeToString() == attention_model().SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The attention model's artifacts with the symbolic dimensions, and without them (the sums over broadcast
+    axes decided at run time)."""
+    folder = tmp_path_factory.mktemp("attention")
+    onnx.save(attention_model(), folder / "model.onnx")
+    made = {}
+    for way in ("named", "run time"):
+        target = folder / way.replace(" ", "-")
+        with pytest.MonkeyPatch.context() as patch:
+            if way == "run time":
+                patch.setattr(generate, "with_symbolic_dims", lambda model: model)
+            artifacts.generate_artifacts(
+                str(folder / "model.onnx"),
+                requires_grad=["Wq", "Wk", "Wv"],
+                loss=artifacts.LossType.MSELoss,
+                optimizer=artifacts.OptimType.AdamW,
+                artifact_directory=target,
+            )
+        made[way] = target
+    return made
+
+
+def _op_count(directory: Path, op: str) -> int:
+    model = onnx.load(str(directory / "training_model.onnx"))
+    return sum(node.op_type == op for node in model.graph.node)
+
+
+def test_with_the_names_no_sum_is_decided_at_run_time(both_ways):
+    assert _op_count(both_ways["run time"], "NonZero") > 0  # the batched products' and the mask's
+    assert _op_count(both_ways["named"], "NonZero") == 0
+
+
+def _gradients(directory: Path, x: np.ndarray, target: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+    state = api.CheckpointState.load_checkpoint(str(directory / "checkpoint"))
+    module = api.Module(str(directory / "training_model.onnx"), state, str(directory / "eval_model.onnx"))
+    loss = float(module(x, target))
+    return loss, {name: np.array(parameter.grad) for name, parameter in state.parameters}
+
+
+@settings(max_examples=12, deadline=None)
+@given(batch=st.sampled_from([1, 2, 3]), seq=st.sampled_from([1, 2, 5, 16]), seed=st.integers(0, 2**16))
+def test_the_gradients_equal_those_decided_at_run_time(both_ways, batch, seq, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(batch, seq, FEATURES)).astype(np.float32)
+    target = rng.normal(size=(batch, seq, FEATURES)).astype(np.float32)
+    loss, grads = _gradients(both_ways["named"], x, target)
+    reference_loss, reference = _gradients(both_ways["run time"], x, target)
+    assert loss == pytest.approx(reference_loss, rel=1e-6)
+    assert set(grads) == {"Wq", "Wk", "Wv"}
+    for name, grad in grads.items():
+        assert grad.shape == (FEATURES, FEATURES)
+        np.testing.assert_allclose(grad, reference[name], rtol=1e-5, atol=1e-7, err_msg=name)
