@@ -252,6 +252,42 @@ def test_static_unbroadcast_needs_no_shape_ops(batch: int) -> None:
     np.testing.assert_allclose(dscale, want_dscale, rtol=1e-12)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["MatMul", "FusedMatMul"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_batched_product_s_gradients_take_their_shape_from_the_output(fused: bool, batch: int) -> None:
+    """A [batch, 2, 3, 4] @ B [batch, 2, 4, 5] with a symbolic batch: the incoming gradient's shape is not inferred
+    (it comes through the sum's ``Expand`` to ``Shape(Y)``), but the product's output and operands say that nothing
+    was broadcast: no sum is decided at run time, and the gradients are exact (batch 1 included)."""
+    ms = "com.microsoft"
+    node = (
+        helper.make_node("FusedMatMul", ["a_t", "b"], ["y"], domain=ms, transA=1, alpha=1.0)
+        if fused
+        else helper.make_node("MatMul", ["a", "b"], ["y"])
+    )
+    shapes = {"a": (DOUBLE, ["batch", 2, 3, 4]), "b": (DOUBLE, ["batch", 2, 4, 5])}
+    if fused:  # op(A) = A^T: A is given as [batch, 2, 4, 3]
+        shapes = {"a_t": (DOUBLE, ["batch", 2, 4, 3]), "b": shapes["b"]}
+    nodes = [
+        node,
+        helper.make_node("Mul", ["y", "y"], ["y2"]),
+        helper.make_node("ReduceSum", ["y2"], ["loss"], keepdims=0),
+    ]
+    model = make_model(shapes, nodes, {"loss": (DOUBLE, [])}, extra_opsets={ms: 1} if fused else None)
+    if fused:  # onnx types no com.microsoft output: declared, as onnxruntime's symbolic inference would
+        model.graph.value_info.append(helper.make_tensor_value_info("y", DOUBLE, ["batch", 2, 3, 5]))
+    first = "a_t" if fused else "a"
+    trained = _train(GraphBuilder(model), "loss", [first, "b"])
+    assert "NonZero" not in {n.op_type for n in trained.graph.node}
+    rng = np.random.default_rng(batch)
+    a, b = rng.normal(size=(batch, 2, 3, 4)), rng.normal(size=(batch, 2, 4, 5))
+    feeds = {"a_t": np.swapaxes(a, -1, -2), "b": b} if fused else {"a": a, "b": b}
+    _, da, db = run_model(trained, feeds)
+    dy = 2 * (a @ b)
+    want_da, want_db = dy @ np.swapaxes(b, -1, -2), np.swapaxes(a, -1, -2) @ dy
+    np.testing.assert_allclose(da, np.swapaxes(want_da, -1, -2) if fused else want_da, rtol=1e-12)
+    np.testing.assert_allclose(db, want_db, rtol=1e-12)
+
+
 @pytest.mark.parametrize(
     ("x_shape", "b_shape"),
     [((5, 3), (3,)), ((5,), ()), ((2, 4, 3), (3,)), ((2, 1, 3), (1, 3)), ((2, 4, 3), (4, 3)), ((6, 2, 3), ())],

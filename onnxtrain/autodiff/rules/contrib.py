@@ -26,7 +26,7 @@ from typing import Any
 from onnx import TensorProto
 
 from onnxtrain.autodiff import dims
-from onnxtrain.autodiff.broadcast import unbroadcast
+from onnxtrain.autodiff.broadcast import product_grad_dims, unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result, RuleFn
 from onnxtrain.autodiff.rules import elementwise
@@ -391,11 +391,19 @@ def fused_matmul(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.needs(0):
         da = ctx.op("MatMul", g, _swap_last(ctx, b2, rb))
         da = _swap_last(ctx, da, ctx.known_rank(da)) if trans_a else da
-        da = unbroadcast(ctx, da, a) if rank_a >= 2 else ctx.op("Reshape", unbroadcast(ctx, da, a2), ctx.shape_of(a))
+        if rank_a >= 2:
+            known = product_grad_dims(ctx, ctx.outputs[0], a) if rank_b >= 2 else None
+            da = unbroadcast(ctx, da, a, grad_dims=known)
+        else:
+            da = ctx.op("Reshape", unbroadcast(ctx, da, a2), ctx.shape_of(a))
     if ctx.needs(1):
         db = ctx.op("MatMul", _swap_last(ctx, a2, ra), g)
         db = _swap_last(ctx, db, ctx.known_rank(db)) if trans_b else db
-        db = unbroadcast(ctx, db, b) if rank_b >= 2 else ctx.op("Reshape", unbroadcast(ctx, db, b2), ctx.shape_of(b))
+        if rank_b >= 2:
+            known = product_grad_dims(ctx, ctx.outputs[0], b) if rank_a >= 2 else None
+            db = unbroadcast(ctx, db, b, grad_dims=known)
+        else:
+            db = ctx.op("Reshape", unbroadcast(ctx, db, b2), ctx.shape_of(b))
     return [da, db]
 
 
