@@ -316,7 +316,9 @@ def build_training_models(
             checkpoints=kept,
             elem_type=builder.elem_type_if_known,
         )
-    recompute_elementwise(training_model, backward_from=forward_nodes, shapes=shapes)  # activations not kept
+    recompute_elementwise(  # activations not kept, their copies held back until the backward
+        training_model, backward_from=forward_nodes, shapes=shapes, elem_type=builder.elem_type_if_known
+    )
     accumulate_in_float32(training_model)  # gathers' gradients in a half type add up in float32
     _declare_gradient_types(training_model, {grads[name]: name for name in wrt})
     prune_unused_nodes(training_model)

@@ -19,15 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
+from benchmarks.real_size.static import in_index_order
 from onnxtrain import api
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.artifacts.fuse import fuse_update_and_train
+from onnxtrain.artifacts.step_memory import execution_order, live_memory
 from onnxtrain.artifacts.training_model import build_training_models
 from onnxtrain.graph.passes import recompute
 from onnxtrain.graph.passes.recompute import MIN_KNOWN_ELEMENTS, recompute_elementwise, recomputes
 from onnxtrain.sessions import inference_session
 from tests.graph.recomputed import NO_CSE, assert_same_outputs
-from tests.helpers import DOUBLE, make_model
+from tests.helpers import DOUBLE, FLOAT, make_model
 from tests.training import models
 
 #: Element-wise links of an activation, each ``(op, reads the link before it twice)``; none of them is fused by
@@ -127,8 +129,11 @@ def test_copies_start_from_values_the_backward_keeps_anyway():
     training = _training(model, recomputing=True)
     copies = {node.op_type: node for node in _copies(training)}
     assert sorted(copies) == ["Mul", "Tanh"]
-    assert list(copies["Tanh"].input) == ["s"]
-    assert list(copies["Mul"].input) == [copies["Tanh"].output[0], "s"]
+    # they read s through a hold, which waits for a gradient and changes no value: Where(condition, s, s)
+    held = {node.output[0]: node for node in training.graph.node if node.op_type == "Where"}
+    (source,) = copies["Tanh"].input
+    assert list(held[source].input[1:]) == ["s", "s"]
+    assert list(copies["Mul"].input) == [copies["Tanh"].output[0], "s"]  # waits for the held copy already
 
 
 def test_recompute_is_idempotent_in_count_and_a_model_without_copies_is_unmarked():
@@ -194,3 +199,51 @@ def test_the_fused_step_says_that_it_recomputes(tmp_path: Path):
     training, optimizer = onnx.load(paths["training_model"]), onnx.load(paths["optimizer_model"])
     fused = fuse_update_and_train(training, optimizer, ["w1", "w2"])
     assert recomputes(fused.model)
+
+
+def _tanh_gelu_mlp(width: int) -> onnx.ModelProto:
+    """``loss = ReduceSum(gelu(x @ w1) @ w2)``, float32, the GELU written out as GPT-2's export writes it
+    (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``), which onnxruntime fuses into ``FastGelu``."""
+    constants = {"three": 3.0, "c": 0.044715, "k": float(np.sqrt(2 / np.pi)), "one": 1.0, "half": 0.5}
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"]),
+        helper.make_node("Pow", ["h", "three"], ["h3"]),
+        helper.make_node("Mul", ["h3", "c"], ["ch3"]),
+        helper.make_node("Add", ["h", "ch3"], ["inner"]),
+        helper.make_node("Mul", ["inner", "k"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["t1"]),
+        helper.make_node("Mul", ["h", "half"], ["hh"]),
+        helper.make_node("Mul", ["hh", "t1"], ["g"]),
+        helper.make_node("MatMul", ["g", "w2"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    rng = np.random.default_rng(0)
+    initializers = [(name, np.array(value, np.float32)) for name, value in constants.items()]
+    initializers += [
+        ("w1", rng.normal(scale=0.03, size=(width, width)).astype(np.float32)),
+        ("w2", rng.normal(scale=0.03, size=(width, 2)).astype(np.float32)),
+    ]
+    return make_model({"x": (FLOAT, ["n", width])}, nodes, {"loss": (FLOAT, [])}, initializers)
+
+
+def test_copies_wait_for_the_backward_where_onnxruntime_fuses_the_forward(tmp_path: Path):
+    """onnxruntime numbers the ``FastGelu`` it makes after every node of the model, and runs the lowest ready
+    index first: unheld, the GELU's copies ran in the forward (ready as soon as ``x @ w1`` was) and their outputs
+    lived until the backward, kept for it after all. Held, the step keeps what the model as written keeps."""
+    model = _tanh_gelu_mlp(MIN_KNOWN_ELEMENTS)
+    training = build_training_models(model, ["loss"], ["w1", "w2"]).training
+    assert _copies(training)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    inference_session(training.SerializeToString(), options, disabled_optimizers=NO_CSE)
+    optimized = in_index_order(training, onnx.load(options.optimized_model_filepath))
+    assert any(node.op_type == "FastGelu" for node in optimized.graph.node)
+    nodes = list(optimized.graph.node)
+    position = {index: place for place, index in enumerate(execution_order(nodes, "priority"))}
+    forward_end = next(k for k, node in enumerate(nodes) if "y" in node.output)  # the forward's last product
+    copies = [k for k, node in enumerate(nodes) if ".recomputed" in node.name]
+    assert copies and all(position[k] > position[forward_end] for k in copies)  # none in the forward
+    shapes = {"x": (4, MIN_KNOWN_ELEMENTS)}
+    as_written = live_memory(training, shapes, order="priority", loss="loss")
+    assert live_memory(optimized, shapes, order="priority", loss="loss").peak <= as_written.peak

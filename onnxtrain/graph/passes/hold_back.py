@@ -8,10 +8,10 @@ checkpoint, so it runs whenever the next forward node is a fused one: in the
 forward, where its outputs live until the backward reads them, which undoes
 the saving of checkpointing. A *hold* makes the copy wait for a gradient:
 
-    flat  = Reshape(g, [-1])                    # g: a gradient the backward makes before the copy's reader
-    first = Cast(Slice(flat, [0], [1]), to=BOOL)  # one element, or none when g is empty
-    cond  = Gather(Concat(first, [True]), 0)    # a scalar, whatever g holds
-    x'    = Where(cond, x, x)                   # x, bit for bit, once g is made
+    flat  = Reshape(g, [1, -1])                     # g: a gradient the backward makes before the copy's reader
+    first = Cast(Reshape(Slice(flat, [0, 0], [1, 1]), [-1]), to=BOOL)  # one element, or none when g is empty
+    cond  = Gather(Concat(first, [True]), 0)        # a scalar, whatever g holds
+    x'    = Where(cond, x, x)                       # x, bit for bit, once g is made
 
 and the copy reads ``x'`` for ``x``. onnxruntime's ``Where`` lacks some
 types on the CPU (bfloat16, the 8- and 16-bit integers); a value of those,
@@ -20,7 +20,9 @@ of rank 1 or more, is held by appending nothing to it along its first axis:
     none  = Cast(Slice(flat, [0], [0]), to=T)                   # no element, of x's type T, once g is made
     x'    = Concat(x, Reshape(none, [0, *Shape(x)[1:]]), axis=0)  # x, bit for bit
 
-Either costs one pass over ``x``.
+Either costs one pass over ``x``. ``flat`` is a row, not a vector: onnx's
+data propagation reads a 1-D ``Slice``'s input element by element, about
+70 bytes each, which for the gradient of a batch of 10**7 is gigabytes.
 """
 
 from __future__ import annotations
@@ -149,10 +151,13 @@ def _condition(gradient: str, constant: Callable[[str], str], taken: set[str]) -
     def out(role: str) -> str:
         return first_free(f"{gradient}.hold_{role}", taken)
 
-    flat, first, some, pair, condition = (out(r) for r in ("flat", "first", "some", "pair", "condition"))
+    flat, corner, first, some, pair, condition = (
+        out(r) for r in ("flat", "corner", "first", "some", "pair", "condition")
+    )
     nodes = [
-        helper.make_node("Reshape", [gradient, constant("flat")], [flat], name=flat),
-        helper.make_node("Slice", [flat, constant("zero"), constant("one")], [first], name=first),
+        helper.make_node("Reshape", [gradient, constant("row")], [flat], name=flat),
+        helper.make_node("Slice", [flat, constant("origin"), constant("corner")], [corner], name=corner),
+        helper.make_node("Reshape", [corner, constant("flat")], [first], name=first),
         helper.make_node("Cast", [first], [some], name=some, to=TensorProto.BOOL),
         helper.make_node("Concat", [some, constant("true")], [pair], name=pair, axis=0),
         helper.make_node("Gather", [pair, constant("index")], [condition], name=condition, axis=0),
@@ -197,7 +202,8 @@ def _constant(role: str) -> np.ndarray:
     """The constant a hold reads in ``role``."""
     if role == "true":
         return np.array([True])
-    return np.array({"flat": [-1], "zero": [0], "one": [1], "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)
+    values = {"row": [1, -1], "origin": [0, 0], "corner": [1, 1], "flat": [-1], "zero": [0], "one": [1]}
+    return np.array({**values, "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)
 
 
 __all__ = ["HELD_TYPES", "hold_copies"]
