@@ -32,6 +32,7 @@ Writes ``DIR/profile-<workload>.md`` and ``.json``; the raw profiles stay in
 from __future__ import annotations
 
 import argparse
+import bisect
 import contextlib
 import itertools
 import json
@@ -90,25 +91,13 @@ def read_runs(path: Path) -> list[dict[str, Any]]:
         if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
             continue
         ts = float(event["ts"])
-        index = _run_index(starts, ts)
-        if index is None or ts > runs[index][1]:
+        index = bisect.bisect_right(starts, ts) - 1  # the last run that started at or before ts
+        if index < 0 or ts > runs[index][1]:
             continue
         args = event.get("args", {})
         name = str(event["name"])[: -len("_kernel_time")]
         out[index]["nodes"].append((name, args.get("op_name", "?"), args.get("provider", "?"), float(event["dur"])))
     return out
-
-
-def _run_index(starts: Sequence[float], ts: float) -> int | None:
-    """The last run that started at or before ``ts`` (``None``: before the first)."""
-    low, high = 0, len(starts)
-    while low < high:
-        middle = (low + high) // 2
-        if starts[middle] <= ts:
-            low = middle + 1
-        else:
-            high = middle
-    return low - 1 if low else None
 
 
 def summarize_runs(runs: Sequence[dict[str, Any]], skip: int, tail: int = 0) -> dict[str, Any]:

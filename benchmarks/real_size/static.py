@@ -135,9 +135,8 @@ def static_figures(
     """Per ``"BxT"``: the summaries of the fused and reset steps as written (``fused``, ``reset``) and as
     onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``); off the CPU, the
     fused step with its shapes folded first, as the runtime runs it there (:func:`fused_as_run`)."""
-    training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
-    optimizer = onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
-    fused_nodes = len(fused_model(artifacts).graph.node)
+    training, optimizer = _step_models(artifacts)
+    fused_nodes = len(_fused(training, optimizer).graph.node)
     optimized: dict[tuple[int, tuple[int, int] | None], onnx.ModelProto] = {}
     fixed: dict[str, tuple[int, ...]] = {}
     shape: tuple[int, int] = (0, 0)
@@ -146,7 +145,7 @@ def static_figures(
         folds = folds_every_shape(providers) and len(model.graph.node) == fused_nodes
         key = (len(model.graph.node), shape if folds else None)
         if key not in optimized:
-            run = fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes) if folds else model
+            run = _folded(model, fixed) if folds else model
             optimized[key] = in_index_order(run, ort_optimized(run, providers))
         return optimized[key]
 
@@ -167,9 +166,7 @@ def static_figures(
 
 def fused_model(artifacts: Path) -> onnx.ModelProto:
     """The fused step's model, as the runtime builds it from the artifacts."""
-    training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
-    optimizer = onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
-    return fuse_update_and_train(training, optimizer, trainable_of(training)).model
+    return _fused(*_step_models(artifacts))
 
 
 def folds_every_shape(providers: Sequence[str]) -> bool:
@@ -184,11 +181,26 @@ def fused_as_run(
     """The fused step's model as the runtime's session for a batch of ``shape`` gets it on ``providers``' device:
     off the CPU, with the shapes folded (:func:`onnxtrain.graph.passes.fold_static_shapes`); on the CPU, as built
     (a large step's session; a small one's is folded there too)."""
-    model = fused_model(artifacts)
-    if not folds_every_shape(providers):
-        return model
+    training, optimizer = _step_models(artifacts)
+    model = _fused(training, optimizer)
+    return _folded(model, shapes_for(training, *shape)) if folds_every_shape(providers) else model
+
+
+def _step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The training and optimizer models of ``artifacts``, without their external data."""
     training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
-    return fold_static_shapes(model, shapes=shapes_for(training, *shape), shapes_of=inferred_shapes)
+    return training, onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
+
+
+def _fused(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> onnx.ModelProto:
+    """The fused step's model of ``training`` and ``optimizer`` (neither is changed)."""
+    return fuse_update_and_train(training, optimizer, trainable_of(training)).model
+
+
+def _folded(model: onnx.ModelProto, fixed: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
+    """A copy of ``model`` with its user inputs' shapes ``fixed`` and what they make constant folded, as the
+    runtime's session for fixed shapes gets it (``FusedStep.session_for``)."""
+    return fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes)
 
 
 def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:

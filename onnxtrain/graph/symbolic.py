@@ -38,6 +38,8 @@ def symbolic_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     except ImportError:  # sympy is missing
         return []
     inference = SymbolicShapeInference(2**31 - 1, False, False, 0)  # int_max, auto_merge, guess_output_rank, verbose
+    # the loop of its public infer_shapes, which on an incomplete inference raises and also saves the model into
+    # the working directory (sym_shape_infer_temp.onnx): the same steps, keeping what was inferred, writing nothing
     try:
         inference._preprocess(model)
         while inference.run_:

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from benchmarks.real_size.static import in_index_order
+from benchmarks.real_size.static import in_index_order, ort_optimized
 from onnxtrain import api
 from onnxtrain.artifacts import LossType, OptimType
 from onnxtrain.artifacts.fuse import fuse_update_and_train
@@ -227,17 +227,14 @@ def _tanh_gelu_mlp(width: int) -> onnx.ModelProto:
     return make_model({"x": (FLOAT, ["n", width])}, nodes, {"loss": (FLOAT, [])}, initializers)
 
 
-def test_copies_wait_for_the_backward_where_onnxruntime_fuses_the_forward(tmp_path: Path):
+def test_copies_wait_for_the_backward_where_onnxruntime_fuses_the_forward():
     """onnxruntime numbers the ``FastGelu`` it makes after every node of the model, and runs the lowest ready
     index first: unheld, the GELU's copies ran in the forward (ready as soon as ``x @ w1`` was) and their outputs
     lived until the backward, kept for it after all. Held, the step keeps what the model as written keeps."""
     model = _tanh_gelu_mlp(MIN_KNOWN_ELEMENTS)
     training = build_training_models(model, ["loss"], ["w1", "w2"]).training
     assert _copies(training)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    inference_session(training.SerializeToString(), options, disabled_optimizers=NO_CSE)
-    optimized = in_index_order(training, onnx.load(options.optimized_model_filepath))
+    optimized = in_index_order(training, ort_optimized(training))  # as the runtime's session optimizes it
     assert any(node.op_type == "FastGelu" for node in optimized.graph.node)
     nodes = list(optimized.graph.node)
     position = {index: place for place, index in enumerate(execution_order(nodes, "priority"))}

@@ -222,14 +222,16 @@ def _compare(
     return module
 
 
+@pytest.mark.parametrize("fold_every_shape", [False, True], ids=["as-on-the-cpu", "as-on-a-gpu"])
 @settings(max_examples=20)
 @given(
     hidden=st.sampled_from(FLAT_HIDDEN),
     optimizer=st.sampled_from(sorted(OPTIMIZERS)),
     loop=steps(FLAT_ROWS),
 )
-def test_any_sequence_of_batch_sizes_trains_as_plain_steps(artifacts_of, hidden, optimizer, loop):
-    _compare(artifacts_of("flat", hidden, optimizer), "flat", loop)
+def test_any_sequence_of_batch_sizes_trains_as_plain_steps(artifacts_of, fold_every_shape, hidden, optimizer, loop):
+    """On the CPU, and as on a GPU (where a step of any size gets the session for its shapes)."""
+    _compare(artifacts_of("flat", hidden, optimizer), "flat", loop, fold_every_shape=fold_every_shape)
 
 
 @settings(max_examples=10)
@@ -276,16 +278,6 @@ def test_on_a_gpu_the_first_shape_of_any_size_gets_its_own_session(artifacts_of,
     assert fixed.session.get_inputs()[0].shape == [520, FEATURES]
     assert general.session.get_inputs()[0].shape != [520, FEATURES]
     assert len(fixed.session.get_inputs()) == len(general.session.get_inputs())
-
-
-@settings(max_examples=10)
-@given(
-    hidden=st.sampled_from(FLAT_HIDDEN),
-    optimizer=st.sampled_from(sorted(OPTIMIZERS)),
-    loop=steps(FLAT_ROWS),
-)
-def test_on_a_gpu_any_sequence_of_batch_sizes_trains_as_plain_steps(artifacts_of, hidden, optimizer, loop):
-    _compare(artifacts_of("flat", hidden, optimizer), "flat", loop, fold_every_shape=True)
 
 
 @pytest.mark.parametrize("hidden", [16, 600])

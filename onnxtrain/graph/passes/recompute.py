@@ -84,7 +84,7 @@ def recompute_elementwise(
         recomputable=_elementwise,
         worth=lambda value: _known_elements(shapes.get(value)) >= MIN_KNOWN_ELEMENTS,
         elem_type=elem_type,
-        rank=lambda value: None if shapes.get(value) is None else len(shapes[value]),
+        rank=lambda value: _rank(shapes, value),
     )
 
 
@@ -139,8 +139,14 @@ def recompute_from_checkpoints(
         kept=kept,
         keep_small=True,
         elem_type=elem_type,
-        rank=lambda v: None if shapes.get(v) is None else len(shapes[v]),
+        rank=lambda value: _rank(shapes, value),
     )
+
+
+def _rank(shapes: Mapping[str, Sequence[int | None]], value: str) -> int | None:
+    """The rank of ``value`` in ``shapes`` (``None`` where its shape is unknown)."""
+    dims = shapes.get(value)
+    return None if dims is None else len(dims)
 
 
 def _recompute(
