@@ -70,6 +70,10 @@ def arguments() -> argparse.ArgumentParser:
         help="CUDA: onnxtrain's sessions each with an arena growing to powers of two (onnxruntime's default)",
     )  # fmt: skip
     parser.add_argument(
+        "--unpacked-update", action="store_true",
+        help="onnxtrain off the CPU: the fused step with the optimizer's per-parameter chains as built, not packed",
+    )  # fmt: skip
+    parser.add_argument(
         "--precision", choices=PRECISIONS, default="fp32",
         help="onnxtrain's artifacts generated with precision=...; PyTorch under torch.autocast (fp16: and GradScaler)",
     )  # fmt: skip
@@ -152,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.own_arenas and args.device != "cuda":
         parser.error("--own-arenas is for --device cuda (on the CPU the sessions share onnxruntime's default arena)")
+    if args.unpacked_update and args.device != "cuda":
+        parser.error("--unpacked-update is for --device cuda (on the CPU the fused step does not pack the update)")
     if args.no_static and args.static_only:
         parser.error("--no-static and --static-only leave nothing to do: choose one")
     from benchmarks.real_size import report, static
@@ -221,6 +227,8 @@ def _train(
         argv.append("--checkpointing")
     if args.own_arenas:
         argv.append("--own-arenas")
+    if args.unpacked_update:
+        argv.append("--unpacked-update")
     load = load_average()
     result = _worker(argv)
     result.update(workload=workload, framework=framework, batch=batch, seq=seq, run=run, load_before=load)

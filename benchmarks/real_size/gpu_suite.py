@@ -21,9 +21,12 @@ first, so that a call cut short still brings it):
    buffers, which the runtime turns off for large steps;
 6. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session
    growing to powers of two (onnxruntime's defaults), against the default
-   run's one arena shared by the sessions that grows by what is asked.
+   run's one arena shared by the sessions that grows by what is asked;
+7. ``unpacked-update`` (CUDA only): onnxtrain's fp32 step with AdamW's per-parameter
+   chains as built (12 nodes per tensor), against the default run's one
+   chain over the packed tensors (``FusedStep.pack_updates``).
 
-5 and 6 change only session options: they skip the static figures, which
+5 to 7 change only how the sessions run: they skip the static figures, which
 are the fp32 run's (``--no-static``).
 
 Each writes ``DIR/<name>.md`` and ``DIR/<name>.json`` (the profile:
@@ -55,10 +58,11 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "checkpointed": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--checkpointing"]),
     "memory-reuse": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--memory-reuse"]),
     "own-arenas": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--own-arenas"]),
+    "unpacked-update": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--unpacked-update"]),
 }
 SHAPES = "16x256"
 #: Runs that only mean something on a GPU.
-CUDA_ONLY = frozenset({"own-arenas"})
+CUDA_ONLY = frozenset({"own-arenas", "unpacked-update"})
 
 
 def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list[tuple[str, list[str]]]:

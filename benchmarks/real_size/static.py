@@ -21,14 +21,16 @@ from typing import Any
 import onnx
 
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
-from onnxtrain.artifacts.fuse import fuse_update_and_train
+from onnxtrain.artifacts.fuse import FusedModel, fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
+from onnxtrain.artifacts.vectorize import ParameterUpdate
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.graph.passes.recompute import transformers_to_disable
 from onnxtrain.optim.loss_scaling import SCALER_STATE
 from onnxtrain.sessions import inference_session, inferred_shapes
 from onnxtrain.training import half_kernels
+from onnxtrain.training.fused import packed_in_place
 from onnxtrain.training.models import LoadedModel
 
 MIB = float(1 << 20)
@@ -134,9 +136,11 @@ def static_figures(
 ) -> dict[str, dict[str, Any]]:
     """Per ``"BxT"``: the summaries of the fused and reset steps as written (``fused``, ``reset``) and as
     onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``); off the CPU, the
-    fused step with its shapes folded first, as the runtime runs it there (:func:`fused_as_run`)."""
+    fused step with its updates packed and its shapes folded first, as the runtime runs it there
+    (:func:`fused_as_run`)."""
     training, optimizer = _step_models(artifacts)
-    fused_nodes = len(_fused(training, optimizer).graph.node)
+    fused = _fused(training, optimizer)
+    fused_nodes, updates = len(fused.model.graph.node), fused.parameter_updates(trainable_of(training))
     optimized: dict[tuple[int, tuple[int, int] | None], onnx.ModelProto] = {}
     fixed: dict[str, tuple[int, ...]] = {}
     shape: tuple[int, int] = (0, 0)
@@ -145,7 +149,7 @@ def static_figures(
         folds = folds_every_shape(providers) and len(model.graph.node) == fused_nodes
         key = (len(model.graph.node), shape if folds else None)
         if key not in optimized:
-            run = _folded(model, fixed) if folds else model
+            run = _as_run(model, updates, fixed) if folds else model
             optimized[key] = in_index_order(run, ort_optimized(run, providers))
         return optimized[key]
 
@@ -166,7 +170,7 @@ def static_figures(
 
 def fused_model(artifacts: Path) -> onnx.ModelProto:
     """The fused step's model, as the runtime builds it from the artifacts."""
-    return _fused(*_step_models(artifacts))
+    return _fused(*_step_models(artifacts)).model
 
 
 def folds_every_shape(providers: Sequence[str]) -> bool:
@@ -179,11 +183,14 @@ def fused_as_run(
     artifacts: Path, shape: tuple[int, int], providers: Sequence[str] = ("CPUExecutionProvider",)
 ) -> onnx.ModelProto:
     """The fused step's model as the runtime's session for a batch of ``shape`` gets it on ``providers``' device:
-    off the CPU, with the shapes folded (:func:`onnxtrain.graph.passes.fold_static_shapes`); on the CPU, as built
-    (a large step's session; a small one's is folded there too)."""
+    off the CPU, with the optimizer's chains packed (:func:`onnxtrain.training.fused.packed_in_place`) and the
+    shapes folded (:func:`onnxtrain.graph.passes.fold_static_shapes`); on the CPU, as built (a large step's
+    session; a small one's is folded there too)."""
     training, optimizer = _step_models(artifacts)
-    model = _fused(training, optimizer)
-    return _folded(model, shapes_for(training, *shape)) if folds_every_shape(providers) else model
+    fused = _fused(training, optimizer)
+    if not folds_every_shape(providers):
+        return fused.model
+    return _as_run(fused.model, fused.parameter_updates(trainable_of(training)), shapes_for(training, *shape))
 
 
 def _step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -192,15 +199,22 @@ def _step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     return training, onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
 
 
-def _fused(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> onnx.ModelProto:
-    """The fused step's model of ``training`` and ``optimizer`` (neither is changed)."""
-    return fuse_update_and_train(training, optimizer, trainable_of(training)).model
+def _fused(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> FusedModel:
+    """The fused step of ``training`` and ``optimizer`` (neither is changed)."""
+    return fuse_update_and_train(training, optimizer, trainable_of(training))
 
 
-def _folded(model: onnx.ModelProto, fixed: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
-    """A copy of ``model`` with its user inputs' shapes ``fixed`` and what they make constant folded, as the
-    runtime's session for fixed shapes gets it (``FusedStep.session_for``)."""
-    return fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes)
+def _as_run(
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], fixed: dict[str, tuple[int, ...]]
+) -> onnx.ModelProto:
+    """A copy of the fused ``model`` as the runtime's session for fixed shapes gets it off the CPU: its
+    ``updates`` packed in place, its user inputs' shapes ``fixed`` and what they make constant folded
+    (``FusedStep.step_model``, ``FusedStep.session_for``)."""
+    pairs = {name: out for u in updates for name, out in (u.parameter, u.gradient, *u.moments)}
+    packed = packed_in_place(model, updates, pairs)
+    return fold_static_shapes(
+        copy_model(model if packed is None else packed[0]), shapes=fixed, shapes_of=inferred_shapes
+    )
 
 
 def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:

@@ -97,6 +97,12 @@ def arguments() -> argparse.ArgumentParser:
         help="onnxtrain on CUDA: an arena per session growing to powers of two (onnxruntime's default), not the "
         "one arena its sessions share",
     )
+    parser.add_argument(
+        "--unpacked-update",
+        action="store_true",
+        help="onnxtrain off the CPU: the fused step runs the optimizer's per-parameter chains as built, not packed "
+        "(FusedStep.pack_updates)",
+    )
     return parser
 
 
@@ -180,6 +186,9 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
     with profiling as profiles:
         module = Module(training, state, evaluation, args.device, session_options=options, providers=providers)
         optimizer = Optimizer(str(directory / "optimizer_model.onnx"), module)
+        fused = optimizer.fused_step
+        if args.unpacked_update and fused is not None:  # before its first session is made
+            fused.pack_updates = False
         optimizer.set_learning_rate(LEARNING_RATE)
         module.train()
         setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}
@@ -206,6 +215,7 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
             "memory_pattern": False if options is not None else None,
             "memory_reuse": args.memory_reuse if options is not None else None,
             "shared_arena": not args.own_arenas,
+            "packed_update": fused is not None and fused.step_model is not fused.model,
         }
         kernel_steps = PROFILED_KERNEL_STEPS if args.profile and args.device == "cuda" else 0
         if kernel_steps:

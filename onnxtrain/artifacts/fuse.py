@@ -34,10 +34,11 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.artifacts.accumulation import AccumulationFormError, remove_gradient_accumulation
+from onnxtrain.artifacts.vectorize import ParameterUpdate
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes.recompute import RECOMPUTED_KEY
 from onnxtrain.graph.walk import names_read
-from onnxtrain.optim.base import grad_name, updated_name
+from onnxtrain.optim.base import grad_name, state_name, updated_name
 
 
 class FusionError(ValueError):
@@ -59,6 +60,21 @@ class FusedModel:
     def name_of(self, optimizer_name: str) -> str:
         """The fused model's name for an input or output of the optimizer model."""
         return self.renamed.get(optimizer_name, optimizer_name)
+
+    def parameter_updates(self, trainable: Sequence[str]) -> list[ParameterUpdate]:
+        """Per parameter of ``trainable``, the fused model's names for it, its moments (the optimizer model's
+        ``<p>.momentumK``, K = 0, 1... while it has them) and its gradient, as read and written, and its shape."""
+        declared = {value.name: value.type.tensor_type.shape for value in self.model.graph.input}
+        updates = []
+        for p in trainable:
+            moments = []
+            while (name := self.name_of(state_name(p, len(moments)))) in declared:
+                moments.append((name, self.name_of(updated_name(state_name(p, len(moments))))))
+            parameter, gradient = self.name_of(p), self.name_of(grad_name(p))
+            shape = tuple(d.dim_value for d in declared[parameter].dim)
+            pair = (parameter, self.name_of(updated_name(p)))
+            updates.append(ParameterUpdate(pair, tuple(moments), (gradient, self.gradients[p]), shape))
+        return updates
 
 
 def fuse_update_and_train(

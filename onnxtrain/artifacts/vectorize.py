@@ -19,6 +19,11 @@ parameters are split back (``Split``, ``Reshape``) for the nodes that read
 them, and the new gradients are flattened and concatenated into the packed
 gradient output.
 
+:func:`pack_in_place` packs inside the model instead, for the fused step on a
+GPU, which updates each tensor in place (:mod:`onnxtrain.training.fused`): its
+inputs and outputs stay one per tensor, seen as rows of one width, and one
+``Concat`` per role packs them at every step.
+
 Where the model runs on CUDA the parameters are split back by one ``Slice``
 each instead: onnxruntime's CUDA ``Split`` copies a map of its axis, one
 int64 per element, from the host to the device at every run, and waits for
@@ -38,7 +43,7 @@ from onnx import TensorProto, helper
 
 from onnxtrain.graph.fold import ShapeInference, onnx_shapes
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import names_read
+from onnxtrain.graph.walk import names_read, rename_references
 
 #: Element-wise operators a chain may be made of (each element of the result depends on the same element of
 #: each input, and on scalars).
@@ -47,6 +52,10 @@ ELEMENTWISE = frozenset(
     | {"Max", "Min", "Where", "Greater", "Less", "Equal", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or"}
     | {"Identity", "Clip"}
 )
+
+#: The most rows a group packed by :func:`pack_in_place` holds (onnxruntime's CUDA ``Concat`` copies one int64
+#: per row to the device at every run: 8 MiB).
+MAX_PACKED_ROWS = 1 << 20
 
 #: ``(input, output)``: a tensor the model reads and writes a new value of.
 Carried = tuple[str, str]
@@ -67,13 +76,17 @@ class Pack:
     """One flat tensor standing for a role (the parameters, a moment, the gradients) of a group of parameters.
 
     ``carried``: its input and output; ``members``: the per-parameter
-    ``(input, output)`` it stands for, in order, with their ``shapes``.
+    ``(input, output)`` it stands for, in order, with their ``shapes``;
+    ``role``: ``"parameters"``, ``"gradients"`` or ``"moment0"``, ``"moment1"``...
     """
 
     carried: Carried
     members: tuple[Carried, ...]
     shapes: tuple[tuple[int, ...], ...]
     elem_type: int
+    role: str
+    #: The width of the rows its members are seen as (:func:`pack_in_place`); ``1`` for :func:`pack_updates`.
+    width: int = 1
 
 
 def pack_updates(
@@ -94,6 +107,93 @@ def pack_updates(
     ``Slice`` nodes (for CUDA, see the module docstring). ``model`` is not
     changed.
     """
+    copy, groups = _groups(model, updates, shapes_of)
+    packs: list[Pack] = []
+    for members, chains in groups:
+        chain_length = len(chains[0])
+        reshapes = sum(2 for m in members if len(m.shape) != 1)
+        packing = reshapes + 1 + (len(members) if slices else 1)  # the reshapes, the Concat, the Split or Slices
+        if chain_length * (len(members) - 1) <= packing:
+            continue  # packing would not save nodes
+        packs += _pack_group(copy.graph, members, chains, unique, slices)
+    return copy, packs
+
+
+def pack_in_place(
+    model: onnx.ModelProto,
+    updates: Sequence[ParameterUpdate],
+    unique: Callable[[str], str],
+    shapes_of: ShapeInference = onnx_shapes,
+    *,
+    max_rows: int = MAX_PACKED_ROWS,
+) -> tuple[onnx.ModelProto, list[Pack]]:
+    """``model`` with the identical chains of ``updates`` run once per group on packed tensors made inside the
+    model, and the packs: the model's inputs and outputs stay one per tensor, for a step that updates them in
+    place.
+
+    A group's tensors are seen as rows of one width ``C``, the greatest
+    common divisor of their sizes: each member's input (the parameter, its
+    gradient, each moment) is declared ``[size / C, C]``, and so are its new
+    parameter and moments; the caller binds the tensor's own buffer with that
+    shape (:attr:`Pack.views`), so nothing copies to reshape it. Per role one
+    ``Concat`` of the rows packs the members' inputs, the chain runs once, and
+    one ``Slice`` per member writes each new parameter and moment into its
+    output; the nodes that read a new parameter read it through a ``Reshape``
+    to its shape (no copy). The new gradients, which the rest of the model
+    writes, are left as they are. Packs' ``carried`` names are the model's
+    packed values, not inputs or outputs.
+
+    onnxruntime's CUDA ``Concat`` of inputs of different lengths builds and
+    copies to the device one int64 per row at every run: a group holds at most
+    ``max_rows`` rows. Members are taken largest first, and one that would
+    shrink the width past that is left with its own chain (GPT-2 small's 148
+    tensors: all, 162 thousand rows of 768). A group is packed where it
+    saves nodes. ``model`` is not changed.
+    """
+    copy, groups = _groups(model, updates, shapes_of)
+    packs: list[Pack] = []
+    for members, chains in groups:
+        kept, width = _rows_of_one_width(members, max_rows)
+        chains = [chain for member, chain in zip(members, chains, strict=True) if member in kept]
+        unpacking = sum(1 + len(m.moments) + (len(m.shape) != 1) for m in kept)  # Slices, Reshapes
+        if len(chains[0]) * (len(kept) - 1) <= unpacking + 2 + len(kept[0].moments):  # and the Concats
+            continue
+        packs += _pack_group_in_place(copy.graph, kept, chains, width, unique)
+    return copy, packs
+
+
+def _rows_of_one_width(members: Sequence[ParameterUpdate], max_rows: int) -> tuple[list[ParameterUpdate], int]:
+    """The members to pack, in their order, and the width of their rows: the greatest common divisor of their
+    sizes, taken largest first, each kept where the rows stay at most ``max_rows``."""
+    kept: set[int] = set()
+    width, total = 0, 0
+    for index in sorted(range(len(members)), key=lambda i: -math.prod(members[i].shape)):
+        size = math.prod(members[index].shape)
+        narrower = math.gcd(width, size)
+        if narrower and (total + size) // narrower <= max_rows:
+            kept.add(index)
+            width, total = narrower, total + size
+    return [member for i, member in enumerate(members) if i in kept], max(width, 1)
+
+
+def views_in_place(packs: Sequence[Pack]) -> tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """The inputs and the outputs whose shapes :func:`pack_in_place` declared as rows, with those shapes."""
+    inputs: dict[str, tuple[int, int]] = {}
+    outputs: dict[str, tuple[int, int]] = {}
+    for pack in packs:
+        for (name, out), shape in zip(pack.members, pack.shapes, strict=True):
+            rows = (math.prod(shape) // pack.width, pack.width)
+            inputs[name] = rows
+            if pack.role != "gradients":
+                outputs[out] = rows
+    return inputs, outputs
+
+
+def _groups(
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], shapes_of: ShapeInference
+) -> tuple[onnx.ModelProto, list[tuple[list[ParameterUpdate], list[list[onnx.NodeProto]]]]]:
+    """A copy of ``model`` and, in it, the groups of two or more ``updates`` whose chains are the same
+    element-wise computation, each with its members' chains."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph  # the chains are found in the copy, whose nodes are then replaced
@@ -111,16 +211,9 @@ def pack_updates(
         found = chains.get(update.parameter[0])
         if found is not None:
             groups.setdefault(found[1], []).append(update)
-    packs: list[Pack] = []
-    for signature, members in groups.items():
-        chain_length = len(signature) - 1  # the last item is the dtype
-        reshapes = sum(2 for m in members if len(m.shape) != 1)
-        packing = reshapes + 1 + (len(members) if slices else 1)  # the reshapes, the Concat, the Split or Slices
-        if len(members) < 2 or chain_length * (len(members) - 1) <= packing:
-            continue  # packing would not save nodes
-        chains_of_group = [chains[m.parameter[0]][0] for m in members]
-        packs += _pack_group(copy.graph, members, chains_of_group, unique, slices)
-    return copy, packs
+    return copy, [
+        (members, [chains[m.parameter[0]][0] for m in members]) for members in groups.values() if len(members) > 1
+    ]
 
 
 def _element_counts(model: onnx.ModelProto, shapes_of: ShapeInference) -> dict[str, int | None]:
@@ -202,6 +295,41 @@ def _chain(
     return chain, (*signature, (len(update.moments), elem_type))
 
 
+def _roles(
+    members: Sequence[ParameterUpdate], unique: Callable[[str], str]
+) -> tuple[list[list[Carried]], list[str], list[Carried]]:
+    """The members' tensors by role (parameters, gradients, each moment), the roles' names, and a new name for
+    each role's packed tensor and its update."""
+    roles: list[list[Carried]] = [[m.parameter for m in members], [m.gradient for m in members]]
+    roles += [[m.moments[k] for m in members] for k in range(len(members[0].moments))]
+    names = ["parameters", "gradients", *(f"moment{k}" for k in range(len(roles) - 2))]
+    head = members[0].parameter[0]
+    return roles, names, [(unique(f"{head}.packed_{n}"), unique(f"{head}.packed_{n}.updated")) for n in names]
+
+
+def _packed_chain(
+    template: Sequence[onnx.NodeProto],
+    roles: Sequence[Sequence[Carried]],
+    packed: Sequence[Carried],
+    unique: Callable[[str], str],
+) -> list[onnx.NodeProto]:
+    """The first member's chain ``template``, run on the ``packed`` tensors of ``roles``: reading each role's
+    packed input, writing each role's packed update but the gradients'."""
+    renamed = {role[0][0]: packed[r][0] for r, role in enumerate(roles)}
+    outputs_of_role = {role[0][1]: packed[r][1] for r, role in enumerate(roles) if r != 1}
+    nodes = []
+    for node in template:
+        clone = onnx.NodeProto()
+        clone.CopyFrom(node)
+        clone.name = unique(f"{node.name or node.op_type}.packed")
+        clone.input[:] = [renamed.get(name, name) for name in node.input]
+        out = node.output[0]
+        renamed[out] = outputs_of_role.get(out) or unique(f"{out}.packed")
+        clone.output[:] = [renamed[out]]
+        nodes.append(clone)
+    return nodes
+
+
 def _pack_group(
     graph: onnx.GraphProto,
     members: list[ParameterUpdate],
@@ -214,25 +342,8 @@ def _pack_group(
     elem_type = inputs[members[0].parameter[0]].type.tensor_type.elem_type
     shapes = tuple(m.shape for m in members)
     total = sum(math.prod(shape) for shape in shapes)
-    head = members[0].parameter[0]
-    roles: list[list[Carried]] = [[m.parameter for m in members], [m.gradient for m in members]]
-    roles += [[m.moments[k] for m in members] for k in range(len(members[0].moments))]
-    names = ["parameters", "gradients", *(f"moment{k}" for k in range(len(roles) - 2))]
-    packed = [(unique(f"{head}.packed_{n}"), unique(f"{head}.packed_{n}.updated")) for n in names]
-
-    template = chains[0]
-    renamed: dict[str, str] = {members_of_role[0][0]: packed[r][0] for r, members_of_role in enumerate(roles)}
-    outputs_of_role = {members_of_role[0][1]: packed[r][1] for r, members_of_role in enumerate(roles) if r != 1}
-    new_nodes = []
-    for node in template:  # the first member's chain, on the packed tensors
-        clone = onnx.NodeProto()
-        clone.CopyFrom(node)
-        clone.name = unique(f"{node.name or node.op_type}.packed")
-        clone.input[:] = [renamed.get(name, name) for name in node.input]
-        out = node.output[0]
-        renamed[out] = outputs_of_role.get(out) or unique(f"{out}.packed")
-        clone.output[:] = [renamed[out]]
-        new_nodes.append(clone)
+    roles, names, packed = _roles(members, unique)
+    new_nodes = _packed_chain(chains[0], roles, packed, unique)
     # the new parameters, split back for the nodes that read them; the new gradients, packed
     parameters = [m.parameter[1] for m in members]
     new_nodes += split_and_reshape(packed[0][1], shapes, parameters, unique, graph.initializer, slices=slices)
@@ -257,9 +368,118 @@ def _pack_group(
     graph.output.extend(kept_outputs)
     graph.output.extend(helper.make_tensor_value_info(out, elem_type, [total]) for _, out in packed)
     return [
-        Pack(carried, tuple(members_of_role), shapes, elem_type)
-        for carried, members_of_role in zip(packed, roles, strict=True)
+        Pack(carried, tuple(members_of_role), shapes, elem_type, role)
+        for carried, members_of_role, role in zip(packed, roles, names, strict=True)
     ]
+
+
+def _pack_group_in_place(
+    graph: onnx.GraphProto,
+    members: list[ParameterUpdate],
+    chains: list[list[onnx.NodeProto]],
+    width: int,
+    unique: Callable[[str], str],
+) -> list[Pack]:
+    """Replace the chains of ``members`` by one chain on tensors packed inside ``graph`` (see
+    :func:`pack_in_place`)."""
+    elem_type = next(v for v in graph.input if v.name == members[0].parameter[0]).type.tensor_type.elem_type
+    shapes = tuple(m.shape for m in members)
+    sizes = [math.prod(shape) for shape in shapes]
+    roles, names, packed = _roles(members, unique)
+    new_nodes = [  # the members' rows, one after the other
+        helper.make_node(
+            "Concat", [name for name, _ in role], [packed[r][0]], name=unique(f"{packed[r][0]}.pack"), axis=0
+        )
+        for r, role in enumerate(roles)
+    ]
+    new_nodes += _packed_chain(chains[0], roles, packed, unique)
+    rows = [size // width for size in sizes]
+    for r, role in enumerate(roles):  # each new parameter and moment sliced into its own output, as rows
+        if r != 1:
+            outputs = [out for _, out in role]
+            new_nodes += _slice_rows(packed[r][1], rows, outputs, unique, graph.initializer)
+    # the rest of the model reads each new parameter in its shape: a Reshape of the output
+    shaped = {
+        m.parameter[1]: unique(f"{m.parameter[1]}.shaped")
+        for m, count in zip(members, rows, strict=True)
+        if m.shape != (count, width)
+    }
+    dropped = {id(node) for chain in chains for node in chain}
+    kept = [node for node in graph.node if id(node) not in dropped]
+    for node in kept:
+        rename_references(node, shaped)
+    for member in members:
+        if member.parameter[1] in shaped:
+            dims = unique(f"{member.parameter[1]}.shape")
+            graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(member.shape)], member.shape))
+            reshape = [member.parameter[1], dims]
+            new_nodes.append(helper.make_node("Reshape", reshape, [shaped[member.parameter[1]]], name=unique(dims)))
+    # the packed update and what it reads first, then the rest in its order: onnxruntime, which runs the ready
+    # node listed first, then applies the update before any node of the training step runs (onnxtrain.training.fused)
+    producers = {name: node for node in kept for name in node.output}
+    update = {id(node) for node in _ancestors(new_nodes, producers)}
+    known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
+    first = [node for node in kept if id(node) in update]
+    rest = [node for node in kept if id(node) not in update]
+    ordered = _topological([*first, *new_nodes, *rest], known)
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+    declared = {}  # the members' inputs and their new parameters and moments, as rows
+    for r, role in enumerate(roles):
+        for (name, out), count in zip(role, rows, strict=True):
+            declared[name] = count
+            if r != 1:
+                declared[out] = count
+    for value in (*graph.input, *graph.output):
+        if value.name in declared:
+            _declare(value, (declared[value.name], width))
+    kept_infos = [info for info in graph.value_info if info.name not in declared]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_infos)
+    return [
+        Pack(carried, tuple(role), shapes, elem_type, name, width)
+        for carried, role, name in zip(packed, roles, names, strict=True)
+    ]
+
+
+def _ancestors(nodes: Sequence[onnx.NodeProto], producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes of ``producers`` that ``nodes`` depend on."""
+    found: dict[int, onnx.NodeProto] = {}
+    stack = [name for node in nodes for name in names_read(node)]
+    while stack:
+        node = producers.get(stack.pop())
+        if node is not None and id(node) not in found:
+            found[id(node)] = node
+            stack.extend(names_read(node))
+    return list(found.values())
+
+
+def _declare(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:
+    """Declare ``value`` (a tensor) of shape ``dims``."""
+    shape = value.type.tensor_type.shape
+    del shape.dim[:]
+    for size in dims:
+        shape.dim.add().dim_value = size
+
+
+def _slice_rows(
+    packed: str,
+    rows: Sequence[int],
+    outputs: Sequence[str],
+    unique: Callable[[str], str],
+    initializers: MutableSequence[onnx.TensorProto],
+) -> list[onnx.NodeProto]:
+    """One ``Slice`` per output, of its ``rows`` of ``packed`` (one after the other, along axis 0); the bounds
+    they need are added to ``initializers``."""
+    nodes = []
+    bounds = [0, *itertools.accumulate(rows)]
+    for out, start, end in zip(outputs, bounds[:-1], bounds[1:], strict=True):
+        names = [unique(f"{out}.start"), unique(f"{out}.end")]
+        for name, bound in zip(names, (start, end), strict=True):
+            initializers.append(helper.make_tensor(name, TensorProto.INT64, [1], [bound]))
+        nodes.append(helper.make_node("Slice", [packed, *names], [out], name=unique(f"{out}.unpack")))
+    return nodes
 
 
 def flatten_and_concat(
@@ -338,4 +558,14 @@ def _topological(nodes: Sequence[onnx.NodeProto], known: set[str]) -> list[onnx.
     return ordered
 
 
-__all__ = ["ELEMENTWISE", "Pack", "ParameterUpdate", "flatten_and_concat", "pack_updates", "split_and_reshape"]
+__all__ = [
+    "ELEMENTWISE",
+    "MAX_PACKED_ROWS",
+    "Pack",
+    "ParameterUpdate",
+    "flatten_and_concat",
+    "pack_in_place",
+    "pack_updates",
+    "split_and_reshape",
+    "views_in_place",
+]

@@ -49,6 +49,12 @@ class _PublicBinding:
     def bind_output(self, name: str, device: Device) -> None:
         self._binding.bind_output(name, device.type, device.id)
 
+    def bind_input_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        self._binding.bind_input(name, device.type, device.id, value.element_type(), list(shape), value.data_ptr())
+
+    def bind_output_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        self._binding.bind_output(name, device.type, device.id, value.element_type(), list(shape), value.data_ptr())
+
     def run(self, options: ort.RunOptions) -> None:
         self._session.run_with_iobinding(self._binding, options)
 
@@ -92,10 +98,20 @@ class _NativeBinding:
         self._binding.bind_ortvalue_output(name, value._ortvalue)
 
     def bind_output(self, name: str, device: Device) -> None:
+        self._binding.bind_output(name, self._device(device))
+
+    def bind_input_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        self._binding.bind_input(name, self._device(device), value.element_type(), list(shape), value.data_ptr())
+
+    def bind_output_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        self._binding.bind_output(name, self._device(device), value.element_type(), list(shape), value.data_ptr())
+
+    def _device(self, device: Device) -> Any:
+        """onnxruntime's native object for ``device``."""
         native = self._devices.get(device)
         if native is None:
             native = self._devices[device] = ort.OrtDevice.make(device.type, device.id)._get_c_device()
-        self._binding.bind_output(name, native)
+        return native
 
     def run(self, options: ort.RunOptions) -> None:
         self._native_session.run_with_iobinding(self._binding, options)
@@ -109,6 +125,22 @@ class _NativeBinding:
 
 _MAX_LAYOUTS = 8
 
+#: A tensor's dimensions.
+Shape = tuple[int, ...]
+
+
+class _View:
+    """An OrtValue's buffer bound with another shape (what is bound, for :class:`_Layout`)."""
+
+    __slots__ = ("shape", "value")
+
+    def __init__(self, value: ort.OrtValue, shape: Shape) -> None:
+        self.value = value
+        self.shape = shape
+
+    def views(self, value: ort.OrtValue, shape: Shape) -> bool:
+        return self.value is value and self.shape == shape
+
 
 class _Layout:
     """One IOBinding and what is bound to it."""
@@ -117,8 +149,8 @@ class _Layout:
 
     def __init__(self, io: _NativeBinding | _PublicBinding) -> None:
         self.io = io
-        self.inputs: dict[str, ort.OrtValue] = {}
-        self.outputs: dict[str, ort.OrtValue] = {}
+        self.inputs: dict[str, ort.OrtValue | _View] = {}
+        self.outputs: dict[str, ort.OrtValue | _View] = {}
         self.held: dict[str, ort.OrtValue] = {}
         self.settled = False
 
@@ -264,6 +296,21 @@ class BoundSession:
         if self._outputs.get(name) is not value:
             self._io.bind_ortvalue_output(name, value)
             self._outputs[name] = value
+
+    def bind_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        """Bind an input to the buffer of ``value`` (on ``device``) seen with ``shape`` (as many elements): the
+        same memory, no copy (inputs a model declares as rows, :func:`onnxtrain.artifacts.vectorize.pack_in_place`)."""
+        bound = self._inputs.get(name)
+        if not (bound.__class__ is _View and bound.views(value, shape)):  # type: ignore[union-attr]
+            self._io.bind_input_view(name, value, shape, device)
+            self._inputs[name] = _View(value, shape)
+
+    def bind_output_view(self, name: str, value: ort.OrtValue, shape: Shape, device: Device) -> None:
+        """Let the run write output ``name`` into the buffer of ``value`` (on ``device``) seen with ``shape``."""
+        bound = self._outputs.get(name)
+        if not (bound.__class__ is _View and bound.views(value, shape)):  # type: ignore[union-attr]
+            self._io.bind_output_view(name, value, shape, device)
+            self._outputs[name] = _View(value, shape)
 
     def bind_output(self, name: str, device: Device) -> None:
         """A fresh output on ``device`` (rebound before every run: onnxruntime would reuse the last one)."""

@@ -29,14 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.artifacts.vectorize import ParameterUpdate
+from onnxtrain.artifacts.vectorize import Pack, ParameterUpdate, pack_in_place, views_in_place
 from onnxtrain.graph.io import copy_model
+from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.graph.passes import fold_static_shapes
-from onnxtrain.optim.base import grad_name, state_name, updated_name
+from onnxtrain.optim.base import updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training.binding import BoundSession
@@ -114,6 +116,13 @@ class FusedStep:
         self._on_host = on_host
         #: Whether a step of any size gets the session for its shapes, not only a small one: off the CPU.
         self.fold_every_shape = not on_host
+        #: Whether the sessions run the optimizer's identical per-parameter chains once on packed tensors
+        #: (:func:`~onnxtrain.artifacts.vectorize.pack_in_place`): off the CPU. Decided when the first session
+        #: is made.
+        self.pack_updates = not on_host
+        self._step_model: LoadedModel | None = None
+        #: The inputs and outputs the step model declares as rows, with those shapes (bound as such).
+        self._views: tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]] = ({}, {})
         self._staged: list[np.ndarray] | None = None
         self._staged_values: list[ort.OrtValue] = []
 
@@ -160,8 +169,21 @@ class FusedStep:
     def session(self) -> BoundSession:
         """The session over the fused model as built, for inputs of any shape (made on first use)."""
         if self._general is None:
-            self._general = self._open_session(self.model, "fused training step")
+            self._general = self._open_session(self.step_model, "fused training step")
         return self._general
+
+    @property
+    def step_model(self) -> LoadedModel:
+        """The model the sessions run: :attr:`model`, or with :attr:`pack_updates` the same with the optimizer's
+        identical chains packed, where that saves nodes and keeps the update in place (made on first use)."""
+        if self._step_model is None:
+            self._step_model = self.model
+            pairs = {name: out for name, _, out in self.in_place}
+            found = packed_in_place(self.model.proto, self.updates, pairs) if self.pack_updates else None
+            if found is not None:
+                self._step_model = LoadedModel(found[0], found[0].SerializeToString())
+                self._views = views_in_place(found[1])
+        return self._step_model
 
     def session_for(self, shapes: tuple[tuple[int, ...], ...]) -> BoundSession:
         """The session for a step whose user inputs have ``shapes``: the one for fixed shapes where they are its
@@ -181,7 +203,7 @@ class FusedStep:
         if not small and not self.fold_every_shape:  # a step of much data on the CPU: its arithmetic is the cost
             return self.session
         by_input = dict(zip(self._user_inputs, shapes, strict=True))
-        folded = fold_static_shapes(copy_model(self.model.proto), shapes=by_input, shapes_of=inferred_shapes)
+        folded = fold_static_shapes(copy_model(self.step_model.proto), shapes=by_input, shapes_of=inferred_shapes)
         model = LoadedModel(folded, folded.SerializeToString())
         session = self._open_session(model, f"fused training step for inputs of shapes {shapes}")
         self._fixed = (shapes, session)
@@ -218,9 +240,31 @@ class FusedStep:
         both input and output (the module binds the rest)."""
         session.bind_value(self.learning_rate, self._values[0])
         session.bind_value(self.step, self._values[1])
+        input_views, output_views = self._views
         for name, tensor, out in self.in_place:
-            session.bind_value(name, tensor.value)
-            session.bind_output_into(out, tensor.value)
+            view = input_views.get(name)
+            if view is not None:  # packed by the model: the same buffer, seen as rows
+                session.bind_view(name, tensor.value, view, tensor.device)
+            else:
+                session.bind_value(name, tensor.value)
+            view = output_views.get(out)
+            if view is not None:
+                session.bind_output_view(out, tensor.value, view, tensor.device)
+            else:
+                session.bind_output_into(out, tensor.value)
+
+
+def packed_in_place(
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], pairs: Mapping[str, str]
+) -> tuple[onnx.ModelProto, list[Pack]] | None:
+    """``model`` (a fused step) with the identical chains of ``updates`` packed
+    (:func:`~onnxtrain.artifacts.vectorize.pack_in_place`), and the packs; ``None`` where nothing is packed or
+    where the packed model could not write each output of ``pairs`` (``{input: output}``) into its input's
+    buffer."""
+    packed, packs = pack_in_place(model, updates, keep_or_tag(names_in(model.graph), "packed"))
+    if not packs or unsafe_in_place(packed.graph, pairs):
+        return None
+    return packed, packs
 
 
 def _updated_tensors(
@@ -229,18 +273,12 @@ def _updated_tensors(
     """The parameters, moments and gradients the fused model updates, with its names for each; and the same
     per parameter."""
     updated: list[Updated] = []
-    updates: list[ParameterUpdate] = []
-    for p in trainable:
-        param = (p, store.tensors[p], fused.name_of(updated_name(p)))
-        kept = [
-            (fused.name_of(state_name(p, i)), moment, fused.name_of(updated_name(state_name(p, i))))
-            for i, moment in enumerate(moments[p])
-        ]
-        gradient = (fused.name_of(grad_name(p)), store.gradients[p], fused.gradients[p])
-        updated += [param, *kept, gradient]
-        pairs = tuple((name, out) for name, _, out in kept)
-        updates.append(ParameterUpdate((p, param[2]), pairs, (gradient[0], gradient[2]), store.tensors[p].shape))
+    updates = fused.parameter_updates(trainable)
+    for p, update in zip(trainable, updates, strict=True):
+        updated.append((update.parameter[0], store.tensors[p], update.parameter[1]))
+        updated += [(name, moment, out) for (name, out), moment in zip(update.moments, moments[p], strict=True)]
+        updated.append((update.gradient[0], store.gradients[p], update.gradient[1]))
     return updated, updates
 
 
-__all__ = ["FusedStep", "Updated"]
+__all__ = ["FusedStep", "Updated", "packed_in_place"]

@@ -13,12 +13,15 @@ from onnxtrain.sessions import inference_session
 
 
 def open_module(
-    paths: Mapping[str, Path], *, optimizer: bool = True, fuse: bool = True, **kwargs: Any
+    paths: Mapping[str, Path], *, optimizer: bool = True, fuse: bool = True, as_on_a_gpu: bool = False, **kwargs: Any
 ) -> tuple[Any, Any, Any]:
-    """``(state, module, optimizer)`` from freshly loaded artifacts; ``fuse`` goes to the Optimizer."""
+    """``(state, module, optimizer)`` from freshly loaded artifacts; ``fuse`` goes to the Optimizer;
+    ``as_on_a_gpu``: its fused step as on a GPU (a session for every step shape, the update's chains packed)."""
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     module = api.Module(paths["training_model"], state, paths["eval_model"], **kwargs)
     opt = api.Optimizer(paths["optimizer_model"], module, fuse=fuse) if optimizer else None
+    if as_on_a_gpu and opt is not None and opt.fused_step is not None:
+        opt.fused_step.fold_every_shape = opt.fused_step.pack_updates = True
     return state, module, opt
 
 

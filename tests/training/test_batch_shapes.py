@@ -13,6 +13,7 @@ the other in plain onnxruntime sessions, with no binding, fusion or staging.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,15 +191,15 @@ def _compare(
     fold_every_shape: bool = False,
 ) -> api.Module:
     """``loop`` trained by the runtime and by plain sessions, compared step by step; ``fold_every_shape``: the fused
-    step as on a GPU (a step of any size gets the session for its shapes)."""
+    step as on a GPU (a step of any size gets the session for its shapes, the optimizer's chains packed)."""
     rate = 0.05
     plain = PlainSteps(paths, rate)
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     module = api.Module(paths["training_model"], state, paths["eval_model"])
     optimizer = api.Optimizer(paths["optimizer_model"], module, fuse=fuse)
     if module._fused is not None:
-        assert not module._fused.fold_every_shape  # on the CPU
-        module._fused.fold_every_shape = fold_every_shape
+        assert not module._fused.fold_every_shape and not module._fused.pack_updates  # on the CPU
+        module._fused.fold_every_shape = module._fused.pack_updates = fold_every_shape
     optimizer.set_learning_rate(rate)
     rng = np.random.default_rng(len(loop))
     for i, step in enumerate(loop):
@@ -278,6 +279,15 @@ def test_on_a_gpu_the_first_shape_of_any_size_gets_its_own_session(artifacts_of,
     assert fixed.session.get_inputs()[0].shape == [520, FEATURES]
     assert general.session.get_inputs()[0].shape != [520, FEATURES]
     assert len(fixed.session.get_inputs()) == len(general.session.get_inputs())
+    # AdamW's chains run once, on the parameters packed inside the step
+    ops = [node.op_type for node in fused.step_model.proto.graph.node]
+    unpacked = [node.op_type for node in fused.model.proto.graph.node]
+    assert ops.count("Concat") - unpacked.count("Concat") == 4  # the parameters, gradients and two moments
+    assert ops.count("Slice") - unpacked.count("Slice") == 3 * len(fused.updates)  # new parameters and moments
+    shapes = {value.name: value.shape for value in fixed.session.get_inputs()}
+    seen = [shapes[update.parameter[0]] for update in fused.updates]  # as rows of one width: the same buffers
+    assert len({width for _, width in seen}) == 1
+    assert [math.prod(shape) for shape in seen] == [math.prod(update.shape) for update in fused.updates]
 
 
 @pytest.mark.parametrize("hidden", [16, 600])

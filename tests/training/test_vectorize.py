@@ -1,8 +1,10 @@
-"""``pack_updates``: the optimizer's identical per-parameter chains run once on packed tensors, with the same bits."""
+"""``pack_updates`` and ``pack_in_place``: the optimizer's identical per-parameter chains run once on packed tensors,
+with the same bits."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,18 @@ import pytest
 
 from onnxtrain import optim
 from onnxtrain.artifacts import LossType
-from onnxtrain.artifacts.vectorize import pack_updates
+from onnxtrain.artifacts.vectorize import MAX_PACKED_ROWS, Pack, pack_in_place, pack_updates, views_in_place
 from onnxtrain.graph.naming import keep_or_tag, names_in
 from onnxtrain.sessions import inference_session
 from tests.training import models
 from tests.training.helpers import open_module
+
+#: The optimizers whose chains are packed, by name.
+OPTIMIZERS: dict[str, Callable[[], optim.Optimizer]] = {
+    "AdamW": optim.AdamW,
+    "AdamW-amsgrad": lambda: optim.AdamW(amsgrad=True),
+    "SGD-momentum": lambda: optim.SGD(momentum=0.9),
+}
 
 
 def _fused(paths: dict[str, Path]) -> Any:
@@ -47,14 +56,11 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.n
 
 
 @pytest.mark.parametrize("slices", [False, True], ids=["split", "slices"])
-@pytest.mark.parametrize("optimizer", ["AdamW", "AdamW-amsgrad", "SGD-momentum"])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimizer: str, slices: bool) -> None:
-    block = {
-        "AdamW": optim.AdamW(),
-        "AdamW-amsgrad": optim.AdamW(amsgrad=True),
-        "SGD-momentum": optim.SGD(momentum=0.9),
-    }
-    paths = models.generate(tmp_path, models.mlp((6, 8, 5, 3)), loss=LossType.MSELoss, optimizer=block[optimizer])
+    paths = models.generate(
+        tmp_path, models.mlp((6, 8, 5, 3)), loss=LossType.MSELoss, optimizer=OPTIMIZERS[optimizer]()
+    )
     fused = _fused(paths)
     model = fused.model.proto
     unique = keep_or_tag(names_in(model.graph), "test")
@@ -98,3 +104,63 @@ def test_packing_that_saves_nothing_is_not_done(tmp_path: Path) -> None:
     model = fused.model.proto
     _, packs = pack_updates(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
     assert packs == []
+
+
+def _as_rows(packs: list[Pack], feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``feeds`` as the runtime binds them to a model packed in place: the packed tensors as rows."""
+    shapes, _ = views_in_place(packs)
+    return {name: value.reshape(shapes[name]) if name in shapes else value for name, value in feeds.items()}
+
+
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+def test_updates_packed_in_place_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimizer: str) -> None:
+    """The fused step's inputs and outputs stay one per tensor, bound as rows of one width."""
+    paths = models.generate(
+        tmp_path, models.mlp((8, 16, 24, 8)), loss=LossType.MSELoss, optimizer=OPTIMIZERS[optimizer]()
+    )
+    fused = _fused(paths)
+    model = fused.model.proto
+    packed, packs = pack_in_place(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    onnx.checker.check_model(packed, full_check=True)
+    moments = len(fused.updates[0].moments)
+    assert [pack.role for pack in packs] == ["parameters", "gradients", *(f"moment{k}" for k in range(moments))]
+    assert {pack.width for pack in packs} == {8} and all(len(pack.members) == 6 for pack in packs)
+    inputs, outputs = views_in_place(packs)
+    assert inputs["fc1.weight"] == (48, 8) and outputs["fc1.weight.updated"] == (48, 8)
+    assert [value.name for value in packed.graph.input] == [value.name for value in model.graph.input]
+    assert [value.name for value in packed.graph.output] == [value.name for value in model.graph.output]
+    ops = [node.op_type for node in packed.graph.node]
+    before = [node.op_type for node in model.graph.node]
+    # 6 chains of 4 (SGD) to 12 nodes: one; a Concat per role, a Slice per parameter and moment, a Reshape per
+    # parameter not already of the shape of its rows of 8 (all but the last weight, 24 x 8)
+    added = {op: ops.count(op) - before.count(op) for op in ("Concat", "Slice", "Reshape")}
+    assert added == {"Concat": len(packs), "Slice": 6 * (1 + moments), "Reshape": 5}
+    assert len(ops) < len(before) - 5 * (4 if optimizer == "SGD-momentum" else 12) + sum(added.values()) + 1
+    feeds = _feeds(model, np.random.default_rng(0))
+    expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
+    assert sorted(got) == sorted(expected)
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
+    # the update runs before the training step: every node it depends on is listed before the first Slice
+    first_slice = ops.index("Slice")
+    assert "MatMul" not in ops[:first_slice]
+
+
+@pytest.mark.parametrize("max_rows", [MAX_PACKED_ROWS, 30])
+def test_a_group_packs_the_tensors_that_keep_its_rows_under_the_limit(tmp_path: Path, max_rows: int) -> None:
+    """Sizes 48, 8, 40, 5, 15, 3: all, in rows of 1 (119 rows); or under 30 rows, largest first: 48, 40 and 8 in
+    rows of 8 (12 rows), the others with their own chains. The same bits either way."""
+    paths = models.generate(tmp_path, models.mlp((6, 8, 5, 3)), loss=LossType.MSELoss, optimizer=optim.AdamW())
+    fused = _fused(paths)
+    model = fused.model.proto
+    unique = keep_or_tag(names_in(model.graph), "test")
+    packed, packs = pack_in_place(model, fused.updates, unique, max_rows=max_rows)
+    params = next(pack for pack in packs if pack.role == "parameters")
+    if max_rows == MAX_PACKED_ROWS:
+        assert params.width == 1 and len(params.members) == 6
+    else:
+        assert params.width == 8 and [p for p, _ in params.members] == ["fc0.weight", "fc0.bias", "fc1.weight"]
+    feeds = _feeds(model, np.random.default_rng(1))
+    expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
