@@ -143,11 +143,9 @@ def test_without_sympy_nothing_is_named(monkeypatch: pytest.MonkeyPatch):
     assert symbolic.with_symbolic_dims(model).SerializeToString() == attention_model().SerializeToString()
 
 
-@pytest.fixture(scope="module")
-def both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The attention model's artifacts with the symbolic dimensions, and without them (the sums over broadcast
-    axes decided at run time)."""
-    folder = tmp_path_factory.mktemp("attention")
+def _both_ways(folder: Path, precision: str = "fp32") -> dict[str, Path]:
+    """The attention model's artifacts in ``precision`` with the symbolic dimensions, and without them (the sums
+    over broadcast axes decided at run time)."""
     onnx.save(attention_model(), folder / "model.onnx")
     made = {}
     for way in ("named", "run time"):
@@ -161,9 +159,15 @@ def both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                 loss=artifacts.LossType.MSELoss,
                 optimizer=artifacts.OptimType.AdamW,
                 artifact_directory=target,
+                precision=precision,
             )
         made[way] = target
     return made
+
+
+@pytest.fixture(scope="module")
+def both_ways(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _both_ways(tmp_path_factory.mktemp("attention"))
 
 
 def _op_count(directory: Path, op: str) -> int:
@@ -196,3 +200,23 @@ def test_the_gradients_equal_those_decided_at_run_time(both_ways, batch, seq, se
     for name, grad in grads.items():
         assert grad.shape == (FEATURES, FEATURES)
         np.testing.assert_allclose(grad, reference[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_in_half_precision_the_names_hold_through_the_casts(tmp_path: Path, precision: str) -> None:
+    """Autocast runs the reshapes and products in half on copies of the values: the copies keep the names of
+    the sizes (``autocast.declare_like``), so no sum is decided at run time there either, and the gradients are
+    those decided at run time, to half precision's rounding (the products sum in another order)."""
+    made = _both_ways(tmp_path, precision)
+    assert _op_count(made["run time"], "NonZero") > 0
+    assert _op_count(made["named"], "NonZero") == 0
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(2, 5, FEATURES)).astype(np.float32)
+    target = rng.normal(size=(2, 5, FEATURES)).astype(np.float32)
+    loss, grads = _gradients(made["named"], x, target)
+    reference_loss, reference = _gradients(made["run time"], x, target)
+    assert loss == pytest.approx(reference_loss, rel=1e-6)
+    assert set(grads) >= {"Wq", "Wk", "Wv"}
+    for name in ("Wq", "Wk", "Wv"):
+        scale = np.abs(reference[name]).max()
+        np.testing.assert_allclose(grads[name], reference[name], rtol=0, atol=2e-3 * scale, err_msg=name)

@@ -149,7 +149,24 @@ def autocast(
         nodes += [node, *backs]
     del graph.node[:]
     graph.node.extend(nodes)
+    declare_like(graph, half_of, half)
     return model, report
+
+
+def declare_like(graph: onnx.GraphProto, copies: Mapping[str, str], elem_type: int) -> None:
+    """Declare each value of ``copies`` (``{value: its copy in another type}``) in ``graph.value_info`` with its
+    original's shape, where that is declared, and ``elem_type``: a computed size the model's ``value_info``
+    names (:mod:`onnxtrain.graph.symbolic`) stays named in the copy, which a ``Reshape`` now writes."""
+    declared = {value.name: value for value in graph.value_info}
+    for name, copy in copies.items():
+        original = declared.get(name)
+        if original is None or copy in declared or not original.type.tensor_type.HasField("shape"):
+            continue
+        value = graph.value_info.add()
+        value.CopyFrom(original)
+        value.name = copy
+        value.type.tensor_type.elem_type = elem_type
+        declared[copy] = value
 
 
 def strip_autocast(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -238,6 +255,7 @@ def compute_in_float32(
     types = GraphBuilder(model)
     taken = names_in(graph)
     nodes: list[onnx.NodeProto] = []
+    widened: dict[str, str] = {}  # value -> its float32 copy
     changed = 0
     for node in graph.node:
         chosen = node.op_type == op_type and node.domain == domain and (where is None or where(node))
@@ -248,20 +266,21 @@ def compute_in_float32(
         inputs, outputs = data
         half = types.elem_type_if_known(node.input[inputs[0]])
         for k in inputs:
-            wide = first_free(f"{node.input[k]}.float32", taken)
+            wide = widened[node.input[k]] = first_free(f"{node.input[k]}.float32", taken)
             nodes.append(
                 helper.make_node("Cast", [node.input[k]], [wide], name=f"{wide}.cast", to=onnx.TensorProto.FLOAT)
             )
             node.input[k] = wide
         backs = []
         for k in outputs:
-            wide = first_free(f"{node.output[k]}.float32", taken)
+            wide = widened[node.output[k]] = first_free(f"{node.output[k]}.float32", taken)
             backs.append(helper.make_node("Cast", [wide], [node.output[k]], name=f"{wide}.back", to=half))
             node.output[k] = wide
         nodes += [node, *backs]
         changed += 1
     del graph.node[:]
     graph.node.extend(nodes)
+    declare_like(graph, widened, onnx.TensorProto.FLOAT)
     return changed
 
 
@@ -358,6 +377,7 @@ __all__ = [
     "check_overrides",
     "check_precision",
     "compute_in_float32",
+    "declare_like",
     "defined_with",
     "half_parameters",
     "schema_takes",
