@@ -101,6 +101,25 @@ def shapes_of(args: argparse.Namespace) -> list[tuple[int, int]]:
         raise SystemExit(f"--shapes {args.shapes!r}: give batch shapes as BxT, comma-separated (2x64,4x128)") from None
 
 
+def add_one_shape_arguments(parser: argparse.ArgumentParser, *, device: str, report: str) -> None:
+    """A one-shape tool's common arguments: ``--workload``, ``--shapes`` (one ``BxT``), ``--device`` (``device``
+    by default), ``--workdir`` and ``--out`` (the folder of ``report``)."""
+    parser.add_argument("--workload", default="gpt2-small", choices=list(MODELS))
+    parser.add_argument("--shapes", default="16x256", help="one batch shape BxT")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=device)
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "onnxtrain-real-size")
+    parser.add_argument("--out", type=Path, required=True, help=f"where {report}.md and .json go")
+
+
+def one_shape(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[int, int]:
+    """The one batch shape of a tool made with :func:`add_one_shape_arguments` (a parser error for more)."""
+    args.batch, args.seq = None, None
+    (batch, seq), *more = shapes_of(args)
+    if more:
+        parser.error("--shapes: one batch shape at a time")
+    return batch, seq
+
+
 def _worker(argv: list[str]) -> dict[str, Any]:
     """Run the worker with ``argv``; its result, or ``{"error": ...}``."""
     command = [sys.executable, "-m", "benchmarks.real_size.worker", *argv]

@@ -9,29 +9,33 @@ first, so that a call cut short still brings it):
    fused step by operator and provider, the slowest nodes, the copies between
    host and device, and the GPU's kernels and busy share from torch's profiler;
    the step is about 2x PyTorch eager's there (2026-11-28), and this says why;
-2. ``fp32``: gpt2-small and llama-125m at 16x256, onnxtrain against PyTorch
+2. ``graph-capture`` (CUDA only): gpt2-small's fused step at 16x256 replayed
+   as one CUDA graph against launched node by node
+   (``python -m benchmarks.real_size.graph_capture``): whether onnxruntime
+   captures it, and what the launches cost;
+3. ``fp32``: gpt2-small and llama-125m at 16x256, onnxtrain against PyTorch
    eager and SDPA, two runs each: step time, tokens per second, NVML and
    PyTorch's peak memory, the breakdown;
-3. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
+4. ``bf16`` and ``fp16``: gpt2-small at 16x256, onnxtrain's mixed-precision
    artifacts against PyTorch under autocast (and GradScaler for fp16), one run;
-4. ``checkpointed``: gpt2-small at 16x256 with activation checkpointing,
+5. ``checkpointed``: gpt2-small at 16x256 with activation checkpointing,
    onnxtrain's ``activation_checkpoints="auto"`` against transformers'
    ``gradient_checkpointing_enable()``, one run;
-5. ``memory-reuse``: onnxtrain's fp32 step with onnxruntime's planned reuse of
+6. ``memory-reuse``: onnxtrain's fp32 step with onnxruntime's planned reuse of
    buffers, which the runtime turns off for large steps;
-6. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session
+7. ``own-arenas`` (CUDA only): onnxtrain's fp32 step with an arena per session
    growing to powers of two (onnxruntime's defaults), against the default
    run's one arena shared by the sessions that grows by what is asked;
-7. ``unpacked-update`` (CUDA only): onnxtrain's fp32 step with AdamW's per-parameter
+8. ``unpacked-update`` (CUDA only): onnxtrain's fp32 step with AdamW's per-parameter
    chains as built (12 nodes per tensor), against the default run's one
    chain over the packed tensors (``FusedStep.pack_updates``).
 
-5 to 7 change only how the sessions run: they skip the static figures, which
+6 to 8 change only how the sessions run: they skip the static figures, which
 are the fp32 run's (``--no-static``).
 
-Each writes ``DIR/<name>.md`` and ``DIR/<name>.json`` (the profile:
-``DIR/profile-gpt2-small.md`` and ``.json``), and its output to
-``DIR/<name>.log``; artifacts go to ``DIR/work`` (``--workdir`` to keep them
+Each writes ``DIR/<name>.md`` and ``DIR/<name>.json`` (the profile and the
+graph capture: ``DIR/profile-gpt2-small.md``, ``DIR/graph-capture-gpt2-small.md``
+and their ``.json``), and its output to ``DIR/<name>.log``; artifacts go to ``DIR/work`` (``--workdir`` to keep them
 elsewhere). ``--dry-run`` prints the commands. ``--only fp32,bf16`` picks.
 """
 
@@ -49,9 +53,14 @@ from pathlib import Path
 _SESSIONS_ONLY = ["--workload", "gpt2-small", "--runs", "1", "--frameworks", "onnxtrain", "--no-static"]
 #: The module that makes the profile (the other runs are ``python -m benchmarks.real_size``'s).
 PROFILE_MODULE = "benchmarks.real_size.profile"
+#: The module of the graph-capture experiment.
+GRAPH_CAPTURE_MODULE = "benchmarks.real_size.graph_capture"
+#: The modules that write their reports into ``--out`` (the others take ``--markdown`` and ``--json``).
+OUT_MODULES = frozenset({PROFILE_MODULE, GRAPH_CAPTURE_MODULE})
 #: ``name: (module, its arguments)`` besides the batch shape, the device, the output files and the folder.
 RUNS: dict[str, tuple[str, list[str]]] = {
     "profile": (PROFILE_MODULE, ["--workload", "gpt2-small"]),
+    "graph-capture": (GRAPH_CAPTURE_MODULE, ["--workload", "gpt2-small"]),
     "fp32": ("benchmarks.real_size", ["--workload", "gpt2-small,llama-125m", "--runs", "2"]),
     "bf16": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--precision", "bf16"]),
     "fp16": ("benchmarks.real_size", ["--workload", "gpt2-small", "--runs", "1", "--precision", "fp16"]),
@@ -62,7 +71,7 @@ RUNS: dict[str, tuple[str, list[str]]] = {
 }
 SHAPES = "16x256"
 #: Runs that only mean something on a GPU.
-CUDA_ONLY = frozenset({"own-arenas", "unpacked-update"})
+CUDA_ONLY = frozenset({"graph-capture", "own-arenas", "unpacked-update"})
 
 
 def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list[tuple[str, list[str]]]:
@@ -78,7 +87,7 @@ def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list
         module, arguments = RUNS[name]
         command = [sys.executable, "-m", module, "--shapes", SHAPES, "--device", device, *arguments]
         command += ["--workdir", str(workdir)]
-        if module == PROFILE_MODULE:
+        if module in OUT_MODULES:
             command += ["--out", str(out)]
         else:
             command += ["--markdown", str(out / f"{name}.md"), "--json", str(out / f"{name}.json")]

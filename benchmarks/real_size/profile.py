@@ -38,7 +38,6 @@ import itertools
 import json
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -263,31 +262,24 @@ def render(workload: str, shape: str, result: dict[str, Any]) -> str:
 
 
 def arguments() -> argparse.ArgumentParser:
-    from benchmarks.real_size.models import MODELS
+    from benchmarks.real_size.__main__ import add_one_shape_arguments
     from benchmarks.real_size.worker import PRECISIONS
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_size.profile", description=__doc__.splitlines()[0])
-    parser.add_argument("--workload", default="gpt2-small", choices=list(MODELS))
-    parser.add_argument("--shapes", default="16x256", help="one batch shape BxT")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    add_one_shape_arguments(parser, device="cpu", report="profile-<workload>")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the figures")
     parser.add_argument("--steps", type=int, default=5, help="profiled steps after the warm-up")
-    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "onnxtrain-real-size")
-    parser.add_argument("--out", type=Path, required=True, help="where profile-<workload>.md and .json go")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from benchmarks.real_size.__main__ import _worker, prepared, shapes_of
+    from benchmarks.real_size.__main__ import _worker, one_shape, prepared
 
     parser = arguments()
     args = parser.parse_args(argv)
-    args.batch, args.seq = None, None
-    (batch, seq), *more = shapes_of(args)
-    if more:
-        parser.error("--shapes: profile one batch shape at a time")
+    batch, seq = one_shape(parser, args)
     folder, _ = prepared(args.workload, args.workdir, args.precision, args.checkpointing)
     profiles = args.workdir / "profiles" / f"{args.workload}-{batch}x{seq}-{args.device}"
     for old in profiles.glob("session-*.json"):

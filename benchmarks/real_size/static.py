@@ -138,8 +138,8 @@ def static_figures(
     onnxruntime optimizes them for ``providers`` (``fused, optimized``, ``reset, optimized``); off the CPU, the
     fused step with its updates packed and its shapes folded first, as the runtime runs it there
     (:func:`fused_as_run`)."""
-    training, optimizer = _step_models(artifacts)
-    fused = _fused(training, optimizer)
+    training, optimizer = step_models(artifacts)
+    fused = fused_step(training, optimizer)
     fused_nodes, updates = len(fused.model.graph.node), fused.parameter_updates(trainable_of(training))
     optimized: dict[tuple[int, tuple[int, int] | None], onnx.ModelProto] = {}
     fixed: dict[str, tuple[int, ...]] = {}
@@ -170,7 +170,7 @@ def static_figures(
 
 def fused_model(artifacts: Path) -> onnx.ModelProto:
     """The fused step's model, as the runtime builds it from the artifacts."""
-    return _fused(*_step_models(artifacts)).model
+    return fused_step(*step_models(artifacts)).model
 
 
 def folds_every_shape(providers: Sequence[str]) -> bool:
@@ -186,20 +186,20 @@ def fused_as_run(
     off the CPU, with the optimizer's chains packed (:func:`onnxtrain.training.fused.packed_in_place`) and the
     shapes folded (:func:`onnxtrain.graph.passes.fold_static_shapes`); on the CPU, as built (a large step's
     session; a small one's is folded there too)."""
-    training, optimizer = _step_models(artifacts)
-    fused = _fused(training, optimizer)
+    training, optimizer = step_models(artifacts)
+    fused = fused_step(training, optimizer)
     if not folds_every_shape(providers):
         return fused.model
     return _as_run(fused.model, fused.parameter_updates(trainable_of(training)), shapes_for(training, *shape))
 
 
-def _step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """The training and optimizer models of ``artifacts``, without their external data."""
     training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
     return training, onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
 
 
-def _fused(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> FusedModel:
+def fused_step(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> FusedModel:
     """The fused step of ``training`` and ``optimizer`` (neither is changed)."""
     return fuse_update_and_train(training, optimizer, trainable_of(training))
 
@@ -232,11 +232,13 @@ __all__ = [
     "folds_every_shape",
     "fused_as_run",
     "fused_model",
+    "fused_step",
     "in_index_order",
     "ort_kernels",
     "ort_optimized",
     "shapes_for",
     "static_figures",
+    "step_models",
     "summary",
     "user_inputs",
 ]

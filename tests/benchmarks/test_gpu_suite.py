@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.real_size import gpu_suite, profile
+from benchmarks.real_size import gpu_suite, graph_capture, profile
 from benchmarks.real_size.__main__ import arguments
 
 
@@ -15,6 +15,8 @@ def _parsed(command: list[str]) -> argparse.Namespace:
     """``command``'s arguments as its module's own parser takes them."""
     if command[2] == gpu_suite.PROFILE_MODULE:
         return profile.arguments().parse_args(command[3:])
+    if command[2] == gpu_suite.GRAPH_CAPTURE_MODULE:
+        return graph_capture.arguments().parse_args(command[3:])
     assert command[1:3] == ["-m", "benchmarks.real_size"]
     return arguments().parse_args(command[3:])
 
@@ -26,7 +28,7 @@ def test_every_command_is_one_its_module_accepts(tmp_path: Path) -> None:
     for name, command in planned:
         parsed = _parsed(command)
         assert parsed.device == "cuda" and parsed.shapes == "16x256" and parsed.workdir == tmp_path / "work"
-        if command[2] == gpu_suite.PROFILE_MODULE:
+        if command[2] in gpu_suite.OUT_MODULES:
             assert parsed.out == tmp_path
         else:
             assert Path(parsed.json) == tmp_path / f"{name}.json"
@@ -51,7 +53,7 @@ def test_the_cuda_only_runs_are_left_out_on_the_cpu(tmp_path: Path) -> None:
 
 def test_the_runs_that_change_only_session_options_skip_the_static_figures(tmp_path: Path) -> None:
     planned = dict(gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda"))
-    del planned["profile"]  # no static figures to skip
+    del planned["profile"], planned["graph-capture"]  # no static figures to skip
     skipping = {name for name, command in planned.items() if arguments().parse_args(command[3:]).no_static}
     assert skipping == {"memory-reuse", "own-arenas", "unpacked-update"}  # fp32's artifacts: its static figures
 
