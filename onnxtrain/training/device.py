@@ -37,6 +37,9 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 _CUDA_PROVIDERS = frozenset({CUDA_PROVIDER, "TensorrtExecutionProvider"})
 #: The CUDA provider's arena settings for ``device="cuda"``.
 CUDA_ARENA_OPTIONS: Mapping[str, str] = {"arena_extend_strategy": "kSameAsRequested"}
+#: Provider options that capture a session's run as a graph and replay it (CUDA's, TensorRT's, DirectML's,
+#: WebGPU's): refused, see :func:`resolve`.
+GRAPH_CAPTURE_OPTIONS = ("enable_cuda_graph", "trt_cuda_graph_enable", "enable_graph_capture", "enableGraphCapture")
 #: The CUDA provider's options that configure its memory arena or replace it.
 _CUDA_ARENA_KEYS = (
     "arena_extend_strategy",
@@ -134,6 +137,7 @@ def resolve(device: str | Device | None, providers: Sequence[ProviderSpec] | Non
     else:
         chosen = Device.parse("cpu" if device is None else device)
         providers = chosen.providers()
+    _refuse_graph_capture(providers)
     available = ort.get_available_providers()
     missing = [_provider_name(p) for p in providers if _provider_name(p) not in available]
     if missing:
@@ -145,10 +149,25 @@ def resolve(device: str | Device | None, providers: Sequence[ProviderSpec] | Non
     return chosen, providers
 
 
+def _refuse_graph_capture(providers: Sequence[ProviderSpec]) -> None:
+    """A ``ValueError`` where a provider's options turn on the capture of a session's run as a graph replayed
+    at the next runs (:data:`GRAPH_CAPTURE_OPTIONS`)."""
+    for provider in providers:
+        options = provider[1] if isinstance(provider, tuple) else {}
+        for key in GRAPH_CAPTURE_OPTIONS:
+            if str(options.get(key, "0")).strip().lower() not in ("0", "false", ""):
+                raise ValueError(
+                    f"provider option {key}={options[key]!r} of {_provider_name(provider)}: a captured graph "
+                    "replays the addresses of its first runs, and the runtime binds each step's batch and each "
+                    "eval's inputs anew, so a replay would read stale data. Remove the option"
+                )
+
+
 __all__ = [
     "CPU_PROVIDER",
     "CUDA_ARENA_OPTIONS",
     "CUDA_PROVIDER",
+    "GRAPH_CAPTURE_OPTIONS",
     "Device",
     "DeviceType",
     "ProviderSpec",

@@ -7,6 +7,7 @@ import onnxruntime as ort
 import pytest
 
 from onnxtrain import api
+from onnxtrain.training.device import resolve
 from tests.training.helpers import open_module, parameters, regression_batch, run_onnx
 
 
@@ -141,6 +142,20 @@ def test_device_strings(regression):
     state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
     module = api.Module(regression["training_model"], state, providers=["CPUExecutionProvider"])
     assert str(module.device) == "cpu"
+
+
+@pytest.mark.parametrize("value", ["1", 1, True, "True"])
+@pytest.mark.parametrize("provider", ["CUDAExecutionProvider", "TensorrtExecutionProvider"])
+def test_graph_capture_in_the_provider_options_is_refused_with_the_reason(regression, provider, value):
+    """A captured run replays the addresses of its first runs; the runtime binds each batch anew. Refused before
+    onnxruntime is asked for the provider (so here too, without CUDA)."""
+    key = "enable_cuda_graph" if provider == "CUDAExecutionProvider" else "trt_cuda_graph_enable"
+    state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
+    with pytest.raises(ValueError, match=f"{key}=.*stale data. Remove the option"):
+        api.Module(regression["training_model"], state, providers=[(provider, {key: value}), "CPUExecutionProvider"])
+    assert state.parameters["fc0.weight"].grad is None  # the state was not touched
+    device, providers = resolve(None, [("CPUExecutionProvider", {key: "0"})])  # off: accepted
+    assert str(device) == "cpu" and providers == [("CPUExecutionProvider", {key: "0"})]
 
 
 @pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="CUDA is available here")
