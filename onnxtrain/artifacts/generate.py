@@ -42,6 +42,7 @@ from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import copy_model, load_light
 from onnxtrain.graph.passes import autocast
+from onnxtrain.graph.passes.static_shapes import fold_static_dims
 from onnxtrain.graph.symbolic import with_symbolic_dims
 from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
 
@@ -208,6 +209,8 @@ def _build(
     _check_outputs(proto, "additional_output_names", additional, values=True)
     if not inputs_to_loss:
         raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
+    # the sizes the static dimensions decide, made constants (the parameters are not)
+    fold_static_dims(proto, keep=[*inputs_to_loss, *additional], variables=[*requires, *frozen])
     if half is not None:  # the forward in half where the policy says; the loss, built after it, in float32
         autocast.autocast(proto, half, overrides)
     loss_of = PassThrough() if loss is None else loss_block(loss)

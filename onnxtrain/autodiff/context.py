@@ -203,7 +203,7 @@ class RuleContext:
         return [int(d) for d in dims]  # type: ignore[arg-type]
 
     def constant_value(self, name: str) -> np.ndarray | None:
-        """The value of ``name`` when it is a small initializer, else ``None``."""
+        """The value of ``name`` when it is a small initializer or ``Constant`` node, else ``None``."""
         return self.builder.constant_value(name) if name else None
 
     def producer(self, name: str) -> onnx.NodeProto | None:

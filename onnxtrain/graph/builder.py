@@ -118,10 +118,22 @@ class GraphBuilder:
             if value.HasField("type"):
                 self._values[value.name] = value.type
         for node in graph.node:
+            self._record_constant_node(node)
             for name in node.output:
                 if name:
                     self._values.setdefault(name, None)
         self._seen = (len(graph.input), len(graph.initializer), len(graph.node), len(graph.value_info))
+
+    def _record_constant_node(self, node: onnx.NodeProto) -> None:
+        """Take in the value of a ``Constant`` node holding a small tensor, as a small initializer's."""
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.attribute) != 1:
+            return
+        attribute = node.attribute[0]
+        if attribute.name == "value" and is_small(attribute.t):
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(attribute.t)
+            tensor.name = node.output[0]
+            self._constants[tensor.name] = tensor
 
     def _record_tensor(self, tensor: onnx.TensorProto) -> None:
         self._values[tensor.name] = _tensor_type_of(tensor)
@@ -149,6 +161,7 @@ class GraphBuilder:
             for name in (*node.output, node.name):
                 if name:
                     self.names.reserve(name)
+            self._record_constant_node(node)
             self._values.update(self._infer_outputs(node))
             for name in node.output:
                 if name:
@@ -250,7 +263,7 @@ class GraphBuilder:
         return None if dims is None else len(dims)
 
     def constant_value(self, name: str) -> np.ndarray | None:
-        """The value of a small initializer ``name``, or ``None``."""
+        """The value of a small initializer or ``Constant`` node ``name``, or ``None``."""
         tensor = self._constants.get(name)
         return None if tensor is None else numpy_helper.to_array(tensor)
 

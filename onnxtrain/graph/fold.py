@@ -80,8 +80,10 @@ def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int
     op = node.op_type
     if op in _ARITHMETIC:
         a, b = inputs
-        if a.dtype != b.dtype or (op == "Div" and a.dtype.kind != "f"):
-            return None  # integer division truncates in ONNX and floors in NumPy: left to run time
+        if a.dtype != b.dtype:
+            return None
+        if op == "Div" and a.dtype.kind != "f":  # ONNX truncates, NumPy floors: the same where neither is negative
+            return np.floor_divide(a, b).astype(a.dtype) if (a >= 0).all() and (b > 0).all() else None
         return np.asarray(_ARITHMETIC[op](a, b), dtype=a.dtype)
     if op in _UNARY:
         if op != "Identity" and inputs[0].dtype.kind != "f":

@@ -83,7 +83,9 @@ class FusedStep:
     a launch that costs the host about as much whatever the node's size, so
     the first step of any size gets the session for its shapes
     (:attr:`fold_every_shape`): GPT-2 small's fused step at 16 x 256 runs
-    3,395 nodes instead of 4,165.
+    3,395 nodes instead of 4,165. There too the sessions run the optimizer's
+    identical per-parameter chains once, on the tensors packed inside the step
+    (:attr:`pack_updates`, :attr:`step_model`): 2,201 nodes.
     """
 
     def __init__(

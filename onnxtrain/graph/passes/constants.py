@@ -34,7 +34,7 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     """
     graph = model.graph
     opset = opset_version(model)
-    constants = _SmallConstants(graph.initializer)
+    constants = SmallConstants(graph.initializer)
     for node in graph.node:
         if node.op_type == "Constant" and is_standard(node):
             constants.add_constant_node(node)
@@ -51,8 +51,9 @@ def fold_constants(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-class _SmallConstants(Mapping[str, np.ndarray]):
-    """The values of a graph's small constants (:func:`_small`), each converted to NumPy when first read."""
+class SmallConstants(Mapping[str, np.ndarray]):
+    """The values of a graph's small constants (:func:`_small`): initializers, ``Constant`` nodes taken in with
+    :meth:`add_constant_node`, values added; each converted to NumPy when first read."""
 
     def __init__(self, initializers: Iterable[onnx.TensorProto]) -> None:
         self._tensors = {tensor.name: tensor for tensor in initializers}
@@ -97,4 +98,4 @@ def _small(tensor: onnx.TensorProto) -> bool:
     return tensor.data_location != onnx.TensorProto.EXTERNAL and math.prod(tensor.dims) <= MAX_ELEMENTS
 
 
-__all__ = ["fold_constants"]
+__all__ = ["SmallConstants", "fold_constants"]
