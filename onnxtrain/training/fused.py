@@ -26,6 +26,7 @@ train step. The gradients are then reset, as after any failed train step.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -275,7 +276,9 @@ def _updated_tensors(
     """The parameters, moments and gradients the fused model updates, with its names for each; and the same
     per parameter."""
     updated: list[Updated] = []
-    updates = fused.parameter_updates(trainable)
+    # each tensor's shape as the state holds it (the model's declaration could leave a dimension unnamed)
+    declared = zip(trainable, fused.parameter_updates(trainable), strict=True)
+    updates = [replace(update, shape=store.tensors[p].shape) for p, update in declared]
     for p, update in zip(trainable, updates, strict=True):
         updated.append((update.parameter[0], store.tensors[p], update.parameter[1]))
         updated += [(name, moment, out) for (name, out), moment in zip(update.moments, moments[p], strict=True)]

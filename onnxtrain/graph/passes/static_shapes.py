@@ -92,7 +92,7 @@ def fold_static_dims(
     kept = []
     for node in graph.node:
         value = None
-        if not fixed.intersection(node.output) and node.output[0] in read_before and is_standard(node):
+        if node.output and node.output[0] in read_before and not fixed.intersection(node.output) and is_standard(node):
             if node.op_type == "Constant":  # read by what may fold; kept (unread, the models' pruning drops it)
                 constants.add_constant_node(node)
             elif node.op_type == "Shape" and node.input[0] in dims and node.input[0] not in full:
