@@ -20,6 +20,7 @@ from onnxtrain import api, artifacts
 from onnxtrain.artifacts import generate
 from onnxtrain.graph.fold import evaluate_constant
 from onnxtrain.graph.passes.static_shapes import fold_static_dims
+from onnxtrain.graph.versions import stamp_ir_version
 from onnxtrain.sessions import inference_session
 
 HEADS, HEAD = 2, 4
@@ -70,7 +71,9 @@ def rotary_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", HEADS, "seq", HEAD])],
         [weight],
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    stamp_ir_version(model)  # the IR version opset 17 needs, which every supported onnxruntime loads
+    return model
 
 
 def _run(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
@@ -177,7 +180,9 @@ def _table_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])],
         initializers,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    stamp_ir_version(model)  # the IR version opset 17 needs, which every supported onnxruntime loads
+    return model
 
 
 @pytest.mark.parametrize("variables", [["table"], []], ids=["a parameter", "a constant"])
