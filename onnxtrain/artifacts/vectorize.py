@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, MutableSequence, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass
 
 import onnx
@@ -107,7 +107,7 @@ def pack_updates(
     ``Slice`` nodes (for CUDA, see the module docstring). ``model`` is not
     changed.
     """
-    copy, groups = _groups(model, updates, shapes_of)
+    copy, groups = _groups(model, updates, shapes_of, read_elsewhere=False)
     packs: list[Pack] = []
     for members, chains in groups:
         chain_length = len(chains[0])
@@ -150,7 +150,7 @@ def pack_in_place(
     tensors: all, 162 thousand rows of 768). A group is packed where it
     saves nodes. ``model`` is not changed.
     """
-    copy, groups = _groups(model, updates, shapes_of)
+    copy, groups = _groups(model, updates, shapes_of, read_elsewhere=True)
     packs: list[Pack] = []
     for members, chains in groups:
         kept, width = _rows_of_one_width(members, max_rows)
@@ -190,10 +190,10 @@ def views_in_place(packs: Sequence[Pack]) -> tuple[dict[str, tuple[int, int]], d
 
 
 def _groups(
-    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], shapes_of: ShapeInference
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], shapes_of: ShapeInference, *, read_elsewhere: bool
 ) -> tuple[onnx.ModelProto, list[tuple[list[ParameterUpdate], list[list[onnx.NodeProto]]]]]:
     """A copy of ``model`` and, in it, the groups of two or more ``updates`` whose chains are the same
-    element-wise computation, each with its members' chains."""
+    element-wise computation, each with its members' chains (``read_elsewhere``: see :func:`_chain`)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     graph = copy.graph  # the chains are found in the copy, whose nodes are then replaced
@@ -203,7 +203,7 @@ def _groups(
     elem_types = {value.name: value.type.tensor_type.elem_type for value in graph.input}
     chains = {}
     for update in updates:
-        chain = _chain(graph, update, sizes, elem_types.get(update.parameter[0], 0))
+        chain = _chain(graph, update, sizes, elem_types.get(update.parameter[0], 0), read_elsewhere=read_elsewhere)
         if chain is not None:
             chains[update.parameter[0]] = chain
     groups: dict[tuple, list[ParameterUpdate]] = {}
@@ -243,20 +243,33 @@ def _single_elements(graph: onnx.GraphProto, sizes: dict[str, int | None]) -> se
 
 
 def _chain(
-    graph: onnx.GraphProto, update: ParameterUpdate, sizes: dict[str, int | None], elem_type: int
+    graph: onnx.GraphProto,
+    update: ParameterUpdate,
+    sizes: dict[str, int | None],
+    elem_type: int,
+    *,
+    read_elsewhere: bool = False,
 ) -> tuple[list[onnx.NodeProto], tuple] | None:
     """The nodes from ``update``'s tensors to its new parameter and moments, and their canonical form; ``None``
-    where they are not an element-wise chain over those tensors and scalars."""
+    where they are not an element-wise chain over those tensors and scalars.
+
+    A reduction of the tensors to one element (clipping's norm, the loss
+    scaler's check that every gradient is finite) is no part of the chain:
+    its result is a scalar the chain reads, shared where every member reads
+    the same. ``read_elsewhere``: the tensors and the chain's intermediate
+    values may be read outside the chain (by such reductions: the loss
+    scaler checks the unscaled gradients), else not.
+    """
     roles = {update.parameter[0]: 0, update.gradient[0]: 1}
     roles.update({m[0]: 2 + k for k, m in enumerate(update.moments)})
     ends = {update.parameter[1], *(m[1] for m in update.moments)}
     downstream = set(roles)
     for node in graph.node:
-        if any(name in downstream for name in node.input):
+        if any(name in downstream for name in node.input) and not _reduces(node, sizes):
             downstream.update(node.output)
     upstream = set(ends)
     for node in reversed(graph.node):
-        if any(name in upstream for name in node.output):
+        if any(name in upstream for name in node.output) and not _reduces(node, sizes):
             upstream.update(name for name in node.input if name)
     chain = [n for n in graph.node if any(o in downstream and o in upstream for o in n.output)]
     made = {name for node in chain for name in node.output}
@@ -270,7 +283,8 @@ def _chain(
     for node in chain:
         if node.op_type not in ELEMENTWISE or not is_standard(node) or len(node.output) != 1:
             return None
-        if node.output[0] not in ends and (node.output[0] in readers_outside or node.output[0] in outputs):
+        read_outside = node.output[0] in readers_outside and not read_elsewhere
+        if node.output[0] not in ends and (read_outside or node.output[0] in outputs):
             return None  # an intermediate read elsewhere would have to be unpacked too
         refs = []
         for name in node.input:
@@ -289,10 +303,18 @@ def _chain(
         )
         attrs = tuple(sorted((a.name, a.SerializeToString()) for a in node.attribute))
         signature.append((node.op_type, attrs, tuple(refs), ending))
-    for name in roles:  # the update's tensors are read by its chain only
-        if name in readers_outside or name in outputs:
+    for name in roles:  # the update's tensors are read by its chain only (or, read_elsewhere, by reductions too)
+        if name in outputs or (name in readers_outside and not read_elsewhere):
             return None
     return chain, (*signature, (len(update.moments), elem_type))
+
+
+def _reduces(node: onnx.NodeProto, sizes: Mapping[str, int | None]) -> bool:
+    """Whether ``node`` makes single elements from a larger input (a norm, a flag): a scalar the chains share,
+    not a step of theirs."""
+    made = [name for name in node.output if name]
+    read = [sizes.get(name) for name in node.input if name]
+    return bool(made) and all(sizes.get(name) == 1 for name in made) and any(size and size > 1 for size in read)
 
 
 def _roles(
@@ -404,16 +426,27 @@ def _pack_group_in_place(
         for m, count in zip(members, rows, strict=True)
         if m.shape != (count, width)
     }
-    dropped = {id(node) for chain in chains for node in chain}
+    dropped = {id(node) for chain in chains for node in chain} - _made_for_others(graph, chains, members)
     kept = [node for node in graph.node if id(node) not in dropped]
+    # the members' tensors read elsewhere (by a norm, a finiteness check), read there in their shapes
+    read_elsewhere = {name for node in kept for name in names_read(node)}
+    aliases = {
+        name: unique(f"{name}.shaped")
+        for role in roles
+        for (name, _), member, count in zip(role, members, rows, strict=True)
+        if name in read_elsewhere and member.shape != (count, width)
+    }
     for node in kept:
-        rename_references(node, shaped)
-    for member in members:
-        if member.parameter[1] in shaped:
-            dims = unique(f"{member.parameter[1]}.shape")
-            graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(member.shape)], member.shape))
-            reshape = [member.parameter[1], dims]
-            new_nodes.append(helper.make_node("Reshape", reshape, [shaped[member.parameter[1]]], name=unique(dims)))
+        rename_references(node, {**shaped, **aliases})
+    shape_of = {name: member.shape for role in roles for (name, _), member in zip(role, members, strict=True)}
+    shape_of.update({member.parameter[1]: member.shape for member in members})
+    reshapes = {
+        original: helper.make_node("Reshape", [original, _shape_constant(graph, unique, original, shape_of[original])],
+                                   [alias], name=unique(f"{alias}.reshape"))
+        for original, alias in {**aliases, **shaped}.items()
+    }  # fmt: skip
+    input_views = [reshapes[name] for name in aliases]  # read only inputs: run first
+    new_nodes += [reshapes[name] for name in shaped]
     # the packed update and what it reads first, then the rest in its order: onnxruntime, which runs the ready
     # node listed first, then applies the update before any node of the training step runs (onnxtrain.training.fused)
     producers = {name: node for node in kept for name in node.output}
@@ -421,7 +454,7 @@ def _pack_group_in_place(
     known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
     first = [node for node in kept if id(node) in update]
     rest = [node for node in kept if id(node) not in update]
-    ordered = _topological([*first, *new_nodes, *rest], known)
+    ordered = _topological([*input_views, *first, *new_nodes, *rest], known)
     del graph.node[:]
     graph.node.extend(ordered)
 
@@ -441,6 +474,33 @@ def _pack_group_in_place(
         Pack(carried, tuple(role), shapes, elem_type, name, width)
         for carried, role, name in zip(packed, roles, names, strict=True)
     ]
+
+
+def _made_for_others(
+    graph: onnx.GraphProto, chains: Sequence[Sequence[onnx.NodeProto]], members: Sequence[ParameterUpdate]
+) -> set[int]:
+    """``id()`` of the chains' nodes that make what nodes outside the chains read (the unscaled gradient the
+    loss scaler checks), with the chain nodes they need: kept per member beside the packed chain."""
+    in_chains = {id(node) for chain in chains for node in chain}
+    outside = {name for node in graph.node if id(node) not in in_chains for name in names_read(node)}
+    needed: set[int] = set()
+    for chain, member in zip(chains, members, strict=True):
+        ends = {member.parameter[1], *(out for _, out in member.moments)}
+        producers = {name: node for node in chain for name in node.output}
+        stack = [name for name in producers if name in outside and name not in ends]
+        while stack:
+            node = producers.get(stack.pop())
+            if node is not None and id(node) not in needed:
+                needed.add(id(node))
+                stack.extend(node.input)
+    return needed
+
+
+def _shape_constant(graph: onnx.GraphProto, unique: Callable[[str], str], name: str, shape: Sequence[int]) -> str:
+    """A new initializer of ``graph`` holding ``shape`` (for a ``Reshape`` of ``name``), and its name."""
+    dims = unique(f"{name}.shape")
+    graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
+    return dims
 
 
 def _ancestors(nodes: Sequence[onnx.NodeProto], producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:

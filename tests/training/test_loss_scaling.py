@@ -41,14 +41,25 @@ def _bad(like: Batch) -> Batch:
     return np.full_like(like[0], np.inf), like[1]
 
 
-def _setup(scaling: bool | optim.LossScaling, optimizer: optim.Optimizer | None = None, fuse: bool = True):
+def _setup(
+    scaling: bool | optim.LossScaling,
+    optimizer: optim.Optimizer | None = None,
+    fuse: bool = True,
+    *,
+    as_on_a_gpu: bool = False,
+):
+    """Artifacts of the MLP, and their state, module and optimizer; ``as_on_a_gpu``: the fused step as on a GPU
+    (a session for every step shape, the update's chains packed)."""
     built = build_artifacts(
         MODEL, requires_grad=PARAMETERS, loss=LossType.CrossEntropyLoss,
         optimizer=optimizer or optim.AdamW(), loss_scaling=scaling,
     )  # fmt: skip
     state = api.CheckpointState(built.checkpoint)
     module = api.Module(built.training_model, state, built.eval_model)
-    return built, state, module, Optimizer(built.optimizer_model, module, fuse=fuse)
+    optimizer_of = Optimizer(built.optimizer_model, module, fuse=fuse)
+    if as_on_a_gpu and optimizer_of.fused_step is not None:
+        optimizer_of.fused_step.fold_every_shape = optimizer_of.fused_step.pack_updates = True
+    return built, state, module, optimizer_of
 
 
 def _train(module: api.Module, optimizer: Optimizer, batches: Sequence[Batch]) -> list[tuple]:
@@ -79,18 +90,22 @@ def _reference(bad: Sequence[bool], scaling: optim.LossScaling) -> list[tuple[fl
     return seen
 
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     bad=st.lists(st.booleans(), min_size=1, max_size=7),
     interval=st.integers(1, 3),
-    fuse=st.booleans(),
+    mode=st.sampled_from(["apart", "fused", "fused as on a GPU"]),
 )
-def test_the_scaler_follows_grad_scaler_and_skipped_steps_change_nothing(bad: list[bool], interval: int, fuse: bool):
+def test_the_scaler_follows_grad_scaler_and_skipped_steps_change_nothing(bad: list[bool], interval: int, mode: str):
+    """Also with the fused step as on a GPU, whose packed update reads the scaler's flag."""
     scaling = optim.LossScaling(init_scale=2.0**10, growth_interval=interval)
     good = _batches(len(bad))
     batches = [_bad(batch) if inf else batch for batch, inf in zip(good, bad, strict=True)]
-    _, state, module, optimizer = _setup(scaling, fuse=fuse)
+    fuse = mode != "apart"
+    _, state, module, optimizer = _setup(scaling, fuse=fuse, as_on_a_gpu=mode == "fused as on a GPU")
     assert _train(module, optimizer, batches) == _reference(bad, scaling)
+    if mode == "fused as on a GPU" and len(bad) > 1:  # the fused step ran: its update packed
+        assert optimizer.fused_step.step_model is not optimizer.fused_step.model
     # the same artifacts' parameters as those of artifacts without scaling trained on the good batches alone
     _, unscaled_state, unscaled_module, unscaled = _setup(False, fuse=fuse)
     _train(unscaled_module, unscaled, [batch for batch, inf in zip(good, bad, strict=True) if not inf])
@@ -113,13 +128,18 @@ def test_an_epoch_with_an_infinite_batch_skips_it_as_single_steps_do():
         np.testing.assert_array_equal(value, _parameters(state)[name], err_msg=name)
 
 
-def test_clipping_sees_the_unscaled_gradients():
+@pytest.mark.parametrize("as_on_a_gpu", [False, True], ids=["as-on-the-cpu", "as-on-a-gpu"])
+def test_clipping_sees_the_unscaled_gradients(as_on_a_gpu: bool):
+    """Scaled and clipped, or clipped alone, the same bits; as on a GPU both fused steps pack their chains, which
+    read the clipping coefficient and the scaler's flag."""
     clipped = optim.AdamW(clip_grad=optim.ClipGradNorm(0.05))
     batches = _batches(3)
-    _, state, module, optimizer = _setup(True, optim.AdamW(clip_grad=optim.ClipGradNorm(0.05)))
+    _, state, module, optimizer = _setup(True, optim.AdamW(clip_grad=optim.ClipGradNorm(0.05)), as_on_a_gpu=as_on_a_gpu)
     _train(module, optimizer, batches)
-    _, unscaled_state, unscaled_module, unscaled = _setup(False, clipped)
+    _, unscaled_state, unscaled_module, unscaled = _setup(False, clipped, as_on_a_gpu=as_on_a_gpu)
     _train(unscaled_module, unscaled, batches)
+    for fused in (optimizer.fused_step, unscaled.fused_step):
+        assert (fused.step_model is not fused.model) == as_on_a_gpu
     for name, value in _parameters(state).items():
         np.testing.assert_array_equal(value, _parameters(unscaled_state)[name], err_msg=name)
 

@@ -164,3 +164,31 @@ def test_a_group_packs_the_tensors_that_keep_its_rows_under_the_limit(tmp_path: 
     expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
     for name, value in got.items():
         np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
+
+
+@pytest.mark.parametrize("case", ["clipped", "loss-scaled", "loss-scaled, a gradient infinite"])
+def test_updates_that_read_a_scalar_of_every_gradient_pack_in_place_with_the_same_bits(tmp_path: Path, case: str):
+    """Clipping's norm and the loss scaler's finiteness flag reduce every gradient to one element that every
+    chain reads: the chains are the same, and the reductions read the tensors in their shapes (through a
+    ``Reshape`` of the rows). Not packed into an epoch's carried state, where the tensors are inputs no more."""
+    clipped = case == "clipped"
+    block = optim.AdamW(clip_grad=optim.ClipGradNorm(0.5)) if clipped else optim.AdamW()
+    paths = models.generate(
+        tmp_path, models.mlp((8, 16, 24, 8)), loss=LossType.MSELoss, optimizer=block, loss_scaling=not clipped
+    )
+    fused = _fused(paths)
+    model = fused.model.proto
+    unique = keep_or_tag(names_in(model.graph), "test")
+    assert pack_updates(model, fused.updates, unique)[1] == []
+    packed, packs = pack_in_place(model, fused.updates, unique)
+    onnx.checker.check_model(packed, full_check=True)
+    assert len(packs) == 4 and all(len(pack.members) == 6 for pack in packs)
+    assert len(packed.graph.node) < len(model.graph.node)
+    feeds = _feeds(model, np.random.default_rng(2))
+    if case.endswith("infinite"):
+        gradient = fused.updates[2].gradient[0]
+        feeds[gradient] = feeds[gradient].copy()
+        feeds[gradient].flat[3] = np.inf  # the scaler skips the update: every tensor as it was
+    expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
