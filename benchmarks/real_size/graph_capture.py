@@ -53,23 +53,15 @@ def step_model(
     in place (``{output: input}``) and the user inputs (the token ids, the labels)."""
     from benchmarks.real_size import static
     from onnxtrain.artifacts.step_memory import trainable_of
-    from onnxtrain.artifacts.vectorize import views_in_place
-    from onnxtrain.graph.io import copy_model
-    from onnxtrain.graph.passes import fold_static_shapes
-    from onnxtrain.sessions import inferred_shapes
-    from onnxtrain.training.fused import packed_in_place
 
     training, optimizer = static.step_models(artifacts)
     fused = static.fused_step(training, optimizer)
     updates = fused.parameter_updates(trainable_of(training))
-    pairs = {name: out for u in updates for name, out in (u.parameter, u.gradient, *u.moments)}
-    packed = packed_in_place(fused.model, updates, pairs)
-    model, views = (fused.model, ({}, {})) if packed is None else (packed[0], views_in_place(packed[1]))
-    fixed = static.shapes_for(training, batch, seq)
-    model = fold_static_shapes(copy_model(model), shapes=fixed, shapes_of=inferred_shapes)
+    model, views = static.as_run(fused.model, updates, static.shapes_for(training, batch, seq))
     shapes = {value.name: _declared(value) for value in model.graph.input}
-    shapes.update({name: tuple(shape) for name, shape in views[0].items()})
-    return model, shapes, {out: name for name, out in pairs.items()}, static.user_inputs(training)
+    shapes.update(views)
+    in_place = {out: name for name, out in static.in_place_pairs(updates).items()}
+    return model, shapes, in_place, static.user_inputs(training)
 
 
 def _declared(value: Any) -> tuple[int, ...]:
@@ -145,12 +137,11 @@ def timed_session(
     outputs = {}
     for output in session.get_outputs():
         source = in_place.get(output.name)
+        dims = [int(d) for d in output.shape]  # the folded model's: all fixed
         if source is not None:  # written in place, as the runtime does, with the shape the model declares
             target = buffers[source]
-            dims = [int(d) for d in output.shape]
             binding.bind_output(output.name, kind, 0, target.element_type(), dims, target.data_ptr())
         else:
-            dims = [int(d) for d in output.shape]
             dtype = np.float32 if output.type == "tensor(float)" else np.int64
             outputs[output.name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, dtype, kind, 0)
             binding.bind_ortvalue_output(output.name, outputs[output.name])

@@ -23,7 +23,7 @@ import onnx
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import FusedModel, fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
-from onnxtrain.artifacts.vectorize import ParameterUpdate
+from onnxtrain.artifacts.vectorize import ParameterUpdate, views_in_place
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.graph.passes.recompute import transformers_to_disable
@@ -149,7 +149,7 @@ def static_figures(
         folds = folds_every_shape(providers) and len(model.graph.node) == fused_nodes
         key = (len(model.graph.node), shape if folds else None)
         if key not in optimized:
-            run = _as_run(model, updates, fixed) if folds else model
+            run = as_run(model, updates, fixed)[0] if folds else model
             optimized[key] = in_index_order(run, ort_optimized(run, providers))
         return optimized[key]
 
@@ -190,7 +190,7 @@ def fused_as_run(
     fused = fused_step(training, optimizer)
     if not folds_every_shape(providers):
         return fused.model
-    return _as_run(fused.model, fused.parameter_updates(trainable_of(training)), shapes_for(training, *shape))
+    return as_run(fused.model, fused.parameter_updates(trainable_of(training)), shapes_for(training, *shape))[0]
 
 
 def step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
@@ -204,17 +204,21 @@ def fused_step(training: onnx.ModelProto, optimizer: onnx.ModelProto) -> FusedMo
     return fuse_update_and_train(training, optimizer, trainable_of(training))
 
 
-def _as_run(
+def as_run(
     model: onnx.ModelProto, updates: Sequence[ParameterUpdate], fixed: dict[str, tuple[int, ...]]
-) -> onnx.ModelProto:
+) -> tuple[onnx.ModelProto, dict[str, tuple[int, int]]]:
     """A copy of the fused ``model`` as the runtime's session for fixed shapes gets it off the CPU: its
     ``updates`` packed in place, its user inputs' shapes ``fixed`` and what they make constant folded
-    (``FusedStep.step_model``, ``FusedStep.session_for``)."""
-    pairs = {name: out for u in updates for name, out in (u.parameter, u.gradient, *u.moments)}
-    packed = packed_in_place(model, updates, pairs)
-    return fold_static_shapes(
-        copy_model(model if packed is None else packed[0]), shapes=fixed, shapes_of=inferred_shapes
-    )
+    (``FusedStep.step_model``, ``FusedStep.session_for``); and the inputs the packing binds as rows, with the
+    shapes they are bound with."""
+    packed = packed_in_place(model, updates, in_place_pairs(updates))
+    run, views = (model, {}) if packed is None else (packed[0], views_in_place(packed[1])[0])
+    return fold_static_shapes(copy_model(run), shapes=fixed, shapes_of=inferred_shapes), views
+
+
+def in_place_pairs(updates: Sequence[ParameterUpdate]) -> dict[str, str]:
+    """``{input: output}`` of every tensor the fused step updates in place: each parameter, gradient, moment."""
+    return {name: out for u in updates for name, out in (u.parameter, u.gradient, *u.moments)}
 
 
 def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:
@@ -229,11 +233,13 @@ def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
 
 
 __all__ = [
+    "as_run",
     "folds_every_shape",
     "fused_as_run",
     "fused_model",
     "fused_step",
     "in_index_order",
+    "in_place_pairs",
     "ort_kernels",
     "ort_optimized",
     "shapes_for",

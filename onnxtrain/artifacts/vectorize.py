@@ -43,7 +43,7 @@ from onnx import TensorProto, helper
 
 from onnxtrain.graph.fold import ShapeInference, onnx_shapes
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import names_read, rename_references
+from onnxtrain.graph.walk import names_read, needed_nodes, rename_references
 
 #: Element-wise operators a chain may be made of (each element of the result depends on the same element of
 #: each input, and on scalars).
@@ -419,7 +419,9 @@ def _pack_group_in_place(
     for r, role in enumerate(roles):  # each new parameter and moment sliced into its own output, as rows
         if r != 1:
             outputs = [out for _, out in role]
-            new_nodes += _slice_rows(packed[r][1], rows, outputs, unique, graph.initializer)
+            # one Slice per output along axis 0, each ``count`` rows long (no Reshape: written as rows)
+            row_counts = [(count,) for count in rows]
+            new_nodes += split_and_reshape(packed[r][1], row_counts, outputs, unique, graph.initializer, slices=True)
     # the rest of the model reads each new parameter in its shape: a Reshape of the output
     shaped = {
         m.parameter[1]: unique(f"{m.parameter[1]}.shaped")
@@ -440,17 +442,15 @@ def _pack_group_in_place(
         rename_references(node, {**shaped, **aliases})
     shape_of = {name: member.shape for role in roles for (name, _), member in zip(role, members, strict=True)}
     shape_of.update({member.parameter[1]: member.shape for member in members})
-    reshapes = {
-        original: helper.make_node("Reshape", [original, _shape_constant(graph, unique, original, shape_of[original])],
-                                   [alias], name=unique(f"{alias}.reshape"))
-        for original, alias in {**aliases, **shaped}.items()
-    }  # fmt: skip
+    reshapes = {}
+    for original, alias in {**aliases, **shaped}.items():
+        dims = _shape_constant(graph.initializer, unique, original, shape_of[original])
+        reshapes[original] = helper.make_node("Reshape", [original, dims], [alias], name=unique(f"{alias}.reshape"))
     input_views = [reshapes[name] for name in aliases]  # read only inputs: run first
     new_nodes += [reshapes[name] for name in shaped]
     # the packed update and what it reads first, then the rest in its order: onnxruntime, which runs the ready
     # node listed first, then applies the update before any node of the training step runs (onnxtrain.training.fused)
-    producers = {name: node for node in kept for name in node.output}
-    update = {id(node) for node in _ancestors(new_nodes, producers)}
+    update = {id(node) for node in needed_nodes(kept, {name for node in new_nodes for name in names_read(node)})}
     known = {value.name for value in graph.input} | {tensor.name for tensor in graph.initializer}
     first = [node for node in kept if id(node) in update]
     rest = [node for node in kept if id(node) not in update]
@@ -486,33 +486,19 @@ def _made_for_others(
     needed: set[int] = set()
     for chain, member in zip(chains, members, strict=True):
         ends = {member.parameter[1], *(out for _, out in member.moments)}
-        producers = {name: node for node in chain for name in node.output}
-        stack = [name for name in producers if name in outside and name not in ends]
-        while stack:
-            node = producers.get(stack.pop())
-            if node is not None and id(node) not in needed:
-                needed.add(id(node))
-                stack.extend(node.input)
+        read = {name for node in chain for name in node.output if name in outside and name not in ends}
+        needed.update(id(node) for node in needed_nodes(chain, read))
     return needed
 
 
-def _shape_constant(graph: onnx.GraphProto, unique: Callable[[str], str], name: str, shape: Sequence[int]) -> str:
-    """A new initializer of ``graph`` holding ``shape`` (for a ``Reshape`` of ``name``), and its name."""
+def _shape_constant(
+    initializers: MutableSequence[onnx.TensorProto], unique: Callable[[str], str], name: str, shape: Sequence[int]
+) -> str:
+    """A new initializer holding ``shape`` (for a ``Reshape`` to ``name``'s shape), appended to ``initializers``;
+    its name."""
     dims = unique(f"{name}.shape")
-    graph.initializer.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
+    initializers.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
     return dims
-
-
-def _ancestors(nodes: Sequence[onnx.NodeProto], producers: dict[str, onnx.NodeProto]) -> list[onnx.NodeProto]:
-    """The nodes of ``producers`` that ``nodes`` depend on."""
-    found: dict[int, onnx.NodeProto] = {}
-    stack = [name for node in nodes for name in names_read(node)]
-    while stack:
-        node = producers.get(stack.pop())
-        if node is not None and id(node) not in found:
-            found[id(node)] = node
-            stack.extend(names_read(node))
-    return list(found.values())
 
 
 def _declare(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:
@@ -521,25 +507,6 @@ def _declare(value: onnx.ValueInfoProto, dims: Sequence[int]) -> None:
     del shape.dim[:]
     for size in dims:
         shape.dim.add().dim_value = size
-
-
-def _slice_rows(
-    packed: str,
-    rows: Sequence[int],
-    outputs: Sequence[str],
-    unique: Callable[[str], str],
-    initializers: MutableSequence[onnx.TensorProto],
-) -> list[onnx.NodeProto]:
-    """One ``Slice`` per output, of its ``rows`` of ``packed`` (one after the other, along axis 0); the bounds
-    they need are added to ``initializers``."""
-    nodes = []
-    bounds = [0, *itertools.accumulate(rows)]
-    for out, start, end in zip(outputs, bounds[:-1], bounds[1:], strict=True):
-        names = [unique(f"{out}.start"), unique(f"{out}.end")]
-        for name, bound in zip(names, (start, end), strict=True):
-            initializers.append(helper.make_tensor(name, TensorProto.INT64, [1], [bound]))
-        nodes.append(helper.make_node("Slice", [packed, *names], [out], name=unique(f"{out}.unpack")))
-    return nodes
 
 
 def flatten_and_concat(
@@ -592,8 +559,7 @@ def split_and_reshape(
         nodes = [helper.make_node("Split", [packed, split], pieces, name=unique(f"{packed}.unpack"), axis=0)]
     for out, piece, shape in zip(outputs, pieces, shapes, strict=True):
         if piece != out:
-            dims = unique(f"{out}.shape")
-            initializers.append(helper.make_tensor(dims, TensorProto.INT64, [len(shape)], list(shape)))
+            dims = _shape_constant(initializers, unique, out, shape)
             nodes.append(helper.make_node("Reshape", [piece, dims], [out], name=unique(f"{out}.unflatten")))
     return nodes
 
