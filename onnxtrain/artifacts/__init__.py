@@ -16,6 +16,7 @@ from onnxtrain.artifacts.accumulation import (
     remove_gradient_accumulation,
 )
 from onnxtrain.artifacts.export import export_model_for_inferencing
+from onnxtrain.artifacts.exported_parameters import TorchExportWarning
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
@@ -34,6 +35,7 @@ __all__ = [
     "ResetTrainingModel",
     "Role",
     "RunningStatisticsWarning",
+    "TorchExportWarning",
     "accumulated_name",
     "add_gradient_accumulation",
     "buffer_name",

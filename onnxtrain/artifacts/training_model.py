@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
+from onnxtrain.artifacts.exported_parameters import explain_missing, warn_changed_parameters
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
@@ -74,8 +75,9 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
         tensor = initializers.get(name)
         if tensor is None or not dtypes.is_float(tensor.data_type):
             what = "is not an initializer" if tensor is None else f"is {dtypes.dtype_name(tensor.data_type)}"
+            why = explain_missing(model, name) if tensor is None else ""
             raise ValueError(
-                f"requires_grad names {name!r}, which {what} of the model; trainable parameters are "
+                f"requires_grad names {name!r}, which {what} of the model{why}; trainable parameters are "
                 f"floating-point initializers: {floats}"
             )
     for name in frozen:
@@ -278,6 +280,7 @@ def build_training_models(
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
     check_parameters(forward, requires_grad, frozen_params)
+    warn_changed_parameters(forward, requires_grad, stacklevel=3)
     requires_grad, frozen_params = statistics_as_parameters(forward, requires_grad, frozen_params)
     input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
     wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)

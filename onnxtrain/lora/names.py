@@ -22,16 +22,13 @@ matches initializer ``distilbert.transformer.layer.0.attention.q_lin.weight``.
 
 from __future__ import annotations
 
-import ast
 import fnmatch
 from dataclasses import dataclass
 
 import onnx
 
+from onnxtrain.graph.torch_metadata import module_path
 from onnxtrain.graph.versions import is_standard
-
-#: The ``metadata_props`` key where torch's dynamo exporter writes a node's module scopes.
-NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 
 #: The nodes whose output stands for the weight they read (their readers name the weight too).
 _PASS_THROUGH = ("Transpose", "DequantizeLinear")
@@ -40,21 +37,6 @@ _PASS_THROUGH = ("Transpose", "DequantizeLinear")
 def matches(pattern: str, name: str) -> bool:
     """Whether glob ``pattern`` matches the whole ``name`` or the part of it after one of its dots."""
     return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
-
-
-def module_path(node: onnx.NodeProto) -> str:
-    """The torch module that computed ``node``: from its dynamo scopes, else its TorchScript name (``""``: none)."""
-    for prop in node.metadata_props:
-        if prop.key == NAME_SCOPES_KEY:
-            try:
-                scopes = ast.literal_eval(prop.value)
-            except (ValueError, SyntaxError):
-                break
-            if isinstance(scopes, list) and len(scopes) >= 2 and isinstance(scopes[-2], str):
-                return scopes[-2]
-            break
-    parts = node.name.lstrip("/").split("/")
-    return ".".join(parts[:-1]) if len(parts) > 1 else ""
 
 
 @dataclass(frozen=True)

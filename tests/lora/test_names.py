@@ -6,7 +6,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from onnxtrain.lora.names import NAME_SCOPES_KEY, matches, module_path
+from onnxtrain.graph.torch_metadata import NAME_SCOPES_KEY, module_path
+from onnxtrain.lora.names import matches
 
 
 @pytest.mark.parametrize(

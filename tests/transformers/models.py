@@ -82,8 +82,9 @@ def _config(transformers: Any, name: str) -> Any:
     raise ValueError(f"no transformers model {name!r}; choose one of {list(NAMES)}")
 
 
-def torch_module(name: str, seed: int = 0) -> Any:
-    """Model ``name`` as a torch module ``ids -> logits`` (classes on axis 1), in train mode."""
+def torch_module(name: str, seed: int = 0, *, distinct: bool = True) -> Any:
+    """Model ``name`` as a torch module ``ids -> logits`` (classes on axis 1), in train mode; with ``distinct``
+    every parameter gets noise, else it keeps transformers' initialisation (zero biases, unit norm weights)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     classes = {
@@ -107,9 +108,10 @@ def torch_module(name: str, seed: int = 0) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         module = Logits(classes[name](_config(transformers, name)))
-    with torch.no_grad():  # transformers' init: zero biases, unit norm weights; make every value distinct
-        for parameter in module.parameters():
-            parameter.add_(0.05 * torch.randn_like(parameter))
+    if distinct:
+        with torch.no_grad():  # transformers' init: zero biases, unit norm weights; make every value distinct
+            for parameter in module.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
     return module.train()
 
 

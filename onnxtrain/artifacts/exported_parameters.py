@@ -1,0 +1,87 @@
+"""Parameters that torch's dynamo exporter changed for inference, said before they are trained.
+
+``torch.onnx.export(..., dynamo=True)`` optimizes its graph for inference by
+default (``optimize=True``): it merges initializers of equal values, drops
+biases of zeros and folds transposed weights into new constants
+(:mod:`onnxtrain.graph.torch_metadata`). Trained, such a graph ties the
+merged parameters and cannot train the dropped ones: a model fresh from its
+initialisation (unit LayerNorm weights, zero biases) then trains differently
+from torch. :func:`warn_changed_parameters` says so when a trained
+initializer is involved; :func:`explain_missing` says why a parameter torch
+has is not in the graph.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import onnx
+
+from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
+
+#: What to do about the changes, in every message.
+REMEDY = (
+    "Export with torch.onnx.export(..., dynamo=True, optimize=False), or dynamo=False, to keep every parameter as "
+    "torch has it"
+)
+#: The changes listed by name in a warning, per kind.
+LISTED = 3
+
+_MEANING: dict[Change, str] = {
+    "merged": "parameters of equal values made one, which training ties",
+    "dropped": "biases of zeros removed, which cannot be trained",
+    "folded": "weights read as constants computed from them, their transposes, trained under those names and layouts",
+}
+
+
+class TorchExportWarning(UserWarning):
+    """The parameters being trained are not torch's: its dynamo exporter merged, dropped or folded some."""
+
+
+def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], stacklevel: int = 2) -> None:
+    """A :class:`TorchExportWarning` naming the parameters the exporter changed where the nodes that read them
+    read a parameter of ``requires_grad`` (a layer being trained); nothing otherwise."""
+    trained = set(requires_grad)
+    changes = [change for change in parameter_changes(model) if trained.intersection(change.reads)]
+    if not changes:
+        return
+    lines = []
+    for kind in ("merged", "dropped", "folded"):
+        of_kind = [change for change in changes if change.change == kind]
+        if of_kind:
+            listed = "; ".join(_clause(change) for change in of_kind[:LISTED])
+            more = f" (and {len(of_kind) - LISTED} more)" if len(of_kind) > LISTED else ""
+            lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {listed}{more}.")
+    warnings.warn(
+        "torch.onnx.export's optimizer (dynamo=True, optimize=True: its default) changed parameters of this model "
+        "for inference: training it does not train torch's parameters as torch does.\n"
+        + "\n".join(lines)
+        + f"\n{REMEDY}.",
+        TorchExportWarning,
+        stacklevel=stacklevel + 1,
+    )
+
+
+def explain_missing(model: onnx.ModelProto, name: str) -> str:
+    """Why torch's parameter ``name`` is not an initializer of ``model``, where the exporter's changes say
+    (``""`` otherwise)."""
+    for change in parameter_changes(model):
+        if name in change.parameters:
+            instead = ", ".join(change.read_as)
+            what = {
+                "merged": f"merged it with parameters of equal values into {instead}",
+                "dropped": "removed it, a bias of zeros",
+                "folded": f"folded it into {instead}, a constant computed from it (its transpose)",
+            }[change.change]
+            return f" (torch.onnx.export's optimizer {what}. {REMEDY})"
+    return ""
+
+
+def _clause(change: ParameterChange) -> str:
+    """``change``'s parameters, and what reads them instead."""
+    parameters = ", ".join(change.parameters)
+    return f"{parameters} read as {', '.join(change.read_as)}" if change.read_as else parameters
+
+
+__all__ = ["REMEDY", "TorchExportWarning", "explain_missing", "warn_changed_parameters"]

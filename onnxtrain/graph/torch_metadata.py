@@ -1,0 +1,163 @@
+"""What torch's dynamo exporter wrote on each node, and the parameters its optimizer changed for inference.
+
+``torch.onnx.export(..., dynamo=True)`` writes in each node's
+``metadata_props`` the module scopes of the torch code that made it
+(``pkg.torch.onnx.name_scopes``, a list whose last entry is the operation)
+and the FX node it came from (``pkg.torch.onnx.fx_node``), whose arguments
+name the parameters torch read there: ``%p_<name>``, the parameter's name in
+lower case with every character that is not a letter, digit or ``_`` made
+``_`` (``p_model_bert_embeddings_layernorm_weight``).
+
+With ``optimize=True``, its default, the exporter then rewrites the graph
+for inference, which changes what the parameters of a training graph are:
+
+- **merged**: initializers of equal values become one. A model fresh from
+  its initialisation has all its LayerNorm weights equal (ones), and its
+  biases (zeros): one initializer then stands for all of them, and training
+  ties them, its gradient the sum of theirs.
+- **dropped**: a bias of zeros is removed from its ``Gemm`` or ``Add``:
+  nothing is left to train.
+- **folded**: a weight read through a ``Transpose`` becomes a new constant,
+  its transpose (``val_80``): trained as torch would train it (the optimizers
+  are element-wise), under that name and in that layout.
+
+:func:`parameter_changes` finds them by comparing, for each FX node, the
+parameters torch read with the initializers its ONNX nodes read. An export
+with ``optimize=False`` (or TorchScript's, ``dynamo=False``) has none.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import onnx
+
+from onnxtrain.graph import dtypes
+
+#: The ``metadata_props`` key where torch's dynamo exporter writes a node's module scopes.
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+#: The ``metadata_props`` key where torch's dynamo exporter writes the FX node a node came from.
+FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+
+Change = Literal["merged", "dropped", "folded"]
+
+_PARAMETER = re.compile(r"%(p_\w+)")
+
+
+def module_path(node: onnx.NodeProto) -> str:
+    """The torch module that computed ``node``: from its dynamo scopes, else its TorchScript name (``""``: none).
+
+    TorchScript names a node by its scopes (``/distilbert/transformer/layer.0/attention/q_lin/MatMul`` is
+    module ``distilbert.transformer.layer.0.attention.q_lin``); the dynamo exporter lists them in
+    :data:`NAME_SCOPES_KEY`, the entry before the last being the module."""
+    scopes = _metadata(node, NAME_SCOPES_KEY)
+    if scopes is not None:
+        try:
+            parsed = ast.literal_eval(scopes)
+        except (ValueError, SyntaxError):
+            parsed = None
+        if isinstance(parsed, list) and len(parsed) >= 2 and isinstance(parsed[-2], str):
+            return parsed[-2]
+    parts = node.name.lstrip("/").split("/")
+    return ".".join(parts[:-1]) if len(parts) > 1 else ""
+
+
+def placeholder(name: str) -> str:
+    """The name torch's export gives the placeholder of parameter ``name``: ``p_`` and ``name`` in lower case,
+    each character other than a letter, digit or ``_`` made ``_``."""
+    return "p_" + re.sub(r"\W", "_", name).lower()
+
+
+def parameters_read(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The placeholders of the parameters that ``node``'s FX node read (its arguments' ``%p_...``), in order."""
+    fx = _metadata(node, FX_NODE_KEY)
+    if fx is None or " = " not in fx:
+        return ()
+    return tuple(dict.fromkeys(_PARAMETER.findall(fx.split(" = ", 1)[1])))
+
+
+@dataclass(frozen=True)
+class ParameterChange:
+    """torch's ``parameters`` that one FX node read and its ONNX nodes do not, and what they read instead.
+
+    ``node``: the FX node's first ONNX node; ``module``: its torch module; ``read_as``: the float initializers
+    its ONNX nodes read that are not the parameters torch read there; ``reads``: all the float initializers they
+    read; ``merged``: whether ``read_as`` holds parameters that torch read elsewhere."""
+
+    node: str
+    module: str
+    parameters: tuple[str, ...]
+    read_as: tuple[str, ...]
+    reads: tuple[str, ...]
+    merged: bool
+
+    @property
+    def change(self) -> Change:
+        """``merged`` (another parameter read instead), ``dropped`` (nothing), or ``folded`` (a computed
+        constant)."""
+        return "merged" if self.merged else "folded" if self.read_as else "dropped"
+
+
+def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
+    """The FX nodes of a dynamo export whose ONNX nodes do not read, under its name, each parameter that torch
+    read there (see the module docstring), in graph order. Empty for a model without the exporter's metadata,
+    and for one whose initializers are not named as torch's parameters (no placeholder matches any)."""
+    graph = model.graph
+    floats = [t.name for t in graph.initializer if dtypes.is_float(t.data_type) and t.dims]
+    by_placeholder = {placeholder(name): name for name in floats}
+    groups: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        fx = _metadata(node, FX_NODE_KEY)
+        if fx is not None and parameters_read(node):
+            groups.setdefault(fx, []).append(node)
+    torch_reads = {p for nodes in groups.values() for p in parameters_read(nodes[0])}
+    if torch_reads.isdisjoint(by_placeholder):
+        return []
+    float_names = set(floats)
+    changes = []
+    for nodes in groups.values():
+        wanted = parameters_read(nodes[0])
+        reads = tuple(dict.fromkeys(name for node in nodes for name in node.input if name in float_names))
+        missing = [p for p in wanted if by_placeholder.get(p) not in reads]
+        if not missing:
+            continue
+        module = module_path(nodes[0])
+        instead = tuple(name for name in reads if placeholder(name) not in wanted)
+        changes.append(
+            ParameterChange(
+                node=nodes[0].name,
+                module=module,
+                parameters=tuple(_torch_name(p, module) for p in missing),
+                read_as=instead,
+                reads=reads,
+                merged=any(placeholder(name) in torch_reads for name in instead),
+            )
+        )
+    return changes
+
+
+def _torch_name(parameter: str, module: str) -> str:
+    """The parameter's name in torch: ``module`` (its case kept) and the attribute after it in placeholder
+    ``parameter``; the placeholder itself where it does not start with the module's."""
+    prefix = placeholder(module) + "_" if module else "p_"
+    if module and parameter.startswith(prefix) and len(parameter) > len(prefix):
+        return f"{module}.{parameter[len(prefix) :]}"
+    return parameter
+
+
+def _metadata(node: onnx.NodeProto, key: str) -> str | None:
+    return next((prop.value for prop in node.metadata_props if prop.key == key), None)
+
+
+__all__ = [
+    "FX_NODE_KEY",
+    "NAME_SCOPES_KEY",
+    "ParameterChange",
+    "module_path",
+    "parameter_changes",
+    "parameters_read",
+    "placeholder",
+]

@@ -1,0 +1,142 @@
+"""The parameters torch's dynamo exporter merged, dropped or folded, read from the metadata of its nodes.
+
+The models are written by hand with the two ``metadata_props`` the exporter
+writes (the module scopes and the FX node), so that the rules are checked
+without torch; ``tests/transformers/test_dynamo_export.py`` checks them on
+torch's own exports.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnxtrain import artifacts
+from onnxtrain.artifacts import TorchExportWarning
+from onnxtrain.artifacts.exported_parameters import explain_missing, warn_changed_parameters
+from onnxtrain.graph.torch_metadata import (
+    FX_NODE_KEY,
+    NAME_SCOPES_KEY,
+    parameter_changes,
+    parameters_read,
+    placeholder,
+)
+
+
+def _node(op: str, inputs: list[str], output: str, module: str, fx: str, **attrs: object) -> onnx.NodeProto:
+    """``op`` with the dynamo exporter's metadata: ``module``'s scopes and FX node ``fx`` (the nodes made from one
+    FX node share it)."""
+    node = helper.make_node(op, inputs, [output], name=f"node_{output}", **attrs)
+    scopes = ["", *(".".join(module.split(".")[: i + 1]) for i in range(len(module.split(".")))), output]
+    node.metadata_props.add(key=NAME_SCOPES_KEY, value=repr(scopes))
+    node.metadata_props.add(key=FX_NODE_KEY, value=fx)
+    return node
+
+
+def _tensor(name: str, value: np.ndarray) -> onnx.TensorProto:
+    return numpy_helper.from_array(value.astype(np.float32), name)
+
+
+def _model(kept: bool) -> onnx.ModelProto:
+    """Two LayerNorms and a linear head, as the exporter writes them with ``optimize=False`` (``kept``: each
+    parameter read under its name) or ``optimize=True`` (the norms' equal weights merged, the head's zero bias
+    dropped, its weight folded into its transpose ``val_7``)."""
+    ones, zeros = np.ones(4), np.zeros(4)
+    head = np.arange(12.0).reshape(3, 4)
+    call = "%{} : [num_users=1] = call_function[target=torch.ops.aten.{}.default](args = ({}), kwargs = {{}})"
+    ln1 = call.format("layer_norm", "layer_norm", "%x, [4], %p_net_ln1_weight, %p_net_ln1_bias, 1e-05")
+    ln2 = call.format("layer_norm_1", "layer_norm", "%layer_norm, [4], %p_net_ln2_weight, %p_net_ln2_bias, 1e-05")
+    linear = call.format("linear", "linear", "%layer_norm_1, %p_net_head_weight, %p_net_head_bias")
+    if kept:
+        initializers = [
+            _tensor("net.ln1.weight", ones), _tensor("net.ln1.bias", zeros), _tensor("net.ln2.weight", ones),
+            _tensor("net.ln2.bias", zeros), _tensor("net.head.weight", head), _tensor("net.head.bias", np.zeros(3)),
+        ]  # fmt: skip
+        nodes = [
+            _node("LayerNormalization", ["x", "net.ln1.weight", "net.ln1.bias"], "h", "net.ln1", ln1),
+            _node("LayerNormalization", ["h", "net.ln2.weight", "net.ln2.bias"], "h2", "net.ln2", ln2),
+            _node("Transpose", ["net.head.weight"], "wt", "net.head", linear, perm=[1, 0]),
+            _node("MatMul", ["h2", "wt"], "mm", "net.head", linear),
+            _node("Add", ["mm", "net.head.bias"], "y", "net.head", linear),
+        ]
+    else:
+        initializers = [_tensor("net.ln1.weight", ones), _tensor("net.ln1.bias", zeros), _tensor("val_7", head.T)]
+        nodes = [
+            _node("LayerNormalization", ["x", "net.ln1.weight", "net.ln1.bias"], "h", "net.ln1", ln1),
+            _node("LayerNormalization", ["h", "net.ln1.weight", "net.ln1.bias"], "h2", "net.ln2", ln2),
+            _node("MatMul", ["h2", "val_7"], "y", "net.head", linear),
+        ]
+    graph = helper.make_graph(
+        nodes,
+        "exported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializers,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_placeholders_are_torchs_names_in_lower_case_with_underscores() -> None:
+    assert placeholder("model.bert.embeddings.LayerNorm.weight") == "p_model_bert_embeddings_layernorm_weight"
+    node = _model(kept=True).graph.node[0]
+    assert parameters_read(node) == ("p_net_ln1_weight", "p_net_ln1_bias")
+    assert parameters_read(helper.make_node("Relu", ["x"], ["y"])) == ()
+
+
+def test_an_export_that_reads_each_parameter_under_its_name_has_no_change() -> None:
+    assert parameter_changes(_model(kept=True)) == []
+
+
+def test_merged_dropped_and_folded_parameters_are_found_under_torchs_names() -> None:
+    changes = {change.module: change for change in parameter_changes(_model(kept=False))}
+    assert set(changes) == {"net.ln2", "net.head"}
+    merged, head = changes["net.ln2"], changes["net.head"]
+    assert (merged.change, merged.parameters) == ("merged", ("net.ln2.weight", "net.ln2.bias"))
+    assert merged.read_as == ("net.ln1.weight", "net.ln1.bias")
+    # the head's weight folded into val_7 and its bias dropped: one FX node, both parameters, a computed constant
+    assert (head.change, head.parameters, head.read_as) == ("folded", ("net.head.weight", "net.head.bias"), ("val_7",))
+
+
+def test_a_model_without_the_exporters_metadata_or_with_other_names_has_no_change() -> None:
+    model = _model(kept=False)
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    assert parameter_changes(model) == []
+    renamed = _model(kept=False)
+    for tensor in renamed.graph.initializer:
+        tensor.name = f"renamed_{tensor.name}"
+    for node in renamed.graph.node:
+        node.input[:] = [f"renamed_{name}" if name.startswith(("net.", "val_")) else name for name in node.input]
+    assert parameter_changes(renamed) == []
+
+
+def test_generation_warns_where_a_trained_parameter_is_concerned() -> None:
+    model = _model(kept=False)
+    with pytest.warns(TorchExportWarning) as caught:
+        warn_changed_parameters(model, ["net.ln1.weight", "val_7"])
+    message = str(caught[0].message)
+    assert "Merged" in message and "net.ln2.weight, net.ln2.bias read as net.ln1.weight, net.ln1.bias" in message
+    assert "Folded" in message and "net.head.weight, net.head.bias read as val_7" in message
+    assert "optimize=False" in message
+    with pytest.warns(TorchExportWarning) as caught:  # the head is not trained: not named
+        warn_changed_parameters(model, ["net.ln1.weight"])
+    assert "val_7" not in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TorchExportWarning)
+        warn_changed_parameters(model, [])  # nothing trained: nothing to say
+        warn_changed_parameters(_model(kept=True), ["net.ln1.weight", "net.head.weight"])
+
+
+def test_generate_artifacts_warns_and_explains_a_missing_parameter() -> None:
+    model = _model(kept=False)
+    loss = artifacts.LossType.MSELoss
+    with pytest.warns(TorchExportWarning, match="Merged"):
+        artifacts.build_artifacts(model, requires_grad=artifacts.trainable_parameters(model), loss=loss)
+    assert "folded it into val_7" in explain_missing(model, "net.head.weight")
+    assert explain_missing(model, "net.ln1.weight") == ""
+    with pytest.raises(ValueError, match=r"'net.ln2.weight', which is not an initializer .* merged it .* net.ln1"):
+        artifacts.build_artifacts(model, requires_grad=["net.ln2.weight"], loss=loss)

@@ -1,0 +1,135 @@
+"""Hugging Face transformers exported by torch's default exporter (dynamo) train as torch does, or are said not to.
+
+A model fresh from transformers' initialisation has every norm weight all
+ones and every bias all zeros. ``torch.onnx.export(..., dynamo=True)`` with
+its default ``optimize=True`` merges initializers of equal values, drops the
+zero biases and folds transposed weights into new constants: training that
+graph ties some of torch's parameters and cannot train others, so
+``generate_artifacts`` says so (``TorchExportWarning``) and names every
+parameter concerned, and a missing parameter named in ``requires_grad`` is
+explained in the error. With ``optimize=False`` nothing is said, every torch
+parameter is an initializer under its own name, and the loss and the
+gradient of each equal torch autograd's.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxtrain import api, artifacts
+from onnxtrain.artifacts import TorchExportWarning
+from onnxtrain.graph.torch_metadata import parameter_changes
+from tests.transformers import models, train
+from tests.transformers.models import NAMES
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("onnxscript")
+
+#: The models whose fresh export the optimizer changes in each way (GPT-2: merged norms, dropped biases, the
+#: tied head folded; Llama: merged RMSNorm weights, folded projections).
+CHANGED = ("gpt2", "llama")
+
+
+@functools.cache
+def _fresh(name: str) -> Any:
+    """Model ``name`` as transformers initialises it, in train mode."""
+    return models.torch_module(name, distinct=False)
+
+
+@functools.cache
+def _exported(name: str, optimize: bool) -> onnx.ModelProto:
+    """The fresh model ``name`` exported by torch's dynamo exporter, with symbolic batch and sequence axes."""
+    module = _fresh(name)
+    ids = torch.from_numpy(models.batch(name, np.random.default_rng(0), 5)["ids"])
+    axes = {"ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            module, (ids,), dynamo=True, optimize=optimize, input_names=["ids"], output_names=["y"],
+            dynamic_shapes=axes, verbose=False,
+        )  # fmt: skip
+    return program.model_proto
+
+
+def _tied_names(module: Any) -> list[list[str]]:
+    """torch's parameter names, those of one tensor (tied weights) together."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    return list(names.values())
+
+
+@pytest.mark.parametrize("name", CHANGED)
+def test_the_optimized_export_of_a_fresh_model_is_said_to_change_its_parameters(name: str) -> None:
+    model = _exported(name, optimize=True)
+    module = _fresh(name)
+    read = {name for node in model.graph.node for name in node.input}
+    weights = artifacts.trainable_parameters(model)
+    with pytest.warns(TorchExportWarning) as caught:
+        artifacts.build_artifacts(model, requires_grad=weights, loss=artifacts.LossType.CrossEntropyLoss)
+    message = str(caught[0].message)
+    assert "optimize=False" in message and "Merged" in message, message
+    initializers = {t.name for t in model.graph.initializer}
+    # every parameter not read under its own name (merged into another, dropped, folded) is found
+    lost = [names for names in _tied_names(module) if not any(n in initializers and n in read for n in names)]
+    assert lost, f"{name}: the optimized export kept every parameter; the test needs one it changed"
+    said = {parameter for change in parameter_changes(model) for parameter in change.parameters}
+    unsaid = [names for names in lost if not said.intersection(names)]
+    assert not unsaid, f"{name}: {unsaid} changed by the exporter, not found"
+    assert any(n in message for n in lost[0]), f"{name}: {lost[0]} not named in {message!r}"
+    missing = next(n for names in lost for n in names if n not in initializers)
+    with pytest.raises(ValueError, match=r"torch\.onnx\.export's optimizer .* optimize=False"):
+        artifacts.build_artifacts(model, requires_grad=[missing], loss=artifacts.LossType.CrossEntropyLoss)
+
+
+def test_the_optimized_export_names_gpt2s_dropped_biases_and_merged_norms() -> None:
+    model = _exported("gpt2", optimize=True)
+    with pytest.warns(TorchExportWarning) as caught:
+        artifacts.build_artifacts(
+            model, requires_grad=artifacts.trainable_parameters(model), loss=artifacts.LossType.CrossEntropyLoss
+        )
+    lines = str(caught[0].message).splitlines()
+    dropped = next(line for line in lines if line.startswith("Dropped"))
+    merged = next(line for line in lines if line.startswith("Merged"))
+    assert "model.transformer.h.0.attn.c_attn.bias" in dropped
+    assert "model.transformer.h.0.ln_2.weight" in merged and "read as model.transformer.h.0.ln_1.weight" in merged
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_unoptimized_export_trains_every_parameter_as_torch(name: str, tmp_path: Any) -> None:
+    model = _exported(name, optimize=False)
+    module = _fresh(name)
+    weights = artifacts.trainable_parameters(model)
+    tied = _tied_names(module)
+    untrained = [names for names in tied if not set(names) & set(weights)]
+    assert not untrained, f"{name}: {untrained} are not trainable initializers of the export"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TorchExportWarning)
+        paths = train.write_artifacts(models.save(model, tmp_path, name), weights, tmp_path / "artifacts")
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    trained = train.Trained(
+        paths,
+        state,
+        api.Module(paths["training_model"], state, paths["eval_model"], session_options=train.session_options()),
+        None,
+    )
+    data = models.batch(name, np.random.default_rng(7), models.LENGTHS[-1])
+    loss = train.step(trained, data)
+
+    module.zero_grad(set_to_none=True)
+    logits = module(torch.from_numpy(data["ids"]))
+    want = torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["labels"]))
+    want.backward()
+    np.testing.assert_allclose(loss, float(want.item()), rtol=1e-5, err_msg=f"{name}: loss")
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    got = train.gradients(trained, weights)
+    for weight in weights:
+        expected = parameters[weight].grad.detach().numpy()
+        models.assert_grad_close(got[weight], expected, f"{name}: d loss / d {weight}")
