@@ -30,6 +30,7 @@ def model_report(path: Path) -> list[str]:
     lines.append("outputs:")
     lines += [f"  {value.name}: {value_text(value)}" for value in graph.output]
     lines += _initializers(graph)
+    lines += _exporter_changes(model)
     lines += _operators(model)
     return lines
 
@@ -83,6 +84,23 @@ def _initializers(graph: onnx.GraphProto) -> list[str]:
     summary = f"  total: {number(total)} elements ({kinds}), {size_text(size)}"
     note = "  weights are what --requires-grad weights trains; running statistics are updated in training mode"
     return [f"initializers ({len(graph.initializer)}):", *table(rows, right=[3]), summary, note]
+
+
+def _exporter_changes(model: onnx.ModelProto) -> list[str]:
+    """The parameters torch's dynamo exporter merged, dropped or folded for inference (none: no line)."""
+    from onnxtrain.artifacts.exported_parameters import REMEDY
+    from onnxtrain.graph.torch_metadata import parameter_changes
+
+    changes = parameter_changes(model)
+    if not changes:
+        return []
+    lines = [
+        f"torch's exporter changed parameters for inference in {len(changes)} places; {REMEDY[0].lower()}{REMEDY[1:]}:"
+    ]
+    for change in changes:
+        instead = f" read as {', '.join(change.read_as)}" if change.read_as else ""
+        lines.append(f"  {change.change}: {', '.join(change.parameters)}{instead}")
+    return lines
 
 
 def _operators(model: onnx.ModelProto) -> list[str]:

@@ -133,3 +133,18 @@ def test_a_run_with_validation_data_a_schedule_and_early_stopping(
     last = next(line for line in out.splitlines() if line.startswith("  last epoch"))
     assert "accuracy" in last and "val accuracy" in last
     assert "stopped early: no lower validation loss for 1 epoch; the best, epoch" in out and "best_checkpoint" in out
+
+
+def test_a_model_whose_parameters_torchs_exporter_changed(capsys, tmp_path: Path):
+    from tests.graph.test_torch_metadata import exported_model
+
+    onnx.save(exported_model(kept=False), tmp_path / "optimized.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "optimized.onnx")
+    assert status == 0
+    assert (
+        "torch's exporter changed parameters for inference in 2 places; export with" in out and "optimize=False" in out
+    )
+    assert "  merged: net.ln2.weight, net.ln2.bias read as net.ln1.weight, net.ln1.bias" in out
+    assert "  folded: net.head.weight, net.head.bias read as val_7" in out
+    onnx.save(exported_model(kept=True), tmp_path / "plain.onnx")
+    assert "torch's exporter" not in cli(capsys, "inspect", tmp_path / "plain.onnx")[1]

@@ -41,7 +41,7 @@ def _tensor(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(value.astype(np.float32), name)
 
 
-def _model(kept: bool) -> onnx.ModelProto:
+def exported_model(kept: bool) -> onnx.ModelProto:
     """Two LayerNorms and a linear head, as the exporter writes them with ``optimize=False`` (``kept``: each
     parameter read under its name) or ``optimize=True`` (the norms' equal weights merged, the head's zero bias
     dropped, its weight folded into its transpose ``val_7``)."""
@@ -82,17 +82,17 @@ def _model(kept: bool) -> onnx.ModelProto:
 
 def test_placeholders_are_torchs_names_in_lower_case_with_underscores() -> None:
     assert placeholder("model.bert.embeddings.LayerNorm.weight") == "p_model_bert_embeddings_layernorm_weight"
-    node = _model(kept=True).graph.node[0]
+    node = exported_model(kept=True).graph.node[0]
     assert parameters_read(node) == ("p_net_ln1_weight", "p_net_ln1_bias")
     assert parameters_read(helper.make_node("Relu", ["x"], ["y"])) == ()
 
 
 def test_an_export_that_reads_each_parameter_under_its_name_has_no_change() -> None:
-    assert parameter_changes(_model(kept=True)) == []
+    assert parameter_changes(exported_model(kept=True)) == []
 
 
 def test_merged_dropped_and_folded_parameters_are_found_under_torchs_names() -> None:
-    changes = {change.module: change for change in parameter_changes(_model(kept=False))}
+    changes = {change.module: change for change in parameter_changes(exported_model(kept=False))}
     assert set(changes) == {"net.ln2", "net.head"}
     merged, head = changes["net.ln2"], changes["net.head"]
     assert (merged.change, merged.parameters) == ("merged", ("net.ln2.weight", "net.ln2.bias"))
@@ -102,11 +102,11 @@ def test_merged_dropped_and_folded_parameters_are_found_under_torchs_names() -> 
 
 
 def test_a_model_without_the_exporters_metadata_or_with_other_names_has_no_change() -> None:
-    model = _model(kept=False)
+    model = exported_model(kept=False)
     for node in model.graph.node:
         del node.metadata_props[:]
     assert parameter_changes(model) == []
-    renamed = _model(kept=False)
+    renamed = exported_model(kept=False)
     for tensor in renamed.graph.initializer:
         tensor.name = f"renamed_{tensor.name}"
     for node in renamed.graph.node:
@@ -115,7 +115,7 @@ def test_a_model_without_the_exporters_metadata_or_with_other_names_has_no_chang
 
 
 def test_generation_warns_where_a_trained_parameter_is_concerned() -> None:
-    model = _model(kept=False)
+    model = exported_model(kept=False)
     with pytest.warns(TorchExportWarning) as caught:
         warn_changed_parameters(model, ["net.ln1.weight", "val_7"])
     message = str(caught[0].message)
@@ -128,11 +128,11 @@ def test_generation_warns_where_a_trained_parameter_is_concerned() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", TorchExportWarning)
         warn_changed_parameters(model, [])  # nothing trained: nothing to say
-        warn_changed_parameters(_model(kept=True), ["net.ln1.weight", "net.head.weight"])
+        warn_changed_parameters(exported_model(kept=True), ["net.ln1.weight", "net.head.weight"])
 
 
 def test_generate_artifacts_warns_and_explains_a_missing_parameter() -> None:
-    model = _model(kept=False)
+    model = exported_model(kept=False)
     loss = artifacts.LossType.MSELoss
     with pytest.warns(TorchExportWarning, match="Merged"):
         artifacts.build_artifacts(model, requires_grad=artifacts.trainable_parameters(model), loss=loss)
