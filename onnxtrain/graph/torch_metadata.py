@@ -6,7 +6,9 @@
 and the FX node it came from (``pkg.torch.onnx.fx_node``), whose arguments
 name the parameters torch read there: ``%p_<name>``, the parameter's name in
 lower case with every character that is not a letter, digit or ``_`` made
-``_`` (``p_model_bert_embeddings_layernorm_weight``).
+``_`` (``p_model_bert_embeddings_layernorm_weight``). The graph's
+``metadata_props`` hold the exported program's signature, which maps each
+placeholder to the parameter's name (``pkg.torch.export.ExportedProgram.graph_signature``).
 
 With ``optimize=True``, its default, the exporter then rewrites the graph
 for inference, which changes what the parameters of a training graph are:
@@ -41,10 +43,13 @@ from onnxtrain.graph import dtypes
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 #: The ``metadata_props`` key where torch's dynamo exporter writes the FX node a node came from.
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+#: The graph's ``metadata_props`` key where torch's dynamo exporter writes the exported program's signature.
+SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 
 Change = Literal["merged", "dropped", "folded"]
 
 _PARAMETER = re.compile(r"%(p_\w+)")
+_SIGNATURE_PARAMETER = re.compile(r"^(\w+): PARAMETER target='([^']*)'$", re.M)
 
 
 def module_path(node: onnx.NodeProto) -> str:
@@ -107,41 +112,50 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     and for one whose initializers are not named as torch's parameters (no placeholder matches any)."""
     graph = model.graph
     floats = [t.name for t in graph.initializer if dtypes.is_float(t.data_type) and t.dims]
-    by_placeholder = {placeholder(name): name for name in floats}
+    float_names = set(floats)
+    # the initializer that stands for each placeholder: torch's name from the signature, else the one named so
+    stands_for = {**{placeholder(name): name for name in floats}, **signature_parameters(graph)}
     groups: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         fx = _metadata(node, FX_NODE_KEY)
         if fx is not None and parameters_read(node):
             groups.setdefault(fx, []).append(node)
     torch_reads = {p for nodes in groups.values() for p in parameters_read(nodes[0])}
-    if torch_reads.isdisjoint(by_placeholder):
+    parameters = {stands_for.get(p) for p in torch_reads}
+    if parameters.isdisjoint(float_names):
         return []
-    float_names = set(floats)
     changes = []
     for nodes in groups.values():
-        wanted = parameters_read(nodes[0])
+        wanted = {p: stands_for.get(p) for p in parameters_read(nodes[0])}
         reads = tuple(dict.fromkeys(name for node in nodes for name in node.input if name in float_names))
-        missing = [p for p in wanted if by_placeholder.get(p) not in reads]
+        missing = [p for p, name in wanted.items() if name not in reads]
         if not missing:
             continue
         module = module_path(nodes[0])
-        instead = tuple(name for name in reads if placeholder(name) not in wanted)
+        instead = tuple(name for name in reads if name not in wanted.values())
         changes.append(
             ParameterChange(
                 node=nodes[0].name,
                 module=module,
-                parameters=tuple(_torch_name(p, module) for p in missing),
+                parameters=tuple(wanted[p] or _torch_name(p, module) for p in missing),
                 read_as=instead,
                 reads=reads,
-                merged=any(placeholder(name) in torch_reads for name in instead),
+                merged=not parameters.isdisjoint(instead),
             )
         )
     return changes
 
 
+def signature_parameters(graph: onnx.GraphProto) -> dict[str, str]:
+    """``{placeholder: torch's name}`` of the parameters in the export's signature (:data:`SIGNATURE_KEY`, lines
+    ``p_fc_weight: PARAMETER target='fc.weight'``); empty without one."""
+    signature = next((prop.value for prop in graph.metadata_props if prop.key == SIGNATURE_KEY), "")
+    return dict(_SIGNATURE_PARAMETER.findall(signature))
+
+
 def _torch_name(parameter: str, module: str) -> str:
-    """The parameter's name in torch: ``module`` (its case kept) and the attribute after it in placeholder
-    ``parameter``; the placeholder itself where it does not start with the module's."""
+    """The parameter's name in torch without the signature: ``module`` (its case kept) and the attribute after
+    it in placeholder ``parameter``; the placeholder itself where it does not start with the module's."""
     prefix = placeholder(module) + "_" if module else "p_"
     if module and parameter.startswith(prefix) and len(parameter) > len(prefix):
         return f"{module}.{parameter[len(prefix) :]}"
@@ -155,9 +169,11 @@ def _metadata(node: onnx.NodeProto, key: str) -> str | None:
 __all__ = [
     "FX_NODE_KEY",
     "NAME_SCOPES_KEY",
+    "SIGNATURE_KEY",
     "ParameterChange",
     "module_path",
     "parameter_changes",
     "parameters_read",
     "placeholder",
+    "signature_parameters",
 ]

@@ -21,9 +21,11 @@ from onnxtrain.artifacts.exported_parameters import explain_missing, warn_change
 from onnxtrain.graph.torch_metadata import (
     FX_NODE_KEY,
     NAME_SCOPES_KEY,
+    SIGNATURE_KEY,
     parameter_changes,
     parameters_read,
     placeholder,
+    signature_parameters,
 )
 
 
@@ -80,6 +82,22 @@ def exported_model(kept: bool) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
+def with_signature(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, given the exported program's signature that the exporter writes, naming each parameter."""
+    parameters = (
+        "net.ln1.weight",
+        "net.ln1.bias",
+        "net.ln2.weight",
+        "net.ln2.bias",
+        "net.head.weight",
+        "net.head.bias",
+    )
+    lines = ["", "# inputs", *(f"{placeholder(name)}: PARAMETER target='{name}'" for name in parameters)]
+    lines += ["x: USER_INPUT", "", "# outputs", "y: USER_OUTPUT"]
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines))
+    return model
+
+
 def test_placeholders_are_torchs_names_in_lower_case_with_underscores() -> None:
     assert placeholder("model.bert.embeddings.LayerNorm.weight") == "p_model_bert_embeddings_layernorm_weight"
     node = exported_model(kept=True).graph.node[0]
@@ -99,6 +117,21 @@ def test_merged_dropped_and_folded_parameters_are_found_under_torchs_names() -> 
     assert merged.read_as == ("net.ln1.weight", "net.ln1.bias")
     # the head's weight folded into val_7 and its bias dropped: one FX node, both parameters, a computed constant
     assert (head.change, head.parameters, head.read_as) == ("folded", ("net.head.weight", "net.head.bias"), ("val_7",))
+
+
+def test_the_signature_names_the_parameters_where_the_module_scopes_do_not() -> None:
+    model = exported_model(kept=False)
+    for node in model.graph.node:  # every node in the scope of the parent module "net"
+        for prop in node.metadata_props:
+            if prop.key == NAME_SCOPES_KEY:
+                prop.value = repr(["", "net", node.output[0]])
+    guessed = {change.parameters for change in parameter_changes(model)}
+    assert ("net.ln2_weight", "net.ln2_bias") in guessed  # the attribute after the module's placeholder
+    signed = with_signature(model)  # the same model, with the signature
+    assert signature_parameters(signed.graph)["p_net_ln2_weight"] == "net.ln2.weight"
+    named = {change.parameters for change in parameter_changes(signed)}
+    assert named == {("net.ln2.weight", "net.ln2.bias"), ("net.head.weight", "net.head.bias")}
+    assert parameter_changes(with_signature(exported_model(kept=True))) == []
 
 
 def test_a_model_without_the_exporters_metadata_or_with_other_names_has_no_change() -> None:
