@@ -6,7 +6,8 @@ Dropout's ratio as float initializers, and BatchNormalization's running mean
 and variance beside its scale and bias. Training all float initializers
 trains those too. The role of an initializer is read from the places the
 graph reads it, after any ``Identity``, ``Cast`` or ``Transpose`` (an export
-in training mode reads ``Linear``'s weight through a ``Transpose``):
+in training mode reads ``Linear``'s weight through a ``Transpose``) and any
+offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
 
 - **running statistic**: the mean or variance input (3, 4) of a
   ``BatchNormalization``. Never trained by the optimizer; a training-mode
@@ -87,6 +88,14 @@ SCALING = frozenset({"Mul", "Div"})
 
 #: Operators a weight may be read through before its slot (a view or a cast of it).
 PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
+#: Element-wise operators a weight may be read through when their other input is a constant, with the weight's
+#: positions: ``w + c``, ``c + w``, ``w - c``, ``c - w``, ``w * c``, ``c * w``, ``w / c``.
+OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
+    "Add": frozenset({0, 1}),
+    "Sub": frozenset({0, 1}),
+    "Mul": frozenset({0, 1}),
+    "Div": frozenset({0}),
+}
 
 #: BatchNormalization's inputs that hold its running statistics.
 RUNNING_STATISTICS = frozenset({3, 4})
@@ -172,18 +181,22 @@ def running_statistics(model: onnx.ModelProto) -> list[str]:
 
 def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx.NodeProto, int, str]]:
     """``(tensor, node, position, other)``: each place a node reads one of ``tensors``, directly or through
-    :data:`PASS_THROUGH` operators; ``other`` is the other input of a two-input node (else ``""``)."""
+    :data:`PASS_THROUGH` operators and offsets or scales by constants (:func:`_shifted_by_constant`); ``other`` is
+    the other input of a two-input node (else ``""``)."""
     readers: dict[str, list[onnx.NodeProto]] = {}
+    constants = {t.name for t in graph.initializer}
     for node in all_nodes(graph):
         for name in dict.fromkeys(node.input):
             if name:
                 readers.setdefault(name, []).append(node)
+        if node.op_type == "Constant" and is_standard(node):
+            constants.update(node.output)
     for tensor in tensors:
         frontier, seen = [tensor], {tensor}
         while frontier:
             value = frontier.pop()
             for node in readers.get(value, ()):
-                if node.op_type in PASS_THROUGH and is_standard(node):
+                if (node.op_type in PASS_THROUGH and is_standard(node)) or _shifted_by_constant(node, value, constants):
                     for out in node.output:
                         if out and out not in seen:
                             seen.add(out)
@@ -195,8 +208,19 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx
                         yield tensor, node, position, other
 
 
+def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) -> bool:
+    """Whether ``node`` computes ``value`` plus, minus, times or over a constant (an initializer or a ``Constant``):
+    a weight re-parametrised (Gemma's norms scale by ``1 + w``), read where the result is."""
+    if not is_standard(node) or node.op_type not in OFFSET_OR_SCALE or len(node.input) != 2:
+        return False
+    position = list(node.input).index(value)
+    other = node.input[1 - position]
+    return position in OFFSET_OR_SCALE[node.op_type] and other != value and other in constants
+
+
 __all__ = [
     "AFFINE",
+    "OFFSET_OR_SCALE",
     "PASS_THROUGH",
     "SCALING",
     "WEIGHT_SLOTS",

@@ -174,3 +174,33 @@ def test_element_wise_tensors_are_weights_only_beside_what_weights_compute():
     ]
     model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 2])}, initializers)
     assert trainable_parameters(model) == ["w", "b", "shift"]
+
+
+def test_a_weight_offset_or_scaled_by_a_constant_is_read_where_the_result_is():
+    """Gemma's RMSNorm multiplies by ``1 + w``: as torch's dynamo exporter writes it (``Add(w, Constant)``) and
+    as TorchScript does (``Add(Cast(w), initializer)``), ``w`` is a weight; a constant scaled by a constant and
+    read as a fill value stays a constant."""
+    f32 = np.float32
+    initializers = [
+        ("embed", np.eye(4, dtype=f32)),  # what the norms scale is computed from weights, as in the model
+        ("dynamo.weight", np.zeros(4, f32)),
+        ("torchscript.weight", np.zeros(4, f32)),
+        ("one", np.ones((), f32)),
+        ("fill", np.full(4, -1.0, f32)),
+    ]
+    nodes = [
+        helper.make_node("Constant", [], ["unit"], value=helper.make_tensor("unit", FLOAT, [], [1.0])),
+        helper.make_node("MatMul", ["x", "embed"], ["xe"]),
+        helper.make_node("Add", ["dynamo.weight", "unit"], ["scale0"]),
+        helper.make_node("Mul", ["xe", "scale0"], ["h0"]),
+        helper.make_node("Cast", ["torchscript.weight"], ["cast"], to=FLOAT),
+        helper.make_node("Add", ["one", "cast"], ["scale1"]),
+        helper.make_node("Mul", ["h0", "scale1"], ["h1"]),
+        helper.make_node("Mul", ["fill", "unit"], ["filled"]),
+        helper.make_node("Greater", ["h1", "x"], ["mask"]),
+        helper.make_node("Where", ["mask", "h1", "filled"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 4])}, initializers)
+    roles = initializer_roles(model)
+    assert roles["dynamo.weight"] == roles["torchscript.weight"] == "weight"
+    assert roles["fill"] == roles["one"] == "constant"

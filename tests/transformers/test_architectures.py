@@ -1,0 +1,121 @@
+"""More Hugging Face architectures train every parameter with torch's gradients, as transformers initialises them.
+
+Beyond the four models of :mod:`tests.transformers.models`, five causal
+language models whose layers differ: Gemma (RMSNorm scaling by ``1 + w``, so
+its norm weights, all zeros, are read through an ``Add`` of a constant),
+GPT-NeoX (rotary embeddings on part of each head, parallel residual), Phi-3
+(fused query-key-value and gate-up projections), BLOOM (ALiBi position
+biases, LayerNorm after the embedding) and OPT (learned positions with an
+offset). Tiny configs (2 layers, 32 wide, vocabulary 120), no dropout, the
+parameters as transformers initialises them, exported by torch's TorchScript
+exporter; ``trainable_parameters`` must find every parameter of torch, and
+one step's loss and every gradient must equal torch autograd's. The ids
+avoid the padding tokens (0, and OPT's 1), whose embedding rows torch leaves
+without gradient (``nn.Embedding(padding_idx=...)``), a rule the exported
+``Gather`` does not carry.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from onnxtrain import api, artifacts
+from tests.helpers import export_for_training
+from tests.transformers import models, train
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 120
+ARCHITECTURES = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
+
+
+def _config(name: str) -> Any:
+    """The tiny config of ``name``: 2 layers, 32 wide, 4 heads, no dropout, no cache."""
+    common = {
+        "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "max_position_embeddings": 64, "use_cache": False, "attn_implementation": "eager",
+    }  # fmt: skip
+    if name == "gemma":
+        return transformers.GemmaConfig(**common, intermediate_size=64, num_key_value_heads=2, head_dim=8)
+    if name == "gpt_neox":
+        return transformers.GPTNeoXConfig(**common, intermediate_size=64, rotary_pct=0.5)
+    if name == "phi3":
+        return transformers.Phi3Config(**common, intermediate_size=64, num_key_value_heads=2, pad_token_id=0)
+    if name == "bloom":
+        return transformers.BloomConfig(
+            vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False, hidden_dropout=0.0,
+            attention_dropout=0.0, attn_implementation="eager",
+        )  # fmt: skip
+    if name == "opt":
+        return transformers.OPTConfig(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
+            max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.0, use_cache=False,
+            attn_implementation="eager",
+        )  # fmt: skip
+    raise ValueError(f"no architecture {name!r}; choose one of {list(ARCHITECTURES)}")
+
+
+def _module(name: str) -> Any:
+    """``ids -> logits [batch * seq, vocab]`` of a causal LM of architecture ``name``, in train mode."""
+    causal_lm = {
+        "gemma": transformers.GemmaForCausalLM,
+        "gpt_neox": transformers.GPTNeoXForCausalLM,
+        "phi3": transformers.Phi3ForCausalLM,
+        "bloom": transformers.BloomForCausalLM,
+        "opt": transformers.OPTForCausalLM,
+    }[name]
+
+    class FlatLogits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = causal_lm(_config(name))
+
+        def forward(self, ids: Any) -> Any:
+            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False)[0]
+            return logits.flatten(0, 1)
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return FlatLogits().train()
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) -> None:
+    module = _module(name)
+    ids = torch.from_numpy(np.random.default_rng(0).integers(2, VOCAB, (2, 5)))
+    axes = {"ids": {0: "batch", 1: "seq"}, "logits": {0: "tokens"}}
+    model = export_for_training(module, (ids,), ["ids"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
+    weights = artifacts.trainable_parameters(model)
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    tensors = {id(p): n for n, p in module.named_parameters()}  # tied parameters once
+    found = {tensors[id(parameters[w])] for w in weights if w in parameters}
+    assert sorted(found) == sorted(tensors.values()), (
+        f"{name}: trainable_parameters missed {set(tensors.values()) - found}"
+    )
+    assert all(w in parameters for w in weights), (
+        f"{name}: {[w for w in weights if w not in parameters]} are not torch's"
+    )
+
+    paths = train.write_artifacts(models.save(model, tmp_path, name), weights, tmp_path / "artifacts")
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module_ = api.Module(paths["training_model"], state, paths["eval_model"], session_options=train.session_options())
+    rng = np.random.default_rng(7)
+    data = {"ids": rng.integers(2, VOCAB, (3, 11)), "labels": rng.integers(0, VOCAB, (33,))}
+    loss = train.step(train.Trained(paths, state, module_, None), data)
+
+    module.zero_grad(set_to_none=True)
+    logits = module(torch.from_numpy(data["ids"]))
+    want = torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["labels"]))
+    want.backward()
+    np.testing.assert_allclose(loss, float(want.item()), rtol=1e-5, err_msg=f"{name}: loss")
+    for weight in weights:
+        grad = parameters[weight].grad
+        expected = np.zeros_like(state.parameters[weight].data) if grad is None else grad.numpy()
+        models.assert_grad_close(state.parameters[weight].grad, expected, f"{name}: d loss / d {weight}")
