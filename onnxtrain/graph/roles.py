@@ -22,9 +22,16 @@ offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
   single output), LayerNorm's decomposed scale and shift, a layer scale.
   There a rank-0 tensor is a constant (an attention scale, a fill value), and
   so is a single element that multiplies or divides (a sign, a temperature).
+  Read through a view (``Expand``, ``Slice``, ``Unsqueeze``, ``Dropout``...:
+  :data:`VIEWS`), a tensor is a weight only where it meets what weights
+  compute, in a parameter slot or a ``Concat``: ViT's class token expanded
+  and concatenated with the patch embeddings, DeBERTa's relative-position
+  table sliced into its projections. What weights compute is what their
+  values compute: a shape read from it (``Shape``, ``Size``) is not.
 - **constant**: everything else: integer and boolean tensors, scalars used as
   constants, Dropout's ratio, shapes, scales of ``Resize``, tensors read only
-  by other operators (a rotary embedding's frequencies through ``Unsqueeze``),
+  by other operators or by views that meet no weight (a rotary embedding's
+  frequencies through ``Unsqueeze``, into a product with the positions),
   tensors applied to the inputs before any weight (a converted scaler's
   offset and scale, an image normalization's mean and deviation), a constant
   minus a computed value (a converted classifier's ``1 - p``).
@@ -38,7 +45,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import onnx
 
@@ -97,8 +104,28 @@ OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
     "Div": frozenset({0}),
 }
 
+#: Operators that copy or re-shape their first input, a tensor read through them being a *view* of it: a weight
+#: only where it meets what weights compute (a class token expanded and concatenated with patch embeddings, a
+#: relative-position table sliced into a projection), never by its slot alone (a rotary embedding's frequencies
+#: expanded into a product with the positions stay a constant).
+VIEWS = frozenset({"Expand", "Tile", "Slice", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Dropout"})
+
+#: Operators whose output depends on the shape of their input, not on its values.
+SHAPE_ONLY = frozenset({"Shape", "Size"})
+
 #: BatchNormalization's inputs that hold its running statistics.
 RUNNING_STATISTICS = frozenset({3, 4})
+
+
+class Use(NamedTuple):
+    """A place a node reads an initializer: ``node``'s input ``position``, the other input of a two-input node
+    (else ``""``), and whether the initializer reaches it through :data:`VIEWS`."""
+
+    tensor: str
+    node: onnx.NodeProto
+    position: int
+    other: str
+    viewed: bool
 
 
 def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, Role]:
@@ -110,20 +137,27 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
     uses = list(_uses(graph, set(tensors)))
     statistics: set[str] = set()
     weights: set[str] = set()
-    for origin, node, position, _ in uses:
+    for use in uses:
+        if use.viewed:
+            continue
+        node, position = use.node, use.position
         domain = "" if node.domain == "ai.onnx" else node.domain
         if domain == "" and node.op_type == "BatchNormalization" and position in RUNNING_STATISTICS:
-            statistics.add(origin)
+            statistics.add(use.tensor)
         elif position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset()):
-            weights.add(origin)
+            weights.add(use.tensor)
     weights -= statistics
-    while True:  # element-wise weights beside what the weights found so far compute, which may compute more
+    while True:  # weights beside what the weights found so far compute, which may compute more
         computed = _computed_from(graph, weights)
         found = {
-            origin
-            for origin, node, position, other in uses
-            if origin not in weights | statistics
-            and _elementwise_weight(node, position, tensors[origin], other in computed)
+            use.tensor
+            for use in uses
+            if use.tensor not in weights | statistics
+            and (
+                _meets_weights(use, computed)
+                if use.viewed
+                else _elementwise_weight(use.node, use.position, tensors[use.tensor], use.other in computed)
+            )
         }
         if not found:
             break
@@ -144,11 +178,24 @@ def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.Tensor
     return node.op_type not in SCALING or math.prod(tensor.dims) > 1
 
 
+def _meets_weights(use: Use, computed: set[str]) -> bool:
+    """Whether a view of an initializer is read in a parameter slot or by ``Concat`` beside an input in
+    ``computed`` (what weights compute)."""
+    node = use.node
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    in_slot = use.position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset())
+    if not in_slot and not (node.op_type == "Concat" and is_standard(node)):
+        return False
+    return any(name in computed for k, name in enumerate(node.input) if k != use.position)
+
+
 def _computed_from(graph: onnx.GraphProto, sources: set[str]) -> set[str]:
-    """The values computed from ``sources``, at any distance; a node with subgraphs computes its outputs
-    from everything they read."""
+    """The values computed from the values of ``sources``, at any distance (not from their shapes alone:
+    :data:`SHAPE_ONLY`); a node with subgraphs computes its outputs from everything they read."""
     computed = set(sources)
-    reads = [(node, _reads(node)) for node in all_nodes(graph)]
+    reads = [
+        (node, _reads(node)) for node in all_nodes(graph) if not (node.op_type in SHAPE_ONLY and is_standard(node))
+    ]
     changed = True
     while changed:  # nodes are in order within a graph; what a subgraph computes reaches its node's outputs
         changed = False
@@ -179,10 +226,9 @@ def running_statistics(model: onnx.ModelProto) -> list[str]:
     return [name for name, role in initializer_roles(model).items() if role == "running statistic"]
 
 
-def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx.NodeProto, int, str]]:
-    """``(tensor, node, position, other)``: each place a node reads one of ``tensors``, directly or through
-    :data:`PASS_THROUGH` operators and offsets or scales by constants (:func:`_shifted_by_constant`); ``other`` is
-    the other input of a two-input node (else ``""``)."""
+def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[Use]:
+    """Each place a node reads one of ``tensors``, directly or through :data:`PASS_THROUGH` operators, offsets
+    or scales by constants (:func:`_shifted_by_constant`) and :data:`VIEWS` (the first input of each)."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     constants = {t.name for t in graph.initializer}
     for node in all_nodes(graph):
@@ -192,20 +238,24 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[tuple[str, onnx
         if node.op_type == "Constant" and is_standard(node):
             constants.update(node.output)
     for tensor in tensors:
-        frontier, seen = [tensor], {tensor}
+        frontier, seen = [(tensor, False)], {tensor}
         while frontier:
-            value = frontier.pop()
+            value, viewed = frontier.pop()
             for node in readers.get(value, ()):
-                if (node.op_type in PASS_THROUGH and is_standard(node)) or _shifted_by_constant(node, value, constants):
-                    for out in node.output:
+                through = (node.op_type in PASS_THROUGH and is_standard(node)) or _shifted_by_constant(
+                    node, value, constants
+                )
+                view = node.op_type in VIEWS and is_standard(node) and node.input[0] == value
+                if through or view:
+                    for out in node.output[:1] if view else node.output:
                         if out and out not in seen:
                             seen.add(out)
-                            frontier.append(out)
+                            frontier.append((out, viewed or view))
                     continue
                 for position, name in enumerate(node.input):
                     if name == value:
                         other = node.input[1 - position] if len(node.input) == 2 and position < 2 else ""
-                        yield tensor, node, position, other
+                        yield Use(tensor, node, position, other, viewed)
 
 
 def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) -> bool:
@@ -223,8 +273,11 @@ __all__ = [
     "OFFSET_OR_SCALE",
     "PASS_THROUGH",
     "SCALING",
+    "SHAPE_ONLY",
+    "VIEWS",
     "WEIGHT_SLOTS",
     "Role",
+    "Use",
     "initializer_roles",
     "running_statistics",
     "trainable_parameters",

@@ -204,3 +204,44 @@ def test_a_weight_offset_or_scaled_by_a_constant_is_read_where_the_result_is():
     roles = initializer_roles(model)
     assert roles["dynamo.weight"] == roles["torchscript.weight"] == "weight"
     assert roles["fill"] == roles["one"] == "constant"
+
+
+def test_a_view_of_an_initializer_is_a_weight_only_where_it_meets_what_weights_compute():
+    """A class token expanded and concatenated with patch embeddings, a relative-position table dropped out,
+    sliced and unsqueezed into a projection: weights. Rotary frequencies unsqueezed into a product with the
+    positions (computed from the input's shape, not from weights' values): a constant."""
+    f32 = np.float32
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("patch.weight", rng.normal(size=(4, 4)).astype(f32)),
+        ("cls_token", np.zeros((1, 1, 4), f32)),
+        ("rel.weight", rng.normal(size=(8, 4)).astype(f32)),
+        ("proj.weight", rng.normal(size=(4, 4)).astype(f32)),
+        ("inv_freq", np.ones(4, f32)),
+        ("expand_shape", np.array([2, 1, 4], np.int64)),
+        ("starts", np.array([0], np.int64)),
+        ("ends", np.array([3], np.int64)),
+        ("axis0", np.array([0], np.int64)),
+        ("axes01", np.array([0, 1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "patch.weight"], ["patches"]),  # [2, 3, 4]
+        helper.make_node("Expand", ["cls_token", "expand_shape"], ["cls"]),
+        helper.make_node("Concat", ["cls", "patches"], ["tokens"], axis=1),  # [2, 4, 4]
+        helper.make_node("Dropout", ["rel.weight"], ["rel_dropped"]),
+        helper.make_node("Slice", ["rel_dropped", "starts", "ends"], ["rel_rows"]),  # [3, 4]
+        helper.make_node("Unsqueeze", ["rel_rows", "axis0"], ["rel_batched"]),
+        helper.make_node("MatMul", ["rel_batched", "proj.weight"], ["rel_keys"]),  # [1, 3, 4]
+        helper.make_node("Shape", ["patches"], ["shape"]),
+        helper.make_node("Gather", ["shape", "axis0"], ["length"]),
+        helper.make_node("Cast", ["length"], ["length_f"], to=FLOAT),
+        helper.make_node("Unsqueeze", ["length_f", "axis0"], ["positions"]),  # [1, 1]
+        helper.make_node("Unsqueeze", ["inv_freq", "axes01"], ["freq"]),  # [1, 1, 4]
+        helper.make_node("MatMul", ["positions", "freq"], ["angles"]),
+        helper.make_node("Cos", ["angles"], ["cos"]),
+        helper.make_node("Mul", ["tokens", "cos"], ["rotated"]),
+        helper.make_node("ReduceSum", ["rel_keys"], ["rel_sum"], keepdims=0),
+        helper.make_node("Add", ["rotated", "rel_sum"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, [2, 3, 4])}, nodes, {"y": (FLOAT, [2, 4, 4])}, initializers, opset=18)
+    assert trainable_parameters(model) == ["patch.weight", "cls_token", "rel.weight", "proj.weight"]

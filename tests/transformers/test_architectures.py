@@ -6,10 +6,13 @@ its norm weights, all zeros, are read through an ``Add`` of a constant),
 GPT-NeoX (rotary embeddings on part of each head, parallel residual), Phi-3
 (fused query-key-value and gate-up projections), BLOOM (ALiBi position
 biases, LayerNorm after the embedding) and OPT (learned positions with an
-offset). Tiny configs (2 layers, 32 wide, vocabulary 120), no dropout, the
-parameters as transformers initialises them, exported by torch's TorchScript
-exporter; ``trainable_parameters`` must find every parameter of torch, and
-one step's loss and every gradient must equal torch autograd's. The ids
+offset); and two classifiers with parameters read as data: ViT (a class
+token expanded and concatenated with the patch embeddings, pixels in) and
+DeBERTa-v2 (a relative-position table sliced into projections). Tiny configs
+(2 layers, 32 wide, vocabulary 120), no dropout, the parameters as
+transformers initialises them, exported by torch's TorchScript exporter;
+``trainable_parameters`` must find every parameter of torch and nothing
+else, and one step's loss and every gradient must equal torch autograd's. The ids
 avoid the padding tokens (0, and OPT's 1), whose embedding rows torch leaves
 without gradient (``nn.Embedding(padding_idx=...)``), a rule the exported
 ``Gather`` does not carry.
@@ -32,7 +35,12 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 120
-ARCHITECTURES = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
+CAUSAL = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
+CLASSIFIERS = ("vit", "deberta")
+ARCHITECTURES = CAUSAL + CLASSIFIERS
+CLASSES = 3
+#: ViT's images: 3 channels of 16 x 16, in patches of 4.
+IMAGE = (3, 16, 16)
 
 
 def _config(name: str) -> Any:
@@ -52,6 +60,19 @@ def _config(name: str) -> Any:
             vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, use_cache=False, hidden_dropout=0.0,
             attention_dropout=0.0, attn_implementation="eager",
         )  # fmt: skip
+    if name == "vit":
+        return transformers.ViTConfig(
+            image_size=IMAGE[1], patch_size=4, num_channels=IMAGE[0], hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64, num_labels=CLASSES, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, attn_implementation="eager",
+        )  # fmt: skip
+    if name == "deberta":
+        return transformers.DebertaV2Config(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, num_labels=CLASSES, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            pooler_dropout=0.0, relative_attention=True, position_buckets=8, max_relative_positions=16,
+            pos_att_type=["p2c", "c2p"],
+        )  # fmt: skip
     if name == "opt":
         return transformers.OPTConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
@@ -62,36 +83,51 @@ def _config(name: str) -> Any:
 
 
 def _module(name: str) -> Any:
-    """``ids -> logits [batch * seq, vocab]`` of a causal LM of architecture ``name``, in train mode."""
-    causal_lm = {
+    """``inputs -> logits``, in train mode: ``[batch * seq, vocab]`` for a causal LM of architecture ``name``,
+    ``[batch, classes]`` for a classifier."""
+    model_class = {
         "gemma": transformers.GemmaForCausalLM,
         "gpt_neox": transformers.GPTNeoXForCausalLM,
         "phi3": transformers.Phi3ForCausalLM,
         "bloom": transformers.BloomForCausalLM,
         "opt": transformers.OPTForCausalLM,
+        "vit": transformers.ViTForImageClassification,
+        "deberta": transformers.DebertaV2ForSequenceClassification,
     }[name]
 
-    class FlatLogits(torch.nn.Module):
+    class Logits(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.model = causal_lm(_config(name))
+            self.model = model_class(_config(name))
 
-        def forward(self, ids: Any) -> Any:
-            logits = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), return_dict=False)[0]
-            return logits.flatten(0, 1)
+        def forward(self, x: Any) -> Any:
+            if name == "vit":
+                return self.model(pixel_values=x, return_dict=False)[0]
+            logits = self.model(input_ids=x, attention_mask=torch.ones_like(x), return_dict=False)[0]
+            return logits if name in CLASSIFIERS else logits.flatten(0, 1)
 
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return FlatLogits().train()
+        return Logits().train()
+
+
+def _batch(name: str, rng: np.random.Generator, size: int, length: int) -> dict[str, np.ndarray]:
+    """Inputs ``x`` (ids without the padding tokens, or pixels) and int64 labels for ``name``'s logits."""
+    if name == "vit":
+        x = rng.standard_normal((size, *IMAGE)).astype(np.float32)
+    else:
+        x = rng.integers(2, VOCAB, (size, length))
+    labels = rng.integers(0, CLASSES, (size,)) if name in CLASSIFIERS else rng.integers(0, VOCAB, (size * length,))
+    return {"ids": x, "labels": labels}
 
 
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) -> None:
     module = _module(name)
-    ids = torch.from_numpy(np.random.default_rng(0).integers(2, VOCAB, (2, 5)))
-    axes = {"ids": {0: "batch", 1: "seq"}, "logits": {0: "tokens"}}
-    model = export_for_training(module, (ids,), ["ids"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
+    example = torch.from_numpy(_batch(name, np.random.default_rng(0), 2, 5)["ids"])
+    axes = {"x": {0: "batch"} if name == "vit" else {0: "batch", 1: "seq"}, "logits": {0: "rows"}}
+    model = export_for_training(module, (example,), ["x"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
     weights = artifacts.trainable_parameters(model)
     parameters = dict(module.named_parameters(remove_duplicate=False))
     tensors = {id(p): n for n, p in module.named_parameters()}  # tied parameters once
@@ -106,8 +142,7 @@ def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) 
     paths = train.write_artifacts(models.save(model, tmp_path, name), weights, tmp_path / "artifacts")
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     module_ = api.Module(paths["training_model"], state, paths["eval_model"], session_options=train.session_options())
-    rng = np.random.default_rng(7)
-    data = {"ids": rng.integers(2, VOCAB, (3, 11)), "labels": rng.integers(0, VOCAB, (33,))}
+    data = _batch(name, np.random.default_rng(7), 3, 11)
     loss = train.step(train.Trained(paths, state, module_, None), data)
 
     module.zero_grad(set_to_none=True)
