@@ -37,7 +37,12 @@ offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
   minus a computed value (a converted classifier's ``1 - p``).
 
 A running statistic wins over a weight slot, and a weight slot over any
-other use.
+other use. Where torch's dynamo exporter wrote the exported program's
+signature in the graph, it decides the other initializers it names: a
+``PARAMETER`` is a weight (a rank-0 one too: CLIP's temperature), a
+``BUFFER`` or ``CONSTANT_TENSOR`` a constant (BART's ``final_logits_bias``,
+added to the logits as a bias is, which torch does not train); the
+initializers its optimizer made (``val_80``) keep the rules above.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from typing import Literal, NamedTuple
 import onnx
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.torch_metadata import signature_kinds
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes, subgraphs
 
@@ -162,10 +168,16 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
         if not found:
             break
         weights |= found
+    kinds = signature_kinds(graph)  # torch's own word, where its dynamo exporter wrote it
     roles: dict[str, Role] = {}
     for tensor in graph.initializer:
-        name = tensor.name
-        roles[name] = "running statistic" if name in statistics else "weight" if name in weights else "constant"
+        name, kind = tensor.name, kinds.get(tensor.name)
+        if name in statistics:
+            roles[name] = "running statistic"
+        elif kind is not None and name in tensors:
+            roles[name] = "weight" if kind == "PARAMETER" else "constant"
+        else:
+            roles[name] = "weight" if name in weights else "constant"
     return roles
 
 

@@ -49,7 +49,7 @@ SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 Change = Literal["merged", "dropped", "folded"]
 
 _PARAMETER = re.compile(r"%(p_\w+)")
-_SIGNATURE_PARAMETER = re.compile(r"^(\w+): PARAMETER target='([^']*)'$", re.M)
+_SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
 
 
 def module_path(node: onnx.NodeProto) -> str:
@@ -149,8 +149,19 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
 def signature_parameters(graph: onnx.GraphProto) -> dict[str, str]:
     """``{placeholder: torch's name}`` of the parameters in the export's signature (:data:`SIGNATURE_KEY`, lines
     ``p_fc_weight: PARAMETER target='fc.weight'``); empty without one."""
+    return {p: target for p, kind, target in _signature(graph) if kind == "PARAMETER"}
+
+
+def signature_kinds(graph: onnx.GraphProto) -> dict[str, str]:
+    """``{torch's name: kind}`` of the tensors in the export's signature: ``PARAMETER``, ``BUFFER``,
+    ``CONSTANT_TENSOR``; empty without one."""
+    return {target: kind for _, kind, target in _signature(graph)}
+
+
+def _signature(graph: onnx.GraphProto) -> list[tuple[str, str, str]]:
+    """``(placeholder, kind, target)`` for each input of the signature with a target."""
     signature = next((prop.value for prop in graph.metadata_props if prop.key == SIGNATURE_KEY), "")
-    return dict(_SIGNATURE_PARAMETER.findall(signature))
+    return _SIGNATURE_INPUT.findall(signature)
 
 
 def _torch_name(parameter: str, module: str) -> str:
@@ -175,5 +186,6 @@ __all__ = [
     "parameter_changes",
     "parameters_read",
     "placeholder",
+    "signature_kinds",
     "signature_parameters",
 ]

@@ -245,3 +245,35 @@ def test_a_view_of_an_initializer_is_a_weight_only_where_it_meets_what_weights_c
     ]
     model = make_model({"x": (FLOAT, [2, 3, 4])}, nodes, {"y": (FLOAT, [2, 4, 4])}, initializers, opset=18)
     assert trainable_parameters(model) == ["patch.weight", "cls_token", "rel.weight", "proj.weight"]
+
+
+def test_the_signature_of_torchs_dynamo_export_says_which_are_parameters():
+    """A buffer added to the logits as a bias is (BART's ``final_logits_bias``) is a constant and a rank-0
+    parameter scaling them (CLIP's temperature) a weight where the exported program's signature says so; an
+    initializer the signature does not name (one the exporter's optimizer made) keeps the rules."""
+    from onnxtrain.graph.torch_metadata import SIGNATURE_KEY
+
+    f32 = np.float32
+    initializers = [
+        ("head.weight", np.ones((4, 3), f32)),
+        ("val_3", np.ones((3, 3), f32)),
+        ("final_logits_bias", np.zeros((1, 3), f32)),
+        ("logit_scale", np.array(2.0, f32)),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "head.weight"], ["h"]),
+        helper.make_node("MatMul", ["h", "val_3"], ["logits"]),
+        helper.make_node("Add", ["logits", "final_logits_bias"], ["biased"]),
+        helper.make_node("Mul", ["biased", "logit_scale"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 3])}, initializers)
+    assert trainable_parameters(model) == ["head.weight", "val_3", "final_logits_bias"]  # the rules alone
+    signature = "\n".join([
+        "# inputs",
+        "p_head_weight: PARAMETER target='head.weight'",
+        "p_logit_scale: PARAMETER target='logit_scale'",
+        "b_final_logits_bias: BUFFER target='final_logits_bias' persistent=True",
+        "x: USER_INPUT",
+    ])  # fmt: skip
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value=signature)
+    assert trainable_parameters(model) == ["head.weight", "val_3", "logit_scale"]
