@@ -115,7 +115,7 @@ def pack_updates(
         packing = reshapes + 1 + (len(members) if slices else 1)  # the reshapes, the Concat, the Split or Slices
         if chain_length * (len(members) - 1) <= packing:
             continue  # packing would not save nodes
-        packs += _pack_group(copy.graph, members, chains, unique, slices)
+        packs += _pack_group(copy.graph, members, _current(copy.graph, chains), unique, slices)
     return copy, packs
 
 
@@ -158,8 +158,15 @@ def pack_in_place(
         unpacking = sum(1 + len(m.moments) + (len(m.shape) != 1) for m in kept)  # Slices, Reshapes
         if len(chains[0]) * (len(kept) - 1) <= unpacking + 2 + len(kept[0].moments):  # and the Concats
             continue
-        packs += _pack_group_in_place(copy.graph, kept, chains, width, unique)
+        packs += _pack_group_in_place(copy.graph, kept, _current(copy.graph, chains), width, unique)
     return copy, packs
+
+
+def _current(graph: onnx.GraphProto, chains: list[list[onnx.NodeProto]]) -> list[list[onnx.NodeProto]]:
+    """``chains`` as ``graph`` holds their nodes now: packing a group lists the graph's nodes anew (protobuf copies
+    them), so the next group's chains are found again by their first outputs, which are unique."""
+    by_output = {node.output[0]: node for node in graph.node if node.output}
+    return [[by_output[node.output[0]] for node in chain] for chain in chains]
 
 
 def _rows_of_one_width(members: Sequence[ParameterUpdate], max_rows: int) -> tuple[list[ParameterUpdate], int]:

@@ -54,3 +54,13 @@ def betas(owner: str, value: object) -> tuple[float, float]:
         unit_interval(owner, "betas[0]", items[0], include_one=False),
         unit_interval(owner, "betas[1]", items[1], include_one=False),
     )
+
+
+def patterns(owner: str, argument: str, value: object) -> tuple[str, ...]:
+    """Glob patterns: one string, or a sequence of non-empty strings."""
+    items = (value,) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(item, str) and item for item in items):
+        raise TypeError(
+            f"{owner}: {argument} must be a list of parameter-name patterns (non-empty strings), not {value!r}"
+        )
+    return tuple(items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -28,27 +29,31 @@ class Adagrad(Optimizer):
         initial_accumulator_value: float = 0.0,
         eps: float = 1e-10,
         clip_grad: ClipGradNorm | None = None,
+        *,
+        no_decay: Sequence[str] = (),
     ) -> None:
-        super().__init__(clip_grad)
+        super().__init__(clip_grad, no_decay)
         self._lr_decay = _checks.non_negative("Adagrad", "lr_decay", lr_decay)
         self._weight_decay = _checks.non_negative("Adagrad", "weight_decay", weight_decay)
         self._initial = _checks.non_negative("Adagrad", "initial_accumulator_value", initial_accumulator_value)
         self._eps = _checks.non_negative("Adagrad", "eps", eps)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {
-            "lr_decay": self._lr_decay,
-            "weight_decay": self._weight_decay,
-            "initial_accumulator_value": self._initial,
-            "eps": self._eps,
-        }
+        return self.with_no_decay(
+            {
+                "lr_decay": self._lr_decay,
+                "weight_decay": self._weight_decay,
+                "initial_accumulator_value": self._initial,
+                "eps": self._eps,
+            }
+        )
 
     def state_specs(self) -> tuple[StateSpec, ...]:
         return (StateSpec("momentum0", "sum", self._initial),)
 
     def update(self, slot: Slot) -> Update:
         m = slot.math
-        grad = m.axpy(self._weight_decay, slot.param, slot.grad, hint="g")
+        grad = m.axpy(self.weight_decay_of(slot.name, self._weight_decay), slot.param, slot.grad, hint="g")
         if self._lr_decay:
             clr = m.shared(
                 ("adagrad_clr",),

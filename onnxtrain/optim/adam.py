@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -24,8 +25,9 @@ class _AdamBase(Optimizer):
         bias_correction: bool,
         amsgrad: bool,
         clip_grad: ClipGradNorm | None,
+        no_decay: Sequence[str],
     ) -> None:
-        super().__init__(clip_grad)
+        super().__init__(clip_grad, no_decay)
         owner = type(self).__name__
         self._betas = _checks.betas(owner, betas)
         self._eps = _checks.non_negative(owner, "eps", eps)
@@ -34,13 +36,15 @@ class _AdamBase(Optimizer):
         self._amsgrad = _checks.flag(owner, "amsgrad", amsgrad)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {
-            "betas": self._betas,
-            "eps": self._eps,
-            "weight_decay": self._weight_decay,
-            "bias_correction": self._bias_correction,
-            "amsgrad": self._amsgrad,
-        }
+        return self.with_no_decay(
+            {
+                "betas": self._betas,
+                "eps": self._eps,
+                "weight_decay": self._weight_decay,
+                "bias_correction": self._bias_correction,
+                "amsgrad": self._amsgrad,
+            }
+        )
 
     def state_specs(self) -> tuple[StateSpec, ...]:
         specs = (StateSpec("momentum0", "exp_avg"), StateSpec("momentum1", "exp_avg_sq"))
@@ -50,8 +54,9 @@ class _AdamBase(Optimizer):
         m = slot.math
         beta1, beta2 = self._betas
         param, grad = slot.param, slot.grad
-        if self._weight_decay and not self._decoupled:
-            grad = m.axpy(self._weight_decay, param, grad, hint="g")
+        weight_decay = self.weight_decay_of(slot.name, self._weight_decay)
+        if weight_decay and not self._decoupled:
+            grad = m.axpy(weight_decay, param, grad, hint="g")
         # the nodes in the order that keeps the fewest full-size temporaries alive under onnxruntime's
         # priority-based order (node order), which the fused step runs in: two at most
         exp_avg = m.add(
@@ -74,7 +79,7 @@ class _AdamBase(Optimizer):
             step_size, eps = m.lr(), m.const(self._eps, "eps")
         denom = m.add(root, eps, hint="denom")
         delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
-        if self._weight_decay and self._decoupled:  # p * (1 - lr * wd), made last: alive only for the Sub
+        if weight_decay and self._decoupled:  # p * (1 - lr * wd), made last: alive only for the Sub
             keep = m.shared(
                 ("decay",),
                 lambda s: s.sub(s.const(1.0), s.mul(s.lr(), s.const(self._weight_decay, "weight_decay")), hint="decay"),
@@ -117,10 +122,12 @@ class Adam(_AdamBase):
         bias_correction: bool = True,
         amsgrad: bool = False,
         clip_grad: ClipGradNorm | None = None,
+        *,
+        no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(
             betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
-            clip_grad=clip_grad,
+            clip_grad=clip_grad, no_decay=no_decay,
         )  # fmt: skip
 
 
@@ -157,10 +164,11 @@ class AdamW(_AdamBase):
         *,
         amsgrad: bool = False,
         adam_mode: int = 0,
+        no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(
             betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
-            clip_grad=clip_grad,
+            clip_grad=clip_grad, no_decay=no_decay,
         )  # fmt: skip
         if adam_mode not in (0, 1) or isinstance(adam_mode, bool):
             raise ValueError(f"AdamW: adam_mode must be 0 (torch's math) or 1 (Hugging Face's), not {adam_mode!r}")
@@ -187,7 +195,7 @@ class AdamW(_AdamBase):
         step_size = m.shared(("hf_step_size",), self._hf_step_size) if self._bias_correction else m.lr()
         denom = m.add(m.sqrt(exp_avg_sq, hint="sqrt_v"), m.const(self._eps, "eps"), hint="denom")
         delta = m.mul(step_size, m.div(exp_avg, denom, hint="ratio"), hint="delta")
-        if not self._weight_decay:
+        if not self.weight_decay_of(slot.name, self._weight_decay):
             return Update(m.sub(slot.param, delta, out=slot.out_param, hint="p"), (exp_avg, exp_avg_sq))
         updated = m.sub(slot.param, delta, hint="p")
         keep = m.shared(("decay",), self._decay)

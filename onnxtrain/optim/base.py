@@ -26,6 +26,7 @@ together before the update.
 
 from __future__ import annotations
 
+import fnmatch
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ import onnx
 from onnxtrain.blocks.block import ForwardBlock
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
+from onnxtrain.optim import _checks
 from onnxtrain.optim.clip import ClipGradNorm
 from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
 from onnxtrain.optim.loss_scaling import SCALER_STATE, LossScaling
@@ -190,8 +192,9 @@ class Optimizer(ForwardBlock):
 
     reference_update: Callable[..., tuple[np.ndarray, list[np.ndarray]]]
 
-    def __init__(self, clip_grad: ClipGradNorm | None = None) -> None:
+    def __init__(self, clip_grad: ClipGradNorm | None = None, no_decay: Sequence[str] = ()) -> None:
         super().__init__()
+        self._no_decay = _checks.patterns(type(self).__name__, "no_decay", no_decay)
         if clip_grad is not None and not isinstance(clip_grad, ClipGradNorm):
             raise TypeError(
                 f"{type(self).__name__}: clip_grad must be None or a ClipGradNorm(max_norm), "
@@ -217,6 +220,27 @@ class Optimizer(ForwardBlock):
     def clip_grad(self) -> ClipGradNorm | None:
         """The gradient clipping applied before each step, or ``None``."""
         return self._clip_grad
+
+    @property
+    def no_decay(self) -> tuple[str, ...]:
+        """The patterns of the parameters that weight decay leaves alone (:meth:`decays`)."""
+        return self._no_decay
+
+    def decays(self, name: str) -> bool:
+        """Whether weight decay applies to parameter ``name``: no pattern of ``no_decay`` matches the whole name
+        or its part after one of its dots (``fnmatch``, case-sensitive: ``"bias"`` matches ``fc.bias``)."""
+        return not any(
+            fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
+            for pattern in self._no_decay
+        )
+
+    def weight_decay_of(self, name: str, weight_decay: float) -> float:
+        """``weight_decay`` for parameter ``name``, 0 where :meth:`decays` says it is left alone."""
+        return weight_decay if self.decays(name) else 0.0
+
+    def with_no_decay(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+        """``hyperparameters`` and ``no_decay``, where it names patterns (as a constructor argument)."""
+        return {**hyperparameters, "no_decay": list(self._no_decay)} if self._no_decay else hyperparameters
 
     @abstractmethod
     def hyperparameters(self) -> dict[str, Any]:
@@ -394,9 +418,12 @@ class Optimizer(ForwardBlock):
         new_params: dict[str, np.ndarray] = {}
         new_states: dict[str, list[np.ndarray]] = {}
         update = type(self).reference_update
+        hyper = self.hyperparameters()
+        hyper.pop("no_decay", None)
         for name, grad in zip(names, gradients, strict=True):
+            own = {**hyper, "weight_decay": self.weight_decay_of(name, hyper["weight_decay"])}
             new_params[name], new_states[name] = update(
-                params[name], grad, list(states[name]), lr=learning_rate, step=step, **self.hyperparameters()
+                params[name], grad, list(states[name]), lr=learning_rate, step=step, **own
             )
         return new_params, new_states
 

@@ -72,6 +72,11 @@ def ort_node(optimizer: Optimizer) -> OrtOptimizerNode:
     without amsgrad) and plain SGD (no momentum, no weight decay).
     """
     hyper = optimizer.hyperparameters()
+    if hyper.get("no_decay") and hyper["weight_decay"]:
+        raise ValueError(
+            f"{optimizer!r} decays some parameters and not others (no_decay), which ONNX Runtime's on-device "
+            "optimizers, with one weight_decay for all, cannot: drop no_decay, or target='onnxruntime'"
+        )
     if isinstance(optimizer, AdamW) and not hyper["amsgrad"]:
         return ADAMW_NODE
     if type(optimizer) is SGD and not any(hyper[k] for k in ("momentum", "weight_decay", "nesterov")):

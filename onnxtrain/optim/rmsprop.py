@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -31,8 +32,10 @@ class RMSprop(Optimizer):
         momentum: float = 0.0,
         centered: bool = False,
         clip_grad: ClipGradNorm | None = None,
+        *,
+        no_decay: Sequence[str] = (),
     ) -> None:
-        super().__init__(clip_grad)
+        super().__init__(clip_grad, no_decay)
         self._alpha = _checks.unit_interval("RMSprop", "alpha", alpha)
         self._eps = _checks.non_negative("RMSprop", "eps", eps)
         self._weight_decay = _checks.non_negative("RMSprop", "weight_decay", weight_decay)
@@ -40,13 +43,15 @@ class RMSprop(Optimizer):
         self._centered = _checks.flag("RMSprop", "centered", centered)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {
-            "alpha": self._alpha,
-            "eps": self._eps,
-            "weight_decay": self._weight_decay,
-            "momentum": self._momentum,
-            "centered": self._centered,
-        }
+        return self.with_no_decay(
+            {
+                "alpha": self._alpha,
+                "eps": self._eps,
+                "weight_decay": self._weight_decay,
+                "momentum": self._momentum,
+                "centered": self._centered,
+            }
+        )
 
     def state_specs(self) -> tuple[StateSpec, ...]:
         roles = ["square_avg"]
@@ -59,7 +64,7 @@ class RMSprop(Optimizer):
     def update(self, slot: Slot) -> Update:
         m = slot.math
         alpha = self._alpha
-        grad = m.axpy(self._weight_decay, slot.param, slot.grad, hint="g")
+        grad = m.axpy(self.weight_decay_of(slot.name, self._weight_decay), slot.param, slot.grad, hint="g")
         square_avg = m.add(
             m.scale(alpha, slot.states[0], hint="sq"), m.scale(1.0 - alpha, m.mul(grad, grad, hint="g2"), hint="sq"),
             out=slot.out_states[0], hint="sq",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -30,8 +31,10 @@ class SGD(Optimizer):
         nesterov: bool = False,
         weight_decay: float = 0.0,
         clip_grad: ClipGradNorm | None = None,
+        *,
+        no_decay: Sequence[str] = (),
     ) -> None:
-        super().__init__(clip_grad)
+        super().__init__(clip_grad, no_decay)
         self._momentum = _checks.non_negative("SGD", "momentum", momentum)
         self._dampening = _checks.unit_interval("SGD", "dampening", dampening)
         self._nesterov = _checks.flag("SGD", "nesterov", nesterov)
@@ -43,19 +46,21 @@ class SGD(Optimizer):
             )
 
     def hyperparameters(self) -> dict[str, Any]:
-        return {
-            "momentum": self._momentum,
-            "dampening": self._dampening,
-            "nesterov": self._nesterov,
-            "weight_decay": self._weight_decay,
-        }
+        return self.with_no_decay(
+            {
+                "momentum": self._momentum,
+                "dampening": self._dampening,
+                "nesterov": self._nesterov,
+                "weight_decay": self._weight_decay,
+            }
+        )
 
     def state_specs(self) -> tuple[StateSpec, ...]:
         return (StateSpec("momentum0", "momentum_buffer"),) if self._momentum else ()
 
     def update(self, slot: Slot) -> Update:
         m = slot.math
-        d = m.axpy(self._weight_decay, slot.param, slot.grad, hint="d")
+        d = m.axpy(self.weight_decay_of(slot.name, self._weight_decay), slot.param, slot.grad, hint="d")
         states: tuple[str, ...] = ()
         if self._momentum:
             out = slot.out_states[0]

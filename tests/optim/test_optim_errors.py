@@ -72,6 +72,9 @@ def test_bad_hyperparameter_values(make: Callable[..., Any], kwargs: dict[str, A
         (Adagrad, {"eps": True}, "eps"),
         (SGD, {"clip_grad": 1.0}, "clip_grad"),
         (AdamW, {"clip_grad": "norm"}, "clip_grad"),
+        (AdamW, {"no_decay": [""]}, "no_decay"),
+        (SGD, {"no_decay": ["bias", 3]}, "no_decay"),
+        (Adam, {"no_decay": {"bias"}}, "no_decay"),
     ],
 )
 def test_hyperparameters_of_the_wrong_type(make: Callable[..., Any], kwargs: dict[str, Any], argument: str) -> None:
@@ -143,3 +146,14 @@ def test_model_before_build() -> None:
 def test_outside_a_base_context() -> None:
     with pytest.raises(ValueError, match="empty_base"):
         AdamW()(_params(w=np.zeros(2, np.float32)))
+
+
+def test_no_decay_has_no_counterpart_in_onnx_runtimes_on_device_optimizer() -> None:
+    """ONNX Runtime's ``AdamWOptimizer`` has one ``weight_decay`` for all parameters; without weight decay the
+    patterns change nothing, and the target takes the optimizer."""
+    from onnxtrain.optim.ort_nodes import ADAMW_NODE, ort_node
+
+    with pytest.raises(ValueError, match=r"no_decay.*one weight_decay for all.*target='onnxruntime'"):
+        ort_node(AdamW(weight_decay=0.01, no_decay=["bias"]))
+    assert ort_node(AdamW(no_decay=["bias"])) is ADAMW_NODE
+    assert AdamW(weight_decay=0.01, no_decay="bias").no_decay == ("bias",)

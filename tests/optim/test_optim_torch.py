@@ -151,3 +151,50 @@ def test_clip_grad_norm_matches_torch(dtype: type, max_norm: float) -> None:
     assert (float(total) > max_norm) == (max_norm == 0.3)  # 0.3 clips; 5 and 100 leave the gradients as they are
     for got, tensor in zip(ours, tensors, strict=True):
         np.testing.assert_allclose(got, tensor.grad.numpy(), **TOLERANCE[dtype])
+
+
+#: Optimizers with weight decay, the same with torch's parameter groups: the first parameter decays, the others
+#: (a bias, a norm's weight) do not.
+NO_DECAY = ["bias", "ln.*"]
+GROUPED: list[tuple[Optimizer, Callable]] = [
+    (
+        SGD(momentum=0.9, weight_decay=0.05, no_decay=NO_DECAY),
+        lambda groups, lr: torch.optim.SGD(groups, lr=lr, momentum=0.9, weight_decay=0.05),
+    ),
+    (Adam(weight_decay=0.05, no_decay=NO_DECAY), lambda groups, lr: torch.optim.Adam(groups, lr=lr, weight_decay=0.05)),
+    (
+        AdamW(weight_decay=0.1, no_decay=NO_DECAY),
+        lambda groups, lr: torch.optim.AdamW(groups, lr=lr, eps=1e-6, weight_decay=0.1),
+    ),
+    (
+        Adagrad(weight_decay=0.05, no_decay=NO_DECAY),
+        lambda groups, lr: torch.optim.Adagrad(groups, lr=lr, weight_decay=0.05),
+    ),
+    (
+        RMSprop(weight_decay=0.05, no_decay=NO_DECAY),
+        lambda groups, lr: torch.optim.RMSprop(groups, lr=lr, weight_decay=0.05),
+    ),
+]
+
+
+@pytest.mark.parametrize(("optimizer", "make_torch"), GROUPED, ids=[type(case[0]).__name__ for case in GROUPED])
+def test_parameters_left_out_of_weight_decay_match_torchs_parameter_groups(
+    optimizer: Optimizer, make_torch: Callable
+) -> None:
+    """``no_decay`` patterns: torch's two parameter groups, one with ``weight_decay=0``."""
+    shapes = {"fc.weight": ((3, 4), np.dtype(np.float64)), "fc.bias": ((4,), np.dtype(np.float64))}
+    shapes["ln.weight"] = ((4,), np.dtype(np.float64))
+    assert [optimizer.decays(name) for name in shapes] == [True, False, False]
+    params, grads = random_problem(shapes, STEPS, seed=3)
+    lrs = learning_rates(0.05, STEPS)
+    ours = onnx_trajectory(optimizer, params, grads, lrs)
+
+    def grouped(tensors: list, lr: float) -> torch.optim.Optimizer:
+        return make_torch([{"params": tensors[:1]}, {"params": tensors[1:], "weight_decay": 0.0}], lr)
+
+    theirs = torch_trajectory(optimizer, grouped, params, grads, lrs, None)
+    for t, ((p, _), (want_p, _)) in enumerate(zip(ours, theirs, strict=True), start=1):
+        for name in params:
+            np.testing.assert_allclose(p[name], want_p[name], **TOLERANCE[np.float64], err_msg=f"{name} at step {t}")
+    decayed = type(optimizer)(**{**optimizer.hyperparameters(), "no_decay": []})
+    assert not np.allclose(onnx_trajectory(decayed, params, grads, lrs)[-1][0]["fc.bias"], ours[-1][0]["fc.bias"])

@@ -192,3 +192,43 @@ def test_updates_that_read_a_scalar_of_every_gradient_pack_in_place_with_the_sam
     expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
     for name, value in got.items():
         np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
+
+
+def test_parameters_left_out_of_weight_decay_pack_apart_with_the_same_bits(tmp_path: Path) -> None:
+    """AdamW with ``no_decay``: the weights' chains (with the decay) and the biases' (without) are two groups,
+    each packed in place, giving the bits of the unpacked update."""
+    block = optim.AdamW(weight_decay=0.1, no_decay=["bias"])
+    paths = models.generate(tmp_path, models.mlp((8, 16, 24, 8)), loss=LossType.MSELoss, optimizer=block)
+    fused = _fused(paths)
+    model = fused.model.proto
+    packed, packs = pack_in_place(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    groups = {tuple(name for name, _ in pack.members) for pack in packs if pack.role == "parameters"}
+    assert groups == {("fc0.weight", "fc1.weight", "fc2.weight"), ("fc0.bias", "fc1.bias", "fc2.bias")}
+    feeds = _feeds(model, np.random.default_rng(1))
+    expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
+    decay = [node for node in model.graph.node if node.output[0].startswith("fc0.bias") and "decayed" in node.output[0]]
+    assert not decay  # the biases' chains have no decay
+
+
+def test_two_groups_pack_with_the_same_bits(tmp_path: Path) -> None:
+    """``pack_updates`` with AdamW's decaying and non-decaying chains: two groups, each with its packed tensors,
+    the outputs those of the unpacked update."""
+    block = optim.AdamW(weight_decay=0.1, no_decay=["bias"])
+    paths = models.generate(tmp_path, models.mlp((6, 8, 5, 3)), loss=LossType.MSELoss, optimizer=block)
+    fused = _fused(paths)
+    model = fused.model.proto
+    packed, packs = pack_updates(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    onnx.checker.check_model(packed, full_check=True)
+    assert sorted(len(pack.members) for pack in packs) == [3] * 8  # two groups of 3, 4 roles each
+    feeds = _feeds(model, np.random.default_rng(2))
+    for pack in packs:
+        feeds[pack.carried[0]] = np.concatenate([feeds[name].ravel() for name, _ in pack.members])
+    expected, got = _run(model, feeds), _run(packed, feeds)
+    for pack in packs:
+        offset = 0
+        for (_, out), shape in zip(pack.members, pack.shapes, strict=True):
+            size = math.prod(shape)
+            np.testing.assert_array_equal(got[pack.carried[1]][offset : offset + size].reshape(shape), expected[out])
+            offset += size
