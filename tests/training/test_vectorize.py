@@ -55,6 +55,26 @@ def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return dict(zip(names, session.run(None, {k: v for k, v in feeds.items() if k in wanted}), strict=True))
 
 
+def _assert_packed_bits(
+    model: onnx.ModelProto, packed: onnx.ModelProto, packs: list[Pack], rng: np.random.Generator
+) -> None:
+    """``packed`` (:func:`pack_updates` of ``model``) fed the packed inputs, the members' values one after the
+    other, gives in each packed output the bits of ``model``'s outputs, and in every other output too."""
+    feeds = _feeds(model, rng)
+    for pack in packs:
+        feeds[pack.carried[0]] = np.concatenate([feeds[name].ravel() for name, _ in pack.members])
+    expected, got = _run(model, feeds), _run(packed, feeds)
+    for pack in packs:
+        offset = 0
+        for (_, out), shape in zip(pack.members, pack.shapes, strict=True):
+            size = math.prod(shape)
+            np.testing.assert_array_equal(got[pack.carried[1]][offset : offset + size].reshape(shape), expected[out])
+            offset += size
+    for name, value in got.items():
+        if name in expected:
+            np.testing.assert_array_equal(value, expected[name], err_msg=name)
+
+
 @pytest.mark.parametrize("slices", [False, True], ids=["split", "slices"])
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
 def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimizer: str, slices: bool) -> None:
@@ -72,19 +92,7 @@ def test_packed_updates_give_the_same_bits_in_fewer_nodes(tmp_path: Path, optimi
     assert len(packed.graph.node) <= len(model.graph.node) - 12 + (5 if slices else 0)
     unpacking = [n.op_type for n in packed.graph.node if n.op_type in ("Split", "Slice")]
     assert unpacking == (["Slice"] * 6 if slices else ["Split"])  # only the parameters are unpacked
-    feeds = _feeds(model, np.random.default_rng(0))
-    for pack in packs:  # the packed inputs: the members' values one after the other
-        feeds[pack.carried[0]] = np.concatenate([feeds[name].ravel() for name, _ in pack.members])
-    expected, got = _run(model, feeds), _run(packed, feeds)
-    for pack in packs:
-        offset = 0
-        for (_, out), shape in zip(pack.members, pack.shapes, strict=True):
-            size = math.prod(shape)
-            np.testing.assert_array_equal(got[pack.carried[1]][offset : offset + size].reshape(shape), expected[out])
-            offset += size
-    for name, value in got.items():
-        if name in expected:
-            np.testing.assert_array_equal(value, expected[name], err_msg=name)
+    _assert_packed_bits(model, packed, packs, np.random.default_rng(0))
 
 
 def test_clipped_gradients_are_not_packed(tmp_path: Path) -> None:
@@ -222,13 +230,4 @@ def test_two_groups_pack_with_the_same_bits(tmp_path: Path) -> None:
     packed, packs = pack_updates(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
     onnx.checker.check_model(packed, full_check=True)
     assert sorted(len(pack.members) for pack in packs) == [3] * 8  # two groups of 3, 4 roles each
-    feeds = _feeds(model, np.random.default_rng(2))
-    for pack in packs:
-        feeds[pack.carried[0]] = np.concatenate([feeds[name].ravel() for name, _ in pack.members])
-    expected, got = _run(model, feeds), _run(packed, feeds)
-    for pack in packs:
-        offset = 0
-        for (_, out), shape in zip(pack.members, pack.shapes, strict=True):
-            size = math.prod(shape)
-            np.testing.assert_array_equal(got[pack.carried[1]][offset : offset + size].reshape(shape), expected[out])
-            offset += size
+    _assert_packed_bits(model, packed, packs, np.random.default_rng(2))
