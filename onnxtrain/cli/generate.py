@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,13 @@ def add_parser(subcommands: Any) -> None:
     )  # fmt: skip
     parser.add_argument("--momentum", type=non_negative, metavar="M", help="for sgd and rmsprop")
     parser.add_argument("--weight-decay", type=non_negative, metavar="W", help="(decoupled for adamw)")
+    parser.add_argument(
+        "--no-decay",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="parameters left out of weight decay: names or their parts after a dot, globs (bias '*norm.weight')",
+    )
     parser.add_argument("--max-grad-norm", type=positive, metavar="N", help="clip the gradients' global L2 norm to N")
     parser.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="where the artifacts go")
     parser.add_argument("--target", choices=TARGETS, default="onnxruntime", help="the runtime (default: onnxruntime)")
@@ -132,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain import artifacts
     from onnxtrain.loop import with_learning_rate
 
-    optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm)
+    optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay)
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
     loss = loss_of(args.loss)
@@ -194,7 +202,11 @@ def scores_output(args: argparse.Namespace) -> list[str]:
 
 
 def optimizer_block(
-    name: str, momentum: float | None, weight_decay: float | None, max_grad_norm: float | None
+    name: str,
+    momentum: float | None,
+    weight_decay: float | None,
+    max_grad_norm: float | None,
+    no_decay: Sequence[str] = (),
 ) -> optim.Optimizer:
     """The ``onnxtrain.optim`` optimizer for ``--optimizer`` and its options."""
     from onnxtrain import optim
@@ -208,6 +220,10 @@ def optimizer_block(
         options["weight_decay"] = weight_decay
     if max_grad_norm is not None:
         options["clip_grad"] = optim.ClipGradNorm(max_grad_norm)
+    if no_decay:
+        if not weight_decay:
+            raise UsageError("--no-decay leaves parameters out of weight decay: give --weight-decay too")
+        options["no_decay"] = list(no_decay)
     return getattr(optim, OPTIMIZERS[name])(**options)
 
 

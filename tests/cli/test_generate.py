@@ -71,6 +71,15 @@ def test_optimizer_options_build_the_library_optimizer(capsys, model_path: Path,
     assert "ClipGradNorm(max_norm=1.5)" in description
 
 
+def test_no_decay_leaves_the_parameters_it_names_out_of_weight_decay(capsys, model_path: Path, tmp_path: Path):
+    options = ["--weight-decay", "0.1", "--no-decay", "bias"]
+    assert _generate(capsys, model_path, tmp_path / "art", *options)[0] == 0
+    description = read_metadata(onnx.load(tmp_path / "art" / "optimizer_model.onnx"))[OPTIMIZER_KEY]
+    assert "no_decay=['bias']" in description
+    status, _, err = _generate(capsys, model_path, tmp_path / "other", "--no-decay", "bias")
+    assert status != 0 and "give --weight-decay too" in err
+
+
 @pytest.mark.parametrize("loss", [name for name, kind in generate.LOSSES.items() if kind in ("MSELoss", "L1Loss")])
 def test_regression_losses_take_a_float_target(capsys, model_path: Path, tmp_path: Path, loss: str):
     status, _, err = cli(capsys, "generate", model_path, "--requires-grad", "all-float", "--loss", loss, "-o", tmp_path)
