@@ -74,6 +74,11 @@ def arguments() -> argparse.ArgumentParser:
         help="onnxtrain off the CPU: the fused step with the optimizer's per-parameter chains as built, not packed",
     )  # fmt: skip
     parser.add_argument(
+        "--split-unpack", action="store_true",
+        help="onnxtrain off the CPU: the packed update writes the tensors back with one Split per role, not a Slice "
+        "per tensor",
+    )  # fmt: skip
+    parser.add_argument(
         "--precision", choices=PRECISIONS, default="fp32",
         help="onnxtrain's artifacts generated with precision=...; PyTorch under torch.autocast (fp16: and GradScaler)",
     )  # fmt: skip
@@ -175,8 +180,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.own_arenas and args.device != "cuda":
         parser.error("--own-arenas is for --device cuda (on the CPU the sessions share onnxruntime's default arena)")
-    if args.unpacked_update and args.device != "cuda":
-        parser.error("--unpacked-update is for --device cuda (on the CPU the fused step does not pack the update)")
+    if (args.unpacked_update or args.split_unpack) and args.device != "cuda":
+        parser.error(
+            "--unpacked-update and --split-unpack are for --device cuda (on the CPU the fused step does not "
+            "pack the update)"
+        )
     if args.no_static and args.static_only:
         parser.error("--no-static and --static-only leave nothing to do: choose one")
     from benchmarks.real_size import report, static
@@ -248,6 +256,8 @@ def _train(
         argv.append("--own-arenas")
     if args.unpacked_update:
         argv.append("--unpacked-update")
+    if args.split_unpack:
+        argv.append("--split-unpack")
     load = load_average()
     result = _worker(argv)
     result.update(workload=workload, framework=framework, batch=batch, seq=seq, run=run, load_before=load)

@@ -28,9 +28,12 @@ first, so that a call cut short still brings it):
    run's one arena shared by the sessions that grows by what is asked;
 8. ``unpacked-update`` (CUDA only): onnxtrain's fp32 step with AdamW's per-parameter
    chains as built (12 nodes per tensor), against the default run's one
-   chain over the packed tensors (``FusedStep.pack_updates``).
+   chain over the packed tensors (``FusedStep.pack_updates``);
+9. ``split-unpack`` (CUDA only): onnxtrain's fp32 step with the packed update
+   written back by one ``Split`` per role, against the default run's ``Slice``
+   per tensor (``FusedStep.split_unpack``).
 
-6 to 8 change only how the sessions run: they skip the static figures, which
+6 to 9 change only how the sessions run: they skip the static figures, which
 are the fp32 run's (``--no-static``).
 
 Each writes ``DIR/<name>.md`` and ``DIR/<name>.json`` (the profile and the
@@ -68,10 +71,11 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "memory-reuse": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--memory-reuse"]),
     "own-arenas": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--own-arenas"]),
     "unpacked-update": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--unpacked-update"]),
+    "split-unpack": ("benchmarks.real_size", [*_SESSIONS_ONLY, "--split-unpack"]),
 }
 SHAPES = "16x256"
 #: Runs that only mean something on a GPU.
-CUDA_ONLY = frozenset({"graph-capture", "own-arenas", "unpacked-update"})
+CUDA_ONLY = frozenset({"graph-capture", "own-arenas", "unpacked-update", "split-unpack"})
 
 
 def commands(out: Path, workdir: Path, only: Sequence[str], device: str) -> list[tuple[str, list[str]]]:

@@ -103,6 +103,12 @@ def arguments() -> argparse.ArgumentParser:
         help="onnxtrain off the CPU: the fused step runs the optimizer's per-parameter chains as built, not packed "
         "(FusedStep.pack_updates)",
     )
+    parser.add_argument(
+        "--split-unpack",
+        action="store_true",
+        help="onnxtrain off the CPU: the packed update writes the tensors back with one Split per role, not a Slice "
+        "per tensor (FusedStep.split_unpack)",
+    )
     return parser
 
 
@@ -189,6 +195,8 @@ def _onnxtrain(args: argparse.Namespace, batches: list[tuple[Any, Any]]) -> dict
         fused = optimizer.fused_step
         if args.unpacked_update and fused is not None:  # before its first session is made
             fused.pack_updates = False
+        if args.split_unpack and fused is not None:
+            fused.split_unpack = True
         optimizer.set_learning_rate(LEARNING_RATE)
         module.train()
         setup = {**memory.rss_marks(), "gpu": memory.gpu_used_mib()}

@@ -126,6 +126,7 @@ def pack_in_place(
     shapes_of: ShapeInference = onnx_shapes,
     *,
     max_rows: int = MAX_PACKED_ROWS,
+    split: bool = False,
 ) -> tuple[onnx.ModelProto, list[Pack]]:
     """``model`` with the identical chains of ``updates`` run once per group on packed tensors made inside the
     model, and the packs: the model's inputs and outputs stay one per tensor, for a step that updates them in
@@ -148,7 +149,10 @@ def pack_in_place(
     ``max_rows`` rows. Members are taken largest first, and one that would
     shrink the width past that is left with its own chain (GPT-2 small's 148
     tensors: all, 162 thousand rows of 768). A group is packed where it
-    saves nodes. ``model`` is not changed.
+    saves nodes. ``split``: one ``Split`` per role writes the members' new
+    values instead of a ``Slice`` each (onnxruntime's CUDA ``Split`` copies a
+    map of one int64 per row at every run; which costs less is measured in
+    ``benchmarks/real_size``). ``model`` is not changed.
     """
     copy, groups = _groups(model, updates, shapes_of, read_elsewhere=True)
     packs: list[Pack] = []
@@ -158,7 +162,7 @@ def pack_in_place(
         unpacking = sum(1 + len(m.moments) + (len(m.shape) != 1) for m in kept)  # Slices, Reshapes
         if len(chains[0]) * (len(kept) - 1) <= unpacking + 2 + len(kept[0].moments):  # and the Concats
             continue
-        packs += _pack_group_in_place(copy.graph, kept, _current(copy.graph, chains), width, unique)
+        packs += _pack_group_in_place(copy.graph, kept, _current(copy.graph, chains), width, unique, split)
     return copy, packs
 
 
@@ -408,6 +412,7 @@ def _pack_group_in_place(
     chains: list[list[onnx.NodeProto]],
     width: int,
     unique: Callable[[str], str],
+    split: bool,
 ) -> list[Pack]:
     """Replace the chains of ``members`` by one chain on tensors packed inside ``graph`` (see
     :func:`pack_in_place`)."""
@@ -426,9 +431,11 @@ def _pack_group_in_place(
     for r, role in enumerate(roles):  # each new parameter and moment sliced into its own output, as rows
         if r != 1:
             outputs = [out for _, out in role]
-            # one Slice per output along axis 0, each ``count`` rows long (no Reshape: written as rows)
+            # one Slice per output along axis 0 (or one Split), each ``count`` rows long (no Reshape: written as rows)
             row_counts = [(count,) for count in rows]
-            new_nodes += split_and_reshape(packed[r][1], row_counts, outputs, unique, graph.initializer, slices=True)
+            new_nodes += split_and_reshape(
+                packed[r][1], row_counts, outputs, unique, graph.initializer, slices=not split
+            )
     # the rest of the model reads each new parameter in its shape: a Reshape of the output
     shaped = {
         m.parameter[1]: unique(f"{m.parameter[1]}.shaped")

@@ -123,6 +123,10 @@ class FusedStep:
         #: (:func:`~onnxtrain.artifacts.vectorize.pack_in_place`): off the CPU. Decided when the first session
         #: is made.
         self.pack_updates = not on_host
+        #: Whether the packed update writes the tensors back with one ``Split`` per role rather than a ``Slice``
+        #: per tensor (``benchmarks/real_size --split-unpack`` compares them on a GPU). Decided with
+        #: :attr:`pack_updates`.
+        self.split_unpack = False
         self._step_model: LoadedModel | None = None
         #: The inputs and outputs the step model declares as rows, with those shapes (bound as such).
         self._views: tuple[dict[str, tuple[int, int]], dict[str, tuple[int, int]]] = ({}, {})
@@ -182,7 +186,11 @@ class FusedStep:
         if self._step_model is None:
             self._step_model = self.model
             pairs = {name: out for name, _, out in self.in_place}
-            found = packed_in_place(self.model.proto, self.updates, pairs) if self.pack_updates else None
+            found = (
+                packed_in_place(self.model.proto, self.updates, pairs, split=self.split_unpack)
+                if self.pack_updates
+                else None
+            )
             if found is not None:
                 self._step_model = LoadedModel(found[0], found[0].SerializeToString())
                 self._views = views_in_place(found[1])
@@ -258,13 +266,13 @@ class FusedStep:
 
 
 def packed_in_place(
-    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], pairs: Mapping[str, str]
+    model: onnx.ModelProto, updates: Sequence[ParameterUpdate], pairs: Mapping[str, str], *, split: bool = False
 ) -> tuple[onnx.ModelProto, list[Pack]] | None:
     """``model`` (a fused step) with the identical chains of ``updates`` packed
     (:func:`~onnxtrain.artifacts.vectorize.pack_in_place`), and the packs; ``None`` where nothing is packed or
     where the packed model could not write each output of ``pairs`` (``{input: output}``) into its input's
-    buffer."""
-    packed, packs = pack_in_place(model, updates, keep_or_tag(names_in(model.graph), "packed"))
+    buffer. ``split``: :func:`~onnxtrain.artifacts.vectorize.pack_in_place`'s."""
+    packed, packs = pack_in_place(model, updates, keep_or_tag(names_in(model.graph), "packed"), split=split)
     if not packs or unsafe_in_place(packed.graph, pairs):
         return None
     return packed, packs

@@ -46,7 +46,7 @@ def test_only_picks_and_unknown_names_are_refused(tmp_path: Path, capsys: pytest
 def test_the_cuda_only_runs_are_left_out_on_the_cpu(tmp_path: Path) -> None:
     on_cpu = [name for name, _ in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu")]
     assert on_cpu == [name for name in gpu_suite.RUNS if name not in gpu_suite.CUDA_ONLY] and "own-arenas" not in on_cpu
-    assert "unpacked-update" not in on_cpu  # on the CPU the update is not packed anyway
+    assert "unpacked-update" not in on_cpu and "split-unpack" not in on_cpu  # on the CPU the update is not packed
     for _, command in gpu_suite.commands(tmp_path, tmp_path / "work", [], "cpu"):
         _parsed(command)
 
@@ -55,7 +55,7 @@ def test_the_runs_that_change_only_session_options_skip_the_static_figures(tmp_p
     planned = dict(gpu_suite.commands(tmp_path, tmp_path / "work", [], "cuda"))
     del planned["profile"], planned["graph-capture"]  # no static figures to skip
     skipping = {name for name, command in planned.items() if arguments().parse_args(command[3:]).no_static}
-    assert skipping == {"memory-reuse", "own-arenas", "unpacked-update"}  # fp32's artifacts: its static figures
+    assert skipping == {"memory-reuse", "own-arenas", "unpacked-update", "split-unpack"}  # fp32's static figures
 
 
 def test_no_static_and_static_only_together_are_refused() -> None:

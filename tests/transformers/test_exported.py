@@ -125,22 +125,28 @@ def test_checkpointing_keeps_a_fraction_of_the_activations(name: str, directory:
 @pytest.mark.parametrize("name", NAMES)
 def test_the_update_packed_as_on_a_gpu_gives_the_same_bits(name: str, directory: Path) -> None:
     """The fused step as on a GPU (a session for the batch's shapes), with AdamW's per-parameter chains run once
-    on the packed tensors and without: after three fused steps, every parameter and moment is the same."""
+    on the packed tensors, written back by a Slice per tensor or a Split per role, and without: after three fused
+    steps, every parameter and moment is the same."""
     parameters = models.exported(name).parameters
     data = models.batch(name, np.random.default_rng(11), LENGTHS[-1])
-    results = []
-    for packed in (True, False):
+    results = {}
+    for variant in ("unpacked", "slices", "split"):
         trained = _trained(name, directory)
         fused = trained.optimizer.fused_step
         assert fused is not None
-        fused.fold_every_shape, fused.pack_updates = True, packed
+        fused.fold_every_shape, fused.pack_updates = True, variant != "unpacked"
+        fused.split_unpack = variant == "split"
         for _ in range(4):  # the first step trains alone; each later one applies the last update, then trains
             train.step(trained, data)
             trained.optimizer.step()
-        assert (fused.step_model is not fused.model) == packed, f"{name}: the update was not packed"
+        unpacking = {node.op_type for node in fused.step_model.proto.graph.node if ".unpack" in node.name}
+        assert (fused.step_model is not fused.model) == (variant != "unpacked"), f"{name}: the update was not packed"
+        expected = {"unpacked": set(), "slices": {"Slice"}, "split": {"Split"}}[variant]
+        assert unpacking == expected, f"{name}, {variant}: written back by {unpacking}"
         moments = trained.state.store.optimizer.moments
         values = {p: trained.state.parameters[p].data for p in parameters}
         values.update({f"{p} moment {i}": m.numpy() for p in parameters for i, m in enumerate(moments[p])})
-        results.append(values)
-    for key, value in results[0].items():
-        np.testing.assert_array_equal(value, results[1][key], err_msg=f"{name}: {key}")
+        results[variant] = values
+    for variant in ("slices", "split"):
+        for key, value in results[variant].items():
+            np.testing.assert_array_equal(value, results["unpacked"][key], err_msg=f"{name}, {variant}: {key}")
