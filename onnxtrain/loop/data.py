@@ -93,19 +93,19 @@ def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.
             arrays = {name: archive[name] for name in archive.files}
     except (zipfile.BadZipFile, EOFError, ValueError) as error:
         raise ValueError(f"{file.name} is not a readable .npz archive ({error})") from None
-    names = [spec.name for spec in inputs]
-    if all(name in arrays for name in names):
-        return [(f"array {name!r}", arrays[name]) for name in names]
-    features = next((name for name in FEATURE_NAMES if name in arrays), None)
-    target = next((name for name in TARGET_NAMES if name in arrays), None)
-    if features is not None and len(inputs) == 1:
-        return [(f"array {features!r}", arrays[features])]
-    if features is not None and target is not None and len(inputs) == 2:
-        return [(f"array {features!r}", arrays[features]), (f"array {target!r}", arrays[target])]
-    raise ValueError(
-        f"{file.name} holds arrays {sorted(arrays)}, but the training model takes {_signature(inputs)}: name the "
-        "arrays after these inputs" + (", or X and y" if len(inputs) == 2 else ", or X" if len(inputs) == 1 else "")
-    )
+    chosen = []
+    for k, spec in enumerate(inputs):
+        # an input's own name; else X (or x) for the first input and y for the last, the target
+        aliases = (spec.name, *(FEATURE_NAMES if k == 0 else ()), *(TARGET_NAMES if k == len(inputs) - 1 > 0 else ()))
+        found = next((name for name in aliases if name in arrays), None)
+        if found is None:
+            raise ValueError(
+                f"{file.name} holds arrays {sorted(arrays)}, but the training model takes {_signature(inputs)}: "
+                f"no array for input {spec.name!r}; name the arrays after these inputs (X may name the first, y the "
+                "last, the target)"
+            )
+        chosen.append((f"array {found!r}", arrays[found]))
+    return chosen
 
 
 def _csv_arrays(file: Path, inputs: Sequence[TensorSpec], target_column: str | None) -> list[tuple[str, np.ndarray]]:

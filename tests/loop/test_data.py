@@ -140,3 +140,15 @@ def test_one_hot_labels_are_told_to_take_the_argmax():
         [("array 'X'", np.zeros((3, 3), np.float32)), ("array 'y'", labels.argmax(-1))], [X, LABELS], "d"
     )
     assert y.tolist() == [0, 3, 1]
+
+
+def test_npz_arrays_named_after_some_inputs_and_y_for_the_target(tmp_path: Path):
+    """A model of three inputs (ids, a mask, the labels): two arrays under the inputs' names and ``y``."""
+    ids = TensorSpec("input_ids", np.dtype(np.int64), ("batch", 4))
+    mask = TensorSpec("attention_mask", np.dtype(np.int64), ("batch", 4))
+    np.savez(tmp_path / "d.npz", input_ids=np.ones((3, 4)), attention_mask=np.ones((3, 4)), y=np.array([0, 1, 2]))
+    _, _, labels = load_data(tmp_path / "d.npz", [ids, mask, LABELS])
+    assert labels.tolist() == [0, 1, 2]
+    np.savez(tmp_path / "e.npz", input_ids=np.ones((3, 4)), y=np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match=r"no array for input 'attention_mask'; name the arrays after these inputs"):
+        load_data(tmp_path / "e.npz", [ids, mask, LABELS])
