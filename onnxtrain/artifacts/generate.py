@@ -42,6 +42,7 @@ from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import copy_model, load_light
 from onnxtrain.graph.passes import autocast
+from onnxtrain.graph.passes.cast_like import cast_like_to_cast
 from onnxtrain.graph.passes.static_shapes import fold_static_dims
 from onnxtrain.graph.symbolic import with_symbolic_dims
 from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
@@ -204,6 +205,7 @@ def _build(
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
     check_parameters(proto, requires, frozen)
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
+    cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
     _check_outputs(proto, "loss_input_names", inputs_to_loss)
     _check_outputs(proto, "additional_output_names", additional, values=True)

@@ -14,6 +14,7 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
 - :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
+- :func:`~onnxtrain.graph.passes.cast_like.cast_like_to_cast`: ``CastLike`` of a known type made a ``Cast``;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
   the backward reads recomputed from chosen ones
