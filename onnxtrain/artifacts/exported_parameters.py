@@ -13,11 +13,11 @@ has is not in the graph.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import onnx
 
+from onnxtrain import caller
 from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
 
 #: What to do about the changes, in every message.
@@ -39,7 +39,7 @@ class TorchExportWarning(UserWarning):
     """The parameters being trained are not torch's: its dynamo exporter merged, dropped or folded some."""
 
 
-def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], stacklevel: int = 2) -> None:
+def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
     """A :class:`TorchExportWarning` naming the parameters the exporter changed where the nodes that read them
     read a parameter of ``requires_grad`` (a layer being trained); nothing otherwise."""
     trained = set(requires_grad)
@@ -53,13 +53,12 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
             listed = "; ".join(_clause(change) for change in of_kind[:LISTED])
             more = f" (and {len(of_kind) - LISTED} more)" if len(of_kind) > LISTED else ""
             lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {listed}{more}.")
-    warnings.warn(
+    caller.warn(
         "torch.onnx.export's optimizer (dynamo=True, optimize=True: its default) changed parameters of this model "
         "for inference: training it does not train torch's parameters as torch does.\n"
         + "\n".join(lines)
         + f"\n{REMEDY}.",
         TorchExportWarning,
-        stacklevel=stacklevel + 1,
     )
 
 

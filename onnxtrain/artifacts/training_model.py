@@ -13,13 +13,13 @@ BatchNormalization switched to inference mode.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import onnx
 from onnx import helper
 
+from onnxtrain import caller
 from onnxtrain.artifacts.exported_parameters import explain_missing, warn_changed_parameters
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
@@ -107,12 +107,11 @@ def statistics_as_parameters(
     statistics = running_statistics(model)
     trained = [name for name in requires_grad if name in set(statistics)]
     if trained:
-        warnings.warn(
+        caller.warn(
             f"requires_grad names {trained}, the running statistics of BatchNormalization: the optimizer does not "
             "train them; each train step in training mode updates them (they are kept as frozen parameters, "
             "updated as torch updates its buffers). Leave them out of requires_grad",
             RunningStatisticsWarning,
-            stacklevel=3,
         )
     updated = {name for node in model.graph.node if _trains_statistics(node) for name in node.input[3:5]}
     requires = [name for name in requires_grad if name not in set(trained)]
@@ -280,7 +279,7 @@ def build_training_models(
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
     check_parameters(forward, requires_grad, frozen_params)
-    warn_changed_parameters(forward, requires_grad, stacklevel=3)
+    warn_changed_parameters(forward, requires_grad)
     requires_grad, frozen_params = statistics_as_parameters(forward, requires_grad, frozen_params)
     input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
     wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)

@@ -15,9 +15,9 @@ derivatives of the network).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
+from onnxtrain import caller
 from onnxtrain.autodiff import build_vjp
 from onnxtrain.blocks.block import Block
 from onnxtrain.graph import ops
@@ -58,10 +58,9 @@ class Gradient(Block):
         for name in self._wrt:
             gradient = found[name]
             if gradient is None:
-                warnings.warn(
+                caller.warn(
                     f"Gradient: {output_name!r} does not depend on {name!r} through differentiable operators; "
                     "its gradient is zeros",
-                    stacklevel=3,
                 )
                 gradient = ops.filled_like(b, name, 0.0, f"{name}_zero_grad")
             known = b.type_of(name)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Literal, get_args
 
 import numpy as np
 import onnx
 
+from onnxtrain import caller
 from onnxtrain.blocks import ReduceMean, ReduceSum
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
@@ -96,14 +96,13 @@ def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str, wanted: int
     source = dtypes.dtype_name(b.elem_type(like))
     if check.contradicted:
         corrected = check.corrected(dims)
-        warnings.warn(
+        caller.warn(
             DeclaredShapeWarning(
                 f"{check.message(source)}. {loss} gives its target {name!r} the shape "
                 f"{describe_type(tensor_type(wanted, corrected))} instead; correct the output's shape in the "
                 "model to silence this (torch.onnx.export: one dynamic_axes name per meaning, a new name for "
                 "an axis whose size is its own)"
             ),
-            stacklevel=4,
         )
         dims = corrected
     undecided = check.undecided()

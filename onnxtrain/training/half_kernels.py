@@ -14,12 +14,12 @@ that the same artifacts train on any provider.
 from __future__ import annotations
 
 import re
-import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
+from onnxtrain import caller
 from onnxtrain.graph import external
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes.autocast import compute_in_float32, defined_with
@@ -57,12 +57,11 @@ def open_session(model: LoadedModel, what: str, make: Callable[[LoadedModel], Se
                 op_type = f"{op_type} (in the definition of {', '.join(defining)})" if changed else op_type
             if changed == 0:
                 raise
-            warnings.warn(
+            caller.warn(
                 f"the {what} computes {op_type} in a half type that this execution provider has no kernel for; "
                 f"it runs in float32 (casts added around each {op_type}). Generate the artifacts with "
                 "precision='fp32', or use a provider with half kernels (CUDA), to avoid the casts",
                 HalfPrecisionFallbackWarning,
-                stacklevel=4,
             )
             widened.append(found.group(1))
             model = LoadedModel(copy, copy.SerializeToString())

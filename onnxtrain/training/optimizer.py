@@ -30,7 +30,6 @@ the one a checkpoint stores, so that a resumed run continues at the same rate.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from onnxtrain import caller
 from onnxtrain.artifacts import ort_training
 from onnxtrain.graph import versions
 from onnxtrain.optim import ParameterSpec
@@ -80,13 +80,12 @@ def _warn_if_resuming(state: TrainingState, initial_values: tuple[float, ...]) -
             return
         why = f"it has properties {names}, as a checkpoint saved while training has"
     count = len(initial_values)
-    warnings.warn(
+    caller.warn(
         f"the checkpoint holds no optimizer state, but {why}: training resumes with the optimizer's {count} "
         f"moment{'s' if count > 1 else ''} per parameter restarting from their initial values "
         f"{list(initial_values)}, and its step count from 0. To resume where training stood, save checkpoints "
         "with CheckpointState.save_checkpoint(state, path, include_optimizer_state=True)",
         OptimizerStateWarning,
-        stacklevel=3,
     )
 
 

@@ -167,8 +167,9 @@ def test_generation_warns_where_a_trained_parameter_is_concerned() -> None:
 def test_generate_artifacts_warns_and_explains_a_missing_parameter() -> None:
     model = exported_model(kept=False)
     loss = artifacts.LossType.MSELoss
-    with pytest.warns(TorchExportWarning, match="Merged"):
+    with pytest.warns(TorchExportWarning, match="Merged") as caught:
         artifacts.build_artifacts(model, requires_grad=artifacts.trainable_parameters(model), loss=loss)
+    assert caught[0].filename == __file__  # the user's line, however deep onnxtrain raised it
     assert "folded it into val_7" in explain_missing(model, "net.head.weight")
     assert explain_missing(model, "net.ln1.weight") == ""
     with pytest.raises(ValueError, match=r"'net.ln2.weight', which is not an initializer .* merged it .* net.ln1"):
