@@ -50,7 +50,7 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
     for kind in ("merged", "dropped", "folded"):
         of_kind = [change for change in changes if change.change == kind]
         if of_kind:
-            listed = "; ".join(_clause(change) for change in of_kind[:LISTED])
+            listed = "; ".join(clause(change) for change in of_kind[:LISTED])
             more = f" (and {len(of_kind) - LISTED} more)" if len(of_kind) > LISTED else ""
             lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {listed}{more}.")
     caller.warn(
@@ -77,10 +77,10 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
     return ""
 
 
-def _clause(change: ParameterChange) -> str:
+def clause(change: ParameterChange) -> str:
     """``change``'s parameters, and what reads them instead."""
     parameters = ", ".join(change.parameters)
     return f"{parameters} read as {', '.join(change.read_as)}" if change.read_as else parameters
 
 
-__all__ = ["REMEDY", "TorchExportWarning", "explain_missing", "warn_changed_parameters"]
+__all__ = ["REMEDY", "TorchExportWarning", "clause", "explain_missing", "warn_changed_parameters"]

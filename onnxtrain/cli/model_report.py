@@ -88,7 +88,7 @@ def _initializers(graph: onnx.GraphProto) -> list[str]:
 
 def _exporter_changes(model: onnx.ModelProto) -> list[str]:
     """The parameters torch's dynamo exporter merged, dropped or folded for inference (none: no line)."""
-    from onnxtrain.artifacts.exported_parameters import REMEDY
+    from onnxtrain.artifacts.exported_parameters import REMEDY, clause
     from onnxtrain.graph.torch_metadata import parameter_changes
 
     changes = parameter_changes(model)
@@ -97,10 +97,7 @@ def _exporter_changes(model: onnx.ModelProto) -> list[str]:
     lines = [
         f"torch's exporter changed parameters for inference in {len(changes)} places; {REMEDY[0].lower()}{REMEDY[1:]}:"
     ]
-    for change in changes:
-        instead = f" read as {', '.join(change.read_as)}" if change.read_as else ""
-        lines.append(f"  {change.change}: {', '.join(change.parameters)}{instead}")
-    return lines
+    return [*lines, *(f"  {change.change}: {clause(change)}" for change in changes)]
 
 
 def _operators(model: onnx.ModelProto) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import re
 from collections.abc import Callable, Iterable
 
@@ -105,6 +106,12 @@ class NameGenerator:
         self._counter, added = state
         while len(self._added) > added:
             self._taken.discard(self._added.pop())
+
+
+def matches(pattern: str, name: str) -> bool:
+    """Whether glob ``pattern`` matches the whole ``name`` or the part of it after one of its dots (``fnmatch``,
+    case-sensitive: ``"bias"`` matches ``fc.bias``), as PEFT's ``target_modules`` match a module's last parts."""
+    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
 
 
 def unknown_name_hint(name: object, known: Iterable[str], *, shown: int = 10) -> str:

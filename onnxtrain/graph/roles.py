@@ -147,10 +147,9 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
         if use.viewed:
             continue
         node, position = use.node, use.position
-        domain = "" if node.domain == "ai.onnx" else node.domain
-        if domain == "" and node.op_type == "BatchNormalization" and position in RUNNING_STATISTICS:
+        if node.op_type == "BatchNormalization" and is_standard(node) and position in RUNNING_STATISTICS:
             statistics.add(use.tensor)
-        elif position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset()):
+        elif _in_weight_slot(node, position):
             weights.add(use.tensor)
     weights -= statistics
     while True:  # weights beside what the weights found so far compute, which may compute more
@@ -190,13 +189,17 @@ def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.Tensor
     return node.op_type not in SCALING or math.prod(tensor.dims) > 1
 
 
+def _in_weight_slot(node: onnx.NodeProto, position: int) -> bool:
+    """Whether input ``position`` of ``node`` holds a parameter (:data:`WEIGHT_SLOTS`)."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset())
+
+
 def _meets_weights(use: Use, computed: set[str]) -> bool:
     """Whether a view of an initializer is read in a parameter slot or by ``Concat`` beside an input in
     ``computed`` (what weights compute)."""
     node = use.node
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    in_slot = use.position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset())
-    if not in_slot and not (node.op_type == "Concat" and is_standard(node)):
+    if not _in_weight_slot(node, use.position) and not (node.op_type == "Concat" and is_standard(node)):
         return False
     return any(name in computed for k, name in enumerate(node.input) if k != use.position)
 

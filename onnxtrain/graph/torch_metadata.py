@@ -78,7 +78,11 @@ def placeholder(name: str) -> str:
 
 def parameters_read(node: onnx.NodeProto) -> tuple[str, ...]:
     """The placeholders of the parameters that ``node``'s FX node read (its arguments' ``%p_...``), in order."""
-    fx = _metadata(node, FX_NODE_KEY)
+    return _placeholders(_metadata(node, FX_NODE_KEY))
+
+
+def _placeholders(fx: str | None) -> tuple[str, ...]:
+    """The ``%p_...`` placeholders among the arguments of FX node text ``fx`` (after its ``=``), in order."""
     if fx is None or " = " not in fx:
         return ()
     return tuple(dict.fromkeys(_PARAMETER.findall(fx.split(" = ", 1)[1])))
@@ -115,18 +119,19 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     float_names = set(floats)
     # the initializer that stands for each placeholder: torch's name from the signature, else the one named so
     stands_for = {**{placeholder(name): name for name in floats}, **signature_parameters(graph)}
-    groups: dict[str, list[onnx.NodeProto]] = {}
+    groups: dict[str, list[onnx.NodeProto]] = {}  # the ONNX nodes of each FX node, by its text
     for node in graph.node:
         fx = _metadata(node, FX_NODE_KEY)
-        if fx is not None and parameters_read(node):
+        if fx is not None:
             groups.setdefault(fx, []).append(node)
-    torch_reads = {p for nodes in groups.values() for p in parameters_read(nodes[0])}
-    parameters = {stands_for.get(p) for p in torch_reads}
+    read_by = {fx: found for fx in groups if (found := _placeholders(fx))}  # the FX nodes that read parameters
+    parameters = {stands_for.get(p) for found in read_by.values() for p in found}
     if parameters.isdisjoint(float_names):
         return []
     changes = []
-    for nodes in groups.values():
-        wanted = {p: stands_for.get(p) for p in parameters_read(nodes[0])}
+    for fx, found in read_by.items():
+        nodes = groups[fx]
+        wanted = {p: stands_for.get(p) for p in found}
         reads = tuple(dict.fromkeys(name for node in nodes for name in node.input if name in float_names))
         missing = [p for p, name in wanted.items() if name not in reads]
         if not missing:

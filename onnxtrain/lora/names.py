@@ -22,21 +22,16 @@ matches initializer ``distilbert.transformer.layer.0.attention.q_lin.weight``.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 
 import onnx
 
+from onnxtrain.graph.naming import matches
 from onnxtrain.graph.torch_metadata import module_path
 from onnxtrain.graph.versions import is_standard
 
 #: The nodes whose output stands for the weight they read (their readers name the weight too).
 _PASS_THROUGH = ("Transpose", "DequantizeLinear")
-
-
-def matches(pattern: str, name: str) -> bool:
-    """Whether glob ``pattern`` matches the whole ``name`` or the part of it after one of its dots."""
-    return fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
 
 
 @dataclass(frozen=True)

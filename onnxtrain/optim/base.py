@@ -26,7 +26,6 @@ together before the update.
 
 from __future__ import annotations
 
-import fnmatch
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ import onnx
 from onnxtrain.blocks.block import ForwardBlock
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
+from onnxtrain.graph.naming import matches
 from onnxtrain.optim import _checks
 from onnxtrain.optim.clip import ClipGradNorm
 from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
@@ -227,12 +227,9 @@ class Optimizer(ForwardBlock):
         return self._no_decay
 
     def decays(self, name: str) -> bool:
-        """Whether weight decay applies to parameter ``name``: no pattern of ``no_decay`` matches the whole name
-        or its part after one of its dots (``fnmatch``, case-sensitive: ``"bias"`` matches ``fc.bias``)."""
-        return not any(
-            fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, f"*.{pattern}")
-            for pattern in self._no_decay
-        )
+        """Whether weight decay applies to parameter ``name``: no pattern of ``no_decay`` matches it
+        (:func:`~onnxtrain.graph.naming.matches`: the whole name or its part after one of its dots)."""
+        return not any(matches(pattern, name) for pattern in self._no_decay)
 
     def weight_decay_of(self, name: str, weight_decay: float) -> float:
         """``weight_decay`` for parameter ``name``, 0 where :meth:`decays` says it is left alone."""
