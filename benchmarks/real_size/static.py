@@ -27,6 +27,7 @@ from onnxtrain.artifacts.vectorize import ParameterUpdate, views_in_place
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes import fold_static_shapes
 from onnxtrain.graph.passes.recompute import transformers_to_disable
+from onnxtrain.losses.label_check import strip_label_checks
 from onnxtrain.optim.loss_scaling import SCALER_STATE
 from onnxtrain.sessions import inference_session, inferred_shapes
 from onnxtrain.training import half_kernels
@@ -194,8 +195,10 @@ def fused_as_run(
 
 
 def step_models(artifacts: Path) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """The training and optimizer models of ``artifacts``, without their external data."""
+    """The training and optimizer models of ``artifacts``, without their external data; the training model as
+    the runtime runs it, without the label checks it runs on the host (:mod:`onnxtrain.training.labels`)."""
     training = onnx.load(str(artifacts / "training_model.onnx"), load_external_data=False)
+    strip_label_checks(training, inputs=user_inputs(training))
     return training, onnx.load(str(artifacts / "optimizer_model.onnx"), load_external_data=False)
 
 

@@ -187,7 +187,11 @@ def label_error(
 
 def labels_out_of_range(check: LabelCheck, labels: np.ndarray, step: str) -> ValueError | None:
     """The ``ValueError`` :func:`label_error` gives when some of ``labels`` fail ``check`` (of a known class
-    count), found on the host before running; ``None`` when all pass."""
+    count), found on the host before running; ``None`` when all pass (told by ``min`` and ``max`` alone where
+    every label is in range)."""
+    labels = np.asarray(labels)
+    if check.classes is not None and (not labels.size or (labels.min() >= 0 and labels.max() < check.classes)):
+        return None
     count, listed = _offending(labels, check.classes, check.ignore_index) or (0, "")
     return _error(check, check.classes, count, listed, step, "checked before running") if count else None
 
@@ -255,6 +259,8 @@ def _offending(labels: np.ndarray | None, classes: int | None, ignore_index: int
     bad = (labels < 0) | (labels >= classes)
     if ignore_index is not None:
         bad &= labels != ignore_index
+    if not bad.any():
+        return 0, ""
     where = np.argwhere(bad)
     shown = ", ".join(f"{labels[tuple(i)]} at {list(map(int, i))}" for i in where[:_SHOWN])
     more = f" and {len(where) - _SHOWN} more" if len(where) > _SHOWN else ""

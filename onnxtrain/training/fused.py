@@ -17,8 +17,8 @@ an eval step, a train step that accumulates or runs in another module, a second
 optimizer step (:meth:`StateStore.settle <onnxtrain.training.store.StateStore.settle>`). The results are those of
 running each step when it is called.
 
-If onnxruntime fails during a fused run (a label out of range, say), the update
-has been applied: the fused session runs in onnxruntime's priority-based order,
+If onnxruntime fails during a fused run (a label out of range of a class count
+the graph checks, say), the update has been applied: the fused session runs in onnxruntime's priority-based order,
 which runs the optimizer model's nodes, listed first, before any node of the
 train step. The gradients are then reset, as after any failed train step.
 """
@@ -86,7 +86,8 @@ class FusedStep:
     (:attr:`fold_every_shape`): GPT-2 small's fused step at 16 x 256 runs
     3,395 nodes instead of 4,165. There too the sessions run the optimizer's
     identical per-parameter chains once, on the tensors packed inside the step
-    (:attr:`pack_updates`, :attr:`step_model`): 2,201 nodes.
+    (:attr:`pack_updates`, :attr:`step_model`): 2,192 nodes, the loss's label check
+    being done on the host (:mod:`onnxtrain.training.labels`).
     """
 
     def __init__(

@@ -53,8 +53,9 @@ parameters may be of any float dtype; ``check_finite=True`` makes a
 non-finite loss raise ``FloatingPointError`` naming the step, and the step is
 then discarded (gradients and statistics as before it). Bad inputs raise
 before anything runs, and leave the state unchanged. Class labels out of
-range fail the loss's check (:mod:`onnxtrain.losses.label_check`) during the
-run; that failure becomes a ``ValueError`` naming the labels. A model with
+range raise a ``ValueError`` naming them: checked on the host before the step
+where the class count is fixed (:mod:`onnxtrain.training.labels`), else by the
+loss's check during the run (:mod:`onnxtrain.losses.label_check`). A model with
 STRING user inputs or outputs, which onnxruntime's IOBinding cannot bind,
 runs its steps with ``InferenceSession.run`` (:mod:`onnxtrain.training.unbound`),
 with the same results. A nominal state's steps raise ``NominalStateError``
@@ -83,6 +84,7 @@ from onnxtrain.training.constants import SharedConstants
 from onnxtrain.training.device import Device, ProviderSpec, resolve, shares_arena
 from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
@@ -158,6 +160,13 @@ class Module:
         if self._eval_model is not None:
             self._eval_model = self._constants.share(self._eval_model, "eval_model_uri")
         self._constants.release_host_copies()
+        # the labels of a fixed class count, checked on the host before each step instead of in the graph, where
+        # a GPU waits for the check mid-step (training.labels); the eval model keeps its own for export
+        train, self._label_checks = HostLabelChecks.taken_from(train, self._io.inputs.names)
+        self._eval_label_checks = HostLabelChecks()
+        eval_run = self._eval_model
+        if eval_run is not None and self._eval_io is not None:
+            eval_run, self._eval_label_checks = HostLabelChecks.taken_from(eval_run, self._eval_io.inputs.names)
         self._train_model = train
         # the training model's sessions run its nodes in its order (open_session): the loss where it is written
         in_node_order = functools.partial(self.open_session, in_node_order=True)
@@ -168,7 +177,7 @@ class Module:
         self._unbound_eval = self._eval_io is not None and self._eval_io.strings
         # the steps from reset gradients, which write them in place (None: the training session runs those too)
         self._reset = None if self._unbound else ResetStep.create(train, self._io.trainable, in_node_order)
-        self._eval_session = None if self._eval_model is None else self.open_session(self._eval_model, "eval model")
+        self._eval_session = None if eval_run is None else self.open_session(eval_run, "eval model")
         # everything checked: only now does the state move
         store.place(self._device)
         store.ensure_gradients(self._io.trainable)
@@ -295,6 +304,8 @@ class Module:
     def _train_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:
         io = self._io
         feeds = io.inputs.collect(args, kwargs)
+        if self._label_checks:
+            self._label_checks.raise_if_out_of_range(feeds, f"train step {self._train_steps + 1}")
         if self._store.unloaded:
             self._check_loaded("Cannot perform TrainStep with a nominal state.")
         if self._unbound:
@@ -486,6 +497,8 @@ class Module:
             raise RuntimeError("this Module has no eval model: pass eval_model_uri when creating it")
         io = self._eval_io
         feeds = io.inputs.collect(args, kwargs)
+        if self._eval_label_checks:
+            self._eval_label_checks.raise_if_out_of_range(feeds, "eval step")
         self._check_loaded("Cannot perform EvalStep with a nominal state.")
         self._store.settle()
         session = self._eval_session
@@ -626,8 +639,14 @@ class Module:
 
     @property
     def train_model(self) -> LoadedModel:
-        """The training model as loaded."""
+        """The training model as the module runs it: as loaded, but for the label checks it runs on the host."""
         return self._train_model
+
+    def check_labels(self, feeds: Sequence[np.ndarray | ort.OrtValue], step: str) -> None:
+        """``ValueError`` when a label of ``feeds`` (the training model's user inputs, in order) is out of the
+        range of a loss whose check this module runs on the host (:mod:`onnxtrain.training.labels`); ``step``
+        names the step in the message."""
+        self._label_checks.raise_if_out_of_range(feeds, step)
 
     @property
     def runs_unbound(self) -> bool:

@@ -84,6 +84,8 @@ class EpochModule(Protocol):
         self, error: Exception, names: Sequence[str], feeds: Sequence[Any], step: str
     ) -> None: ...
 
+    def check_labels(self, feeds: Sequence[Any], step: str) -> None: ...
+
 
 class EpochTrainer:
     """``train_epoch`` for one module; keeps its epoch steps, one per shape of batch (``steps``)."""
@@ -118,8 +120,9 @@ class EpochTrainer:
         step = BatchStep(module, optimizer, BatchRates(optimizer, learning_rates, batches))
         full = rows // size  # the batches of `size` rows
         shapes = [(size, *array.shape[1:]) for array in data]
+        module.check_labels(data, "train_epoch")  # the labels the module checks on the host: all, before any batch
         epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
-        if epoch is not None:  # the labels its model does not check, checked here, before any batch runs
+        if epoch is not None:  # those its model does not check either (its shapes fixed a class count), here too
             by_name = dict(zip(module.io.inputs.names, data, strict=True))
             for check in epoch.epoch.label_checks:
                 error = labels_out_of_range(check, by_name[check.labels], "train_epoch")

@@ -43,6 +43,21 @@ def mlp(sizes: Sequence[int] = (4, 8, 3), *, seed: int = 0, elem_type: int = FLO
     )
 
 
+def classes_model(classes: int | str, log_probs: bool, *, bias: bool = False) -> onnx.ModelProto:
+    """``y = w * x`` (``+ b`` with ``bias``; ``LogSoftmax`` of it with ``log_probs``), ``x: [batch, classes]``,
+    ``w`` and ``b`` trainable scalars: class scores for a count that is fixed (an int) or symbolic (a name)."""
+    scores = "s" if log_probs else "y"
+    nodes = [helper.make_node("Mul", ["x", "w"], ["wx" if bias else scores])]
+    initializers = [("w", np.array([1.5], np.float32))]
+    if bias:
+        nodes.append(helper.make_node("Add", ["wx", "b"], [scores]))
+        initializers.append(("b", np.array([0.25], np.float32)))
+    if log_probs:
+        nodes.append(helper.make_node("LogSoftmax", ["s"], ["y"], axis=1))
+    shape = ["batch", classes]
+    return make_model({"x": (FLOAT, shape)}, nodes, {"y": (FLOAT, shape)}, initializers)
+
+
 def batchnorm_mlp(seed: int = 0) -> onnx.ModelProto:
     """``x[batch, 4] -> MatMul W -> BatchNormalization (training mode) -> y[batch, 3]``; bn.mean/bn.var frozen."""
     rng = np.random.default_rng(seed)
