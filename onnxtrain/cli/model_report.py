@@ -31,6 +31,7 @@ def model_report(path: Path) -> list[str]:
     lines += [f"  {value.name}: {value_text(value)}" for value in graph.output]
     lines += _initializers(graph)
     lines += _exporter_changes(model)
+    lines += _padding_rows(graph)
     lines += _operators(model)
     return lines
 
@@ -98,6 +99,21 @@ def _exporter_changes(model: onnx.ModelProto) -> list[str]:
         f"torch's exporter changed parameters for inference in {len(changes)} places; {REMEDY[0].lower()}{REMEDY[1:]}:"
     ]
     return [*lines, *(f"  {change.change}: {clause(change)}" for change in changes)]
+
+
+def _padding_rows(graph: onnx.GraphProto) -> list[str]:
+    """The embedding tables whose lookup leaves a padding row without gradient (none: no line)."""
+    from onnxtrain.graph.padding_rows import padding_row
+
+    rows = {}
+    for node in graph.node:
+        row = padding_row(node)
+        if row is not None:
+            rows.setdefault(node.input[0], row)
+    if not rows:
+        return []
+    lines = ["padding rows (no gradient from their lookup, as torch's nn.Embedding(padding_idx=...)):"]
+    return [*lines, *(f"  {table}: row {row}" for table, row in rows.items())]
 
 
 def _operators(model: onnx.ModelProto) -> list[str]:

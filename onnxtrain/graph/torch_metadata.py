@@ -50,6 +50,8 @@ Change = Literal["merged", "dropped", "folded"]
 
 _PARAMETER = re.compile(r"%(p_\w+)")
 _SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
+_EMBEDDING_CALL = re.compile(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
+_PADDING_KEYWORD = re.compile(r"padding_idx: (-?\d+)")
 
 
 def module_path(node: onnx.NodeProto) -> str:
@@ -86,6 +88,23 @@ def _placeholders(fx: str | None) -> tuple[str, ...]:
     if fx is None or " = " not in fx:
         return ()
     return tuple(dict.fromkeys(_PARAMETER.findall(fx.split(" = ", 1)[1])))
+
+
+def embedding_padding_idx(node: onnx.NodeProto) -> int | None:
+    """The ``padding_idx`` of the ``aten.embedding`` call ``node`` came from (its FX node's third argument, or
+    keyword), ``None`` where it is none (-1) or ``node`` came from another call."""
+    fx = _metadata(node, FX_NODE_KEY)
+    found = _EMBEDDING_CALL.search(fx) if fx else None
+    if found is None:
+        return None
+    args = [arg.strip() for arg in found.group(1).split(",") if arg.strip()]
+    keyword = _PADDING_KEYWORD.search(found.group(2))
+    text = keyword.group(1) if keyword else args[2] if len(args) > 2 else None
+    try:
+        row = None if text is None else int(text)
+    except ValueError:
+        return None
+    return row if row is not None and row >= 0 else None
 
 
 @dataclass(frozen=True)
@@ -187,6 +206,7 @@ __all__ = [
     "NAME_SCOPES_KEY",
     "SIGNATURE_KEY",
     "ParameterChange",
+    "embedding_padding_idx",
     "module_path",
     "parameter_changes",
     "parameters_read",

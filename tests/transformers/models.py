@@ -119,7 +119,7 @@ def batch(name: str, rng: np.random.Generator, length: int, size: int = BATCH) -
     """Token ids ``(size, length)`` and int64 labels: ``(size,)`` classes or ``(size, length)`` next tokens.
 
     The ids avoid the padding token 0: torch's ``nn.Embedding(padding_idx=0)`` gives its row no
-    gradient, a rule the exported ``Gather`` does not carry (the ONNX graph has no notion of it).
+    gradient, a rule TorchScript's export does not carry (``test_padding_rows.py`` tests batches with it).
     """
     ids = rng.integers(1, VOCAB, size=(size, length), dtype=np.int64)
     shape = (size,) if KINDS[name] == "classifier" else (size, length)
@@ -135,6 +135,29 @@ def export(module: Any, name: str) -> onnx.ModelProto:
     y_axes = {0: "batch"} if KINDS[name] == "classifier" else {0: "batch", seq_axis: "seq"}
     axes = {"ids": {0: "batch", 1: "seq"}, "y": y_axes}
     return export_for_training(module, (ids,), ["ids"], ["y"], opset=OPSET, dynamic_axes=axes)
+
+
+@functools.cache
+def fresh_module(name: str) -> Any:
+    """Model ``name`` as transformers initialises it, in train mode (once per session)."""
+    return torch_module(name, distinct=False)
+
+
+@functools.cache
+def dynamo_export(name: str, optimize: bool) -> onnx.ModelProto:
+    """:func:`fresh_module` exported by torch's dynamo exporter (``optimize`` as given), with symbolic batch and
+    sequence axes (once per session)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    ids = torch.from_numpy(batch(name, np.random.default_rng(0), 5)["ids"])
+    axes = {"ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            fresh_module(name), (ids,), dynamo=True, optimize=optimize, input_names=["ids"], output_names=["y"],
+            dynamic_shapes=axes, verbose=False,
+        )  # fmt: skip
+    return program.model_proto
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ transformers initialises them, exported by torch's TorchScript exporter;
 ``trainable_parameters`` must find every parameter of torch and nothing
 else, and one step's loss and every gradient must equal torch autograd's. The ids
 avoid the padding tokens (0, and OPT's 1), whose embedding rows torch leaves
-without gradient (``nn.Embedding(padding_idx=...)``), a rule the exported
-``Gather`` does not carry.
+without gradient (``nn.Embedding(padding_idx=...)``), a rule TorchScript's
+export does not carry (``artifacts.set_padding_idx`` gives it back;
+``test_padding_rows.py``).
 """
 
 from __future__ import annotations

@@ -14,12 +14,10 @@ gradient of each equal torch autograd's.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import Any
 
 import numpy as np
-import onnx
 import pytest
 
 from onnxtrain import api, artifacts
@@ -37,27 +35,6 @@ pytest.importorskip("onnxscript")
 CHANGED = ("gpt2", "llama")
 
 
-@functools.cache
-def _fresh(name: str) -> Any:
-    """Model ``name`` as transformers initialises it, in train mode."""
-    return models.torch_module(name, distinct=False)
-
-
-@functools.cache
-def _exported(name: str, optimize: bool) -> onnx.ModelProto:
-    """The fresh model ``name`` exported by torch's dynamo exporter, with symbolic batch and sequence axes."""
-    module = _fresh(name)
-    ids = torch.from_numpy(models.batch(name, np.random.default_rng(0), 5)["ids"])
-    axes = {"ids": {0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        program = torch.onnx.export(
-            module, (ids,), dynamo=True, optimize=optimize, input_names=["ids"], output_names=["y"],
-            dynamic_shapes=axes, verbose=False,
-        )  # fmt: skip
-    return program.model_proto
-
-
 def _tied_names(module: Any) -> list[list[str]]:
     """torch's parameter names, those of one tensor (tied weights) together."""
     names: dict[int, list[str]] = {}
@@ -68,8 +45,8 @@ def _tied_names(module: Any) -> list[list[str]]:
 
 @pytest.mark.parametrize("name", CHANGED)
 def test_the_optimized_export_of_a_fresh_model_is_said_to_change_its_parameters(name: str) -> None:
-    model = _exported(name, optimize=True)
-    module = _fresh(name)
+    model = models.dynamo_export(name, optimize=True)
+    module = models.fresh_module(name)
     read = {name for node in model.graph.node for name in node.input}
     weights = artifacts.trainable_parameters(model)
     with pytest.warns(TorchExportWarning) as caught:
@@ -90,7 +67,7 @@ def test_the_optimized_export_of_a_fresh_model_is_said_to_change_its_parameters(
 
 
 def test_the_optimized_export_names_gpt2s_dropped_biases_and_merged_norms() -> None:
-    model = _exported("gpt2", optimize=True)
+    model = models.dynamo_export("gpt2", optimize=True)
     with pytest.warns(TorchExportWarning) as caught:
         artifacts.build_artifacts(
             model, requires_grad=artifacts.trainable_parameters(model), loss=artifacts.LossType.CrossEntropyLoss
@@ -104,8 +81,8 @@ def test_the_optimized_export_names_gpt2s_dropped_biases_and_merged_norms() -> N
 
 @pytest.mark.parametrize("name", NAMES)
 def test_the_unoptimized_export_trains_every_parameter_as_torch(name: str, tmp_path: Any) -> None:
-    model = _exported(name, optimize=False)
-    module = _fresh(name)
+    model = models.dynamo_export(name, optimize=False)
+    module = models.fresh_module(name)
     weights = artifacts.trainable_parameters(model)
     tied = _tied_names(module)
     untrained = [names for names in tied if not set(names) & set(weights)]

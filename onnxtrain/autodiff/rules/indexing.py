@@ -27,6 +27,7 @@ from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import scatter_add_flat, scatter_add_rows
 from onnxtrain.graph import ops
+from onnxtrain.graph.padding_rows import padding_row
 
 #: Only the data input (0) is differentiable.
 _DATA = (0,)
@@ -42,12 +43,20 @@ def _wrap(ctx: RuleContext, indices: str, n: str) -> str:
 
 @registry.rule("Gather", inputs=_DATA)
 def gather(ctx: RuleContext, grads: Grads) -> Result:
-    """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)"""
+    """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)
+
+    A lookup with a padding row ``p`` (torch's ``nn.Embedding(padding_idx=p)``,
+    :mod:`onnxtrain.graph.padding_rows`) leaves row ``p`` out:
+    ``g[i] = 0 where idx[i] == p`` before the scatter."""
     (g,) = grads
     x, indices = ctx.inputs
     if int(ctx.attr("axis", 0)) == 0:  # no axis to move: x's rank may stay unknown
         n = dims.dim_tensor(ctx, x, 0)
-        return [scatter_add_rows(ctx, _wrap(ctx, indices, n), g, n, x), None]
+        rows = _wrap(ctx, indices, n)
+        padding = padding_row(ctx.node)
+        if padding is not None:
+            g = _without_row(ctx, g, rows, padding, x)
+        return [scatter_add_rows(ctx, rows, g, n, x), None]
     rank = ctx.known_rank(x)
     q = ctx.known_rank(indices)
     axis = int(ctx.attr("axis", 0)) % rank
@@ -59,6 +68,16 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     summed = scatter_add_rows(ctx, rows, moved, n, x)  # [n] + x[:axis] + x[axis+1:]
     back = [*range(1, axis + 1), 0, *range(axis + 1, rank)]
     return [ctx.op("Transpose", summed, perm=back) if axis else summed, None]
+
+
+def _without_row(ctx: RuleContext, g: str, rows: str, row: int, x: str) -> str:
+    """``g`` (``rows.shape + x.shape[1:]``) with the positions whose row is ``row`` zeroed:
+    ``Where(Unsqueeze(rows == row), 0, g)``."""
+    first = ctx.known_rank(rows)
+    at_row = ctx.compare("Equal", rows, row)
+    trailing = list(range(first, first + ctx.known_rank(x) - 1))
+    mask = ops.unsqueeze(ctx.builder, at_row, trailing, hint="padding_row") if trailing else at_row
+    return ctx.where(mask, 0.0, g)
 
 
 @registry.rule("GatherElements", inputs=_DATA)
