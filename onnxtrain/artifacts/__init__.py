@@ -21,7 +21,7 @@ from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_tr
 from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 from onnxtrain.artifacts.training_model import RunningStatisticsWarning
-from onnxtrain.graph.padding_rows import set_padding_idx
+from onnxtrain.graph.embeddings import set_embedding
 from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "generate_artifacts",
     "initializer_roles",
     "remove_gradient_accumulation",
-    "set_padding_idx",
+    "set_embedding",
     "trainable_parameters",
     "write_artifacts",
 ]

@@ -31,7 +31,7 @@ def model_report(path: Path) -> list[str]:
     lines += [f"  {value.name}: {value_text(value)}" for value in graph.output]
     lines += _initializers(graph)
     lines += _exporter_changes(model)
-    lines += _padding_rows(graph)
+    lines += _embedding_rules(graph)
     lines += _operators(model)
     return lines
 
@@ -101,19 +101,19 @@ def _exporter_changes(model: onnx.ModelProto) -> list[str]:
     return [*lines, *(f"  {change.change}: {clause(change)}" for change in changes)]
 
 
-def _padding_rows(graph: onnx.GraphProto) -> list[str]:
-    """The embedding tables whose lookup leaves a padding row without gradient (none: no line)."""
-    from onnxtrain.graph.padding_rows import padding_row
+def _embedding_rules(graph: onnx.GraphProto) -> list[str]:
+    """The embedding tables whose lookup follows torch's ``nn.Embedding`` rules (none: no line)."""
+    from onnxtrain.graph.embeddings import embedding_rule
 
-    rows = {}
+    rules = {}
     for node in graph.node:
-        row = padding_row(node)
-        if row is not None:
-            rows.setdefault(node.input[0], row)
-    if not rows:
+        rule = embedding_rule(node)
+        if rule:
+            rules.setdefault(node.input[0], rule)
+    if not rules:
         return []
-    lines = ["padding rows (no gradient from their lookup, as torch's nn.Embedding(padding_idx=...)):"]
-    return [*lines, *(f"  {table}: row {row}" for table, row in rows.items())]
+    lines = ["embedding lookups with torch's gradient rules (nn.Embedding's padding_idx, scale_grad_by_freq):"]
+    return [*lines, *(f"  {table}: {rule.describe()}" for table, rule in rules.items())]
 
 
 def _operators(model: onnx.ModelProto) -> list[str]:

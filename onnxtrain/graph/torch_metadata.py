@@ -51,7 +51,7 @@ Change = Literal["merged", "dropped", "folded"]
 _PARAMETER = re.compile(r"%(p_\w+)")
 _SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
 _EMBEDDING_CALL = re.compile(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
-_PADDING_KEYWORD = re.compile(r"padding_idx: (-?\d+)")
+_KEYWORD = re.compile(r"(\w+): ([^,]+)")
 
 
 def module_path(node: onnx.NodeProto) -> str:
@@ -90,21 +90,23 @@ def _placeholders(fx: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(_PARAMETER.findall(fx.split(" = ", 1)[1])))
 
 
-def embedding_padding_idx(node: onnx.NodeProto) -> int | None:
-    """The ``padding_idx`` of the ``aten.embedding`` call ``node`` came from (its FX node's third argument, or
-    keyword), ``None`` where it is none (-1) or ``node`` came from another call."""
+def embedding_arguments(node: onnx.NodeProto) -> tuple[int | None, bool] | None:
+    """``(padding_idx, scale_grad_by_freq)`` of the ``aten.embedding`` call ``node`` came from (its FX node's
+    third and fourth arguments, or keywords; ``None`` for a ``padding_idx`` of -1), ``None`` where ``node``
+    came from another call."""
     fx = _metadata(node, FX_NODE_KEY)
     found = _EMBEDDING_CALL.search(fx) if fx else None
     if found is None:
         return None
     args = [arg.strip() for arg in found.group(1).split(",") if arg.strip()]
-    keyword = _PADDING_KEYWORD.search(found.group(2))
-    text = keyword.group(1) if keyword else args[2] if len(args) > 2 else None
+    keywords = {key: value.strip() for key, value in _KEYWORD.findall(found.group(2))}
+    padding = keywords.get("padding_idx", args[2] if len(args) > 2 else "-1")
+    scale = keywords.get("scale_grad_by_freq", args[3] if len(args) > 3 else "False")
     try:
-        row = None if text is None else int(text)
+        row = int(padding)
     except ValueError:
-        return None
-    return row if row is not None and row >= 0 else None
+        row = -1
+    return (row if row >= 0 else None), scale == "True"
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ __all__ = [
     "NAME_SCOPES_KEY",
     "SIGNATURE_KEY",
     "ParameterChange",
-    "embedding_padding_idx",
+    "embedding_arguments",
     "module_path",
     "parameter_changes",
     "parameters_read",

@@ -150,17 +150,16 @@ def test_a_model_whose_parameters_torchs_exporter_changed(capsys, tmp_path: Path
     assert "torch's exporter" not in cli(capsys, "inspect", tmp_path / "plain.onnx")[1]
 
 
-def test_a_model_whose_embedding_has_a_padding_row(capsys, tmp_path: Path):
-    from onnxtrain.artifacts import set_padding_idx
-    from tests.graph.test_padding_rows import lookup_model
+def test_a_model_whose_embedding_follows_torchs_rules(capsys, tmp_path: Path):
+    from onnxtrain.artifacts import set_embedding
+    from tests.graph.test_embeddings import lookup_model
 
     model = lookup_model(rows=6)
     onnx.save(model, tmp_path / "plain.onnx")
-    assert "padding rows" not in cli(capsys, "inspect", tmp_path / "plain.onnx")[1]
-    set_padding_idx(model, "table", 3)
+    assert "embedding lookups" not in cli(capsys, "inspect", tmp_path / "plain.onnx")[1]
+    set_embedding(model, "table", padding_idx=3, scale_grad_by_freq=True)
     onnx.save(model, tmp_path / "padded.onnx")
     status, out, _ = cli(capsys, "inspect", tmp_path / "padded.onnx")
     assert status == 0
-    assert (
-        "padding rows (no gradient from their lookup, as torch's nn.Embedding(padding_idx=...)):\n  table: row 3" in out
-    )
+    heading = "embedding lookups with torch's gradient rules (nn.Embedding's padding_idx, scale_grad_by_freq):"
+    assert f"{heading}\n  table: padding row 3, gradient scaled by frequency" in out

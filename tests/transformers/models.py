@@ -119,7 +119,7 @@ def batch(name: str, rng: np.random.Generator, length: int, size: int = BATCH) -
     """Token ids ``(size, length)`` and int64 labels: ``(size,)`` classes or ``(size, length)`` next tokens.
 
     The ids avoid the padding token 0: torch's ``nn.Embedding(padding_idx=0)`` gives its row no
-    gradient, a rule TorchScript's export does not carry (``test_padding_rows.py`` tests batches with it).
+    gradient, a rule TorchScript's export does not carry (``test_embeddings.py`` tests batches with it).
     """
     ids = rng.integers(1, VOCAB, size=(size, length), dtype=np.int64)
     shape = (size,) if KINDS[name] == "classifier" else (size, length)

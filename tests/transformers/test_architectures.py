@@ -15,8 +15,8 @@ transformers initialises them, exported by torch's TorchScript exporter;
 else, and one step's loss and every gradient must equal torch autograd's. The ids
 avoid the padding tokens (0, and OPT's 1), whose embedding rows torch leaves
 without gradient (``nn.Embedding(padding_idx=...)``), a rule TorchScript's
-export does not carry (``artifacts.set_padding_idx`` gives it back;
-``test_padding_rows.py``).
+export does not carry (``artifacts.set_embedding`` gives it back;
+``test_embeddings.py``).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+import onnx
 
 from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
@@ -27,7 +28,7 @@ from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import scatter_add_flat, scatter_add_rows
 from onnxtrain.graph import ops
-from onnxtrain.graph.padding_rows import padding_row
+from onnxtrain.graph.embeddings import embedding_rule
 
 #: Only the data input (0) is differentiable.
 _DATA = (0,)
@@ -45,17 +46,19 @@ def _wrap(ctx: RuleContext, indices: str, n: str) -> str:
 def gather(ctx: RuleContext, grads: Grads) -> Result:
     """dx[.., j, ..] = sum of g[.., i, ..] over the indices i with idx[i] == j  (scatter-add along axis)
 
-    A lookup with a padding row ``p`` (torch's ``nn.Embedding(padding_idx=p)``,
-    :mod:`onnxtrain.graph.padding_rows`) leaves row ``p`` out:
-    ``g[i] = 0 where idx[i] == p`` before the scatter."""
+    A lookup with torch's ``nn.Embedding`` rules (:mod:`onnxtrain.graph.embeddings`) changes ``g`` before the
+    scatter: ``g[i] /= count(idx == idx[i])`` with ``scale_grad_by_freq``, then ``g[i] = 0 where idx[i] == p``
+    with ``padding_idx=p``."""
     (g,) = grads
     x, indices = ctx.inputs
     if int(ctx.attr("axis", 0)) == 0:  # no axis to move: x's rank may stay unknown
         n = dims.dim_tensor(ctx, x, 0)
         rows = _wrap(ctx, indices, n)
-        padding = padding_row(ctx.node)
-        if padding is not None:
-            g = _without_row(ctx, g, rows, padding, x)
+        rule = embedding_rule(ctx.node)
+        if rule.scale_grad_by_freq:
+            g = _by_frequency(ctx, g, rows, n, x)
+        if rule.padding_idx is not None:
+            g = _without_row(ctx, g, rows, rule.padding_idx, x)
         return [scatter_add_rows(ctx, rows, g, n, x), None]
     rank = ctx.known_rank(x)
     q = ctx.known_rank(indices)
@@ -70,14 +73,34 @@ def gather(ctx: RuleContext, grads: Grads) -> Result:
     return [ctx.op("Transpose", summed, perm=back) if axis else summed, None]
 
 
+def _per_position(ctx: RuleContext, value: str, rows: str, x: str) -> str:
+    """``value`` (of ``rows``' shape) with an axis of 1 for each of ``x.shape[1:]``, to broadcast over ``g``."""
+    first = ctx.known_rank(rows)
+    trailing = list(range(first, first + ctx.known_rank(x) - 1))
+    return ops.unsqueeze(ctx.builder, value, trailing, hint="per_position") if trailing else value
+
+
 def _without_row(ctx: RuleContext, g: str, rows: str, row: int, x: str) -> str:
     """``g`` (``rows.shape + x.shape[1:]``) with the positions whose row is ``row`` zeroed:
     ``Where(Unsqueeze(rows == row), 0, g)``."""
-    first = ctx.known_rank(rows)
-    at_row = ctx.compare("Equal", rows, row)
-    trailing = list(range(first, first + ctx.known_rank(x) - 1))
-    mask = ops.unsqueeze(ctx.builder, at_row, trailing, hint="padding_row") if trailing else at_row
-    return ctx.where(mask, 0.0, g)
+    return ctx.where(_per_position(ctx, ctx.compare("Equal", rows, row), rows, x), 0.0, g)
+
+
+def _by_frequency(ctx: RuleContext, g: str, rows: str, n: str, x: str) -> str:
+    """``g`` with each position's slice divided by the number of positions of its row:
+    ``counts = scatter-add of ones over rows`` (float32, ``[n, 1]``), ``g / Unsqueeze(Gather(counts, rows))``."""
+    float32 = onnx.TensorProto.FLOAT
+    ones_shape = ctx.op("Concat", ctx.op("Shape", rows), ctx.int64s([1]), axis=0)
+    ones = ctx.op("ConstantOfShape", ones_shape, value=onnx.helper.make_tensor("value", float32, [1], [1.0]))
+    # n elements, as scatter_add_rows's sum has: what sizes its zeros (pruned where they are folded instead)
+    per_row = ctx.op(
+        "ConstantOfShape",
+        ctx.op("Reshape", n, ctx.int64s([1])),
+        value=onnx.helper.make_tensor("value", float32, [1], [0.0]),
+    )
+    counts = ctx.op("Reshape", scatter_add_rows(ctx, rows, ones, n, per_row), ctx.int64s([-1]))
+    count = ctx.cast_like(ctx.op("Gather", counts, rows), g)
+    return ctx.div(g, _per_position(ctx, count, rows, x))
 
 
 @registry.rule("GatherElements", inputs=_DATA)
