@@ -64,7 +64,7 @@ class EmbeddingRule:
 def embedding_rule(node: onnx.NodeProto) -> EmbeddingRule:
     """The rule of ``node``'s lookup (a ``Gather`` of axis 0); a false one (``Gather``'s own gradient) for any
     other node or where nothing says otherwise."""
-    if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not _reads_rows(node):
+    if not _is_lookup(node):
         return EmbeddingRule()
     marks = {prop.key: prop.value for prop in node.metadata_props}
     if PADDING_IDX_KEY in marks or SCALE_GRAD_BY_FREQ_KEY in marks:  # set_embedding's, over torch's
@@ -94,11 +94,7 @@ def set_embedding(
         padding_idx %= rows
     if not isinstance(scale_grad_by_freq, bool):
         raise TypeError(f"set_embedding: scale_grad_by_freq must be a bool, not {type(scale_grad_by_freq).__name__}")
-    lookups = [
-        node
-        for node in model.graph.node
-        if node.op_type == "Gather" and node.domain in ("", "ai.onnx") and node.input[0] == weight and _reads_rows(node)
-    ]
+    lookups = [node for node in model.graph.node if _is_lookup(node) and node.input[0] == weight]
     if not lookups:
         raise ValueError(f"set_embedding: no Gather of axis 0 reads {weight!r} (its rows by index)")
     marks = {
@@ -114,9 +110,10 @@ def set_embedding(
     return len(lookups)
 
 
-def _reads_rows(node: onnx.NodeProto) -> bool:
-    """Whether a ``Gather`` takes rows (axis 0)."""
-    return all(a.name != "axis" or a.i == 0 for a in node.attribute)
+def _is_lookup(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is an ONNX ``Gather`` of rows (axis 0), as an embedding's lookup is."""
+    rows = all(a.name != "axis" or a.i == 0 for a in node.attribute)
+    return node.op_type == "Gather" and node.domain in ("", "ai.onnx") and rows
 
 
 __all__ = ["PADDING_IDX_KEY", "SCALE_GRAD_BY_FREQ_KEY", "EmbeddingRule", "embedding_rule", "set_embedding"]

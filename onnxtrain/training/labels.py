@@ -57,8 +57,13 @@ class HostLabelChecks:
         if not found:
             return model, cls()
         stripped = strip_label_checks(copy_model(model.proto), inputs=names)
-        checks = tuple((names.index(check.labels), check) for check in found)
-        return LoadedModel(stripped, stripped.SerializeToString()), cls(checks)
+        return LoadedModel(stripped, stripped.SerializeToString()), cls.of(found, names)
+
+    @classmethod
+    def of(cls, checks: Sequence[LabelCheck], user_inputs: Sequence[str]) -> HostLabelChecks:
+        """``checks``, each of labels among ``user_inputs``, run on the host."""
+        names = list(user_inputs)
+        return cls(tuple((names.index(check.labels), check) for check in checks))
 
     def __bool__(self) -> bool:
         return bool(self.checks)

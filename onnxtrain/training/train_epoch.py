@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnxtrain.losses.label_check import labels_out_of_range
 from onnxtrain.training.batch_step import BatchRates, BatchStep, StepOptimizer
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device
 from onnxtrain.training.epoch import EpochStep
 from onnxtrain.training.finite import first_non_finite, raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.model_io import TrainingModelIO
 from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.state import TrainingState
@@ -123,11 +123,9 @@ class EpochTrainer:
         module.check_labels(data, "train_epoch")  # the labels the module checks on the host: all, before any batch
         epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
         if epoch is not None:  # those its model does not check either (its shapes fixed a class count), here too
-            by_name = dict(zip(module.io.inputs.names, data, strict=True))
-            for check in epoch.epoch.label_checks:
-                error = labels_out_of_range(check, by_name[check.labels], "train_epoch")
-                if error is not None:
-                    raise error
+            HostLabelChecks.of(epoch.epoch.label_checks, module.io.inputs.names).raise_if_out_of_range(
+                data, "train_epoch"
+            )
         # by steps: every batch without an epoch step, else the first where no update is recorded yet (which
         # records one) and a last, shorter batch; the others in one run of the epoch model
         first = 0
