@@ -2,7 +2,8 @@
 
 ``python tools/gradient_coverage.py`` (from the repository root) writes the whole document. The
 torch.nn part exports every public ``torch.nn`` layer with small example inputs (TorchScript
-exporter, training mode, opset :data:`OPSET`) and checks that a training model builds and runs
+exporter, training mode, opset :data:`OPSET`), checks that ``trainable_parameters`` names exactly
+the layer's parameters, and that a training model over them builds and runs
 (:func:`onnxtrain.autodiff.coverage.check_training`). Without torch, the registry part is
 refreshed and the committed torch.nn part kept as it is.
 """
@@ -24,8 +25,15 @@ import onnx
 if not __package__:  # run as a script (`python tools/gradient_coverage.py`): make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from onnxtrain.autodiff.coverage import LayerRow, check_training, coverage_markdown, layers_markdown, split_document
-from onnxtrain.graph import dtypes
+from onnxtrain.artifacts import trainable_parameters
+from onnxtrain.autodiff.coverage import (
+    LayerRow,
+    TrainingCheck,
+    check_training,
+    coverage_markdown,
+    layers_markdown,
+    split_document,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -355,12 +363,26 @@ def layer_row(layer: Layer) -> LayerRow:
         model = export(module, inputs)
     except Exception as error:  # the export's failure is the answer for this layer
         return LayerRow(layer.name, None, f"{type(error).__name__}: {str(error).strip().splitlines()[0]}")
-    buffers = {f"layer.{name}" for name, _ in module.named_buffers()}
     graph_inputs = {value.name for value in model.graph.input}
-    float_inits = [t.name for t in model.graph.initializer if dtypes.is_float(t.data_type) and t.name not in buffers]
     feeds = {f"input{k}": t.numpy() for k, t in enumerate(inputs) if f"input{k}" in graph_inputs}
     float_inputs = [name for name, value in feeds.items() if value.dtype.kind == "f"]
-    return LayerRow(layer.name, check_training(model, [*float_inits, *float_inputs], feeds))
+    found = trainable_parameters(model)
+    misread = _misread_parameters(module, model, found)
+    if misread:
+        operators = tuple(sorted({node.op_type for node in model.graph.node}))
+        return LayerRow(layer.name, TrainingCheck(operators, error=misread))
+    return LayerRow(layer.name, check_training(model, [*found, *float_inputs], feeds))
+
+
+def _misread_parameters(module: torch.nn.Module, model: onnx.ModelProto, found: Sequence[str]) -> str:
+    """Where :func:`~onnxtrain.artifacts.trainable_parameters` of ``model`` is not the layer's parameters
+    (those the export stores as initializers), what it misses and what it adds; ``""`` where it is."""
+    stored = {t.name for t in model.graph.initializer}
+    parameters = {f"layer.{name}" for name, _ in module.named_parameters()} & stored
+    missed, added = sorted(parameters - set(found)), sorted(set(found) - parameters)
+    if not missed and not added:
+        return ""
+    return f"trainable_parameters misses {missed} and adds {added}"
 
 
 def check_catalog(layers: Sequence[Layer]) -> None:

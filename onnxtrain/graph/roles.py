@@ -23,11 +23,22 @@ offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
   There a rank-0 tensor is a constant (an attention scale, a fill value), and
   so is a single element that multiplies or divides (a sign, a temperature).
   Read through a view (``Expand``, ``Slice``, ``Unsqueeze``, ``Dropout``...:
-  :data:`VIEWS`), a tensor is a weight only where it meets what weights
-  compute, in a parameter slot or a ``Concat``: ViT's class token expanded
-  and concatenated with the patch embeddings, DeBERTa's relative-position
-  table sliced into its projections. What weights compute is what their
-  values compute: a shape read from it (``Shape``, ``Size``) is not.
+  :data:`VIEWS`; a ``Concat`` of constant pieces, as LSTM's gates are
+  reordered), a tensor is a weight only where it meets what the model
+  computes: in a parameter slot beside what weights or the float inputs
+  compute (``nn.MultiheadAttention``'s packed projection sliced into three,
+  ``nn.LSTM``'s weights reordered into ``W``, ``R`` and ``B``,
+  ``nn.PReLU``'s slope unsqueezed), in a ``Concat`` beside what weights
+  compute (ViT's class token expanded and concatenated with the patch
+  embeddings), added to a product (``MultiheadAttention``'s packed bias
+  sliced), or scaling or shifting a normalization's output
+  (``nn.GroupNorm``'s affine, exported as an ``InstanceNormalization``
+  followed by its weight and bias unsqueezed). What weights compute is what
+  their values compute: a shape read from it (``Shape``, ``Size``) is not.
+- **re-parametrised weight**: a float tensor from which a parameter slot's
+  value is computed by arithmetic on initializers alone (:data:`ARITHMETIC`),
+  as ``torch.nn.utils.parametrizations.weight_norm`` computes a convolution's
+  weight ``g * v / ||v||`` (wav2vec 2.0's positional convolution).
 - **constant**: everything else: integer and boolean tensors, scalars used as
   constants, Dropout's ratio, shapes, scales of ``Resize``, tensors read only
   by other operators or by views that meet no weight (a rotary embedding's
@@ -50,6 +61,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Literal, NamedTuple
 
 import onnx
@@ -119,6 +131,21 @@ VIEWS = frozenset({"Expand", "Tile", "Slice", "Unsqueeze", "Squeeze", "Reshape",
 #: Operators whose output depends on the shape of their input, not on its values.
 SHAPE_ONLY = frozenset({"Shape", "Size"})
 
+#: Operators that multiply their input by a weight (an added tensor beside their output is a bias).
+PRODUCTS: Mapping[str, frozenset[str]] = {
+    "": frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose"}),
+    "com.microsoft": frozenset({"FusedMatMul"}),
+}
+#: Normalizations (a tensor scaling or shifting their output is their affine weight or bias).
+NORMALIZATIONS = frozenset({
+    "BatchNormalization", "InstanceNormalization", "LayerNormalization", "GroupNormalization",
+    "RMSNormalization", "MeanVarianceNormalization", "LpNormalization",
+})  # fmt: skip
+#: Operators that keep their first input's values in another shape: seen through to the operator that computed it.
+RESHAPES = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity", "Cast"})
+#: Operators through which a parameter slot's value computed from initializers alone re-parametrises them.
+ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Exp", "ReduceL2"})
+
 #: BatchNormalization's inputs that hold its running statistics.
 RUNNING_STATISTICS = frozenset({3, 4})
 
@@ -140,7 +167,10 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
         model = onnx.load(os.fspath(model), load_external_data=False)
     graph = model.graph
     tensors = {t.name: t for t in graph.initializer if dtypes.is_float(t.data_type)}
-    uses = list(_uses(graph, set(tensors)))
+    stored = {t.name for t in graph.initializer}
+    inputs = [value for value in graph.input if value.name not in stored]  # an old model lists both
+    variable = _computed_from(graph, {value.name for value in inputs}, shapes=True)
+    uses = list(_uses(graph, set(tensors), variable))
     statistics: set[str] = set()
     weights: set[str] = set()
     for use in uses:
@@ -151,7 +181,10 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
             statistics.add(use.tensor)
         elif _in_weight_slot(node, position):
             weights.add(use.tensor)
+    weights |= _reparametrised(graph, set(tensors), variable)
     weights -= statistics
+    data = _computed_from(graph, {value.name for value in inputs if dtypes.is_float(value.type.tensor_type.elem_type)})
+    producers = {name: node for node in all_nodes(graph) for name in node.output if name}
     while True:  # weights beside what the weights found so far compute, which may compute more
         computed = _computed_from(graph, weights)
         found = {
@@ -159,7 +192,8 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
             for use in uses
             if use.tensor not in weights | statistics
             and (
-                _meets_weights(use, computed)
+                _meets_weights(use, computed, data)
+                or _viewed_elementwise_weight(use, tensors, producers, computed, data)
                 if use.viewed
                 else _elementwise_weight(use.node, use.position, tensors[use.tensor], use.other in computed)
             )
@@ -195,21 +229,108 @@ def _in_weight_slot(node: onnx.NodeProto, position: int) -> bool:
     return position in WEIGHT_SLOTS.get((domain, node.op_type), frozenset())
 
 
-def _meets_weights(use: Use, computed: set[str]) -> bool:
-    """Whether a view of an initializer is read in a parameter slot or by ``Concat`` beside an input in
-    ``computed`` (what weights compute)."""
+def _meets_weights(use: Use, computed: set[str], data: set[str]) -> bool:
+    """Whether a view of an initializer is read in a parameter slot beside an input in ``computed`` (what
+    weights compute) or in ``data`` (what the float inputs compute), or by ``Concat`` beside one in
+    ``computed``."""
     node = use.node
-    if not _in_weight_slot(node, use.position) and not (node.op_type == "Concat" and is_standard(node)):
+    if _in_weight_slot(node, use.position):
+        met = computed | data
+    elif node.op_type == "Concat" and is_standard(node):
+        met = computed
+    else:
         return False
-    return any(name in computed for k, name in enumerate(node.input) if k != use.position)
+    return any(name in met for k, name in enumerate(node.input) if k != use.position)
 
 
-def _computed_from(graph: onnx.GraphProto, sources: set[str]) -> set[str]:
+def _viewed_elementwise_weight(
+    use: Use,
+    tensors: Mapping[str, onnx.TensorProto],
+    producers: Mapping[str, onnx.NodeProto],
+    computed: set[str],
+    data: set[str],
+) -> bool:
+    """Whether a view of an initializer of ``tensors`` read by an element-wise node is a weight: added to (or
+    subtracted from) a product of what weights compute (``computed``), or scaling or shifting a
+    normalization's output, of weights' values or the float inputs' (``data``). A positional table sliced
+    and added to embeddings, or rotary tables multiplying a projection, stay constants."""
+    node = use.node
+    source = _through_reshapes(use.other, producers)
+    if use.other in computed | data and _normalized(source, producers, tensors.keys()):
+        beside = node.op_type in ("Add", "Sub", "Mul")
+    else:
+        beside = use.other in computed and node.op_type in ("Add", "Sub") and source is not None
+        beside = beside and _is_product(source)
+    return beside and _elementwise_weight(node, use.position, tensors[use.tensor], True)
+
+
+def _through_reshapes(value: str, producers: Mapping[str, onnx.NodeProto]) -> onnx.NodeProto | None:
+    """The node that computed ``value``, seen through :data:`RESHAPES`; ``None`` for an input or initializer."""
+    node = producers.get(value)
+    while node is not None and node.op_type in RESHAPES and is_standard(node) and node.input:
+        node = producers.get(node.input[0])
+    return node
+
+
+def _is_product(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` is one of :data:`PRODUCTS`."""
+    return node.op_type in PRODUCTS.get("" if node.domain == "ai.onnx" else node.domain, frozenset())
+
+
+def _normalized(
+    node: onnx.NodeProto | None, producers: Mapping[str, onnx.NodeProto], stored: AbstractSet[str], depth: int = 4
+) -> bool:
+    """Whether ``node`` is a normalization whose scale is not an initializer of ``stored`` (its affine comes
+    after it: torch exports GroupNorm as an ``InstanceNormalization`` by constant ones), or scales or shifts
+    what one computed (its affine so far: GroupNorm's bias is added to the normalized value times its
+    weight)."""
+    if node is None or not is_standard(node):
+        return False
+    if node.op_type in NORMALIZATIONS:
+        return len(node.input) < 2 or node.input[1] not in stored
+    return (
+        depth > 0
+        and node.op_type in ("Mul", "Add")
+        and any(_normalized(_through_reshapes(name, producers), producers, stored, depth - 1) for name in node.input)
+    )
+
+
+def _reparametrised(graph: onnx.GraphProto, floats: set[str], variable: set[str]) -> set[str]:
+    """The float initializers (of one element or more, not rank 0) from which a parameter slot's value is
+    computed by :data:`ARITHMETIC` (and :data:`PASS_THROUGH`) on initializers and constants alone: a weight
+    written as a function of the parameters a framework trains (weight normalization's ``g * v / ||v||``)."""
+    producers = {name: node for node in all_nodes(graph) for name in node.output if name}
+    found: set[str] = set()
+    for node in all_nodes(graph):
+        for position, value in enumerate(node.input):
+            if not value or value in variable or not _in_weight_slot(node, position):
+                continue
+            pending, seen, reached = [value], {value}, set()
+            while pending:
+                maker = producers.get(pending.pop())
+                operators = ARITHMETIC | PASS_THROUGH
+                if maker is None or not is_standard(maker) or maker.op_type not in operators:
+                    continue
+                for name in maker.input:
+                    if name in floats:
+                        reached.add(name)
+                    elif name and name not in seen:
+                        seen.add(name)
+                        pending.append(name)
+            found |= reached
+    dims = {t.name: t.dims for t in graph.initializer}
+    return {name for name in found if dims[name]}
+
+
+def _computed_from(graph: onnx.GraphProto, sources: set[str], *, shapes: bool = False) -> set[str]:
     """The values computed from the values of ``sources``, at any distance (not from their shapes alone:
-    :data:`SHAPE_ONLY`); a node with subgraphs computes its outputs from everything they read."""
+    :data:`SHAPE_ONLY`, unless ``shapes``); a node with subgraphs computes its outputs from everything they
+    read."""
     computed = set(sources)
     reads = [
-        (node, _reads(node)) for node in all_nodes(graph) if not (node.op_type in SHAPE_ONLY and is_standard(node))
+        (node, _reads(node))
+        for node in all_nodes(graph)
+        if shapes or not (node.op_type in SHAPE_ONLY and is_standard(node))
     ]
     changed = True
     while changed:  # nodes are in order within a graph; what a subgraph computes reaches its node's outputs
@@ -241,9 +362,11 @@ def running_statistics(model: onnx.ModelProto) -> list[str]:
     return [name for name, role in initializer_roles(model).items() if role == "running statistic"]
 
 
-def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[Use]:
+def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iterator[Use]:
     """Each place a node reads one of ``tensors``, directly or through :data:`PASS_THROUGH` operators, offsets
-    or scales by constants (:func:`_shifted_by_constant`) and :data:`VIEWS` (the first input of each)."""
+    or scales by constants (:func:`_shifted_by_constant`), :data:`VIEWS` (the first input of each) and
+    ``Concat``s of pieces none of which is ``variable`` (computed from the graph's inputs): views too, each
+    also a use."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     constants = {t.name for t in graph.initializer}
     for node in all_nodes(graph):
@@ -261,6 +384,9 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[Use]:
                     node, value, constants
                 )
                 view = node.op_type in VIEWS and is_standard(node) and node.input[0] == value
+                if _joins_constants(node, variable):
+                    yield from (Use(tensor, node, k, "", viewed) for k, name in enumerate(node.input) if name == value)
+                    view = True
                 if through or view:
                     for out in node.output[:1] if view else node.output:
                         if out and out not in seen:
@@ -271,6 +397,12 @@ def _uses(graph: onnx.GraphProto, tensors: set[str]) -> Iterator[Use]:
                     if name == value:
                         other = node.input[1 - position] if len(node.input) == 2 and position < 2 else ""
                         yield Use(tensor, node, position, other, viewed)
+
+
+def _joins_constants(node: onnx.NodeProto, variable: set[str]) -> bool:
+    """Whether ``node`` is a ``Concat`` of pieces none of which the graph's inputs compute (a weight cut and
+    joined again: the gates of a recurrent layer reordered)."""
+    return node.op_type == "Concat" and is_standard(node) and not any(name in variable for name in node.input)
 
 
 def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) -> bool:
@@ -285,8 +417,12 @@ def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) 
 
 __all__ = [
     "AFFINE",
+    "ARITHMETIC",
+    "NORMALIZATIONS",
     "OFFSET_OR_SCALE",
     "PASS_THROUGH",
+    "PRODUCTS",
+    "RESHAPES",
     "SCALING",
     "SHAPE_ONLY",
     "VIEWS",

@@ -277,3 +277,217 @@ def test_the_signature_of_torchs_dynamo_export_says_which_are_parameters():
     ])  # fmt: skip
     model.graph.metadata_props.add(key=SIGNATURE_KEY, value=signature)
     assert trainable_parameters(model) == ["head.weight", "val_3", "logit_scale"]
+
+
+def test_weights_cut_and_joined_or_viewed_beside_the_inputs_are_weights():
+    """LSTM's export reorders a weight's gates by slicing and concatenating it, and PReLU's slope and
+    MultiheadAttention's packed projection meet the float input itself in their slots: weights. A constant
+    concatenated with the input is not a view of a weight, and frequencies multiplied with positions cast from
+    an integer input stay constants."""
+    f32 = np.float32
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("gates", rng.normal(size=(8, 4)).astype(f32)),  # cut in two and joined in the other order
+        ("slope", np.full(4, 0.25, f32)),
+        ("packed", rng.normal(size=(8, 4)).astype(f32)),  # two projections in one tensor
+        ("features", np.ones((1, 1), f32)),  # a constant column beside the input
+        ("head", rng.normal(size=(5, 4)).astype(f32)),
+        ("inv_freq", np.ones(4, f32)),
+        ("zero", np.array([0], np.int64)),
+        ("four", np.array([4], np.int64)),
+        ("eight", np.array([8], np.int64)),
+        ("axis1", np.array([1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("Slice", ["gates", "zero", "four"], ["first"]),
+        helper.make_node("Slice", ["gates", "four", "eight"], ["second"]),
+        helper.make_node("Concat", ["second", "first"], ["reordered"], axis=0),
+        helper.make_node("Transpose", ["reordered"], ["reordered_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["x", "reordered_t"], ["h8"]),  # [n, 8]
+        helper.make_node("Slice", ["h8", "zero", "four", "axis1"], ["h"]),  # [n, 4]
+        helper.make_node("Unsqueeze", ["slope", "zero"], ["slope_row"]),
+        helper.make_node("PRelu", ["x", "slope_row"], ["activated"]),
+        helper.make_node("Slice", ["packed", "zero", "four"], ["query"]),
+        helper.make_node("Transpose", ["query"], ["query_t"], perm=[1, 0]),
+        helper.make_node("MatMul", ["activated", "query_t"], ["q"]),
+        helper.make_node("Concat", ["x", "features"], ["widened"], axis=1),  # [n, 5]
+        helper.make_node("MatMul", ["widened", "head"], ["w"]),
+        helper.make_node("Cast", ["ids"], ["positions"], to=FLOAT),  # [n, 1]
+        helper.make_node("Unsqueeze", ["inv_freq", "zero"], ["freq"]),
+        helper.make_node("MatMul", ["positions", "freq"], ["angles"]),
+        helper.make_node("Sum", ["h", "q", "w", "angles"], ["y"]),
+    ]
+    inputs = {"x": (FLOAT, [1, 4]), "ids": (INT64, [1, 1])}
+    model = make_model(inputs, nodes, {"y": (FLOAT, [1, 4])}, initializers, opset=18)
+    assert trainable_parameters(model) == ["gates", "slope", "packed", "head"]
+
+
+def test_a_viewed_tensor_beside_a_product_or_a_normalization_is_its_bias_or_affine():
+    """A packed bias sliced and added to a product, and GroupNorm's weight and bias unsqueezed after an
+    ``InstanceNormalization`` by constant ones: weights. A positional table sliced and added to embeddings,
+    a rotary table sliced and multiplying a projection, and a shift unsqueezed after a normalization that
+    has its own scale: constants."""
+    f32 = np.float32
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("proj", rng.normal(size=(4, 4)).astype(f32)),
+        ("packed_bias", np.zeros(8, f32)),
+        ("table", rng.normal(size=(10, 4)).astype(f32)),
+        ("pe", rng.normal(size=(16, 4)).astype(f32)),  # a buffer of sines and cosines
+        ("cos_cached", rng.normal(size=(16, 4)).astype(f32)),
+        ("group.weight", np.ones(4, f32)),
+        ("group.bias", np.zeros(4, f32)),
+        ("ln.weight", np.ones(4, f32)),
+        ("shift", np.zeros(4, f32)),
+        ("zero", np.array([0], np.int64)),
+        ("one", np.array([1], np.int64)),
+        ("two", np.array([2], np.int64)),
+        ("four", np.array([4], np.int64)),
+        ("minus1", np.array([-1], np.int64)),
+        ("grouped", np.array([2, 2, -1], np.int64)),
+        ("back", np.array([2, 4, 1], np.int64)),
+    ]
+    ones = helper.make_tensor("ones", FLOAT, [2], [1.0, 1.0])
+    zeros = helper.make_tensor("zeros", FLOAT, [2], [0.0, 0.0])
+    nodes = [
+        helper.make_node("MatMul", ["x", "proj"], ["xp"]),  # [2, 4]
+        helper.make_node("Slice", ["packed_bias", "zero", "four"], ["bias"]),
+        helper.make_node("Add", ["xp", "bias"], ["biased"]),
+        helper.make_node("Gather", ["table", "ids"], ["embedded"]),  # [2, 4]
+        helper.make_node("Slice", ["pe", "zero", "two"], ["pe_rows"]),
+        helper.make_node("Add", ["embedded", "pe_rows"], ["positioned"]),
+        helper.make_node("Slice", ["cos_cached", "zero", "two"], ["cos"]),
+        helper.make_node("Mul", ["biased", "cos"], ["rotated"]),
+        # GroupNorm of 2 groups over 4 channels, as torch's TorchScript exporter writes it
+        helper.make_node("Constant", [], ["scale_ones"], value=ones),
+        helper.make_node("Constant", [], ["bias_zeros"], value=zeros),
+        helper.make_node("Reshape", ["positioned", "grouped"], ["groups"]),  # [2, 2, 2]
+        helper.make_node("InstanceNormalization", ["groups", "scale_ones", "bias_zeros"], ["normed"]),
+        helper.make_node("Reshape", ["normed", "back"], ["normed_back"]),  # [2, 4, 1]
+        helper.make_node("Unsqueeze", ["group.weight", "one"], ["gw"]),  # [4, 1]
+        helper.make_node("Mul", ["normed_back", "gw"], ["scaled"]),
+        helper.make_node("Unsqueeze", ["group.bias", "one"], ["gb"]),
+        helper.make_node("Add", ["scaled", "gb"], ["grouped_out"]),
+        helper.make_node("Squeeze", ["grouped_out", "minus1"], ["g"]),  # [2, 4]
+        helper.make_node("LayerNormalization", ["rotated", "ln.weight"], ["ln"], axis=-1),
+        helper.make_node("Unsqueeze", ["shift", "zero"], ["shift_row"]),
+        helper.make_node("Add", ["ln", "shift_row"], ["shifted"]),
+        helper.make_node("Add", ["g", "shifted"], ["y"]),
+    ]
+    inputs = {"x": (FLOAT, [2, 4]), "ids": (INT64, [2])}
+    model = make_model(inputs, nodes, {"y": (FLOAT, [2, 4])}, initializers, opset=18)
+    roles = initializer_roles(model)
+    assert [name for name, role in roles.items() if role == "weight"] == [
+        "proj", "packed_bias", "table", "group.weight", "group.bias", "ln.weight",
+    ]  # fmt: skip
+
+
+def test_a_weight_computed_from_initializers_alone_is_re_parametrised_by_them():
+    """Weight normalization writes a convolution's weight ``g * v / ||v||``: ``g`` and ``v`` are weights. An
+    integer weight dequantized by its scale keeps the scale a constant (not arithmetic on floats alone)."""
+    f32 = np.float32
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("v", rng.normal(size=(3, 2, 2)).astype(f32)),
+        ("g", np.ones((1, 1, 2), f32)),
+        ("quantized", rng.integers(-8, 8, size=(3, 3)).astype(np.int8)),
+        ("scale", np.array(0.1, f32)),
+        ("axes", np.array([0, 1], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("ReduceL2", ["v", "axes"], ["norm"], keepdims=1),
+        helper.make_node("Div", ["v", "norm"], ["direction"]),
+        helper.make_node("Mul", ["direction", "g"], ["kernel"]),
+        helper.make_node("Conv", ["x", "kernel"], ["conv"]),  # [1, 3, 3]
+        helper.make_node("DequantizeLinear", ["quantized", "scale"], ["dequantized"]),
+        helper.make_node("MatMul", ["conv", "dequantized"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, [1, 2, 4])}, nodes, {"y": (FLOAT, [1, 3, 3])}, initializers, opset=18)
+    assert trainable_parameters(model) == ["v", "g"]
+
+
+def _torch_layers():
+    """torch layers whose parameters the export cuts, joins, views or re-parametrises; and two models whose
+    float buffers (a positional table, a rotary cache) are sliced into what weights compute."""
+    torch = pytest.importorskip("torch")
+    nn = torch.nn
+
+    class Rotary(nn.Module):
+        """A projection rotated by cached cos and sin tables, sliced to the sequence (older GPT-NeoX)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.q = nn.Linear(4, 4)
+            self.register_buffer("cos_cached", torch.randn(16, 4))
+            self.register_buffer("sin_cached", torch.randn(16, 4))
+
+        def forward(self, x):
+            q = self.q(x)
+            length = x.shape[1]
+            return q * self.cos_cached[:length] + torch.flip(q, (-1,)) * self.sin_cached[:length]
+
+    class Positional(nn.Module):
+        """PyTorch's tutorial: embeddings scaled by sqrt(d), plus a sliced buffer of sines and cosines."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(10, 4)
+            self.register_buffer("pe", torch.randn(16, 1, 4))
+            self.out = nn.Linear(4, 2)
+
+        def forward(self, ids):
+            x = self.embedding(ids) * 2.0 + self.pe[: ids.size(0)]
+            return self.out(x)
+
+    sequence = torch.randn(2, 3, 4)
+    return {
+        "GroupNorm": (nn.GroupNorm(2, 4), (torch.randn(2, 4, 3),)),
+        "PReLU": (nn.PReLU(4), (torch.randn(2, 4, 3),)),
+        "MultiheadAttention": (nn.MultiheadAttention(4, 2, batch_first=True), (sequence, sequence, sequence)),
+        "LSTM": (nn.LSTM(4, 3, num_layers=2, bidirectional=True), (sequence,)),
+        "GRU": (nn.GRU(4, 3), (sequence,)),
+        "TransformerDecoderLayer": (
+            nn.TransformerDecoderLayer(4, 2, dim_feedforward=8, dropout=0.0),
+            (sequence, sequence),
+        ),
+        "weight_norm": (nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 3, 2), dim=2), (torch.randn(2, 4, 5),)),
+        "rotary cache": (Rotary(), (sequence,)),
+        "positional table": (Positional(), (torch.randint(0, 10, (3, 2)),)),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "GroupNorm",
+        "PReLU",
+        "MultiheadAttention",
+        "LSTM",
+        "GRU",
+        "TransformerDecoderLayer",
+        "weight_norm",
+        "rotary cache",
+        "positional table",
+    ],
+)
+def test_torch_layers_cut_joined_or_re_parametrised_train_their_parameters_and_not_their_buffers(name):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layer, inputs = _torch_layers()[name]
+
+    class Call(torch.nn.Module):  # the inputs alone: the exporter would make inputs of the other arguments
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, *args):
+            out = self.layer(*args)
+            return out[0] if isinstance(out, tuple) else out
+
+    module = Call().train()
+    names = [f"x{k}" for k in range(len(inputs))]
+    model = export_for_training(module, inputs, names, ["y"], opset=17)
+    stored = {t.name for t in model.graph.initializer}
+    parameters = sorted(n for n, _ in module.named_parameters() if n in stored)
+    assert len(parameters) == len(list(module.parameters())), "the export stores every parameter"
+    assert sorted(trainable_parameters(model)) == parameters

@@ -6,9 +6,12 @@ its norm weights, all zeros, are read through an ``Add`` of a constant),
 GPT-NeoX (rotary embeddings on part of each head, parallel residual), Phi-3
 (fused query-key-value and gate-up projections), BLOOM (ALiBi position
 biases, LayerNorm after the embedding) and OPT (learned positions with an
-offset); and two classifiers with parameters read as data: ViT (a class
-token expanded and concatenated with the patch embeddings, pixels in) and
-DeBERTa-v2 (a relative-position table sliced into projections). Tiny configs
+offset); and three classifiers with parameters read as data: ViT (a class
+token expanded and concatenated with the patch embeddings, pixels in),
+DeBERTa-v2 (a relative-position table sliced into projections) and
+wav2vec 2.0 (a waveform in; GroupNorm's weight and bias unsqueezed after an
+``InstanceNormalization``, a positional convolution whose weight is
+computed by weight normalization from two parameters). Tiny configs
 (2 layers, 32 wide, vocabulary 120), no dropout, the parameters as
 transformers initialises them, exported by torch's TorchScript exporter;
 ``trainable_parameters`` must find every parameter of torch and nothing
@@ -37,11 +40,13 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 120
 CAUSAL = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
-CLASSIFIERS = ("vit", "deberta")
+CLASSIFIERS = ("vit", "deberta", "wav2vec2")
 ARCHITECTURES = CAUSAL + CLASSIFIERS
 CLASSES = 3
 #: ViT's images: 3 channels of 16 x 16, in patches of 4.
 IMAGE = (3, 16, 16)
+#: wav2vec 2.0's waveforms: samples per sequence position, the product of its convolutions' strides.
+SAMPLES_PER_STEP = 8
 
 
 def _config(name: str) -> Any:
@@ -74,6 +79,14 @@ def _config(name: str) -> Any:
             pooler_dropout=0.0, relative_attention=True, position_buckets=8, max_relative_positions=16,
             pos_att_type=["p2c", "c2p"],
         )  # fmt: skip
+    if name == "wav2vec2":
+        return transformers.Wav2Vec2Config(
+            vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            conv_dim=(8, 8), conv_stride=(4, 2), conv_kernel=(8, 4), num_conv_pos_embeddings=4,
+            num_conv_pos_embedding_groups=2, hidden_dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+            feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, num_labels=CLASSES,
+            classifier_proj_size=16,
+        )  # fmt: skip
     if name == "opt":
         return transformers.OPTConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
@@ -94,6 +107,7 @@ def _module(name: str) -> Any:
         "opt": transformers.OPTForCausalLM,
         "vit": transformers.ViTForImageClassification,
         "deberta": transformers.DebertaV2ForSequenceClassification,
+        "wav2vec2": transformers.Wav2Vec2ForSequenceClassification,
     }[name]
 
     class Logits(torch.nn.Module):
@@ -104,6 +118,8 @@ def _module(name: str) -> Any:
         def forward(self, x: Any) -> Any:
             if name == "vit":
                 return self.model(pixel_values=x, return_dict=False)[0]
+            if name == "wav2vec2":
+                return self.model(input_values=x, return_dict=False)[0]
             logits = self.model(input_ids=x, attention_mask=torch.ones_like(x), return_dict=False)[0]
             return logits if name in CLASSIFIERS else logits.flatten(0, 1)
 
@@ -114,9 +130,12 @@ def _module(name: str) -> Any:
 
 
 def _batch(name: str, rng: np.random.Generator, size: int, length: int) -> dict[str, np.ndarray]:
-    """Inputs ``x`` (ids without the padding tokens, or pixels) and int64 labels for ``name``'s logits."""
+    """Inputs ``x`` (ids without the padding tokens, pixels or a waveform) and int64 labels for ``name``'s
+    logits."""
     if name == "vit":
         x = rng.standard_normal((size, *IMAGE)).astype(np.float32)
+    elif name == "wav2vec2":
+        x = rng.standard_normal((size, SAMPLES_PER_STEP * length)).astype(np.float32)
     else:
         x = rng.integers(2, VOCAB, (size, length))
     labels = rng.integers(0, CLASSES, (size,)) if name in CLASSIFIERS else rng.integers(0, VOCAB, (size * length,))
@@ -127,7 +146,7 @@ def _batch(name: str, rng: np.random.Generator, size: int, length: int) -> dict[
 def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) -> None:
     module = _module(name)
     example = torch.from_numpy(_batch(name, np.random.default_rng(0), 2, 5)["ids"])
-    axes = {"x": {0: "batch"} if name == "vit" else {0: "batch", 1: "seq"}, "logits": {0: "rows"}}
+    axes = {"x": {0: "batch"} if name == "vit" else {0: "batch", 1: "seq"}, "logits": {0: "rows"}}  # wav2vec2: samples
     model = export_for_training(module, (example,), ["x"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
     weights = artifacts.trainable_parameters(model)
     parameters = dict(module.named_parameters(remove_duplicate=False))
