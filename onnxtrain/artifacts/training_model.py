@@ -36,6 +36,7 @@ from onnxtrain.graph.passes.autocast import accumulate_in_float32
 from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
 from onnxtrain.graph.passes.functions import expand_loss_functions, function_inputs
 from onnxtrain.graph.roles import running_statistics
+from onnxtrain.graph.torch_metadata import batch_norm_training
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.optim.loss_scaling import scaled_loss
 
@@ -120,8 +121,12 @@ def statistics_as_parameters(
 
 
 def _trains_statistics(node: onnx.NodeProto) -> bool:
-    """Whether ``node`` is a training-mode BatchNormalization, which outputs new running statistics."""
-    return node.op_type == "BatchNormalization" and is_standard(node) and bool(_attribute(node, "training_mode", 0))
+    """Whether ``node`` is a training-mode BatchNormalization, which outputs new running statistics: by its
+    ``training_mode``, or where torch's dynamo exporter wrote in inference mode a call that torch ran in training
+    mode (:func:`~onnxtrain.graph.torch_metadata.batch_norm_training`)."""
+    if node.op_type != "BatchNormalization" or not is_standard(node):
+        return False
+    return bool(_attribute(node, "training_mode", 0)) or bool(batch_norm_training(node))
 
 
 def _check_input_gradients(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
@@ -161,6 +166,15 @@ def _attribute(node: onnx.NodeProto, name: str, default: int) -> int:
     return default
 
 
+def _set_attribute(node: onnx.NodeProto, name: str, value: int) -> None:
+    """``node``'s integer attribute ``name`` set to ``value`` (added where it has none)."""
+    for attribute in node.attribute:
+        if attribute.name == name:
+            attribute.i = value
+            return
+    node.attribute.append(helper.make_attribute(name, value))
+
+
 def set_inference_mode(model: onnx.ModelProto) -> None:
     """Dropout without its training flag, BatchNormalization with ``training_mode=0`` and one output."""
     for node in model.graph.node:
@@ -187,6 +201,7 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
     for node in model.graph.node:
         if not _trains_statistics(node):
             continue
+        _set_attribute(node, "training_mode", 1)  # where torch's exporter wrote it in inference mode
         stats = (node.input[3], node.input[4])  # input_mean -> output 1, input_var -> output 2
         if not all(stat in parameters and stat not in exposed for stat in stats):
             continue

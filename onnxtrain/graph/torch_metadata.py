@@ -52,6 +52,10 @@ _PARAMETER = re.compile(r"%(p_\w+)")
 _SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
 _EMBEDDING_CALL = re.compile(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
 _KEYWORD = re.compile(r"(\w+): ([^,]+)")
+_BATCH_NORM_CALL = re.compile(
+    r"target=torch\.ops\.aten\.(_native_batch_norm_legit_functional|_native_batch_norm_legit|native_batch_norm"
+    r"|batch_norm|_native_batch_norm_legit_no_training)\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)"
+)
 
 
 def module_path(node: onnx.NodeProto) -> str:
@@ -107,6 +111,24 @@ def embedding_arguments(node: onnx.NodeProto) -> tuple[int | None, bool] | None:
     except ValueError:
         row = -1
     return (row if row >= 0 else None), scale == "True"
+
+
+def batch_norm_training(node: onnx.NodeProto) -> bool | None:
+    """Whether torch ran the batch normalization ``node`` came from in training mode (batch statistics, running
+    statistics updated): its FX node's ``training`` argument (the sixth, or the keyword; ``False`` for
+    ``_native_batch_norm_legit_no_training``); ``None`` where ``node`` came from another call.
+
+    torch's dynamo exporter writes every such call as an inference ``BatchNormalization`` (``training_mode=0``,
+    one output), whatever the module's mode: this is what torch computed."""
+    fx = _metadata(node, FX_NODE_KEY)
+    found = _BATCH_NORM_CALL.search(fx) if fx else None
+    if found is None:
+        return None
+    if found.group(1) == "_native_batch_norm_legit_no_training":
+        return False
+    args = [arg.strip() for arg in found.group(2).split(",")]
+    keywords = {key: value.strip() for key, value in _KEYWORD.findall(found.group(3))}
+    return keywords.get("training", args[5] if len(args) > 5 else "False") == "True"
 
 
 @dataclass(frozen=True)
@@ -208,6 +230,7 @@ __all__ = [
     "NAME_SCOPES_KEY",
     "SIGNATURE_KEY",
     "ParameterChange",
+    "batch_norm_training",
     "embedding_arguments",
     "module_path",
     "parameter_changes",

@@ -144,3 +144,47 @@ def test_statistics_of_an_inference_mode_normalization_stay_constant_and_untrain
     assert not set(STATISTICS) & info["trainable"]
     for name in STATISTICS:
         np.testing.assert_array_equal(ours[name], before[name])
+
+
+def _dynamo_export(torch, net):
+    """``net`` exported by torch's dynamo exporter, every parameter and buffer under torch's name."""
+    pytest.importorskip("onnxscript")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes
+        program = torch.onnx.export(
+            net, (torch.zeros(8, 4),), dynamo=True, optimize=False, input_names=["x"], output_names=["y"],
+            verbose=False,
+        )  # fmt: skip
+    return program.model_proto
+
+
+def test_a_dynamo_export_in_training_mode_normalizes_and_updates_as_torch(tmp_path):
+    """torch's dynamo exporter writes BatchNorm in inference mode whatever the module's mode; the FX node says
+    torch ran it in training mode, so the training model normalizes with the batch's statistics and updates
+    the running ones, as torch does and as the TorchScript export is trained."""
+    torch, net = _torch_net()
+    model = _dynamo_export(torch, net.train())
+    parameters = [name for name, _ in net.named_parameters()]
+    batches = _batches(3)
+    ours, info = _our_run(tmp_path, model, parameters, [], batches, 0.0)
+    assert info["trainable"] == set(parameters)
+    _assert_as_torch(ours, _torch_run(torch, net, batches, 0.0))
+
+
+def test_a_dynamo_export_in_eval_mode_keeps_its_running_statistics(tmp_path):
+    """An export of a module in eval mode (``_native_batch_norm_legit_no_training``) normalizes with the running
+    statistics, which stay constants of the graph."""
+    import onnx
+
+    torch, net = _torch_net()
+    model = _dynamo_export(torch, net.eval())
+    paths = generate_artifacts(
+        model, requires_grad=[name for name, _ in net.named_parameters()], loss=LossType.MSELoss,
+        optimizer=optim.SGD(), artifact_directory=tmp_path,
+    )  # fmt: skip
+    training = onnx.load(str(paths["training_model"]))
+    norms = [node for node in training.graph.node if node.op_type == "BatchNormalization"]
+    assert len(norms) == 1 and len(norms[0].output) == 1
+    assert all(attribute.name != "training_mode" or attribute.i == 0 for attribute in norms[0].attribute)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert not set(STATISTICS) & {name for name, _ in state.parameters}

@@ -174,3 +174,27 @@ def test_generate_artifacts_warns_and_explains_a_missing_parameter() -> None:
     assert explain_missing(model, "net.ln1.weight") == ""
     with pytest.raises(ValueError, match=r"'net.ln2.weight', which is not an initializer .* merged it .* net.ln1"):
         artifacts.build_artifacts(model, requires_grad=["net.ln2.weight"], loss=loss)
+
+
+@pytest.mark.parametrize(
+    ("call", "training"),
+    [
+        ("_native_batch_norm_legit_functional", "%x, %p_w, %p_b, %b_mean, %b_var, True, 0.1, 1e-05"),
+        ("_native_batch_norm_legit_functional", "%x, %p_w, %p_b, %b_mean, %b_var, False, 0.1, 1e-05"),
+        ("batch_norm", "%x, %p_w, %p_b, %b_mean, %b_var, True, 0.1, 1e-05, True"),
+        ("_native_batch_norm_legit_no_training", "%x, %p_w, %p_b, %b_mean, %b_var, 0.1, 1e-05"),
+    ],
+)
+def test_a_batch_norm_says_whether_torch_ran_it_in_training_mode(call: str, training: str) -> None:
+    """torch's ``training`` argument (the sixth; ``_no_training`` has none), read where the exporter wrote every
+    batch norm in inference mode; ``None`` for a node of another call."""
+    from onnxtrain.graph.torch_metadata import batch_norm_training
+
+    fx = (
+        f"%bn : [num_users=1] = call_function[target=torch.ops.aten.{call}.default](args = ({training}), kwargs = {{}})"
+    )
+    node = _node("BatchNormalization", ["x", "w", "b", "mean", "var"], "y", "net.bn", fx)
+    assert batch_norm_training(node) is (call != "_native_batch_norm_legit_no_training" and ", True, 0.1" in training)
+    other = "%r : [num_users=1] = call_function[target=torch.ops.aten.relu.default](args = (%x,), kwargs = {})"
+    assert batch_norm_training(_node("Relu", ["x"], "y", "net.act", other)) is None
+    assert batch_norm_training(helper.make_node("BatchNormalization", ["x", "w", "b", "m", "v"], ["y"])) is None

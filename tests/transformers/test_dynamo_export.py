@@ -9,7 +9,9 @@ graph ties some of torch's parameters and cannot train others, so
 parameter concerned, and a missing parameter named in ``requires_grad`` is
 explained in the error. With ``optimize=False`` nothing is said, every torch
 parameter is an initializer under its own name, and the loss and the
-gradient of each equal torch autograd's.
+gradient of each equal torch autograd's. Whatever ``optimize``, the exporter
+writes BatchNorm in inference mode; a ResNet exported in ``.train()`` still
+trains with its batch's statistics, as torch ran it.
 """
 
 from __future__ import annotations
@@ -110,3 +112,55 @@ def test_the_unoptimized_export_trains_every_parameter_as_torch(name: str, tmp_p
     for weight in weights:
         expected = parameters[weight].grad.detach().numpy()
         models.assert_grad_close(got[weight], expected, f"{name}: d loss / d {weight}")
+
+
+def test_a_resnet_in_training_mode_normalizes_with_its_batch_and_updates_its_statistics_as_torch(
+    tmp_path: Any,
+) -> None:
+    """The exporter writes every BatchNorm of a ResNet exported in ``.train()`` in inference mode; trained as the
+    FX nodes say torch ran them, the loss, every gradient and the running means equal torch's (the running
+    variances differ by Bessel's correction, ONNX's update taking the biased variance)."""
+    import transformers
+
+    config = transformers.ResNetConfig(
+        num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="bottleneck", num_labels=3
+    )
+    torch.manual_seed(0)
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.ResNetForImageClassification(config)
+
+        def forward(self, pixels: Any) -> Any:
+            return self.model(pixel_values=pixels, return_dict=False)[0]
+
+    module = Logits().train()
+    state_before = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    rng = np.random.default_rng(7)
+    pixels, labels = rng.standard_normal((3, 3, 16, 16)).astype(np.float32), rng.integers(0, 3, (3,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = torch.onnx.export(
+            module, (torch.from_numpy(pixels),), dynamo=True, optimize=False, input_names=["ids"],
+            output_names=["logits"], dynamic_shapes={"pixels": {0: torch.export.Dim("batch")}}, verbose=False,
+        ).model_proto  # fmt: skip
+    module.load_state_dict(state_before)  # the export ran the module once, in training mode
+    weights = artifacts.trainable_parameters(model)
+    assert sorted(weights) == sorted(name for name, _ in module.named_parameters())
+    paths = train.write_artifacts(models.save(model, tmp_path, "resnet"), weights, tmp_path / "artifacts")
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module_ = api.Module(paths["training_model"], state, paths["eval_model"], session_options=train.session_options())
+    loss = train.step(train.Trained(paths, state, module_, None), {"ids": pixels, "labels": labels})
+
+    module.zero_grad(set_to_none=True)
+    want = torch.nn.functional.cross_entropy(module(torch.from_numpy(pixels)), torch.from_numpy(labels))
+    want.backward()
+    np.testing.assert_allclose(loss, float(want.item()), rtol=1e-5, err_msg="loss")
+    parameters = dict(module.named_parameters())
+    for weight in weights:
+        models.assert_grad_close(state.parameters[weight].grad, parameters[weight].grad.numpy(), f"d loss / d {weight}")
+    means = [name for name in state_before if name.endswith("running_mean")]
+    assert means
+    for name in means:
+        np.testing.assert_allclose(state.parameters[name].data, module.state_dict()[name].numpy(), rtol=1e-5, atol=1e-6)
