@@ -205,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_static:
             figures[workload] = static.static_figures(artifacts, shapes, providers)
             kernels[workload] = static.ort_kernels(static.fused_as_run(artifacts, shapes[0], providers), providers)
+            if not static.folds_every_shape(providers):  # and as a GPU would run it, optimized for this CPU
+                on_gpu = static.fused_as_run(artifacts, shapes[0], ["CUDAExecutionProvider"])
+                kernels[workload]["as on a GPU"] = static.ort_kernels(on_gpu, providers)
     if not args.static_only:
         for run in range(args.runs):
             order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]

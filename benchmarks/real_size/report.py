@@ -163,6 +163,37 @@ def static_table(static: Mapping[str, Mapping[str, Any]], kernels: Mapping[str, 
     return lines
 
 
+def launches_table(results: Sequence[Mapping[str, Any]], kernels: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per model, the operations one step launches on a device (:mod:`benchmarks.real_size.launches`):
+    onnxtrain's fused step as run here (and as a GPU would run it, where this is not one), each PyTorch run's
+    ATen operations; the same on any machine."""
+    lines = [
+        "| model | step | launching operations | aliases or views | of them multi-tensor | most frequent |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for model, counted in kernels.items():
+        for label, figures in (
+            ("onnxtrain, as run here", counted),
+            ("onnxtrain, as on a GPU", counted.get("as on a GPU")),
+        ):
+            ops = (figures or {}).get("launches")
+            if ops:
+                top = ", ".join(f"{kind} {count:,}" for kind, count in ops["top"][:5])
+                lines.append(f"| {model} | {label} | {ops['launches']:,} | {ops['aliases']:,} | | {top} |")
+    seen: set[tuple[str, str]] = set()
+    for result in results:
+        ops = result.get("launches")
+        key = (result["workload"], result["framework"])
+        if ops and key not in seen:
+            seen.add(key)
+            top = ", ".join(f"{kind} {count:,}" for kind, count in ops["top"][:5])
+            lines.append(
+                f"| {result['workload']} | {result['framework']} | {ops['launches']:,} | {ops['views']:,} | "
+                f"{ops['foreach']:,} | {top} |"
+            )
+    return lines if len(lines) > 2 else []
+
+
 def render(
     results: Sequence[Mapping[str, Any]],
     static: Mapping[str, Mapping[str, Any]],
@@ -177,7 +208,18 @@ def render(
         parts += ["Memory breakdown:", "", *breakdown_table(results, static), ""]
     if static:
         parts += ["Static figures of the training graphs:", "", *static_table(static, kernels), ""]
+    launched = launches_table(results, kernels)
+    if launched:
+        parts += ["Operations launched on a device per step (the same on any machine):", "", *launched, ""]
     return "\n".join(parts)
 
 
-__all__ = ["breakdown_table", "peak_above_baseline", "ratio_table", "render", "speed_table", "static_table"]
+__all__ = [
+    "breakdown_table",
+    "launches_table",
+    "peak_above_baseline",
+    "ratio_table",
+    "render",
+    "speed_table",
+    "static_table",
+]

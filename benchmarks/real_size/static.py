@@ -20,6 +20,7 @@ from typing import Any
 
 import onnx
 
+from benchmarks.real_size.launches import onnx_launches
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import FusedModel, fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
@@ -226,13 +227,19 @@ def in_place_pairs(updates: Sequence[ParameterUpdate]) -> dict[str, str]:
 
 def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:
     """The nodes of ``model`` and of :func:`ort_optimized` of it: their counts, the latter's ten most frequent
-    operators."""
+    operators, and those of its nodes that launch work on a device
+    (:func:`~benchmarks.real_size.launches.onnx_launches`)."""
     optimized = ort_optimized(model, providers)
     counts: dict[str, int] = defaultdict(int)
     for node in optimized.graph.node:
         counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
     ranked = sorted(counts.items(), key=lambda item: -item[1])
-    return {"nodes": len(optimized.graph.node), "emitted": len(model.graph.node), "top": ranked[:10]}
+    return {
+        "nodes": len(optimized.graph.node),
+        "emitted": len(model.graph.node),
+        "top": ranked[:10],
+        "launches": onnx_launches(optimized),
+    }
 
 
 __all__ = [

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.measure import physical_cores, run_worker
-from benchmarks.real_size import memory, profile
+from benchmarks.real_size import launches, memory, profile
 from benchmarks.real_size.models import ADAMW, LEARNING_RATE, MODELS, Attention, RealModel, export
 
 FRAMEWORKS = ("onnxtrain", "pytorch-eager", "pytorch-sdpa")
@@ -256,7 +256,7 @@ def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, b
     memory.reset_peak_rss()
     state: dict[str, Any] = {}
 
-    def step(i: int) -> float:
+    def step(i: int, optimizer: torch.optim.Optimizer = optimizer) -> float:
         x, y = data[i % len(data)]
         with torch.autocast(args.device, dtype=half, enabled=half is not None):
             loss = loss_fn(module(x), y)
@@ -279,6 +279,7 @@ def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, b
     if cuda:
         steps["torch_max_allocated_mib"] = torch.cuda.max_memory_allocated() / memory.MIB
         steps["torch_max_reserved_mib"] = torch.cuda.max_memory_reserved() / memory.MIB
+    counted = _counted_launches(step, module, cuda)
     x, y = data[0]
     saved = memory.torch_saved(module, lambda: loss_fn(module(x), y))
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
@@ -288,9 +289,24 @@ def _pytorch(args: argparse.Namespace, model: RealModel, attention: Attention, b
         "setup": setup,
         "steps": steps,
         "state": {**state, "saved_for_backward": saved},
+        "launches": counted,
         "threads": torch.get_num_threads(),
         "versions": versions,
     }
+
+
+def _counted_launches(step: Callable[..., float], module: Any, cuda: bool) -> dict[str, Any]:
+    """The ATen operations of one more step (after the timed ones and the memory peaks), with the optimizer as
+    PyTorch runs it on CUDA: multi-tensor (``foreach``), its default there; on the CPU, where its default is a
+    loop over the parameters, a multi-tensor AdamW of the same settings, counted at its second step (the first
+    makes its moments)."""
+    import torch
+
+    if cuda:
+        return launches.torch_launches(lambda: step(0))
+    multi_tensor = torch.optim.AdamW(module.parameters(), lr=LEARNING_RATE, **ADAMW, foreach=True)  # type: ignore[arg-type]
+    step(0, multi_tensor)
+    return launches.torch_launches(lambda: step(0, multi_tensor))
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:

@@ -38,6 +38,13 @@ def test_the_tiny_gpt2_trains_in_both_frameworks_and_the_tables_come_out(tmp_pat
     assert report.peak_above_baseline(ours) > 0
     figures = raw["static"]["gpt2-tiny"]["2x8"]
     assert set(figures) == {"fused", "reset", "fused, optimized", "reset, optimized"}
+    # operations launched per step: onnxtrain's nodes that compute, as run here and as a GPU would run them (the
+    # update packed: fewer), and PyTorch's ATen operations with a multi-tensor AdamW, as on CUDA
+    kernels = raw["kernels"]["gpt2-tiny"]
+    here, on_gpu = kernels["launches"], kernels["as on a GPU"]["launches"]
+    assert 0 < on_gpu["launches"] < here["launches"] == kernels["nodes"] - here["aliases"]
+    assert theirs["launches"]["launches"] > 0 and theirs["launches"]["foreach"] > 0
+    assert "Operations launched on a device per step" in text
     assert figures["fused"]["held_mib"]["moments"] == 2 * figures["fused"]["held_mib"]["parameters"]
     assert raw["kernels"]["gpt2-tiny"]["nodes"] < raw["kernels"]["gpt2-tiny"]["emitted"]
     for table in ("Speed and peak memory:", "Memory breakdown:", "Static figures of the training graphs:"):
