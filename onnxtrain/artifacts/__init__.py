@@ -23,12 +23,14 @@ from onnxtrain.artifacts.kinds import LossType, OptimType
 from onnxtrain.artifacts.training_model import RunningStatisticsWarning
 from onnxtrain.graph.embeddings import set_embedding
 from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
+from onnxtrain.losses.classification import ClassAxisWarning
 
 __all__ = [
     "LAZY_RESET_GRAD",
     "TARGETS",
     "AccumulationFormError",
     "ArtifactSet",
+    "ClassAxisWarning",
     "FusedModel",
     "FusionError",
     "LossType",

@@ -7,7 +7,7 @@ or labels input it needs, with the right element type and shape.
 from __future__ import annotations
 
 from onnxtrain.losses._common import REDUCTIONS, Reduction
-from onnxtrain.losses.classification import BCELoss, BCEWithLogitsLoss, CrossEntropyLoss, NLLLoss
+from onnxtrain.losses.classification import BCELoss, BCEWithLogitsLoss, ClassAxisWarning, CrossEntropyLoss, NLLLoss
 from onnxtrain.losses.divergence import KLDivLoss
 from onnxtrain.losses.regression import HuberLoss, L1Loss, MSELoss, SmoothL1Loss
 
@@ -15,6 +15,7 @@ __all__ = [
     "REDUCTIONS",
     "BCELoss",
     "BCEWithLogitsLoss",
+    "ClassAxisWarning",
     "CrossEntropyLoss",
     "HuberLoss",
     "KLDivLoss",

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from onnxtrain import caller
 from onnxtrain.blocks import Abs, Add, Block, Div, Exp, Log, LogSoftmax, Mul, Neg, Sub
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder
@@ -34,8 +35,13 @@ def _label_type(loss: str, label_dtype: Any) -> int:
     return elem_type
 
 
+class ClassAxisWarning(UserWarning):
+    """A classification loss on scores shaped like ``[batch, seq, classes]``: it reads the classes on axis 1."""
+
+
 def _class_axis_rank(b: GraphBuilder, loss: str, name: str, weight: np.ndarray | None) -> int | None:
-    """The rank of ``name`` (``None``: unknown); ``ValueError`` without a class axis or one weight per class."""
+    """The rank of ``name`` (``None``: unknown); ``ValueError`` without a class axis or one weight per class, and
+    a :class:`ClassAxisWarning` where the scores look like ``[batch, seq, classes]`` (:func:`_sequence_first`)."""
     dims = b.shape(name)
     if dims is None:
         return None
@@ -48,7 +54,24 @@ def _class_axis_rank(b: GraphBuilder, loss: str, name: str, weight: np.ndarray |
         raise ValueError(
             f"{loss} got {weight.size} weights, but {name!r} has {dims[1]} classes (axis 1); pass one weight per class"
         )
+    if _sequence_first(dims):
+        shape = "[" + ", ".join(str(d) if d is not None else "?" for d in dims) + "]"
+        caller.warn(
+            f"{loss} reads the classes on axis 1 of {name!r}, as ONNX's and torch's losses do, but {name!r} is "
+            f"{shape}: its axis 1 has no fixed size and its last axis {dims[-1]}, as a [batch, seq, classes] output "
+            f"(a language model's logits) has, and the labels would be shaped without axis 1. Flatten the scores to "
+            f"[batch * seq, {dims[-1]}] and feed labels [batch * seq]: export the model returning "
+            "logits.flatten(0, 1), or build the loss on blocks.Flatten(axis=2) of the scores "
+            '(docs/artifacts.md, "A language model\'s logits")',
+            ClassAxisWarning,
+        )
     return len(dims)
+
+
+def _sequence_first(dims: list[int | str | None]) -> bool:
+    """Whether scores of ``dims`` look like ``[batch, seq, classes]``: rank 3 or more, axis 1 (the class axis)
+    of no fixed size, the last axis a fixed count of more than one."""
+    return len(dims) >= 3 and not isinstance(dims[1], int) and isinstance(dims[-1], int) and dims[-1] > 1
 
 
 def _weighted_nll(

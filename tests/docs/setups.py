@@ -150,6 +150,26 @@ def embedding_classifier(folder: Path) -> Namespace:
     return {}
 
 
+def token_tagger(folder: Path) -> Namespace:
+    """``tagger.onnx``: ``tokens [batch, seq]`` -> ``embedding.weight`` -> ``head.weight``, ``head.bias`` ->
+    ``logits [batch, seq, 5]``, a score per token and tag (docs/artifacts.md, "A language model's logits")."""
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("embedding.weight", rng.normal(size=(20, 4)).astype(np.float32)),
+        ("head.weight", rng.normal(size=(4, 5)).astype(np.float32)),
+        ("head.bias", np.zeros(5, np.float32)),
+    ]
+    nodes = [
+        helper.make_node("Gather", ["embedding.weight", "tokens"], ["embedded"]),
+        helper.make_node("MatMul", ["embedded", "head.weight"], ["scores"]),
+        helper.make_node("Add", ["scores", "head.bias"], ["logits"]),
+    ]
+    inputs = {"tokens": (INT64, ["batch", "seq"])}
+    model = make_model(inputs, nodes, {"logits": (FLOAT, ["batch", "seq", 5])}, initializers)
+    onnx.save(model, folder / "tagger.onnx")
+    return {}
+
+
 def training_block(folder: Path) -> Namespace:
     """``training_block``: a built TrainingBlock (an MSE loss over :func:`mlp_model`'s MLP), as docs/artifacts.md's
     optimizer snippet receives it."""
@@ -214,6 +234,6 @@ SETUPS: dict[str, Callable[[Path], Namespace]] = {
     setup.__name__: setup
     for setup in (
         mlp_model, mlp_artifacts, distributed_loop, epoch_loop, two_outputs_model, critic, embedding_classifier,
-        training_block, checkpoint_arrays, gpt2_model, sklearn_regression,
+        token_tagger, training_block, checkpoint_arrays, gpt2_model, sklearn_regression,
     )
 }  # fmt: skip

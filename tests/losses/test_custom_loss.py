@@ -122,3 +122,51 @@ def test_custom_loss_builds_byte_identically_in_separate_processes() -> None:
     assert first, "the subprocess wrote no model"
     assert first == second
     assert build_custom_loss_model().SerializeToString() == first
+
+
+class TokenCrossEntropy(onnxblock.Block):
+    """docs/artifacts.md's loss for ``[batch, seq, classes]`` scores: flattened to one row per token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flatten = onnxblock.blocks.Flatten(axis=2)
+        self.loss = onnxblock.loss.CrossEntropyLoss(ignore_index=-100)
+
+    def build(self, logits: str) -> str:
+        return self.loss(self.flatten(logits))
+
+
+class ForwardTokenLoss(onnxblock.ForwardBlock):
+    """The forward model: the scores, reduced by :class:`TokenCrossEntropy`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = TokenCrossEntropy()
+
+    def build(self, logits: str) -> str:
+        return self.loss(logits)
+
+
+def test_scores_per_token_flattened_in_the_loss_are_torchs_cross_entropy_over_the_tokens() -> None:
+    """``[batch, seq, classes]`` scores flattened in the loss, one label per token (-100 not counted): the mean
+    of ``-log softmax`` at the counted labels, as ``torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+    labels.flatten())``."""
+    model = make_model(
+        {"x": (FLOAT, ["batch", "seq", 5])}, [helper.make_node("Identity", ["x"], ["logits"])],
+        {"logits": (FLOAT, ["batch", "seq", 5])},
+    )  # fmt: skip
+    forward = ForwardTokenLoss()
+    with onnxblock.base(model):
+        forward("logits")
+    built = forward.to_model_proto()
+    labels_input = built.graph.input[-1]
+    assert len(labels_input.type.tensor_type.shape.dim) == 1  # one label per token
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 5)).astype(np.float32)
+    labels = np.array([[0, 4, 2], [1, 3, -100]])
+    (loss,) = run_model(built, {"x": x, labels_input.name: labels.reshape(-1)})
+    rows, flat = x.reshape(6, 5), labels.reshape(-1)
+    log_p = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+    counted = flat != -100
+    want = -log_p[np.arange(6)[counted], flat[counted]].mean()
+    np.testing.assert_allclose(loss, want, **tolerance(np.float32))

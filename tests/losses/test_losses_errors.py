@@ -8,6 +8,7 @@ call (constructor errors included: the block is made inside the context).
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -101,6 +102,34 @@ def test_class_losses_need_a_class_axis(loss: str, shape: list[Any]) -> None:
     model = base_model(FLOAT, shape)
     info = assert_fails_cleanly(lambda: getattr(onnxblock.loss, loss)()("y"), ValueError, "rank", model=model)
     assert loss in str(info.value) and "(batch, classes" in str(info.value)
+
+
+@pytest.mark.parametrize("loss", ["CrossEntropyLoss", "NLLLoss"])
+@pytest.mark.parametrize(
+    ("shape", "warned"),
+    [
+        (["batch", "seq", 50], True),  # a language model's [batch, seq, vocab]: the classes would be the sequence
+        (["batch", None, 7, 50], True),
+        (["batch", 5], False),
+        (["batch", 5, "seq"], False),  # [N, C, d]: a fixed class count on axis 1
+        (["batch", "classes"], False),  # rank 2: nothing else the classes could be
+        (["batch", "seq", 1], False),
+    ],
+)
+def test_scores_shaped_batch_seq_classes_are_said_to_read_their_classes_on_axis_1(
+    loss: str, shape: list[Any], warned: bool
+) -> None:
+    from onnxtrain.losses import ClassAxisWarning
+
+    with onnxblock.base(base_model(FLOAT, shape)), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        getattr(onnxblock.loss, loss)()("y")
+    said = [w for w in caught if issubclass(w.category, ClassAxisWarning)]
+    assert bool(said) is warned
+    if warned:
+        message = str(said[0].message)
+        assert loss in message and "logits.flatten(0, 1)" in message and "blocks.Flatten(axis=2)" in message
+        assert said[0].filename == __file__  # attributed to the caller, not to onnxtrain
 
 
 # --------------------------------------------------------------- target names
