@@ -45,6 +45,18 @@ def _array_signature(args: Sequence[Any]) -> tuple[tuple[np.dtype, tuple[int, ..
     return tuple(signature)
 
 
+def _conversion_hint(value: Any) -> str:
+    """How to pass ``value``, an array of another library or a list, as a NumPy array: ``""`` for anything else."""
+    if hasattr(value, "__dlpack__") or hasattr(value, "__array__"):  # torch, jax, cupy, pandas...
+        module = type(value).__module__.split(".")[0]
+        if module == "torch":
+            return ": pass tensor.numpy() (tensor.cpu().numpy() for a tensor on a GPU), which shares its memory"
+        return ": convert it with numpy.asarray(value)"
+    if isinstance(value, (list, tuple)):
+        return ": convert it with numpy.asarray(value, dtype=...) of the input's type"
+    return ""
+
+
 def _string_array(value: np.ndarray, what: str) -> np.ndarray:
     """``value`` as the runtime feeds a STRING tensor: a C-contiguous object array of ``str``.
 
@@ -164,7 +176,7 @@ class UserInputs:
         else:
             raise TypeError(
                 f"input {spec.name!r} of the {self._model} must be a numpy.ndarray or an onnxruntime.OrtValue "
-                f"({spec.describe()}), not {type(value).__name__}"
+                f"({spec.describe()}), not {type(value).__name__}{_conversion_hint(value)}"
             )
         if spec.is_string and not isinstance(value, ort.OrtValue) and dtype.kind in "USO":
             value = _string_array(value, f"input {spec.name!r} of the {self._model}")

@@ -33,8 +33,19 @@ CASES = [
     (("x1d", "t"), {}, ValueError, r"input 'x' of the training model is float32\[batch, 4\]; got float32\[32\]"),
     (("x5", "t"), {}, ValueError, r"input 'x' .* float32\[batch, 4\]; got float32\[8, 5\]"),
     (("x", "t3"), {}, ValueError, r"input 'target' .* has batch = 3, but input 'x' has batch = 8"),
-    (("list", "t"), {}, TypeError, r"input 'x' .* numpy.ndarray or an onnxruntime.OrtValue .*not list"),
+    (("list", "t"), {}, TypeError, r"input 'x' .* numpy.ndarray or an onnxruntime.OrtValue .*not list: convert"),
+    (("array_like", "t"), {}, TypeError, r"not ArrayLike: convert it with numpy.asarray\(value\)"),
 ]
+
+
+class ArrayLike:
+    """An array of another library: NumPy can read it (``__array__``), onnxtrain takes NumPy arrays only."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.values
 
 
 @pytest.mark.parametrize(("args", "kwargs", "error", "message"), CASES)
@@ -49,6 +60,7 @@ def test_bad_user_inputs_are_named_and_change_nothing(trained, rng, args, kwargs
         "x5": np.zeros((8, 5), np.float32),
         "t3": t[:3],
         "list": x.tolist(),
+        "array_like": ArrayLike(x),
     }
     before = parameters(state)
     with pytest.raises(error, match=message):
@@ -87,6 +99,15 @@ def test_bad_model_arguments(regression, tmp_path):
     with pytest.raises(ValueError, match="lazy_reset_grad"):
         api.Module(regression["eval_model"], state)  # an eval model is no training model
     assert state.parameters["fc0.weight"].grad is None
+
+
+def test_a_torch_tensor_is_told_to_be_passed_as_numpy(trained, rng):
+    torch = pytest.importorskip("torch")
+    _state, module, _optimizer, _grad = trained
+    x, t = regression_batch(rng)
+    with pytest.raises(TypeError, match=r"not Tensor: pass tensor.numpy\(\) \(tensor.cpu\(\).numpy\(\) for a tensor"):
+        module(torch.from_numpy(x), t)
+    module(torch.from_numpy(x).numpy(), t)  # as it says
 
 
 def test_eval_without_an_eval_model(regression, rng):
