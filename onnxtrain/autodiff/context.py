@@ -329,6 +329,14 @@ class RuleContext:
         """``a`` where ``condition`` holds, else ``b``."""
         return self.op("Where", condition, *self._pair(a, b))
 
+    def keep(self, condition: str, g: str) -> str:
+        """``g`` where ``condition`` holds, else 0, as ``g * Cast(condition)``: ``Where(condition, g, 0)`` for a
+        finite ``g`` (a zero kept where ``g`` is negative is ``-0.0``), and about 8x faster on onnxruntime's CPU,
+        whose ``Where`` is a scalar loop (1.1 ms against 9 ms for 2.4M floats on 2 cores). For a layer's incoming
+        gradient only: where ``g`` may be infinite and the mask off (an ONNX ``Where`` choosing between a value
+        and a mean over nothing), the product is NaN and ``Where`` is needed."""
+        return self.mul(g, self.cast_like(condition, g))
+
     def compare(self, op_type: str, a: Operand, b: Operand) -> str:
         """``Greater``, ``Less``, ``Equal``, ... of ``a`` and ``b`` (a bool tensor)."""
         return self.op(op_type, *self._pair(a, b))

@@ -130,6 +130,8 @@ def where(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g where c, dy = g where not c"""
     (g,) = grads
     c = ctx.inputs[0]
+    # Where, not keep: a branch's gradient may be infinite where it is not chosen (a mean over no counted
+    # label: 1 / 0), and the unchosen branch must get 0, not NaN
     dx = ctx.where(c, g, 0.0) if ctx.needs(1) else None
     dy = ctx.where(c, 0.0, g) if ctx.needs(2) else None
     return [None, dx, dy]
@@ -146,9 +148,9 @@ def clip(ctx: RuleContext, grads: Grads) -> Result:
     dx = None
     if ctx.needs(0):
         mask = inside[0] if len(inside) == 1 else ctx.op("And", *inside) if inside else None
-        dx = g if mask is None else ctx.where(mask, g, 0.0)
-    dlo = ctx.where(ctx.compare("Less", x, lo), g, 0.0) if lo and ctx.needs(1) else None
-    dhi = ctx.where(ctx.compare("Greater", x, hi), g, 0.0) if hi and ctx.needs(2) else None
+        dx = g if mask is None else ctx.keep(mask, g)
+    dlo = ctx.keep(ctx.compare("Less", x, lo), g) if lo and ctx.needs(1) else None
+    dhi = ctx.keep(ctx.compare("Greater", x, hi), g) if hi and ctx.needs(2) else None
     return [dx, dlo, dhi][: len(ctx.inputs)]
 
 
@@ -259,8 +261,9 @@ def softsign(ctx: RuleContext, x: str, y: str) -> str:
 
 
 # y > 0 exactly where x > 0: reading the output, kept anyway where the next layer's weight gradient reads it,
-# lets the input die in the forward (as PyTorch's ReLU saves its result)
-registry.unary("Relu", "dx = g where y > 0, else 0", lambda ctx, g, x, y: ctx.where(_positive(ctx, y), g, 0.0))
+# lets the input die in the forward (as PyTorch's ReLU saves its result). y >= 0, so sign(y) is the mask itself:
+# two nodes, as Greater and Where, and about 4x faster than Where on onnxruntime's CPU (RuleContext.keep)
+registry.unary("Relu", "dx = g * sign(y): g where y > 0, else 0", lambda ctx, g, x, y: ctx.mul(g, ctx.op("Sign", y)))
 registry.unary(
     "LeakyRelu",
     "dx = g where x > 0, else alpha * g",
@@ -269,7 +272,7 @@ registry.unary(
 registry.unary(
     "ThresholdedRelu",
     "dx = g where x > alpha, else 0",
-    lambda ctx, g, x, y: ctx.where(ctx.compare("Greater", x, ctx.attr("alpha", 1.0)), g, 0.0),
+    lambda ctx, g, x, y: ctx.keep(ctx.compare("Greater", x, ctx.attr("alpha", 1.0)), g),
 )
 
 
@@ -360,7 +363,7 @@ def swish(ctx: RuleContext, x: str, y: str) -> str:
 registry.unary(
     "Shrink",
     "dx = g where |x| > lambd, else 0",
-    lambda ctx, g, x, y: ctx.where(ctx.compare("Greater", ctx.op("Abs", x), float(ctx.attr("lambd", 0.5))), g, 0.0),
+    lambda ctx, g, x, y: ctx.keep(ctx.compare("Greater", ctx.op("Abs", x), float(ctx.attr("lambd", 0.5))), g),
 )
 
 
@@ -386,7 +389,7 @@ def dropout(ctx: RuleContext, grads: Grads) -> Result:
         scale = ctx.op("Reciprocal", ctx.sub(1.0, ctx.cast_like(ctx.inputs[1], x)))
     if mode is None:  # decided at run time; in inference mode the mask is all true
         scale = ctx.where(training, scale if isinstance(scale, str) else ctx.const(scale, x), 1.0)  # type: ignore[arg-type]
-    return data_only(ctx, ctx.where(mask, ctx.mul(g, scale), 0.0))
+    return data_only(ctx, ctx.keep(mask, ctx.mul(g, scale)))
 
 
 # --------------------------------------------------------------------- casts and remainders
