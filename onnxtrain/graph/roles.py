@@ -145,6 +145,8 @@ NORMALIZATIONS = frozenset({
 RESHAPES = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity", "Cast"})
 #: Operators through which a parameter slot's value computed from initializers alone re-parametrises them.
 ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Exp", "ReduceL2"})
+#: What a re-parametrised weight is followed back through: :data:`ARITHMETIC` and :data:`PASS_THROUGH`.
+_REPARAMETRISING = ARITHMETIC | PASS_THROUGH
 
 #: BatchNormalization's inputs that hold its running statistics.
 RUNNING_STATISTICS = frozenset({3, 4})
@@ -181,10 +183,10 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
             statistics.add(use.tensor)
         elif _in_weight_slot(node, position):
             weights.add(use.tensor)
-    weights |= _reparametrised(graph, set(tensors), variable)
+    producers = {name: node for node in all_nodes(graph) for name in node.output if name}
+    weights |= _reparametrised(graph, set(tensors), variable, producers)
     weights -= statistics
     data = _computed_from(graph, {value.name for value in inputs if dtypes.is_float(value.type.tensor_type.elem_type)})
-    producers = {name: node for node in all_nodes(graph) for name in node.output if name}
     while True:  # weights beside what the weights found so far compute, which may compute more
         computed = _computed_from(graph, weights)
         found = {
@@ -295,11 +297,12 @@ def _normalized(
     )
 
 
-def _reparametrised(graph: onnx.GraphProto, floats: set[str], variable: set[str]) -> set[str]:
+def _reparametrised(
+    graph: onnx.GraphProto, floats: set[str], variable: set[str], producers: Mapping[str, onnx.NodeProto]
+) -> set[str]:
     """The float initializers (of one element or more, not rank 0) from which a parameter slot's value is
     computed by :data:`ARITHMETIC` (and :data:`PASS_THROUGH`) on initializers and constants alone: a weight
     written as a function of the parameters a framework trains (weight normalization's ``g * v / ||v||``)."""
-    producers = {name: node for node in all_nodes(graph) for name in node.output if name}
     found: set[str] = set()
     for node in all_nodes(graph):
         for position, value in enumerate(node.input):
@@ -308,8 +311,7 @@ def _reparametrised(graph: onnx.GraphProto, floats: set[str], variable: set[str]
             pending, seen, reached = [value], {value}, set()
             while pending:
                 maker = producers.get(pending.pop())
-                operators = ARITHMETIC | PASS_THROUGH
-                if maker is None or not is_standard(maker) or maker.op_type not in operators:
+                if maker is None or not is_standard(maker) or maker.op_type not in _REPARAMETRISING:
                     continue
                 for name in maker.input:
                     if name in floats:
