@@ -508,3 +508,92 @@ def test_attention_debug_output_has_no_gradient() -> None:
     )
     with pytest.raises(ValueError, match="qk_matmul_output"):
         build_gradients(GraphBuilder(model), "loss", ["q"])
+
+
+# ------------------------------------------------------------------ Conv's weight gradient, unfolded or not
+
+
+def _conv_weight_grad(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, object]
+) -> tuple[np.ndarray, np.ndarray, onnx.ModelProto]:
+    """``d sum(Conv(x, w) * c) / d w`` from onnxruntime, the same by NumPy (the Conv's windows summed
+    directly), and the gradient model."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=x_shape).astype(np.float32)
+    w = rng.normal(size=w_shape).astype(np.float32)
+    probe = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "probe",
+            [helper.make_tensor_value_info("x", FLOAT, list(x_shape))],
+            [helper.make_tensor_value_info("y", FLOAT, None)], [numpy_helper.from_array(w, "w")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )  # fmt: skip
+    (y,) = run_model(probe, {"x": x})
+    c = rng.normal(size=y.shape).astype(np.float32)
+    model = make_model(
+        {"x": (FLOAT, list(x_shape)), "c": (FLOAT, list(y.shape))},
+        _projected([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "y"),
+        {"loss": (FLOAT, [])},
+        initializers=[numpy_helper.from_array(w, "w")],
+    )
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["w"])
+    builder.set_outputs(["loss", grads["w"]])
+    built = builder.finalize()
+    _, got = run_model(built, {"x": x, "c": c})
+    # NumPy: dw[m, ch, *k] = sum over n and output positions o of c[n, m, o] * x_padded[n, ch, o * s + k * d]
+    n = len(x_shape) - 2
+    strides, dilations = attrs.get("strides", [1] * n), attrs.get("dilations", [1] * n)
+    pads = attrs.get("pads", [0] * 2 * n)
+    padded = np.pad(x.astype(np.float64), [(0, 0), (0, 0), *zip(pads[:n], pads[n:], strict=True)])
+    want = np.zeros(w_shape)
+    for k in np.ndindex(*w_shape[2:]):
+        window = tuple(
+            slice(k[i] * dilations[i], k[i] * dilations[i] + (y.shape[2 + i] - 1) * strides[i] + 1, strides[i])
+            for i in range(n)
+        )
+        taps = padded[(slice(None), slice(None), *window)]  # [N, C, *O]
+        flat_c, flat_taps = c.reshape(*c.shape[:2], -1).astype(np.float64), taps.reshape(*taps.shape[:2], -1)
+        want[(slice(None), slice(None), *k)] = np.einsum("nml,ncl->mc", flat_c, flat_taps)
+    return got, want, built
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
+        ((2, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}),
+        ((3, 4, 11), (2, 4, 3), {"strides": [2], "pads": [1, 1]}),  # 1-D
+        ((2, 6, 5, 5), (3, 6, 1, 1), {}),  # 1x1, stride 1: the input is its own unfolding
+        ((2, 6, 5, 5), (3, 6, 1, 1), {"strides": [2, 2]}),
+    ],
+)
+def test_convs_weight_gradient_is_one_product_of_the_unfolded_input_below_the_limit(
+    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs
+) -> None:
+    """Below :data:`UNFOLD_LIMIT` the weight gradient is one ``Gemm`` of the unfolded input; at a limit of 0 the
+    batch-transposed ``Conv``; both equal NumPy's sum over the windows."""
+    from onnxtrain.autodiff.rules import convolution
+
+    got, want, built = _conv_weight_grad(x_shape, w_shape, attrs)
+    assert _nodes_of(built, "Gemm"), "below the limit: one product"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(convolution, "UNFOLD_LIMIT", 0)
+    got, want, built = _conv_weight_grad(x_shape, w_shape, attrs)
+    assert not _nodes_of(built, "Gemm") and len(_nodes_of(built, "Conv")) == 2, "above it: a Conv of the batch"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_input_or_a_large_kernel_keeps_the_convolution_form() -> None:
+    """One sample's unfolded input just over :data:`UNFOLD_LIMIT` elements (channels x 9 positions x 24 x 24
+    outputs), or a 5x5 kernel (over :data:`UNFOLD_POSITIONS`): the batch-transposed Conv, equal to NumPy's."""
+    from onnxtrain.autodiff.rules import convolution
+
+    channels = convolution.UNFOLD_LIMIT // (9 * 24 * 24) + 1  # one sample's unfolding just over the limit
+    got, want, built = _conv_weight_grad((1, channels, 24, 24), (2, channels, 3, 3), {"pads": [1, 1, 1, 1]})
+    assert not _nodes_of(built, "Gemm")
+    np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
+    got, want, built = _conv_weight_grad((2, 3, 9, 9), (2, 3, 5, 5), {"pads": [2, 2, 2, 2]})
+    assert not _nodes_of(built, "Gemm")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
