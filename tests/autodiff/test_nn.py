@@ -521,14 +521,8 @@ def _conv_weight_grad(
     rng = np.random.default_rng(0)
     x = rng.normal(size=x_shape).astype(np.float32)
     w = rng.normal(size=w_shape).astype(np.float32)
-    probe = helper.make_model(
-        helper.make_graph(
-            [helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], "probe",
-            [helper.make_tensor_value_info("x", FLOAT, list(x_shape))],
-            [helper.make_tensor_value_info("y", FLOAT, None)], [numpy_helper.from_array(w, "w")],
-        ),
-        opset_imports=[helper.make_opsetid("", 17)],
-    )  # fmt: skip
+    conv = [helper.make_node("Conv", ["x", "w"], ["y"], **attrs)]
+    probe = make_model({"x": (FLOAT, list(x_shape))}, conv, {"y": (FLOAT, None)}, [numpy_helper.from_array(w, "w")])
     (y,) = run_model(probe, {"x": x})
     c = rng.normal(size=y.shape).astype(np.float32)
     model = make_model(
