@@ -32,6 +32,7 @@ from onnxtrain.autodiff.coverage import (
     check_training,
     coverage_markdown,
     layers_markdown,
+    model_operators,
     split_document,
 )
 
@@ -369,8 +370,7 @@ def layer_row(layer: Layer) -> LayerRow:
     found = trainable_parameters(model)
     misread = _misread_parameters(module, model, found)
     if misread:
-        operators = tuple(sorted({node.op_type for node in model.graph.node}))
-        return LayerRow(layer.name, TrainingCheck(operators, error=misread))
+        return LayerRow(layer.name, TrainingCheck(model_operators(model), error=misread))
     return LayerRow(layer.name, check_training(model, [*found, *float_inputs], feeds))
 
 

@@ -41,7 +41,7 @@ LISTED = 10
 def onnx_launches(model: onnx.ModelProto) -> dict[str, Any]:
     """``{"launches", "aliases", "top"}`` of ``model``'s nodes: those that compute on the device, those that do
     not (:data:`ALIASES`), and the ``top`` operators of the former."""
-    kinds = Counter(_label(node) for node in model.graph.node)
+    kinds = Counter(operator_label(node) for node in model.graph.node)
     aliases = sum(count for kind, count in kinds.items() if kind in ALIASES)
     computing = Counter({kind: count for kind, count in kinds.items() if kind not in ALIASES})
     return {"launches": sum(computing.values()), "aliases": aliases, "top": computing.most_common(LISTED)}
@@ -88,8 +88,9 @@ def _is_view(func: Any) -> bool:
     return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
 
 
-def _label(node: onnx.NodeProto) -> str:
+def operator_label(node: onnx.NodeProto) -> str:
+    """``node``'s operator, ``domain.op_type`` outside ONNX's own domain."""
     return node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"
 
 
-__all__ = ["ALIASES", "HOST_READS", "onnx_launches", "torch_launches"]
+__all__ = ["ALIASES", "HOST_READS", "onnx_launches", "operator_label", "torch_launches"]

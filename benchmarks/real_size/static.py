@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from benchmarks.real_size.launches import onnx_launches
+from benchmarks.real_size.launches import onnx_launches, operator_label
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import FusedModel, fuse_update_and_train
 from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
@@ -230,9 +230,7 @@ def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutio
     operators, and those of its nodes that launch work on a device
     (:func:`~benchmarks.real_size.launches.onnx_launches`)."""
     optimized = ort_optimized(model, providers)
-    counts: dict[str, int] = defaultdict(int)
-    for node in optimized.graph.node:
-        counts[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
+    counts = Counter(operator_label(node) for node in optimized.graph.node)
     ranked = sorted(counts.items(), key=lambda item: -item[1])
     return {
         "nodes": len(optimized.graph.node),

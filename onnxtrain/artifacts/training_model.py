@@ -183,9 +183,7 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
         if node.op_type == "Dropout" and len(node.input) > 2:
             node.input[2] = ""
         elif node.op_type == "BatchNormalization" and _attribute(node, "training_mode", 0):
-            for attribute in node.attribute:
-                if attribute.name == "training_mode":
-                    attribute.i = 0
+            _set_attribute(node, "training_mode", 0)
             del node.output[1:]
 
 

@@ -207,6 +207,12 @@ def _label(node: onnx.NodeProto) -> str:
     return node.op_type if versions.is_standard(node) else f"{node.domain}::{node.op_type}"
 
 
+def model_operators(model: onnx.ModelProto) -> tuple[str, ...]:
+    """The distinct operators of ``model``'s graph (``domain::op`` outside ``ai.onnx``), sorted: a
+    :class:`TrainingCheck`'s ``operators``."""
+    return tuple(sorted({_label(node) for node in model.graph.node}))
+
+
 def _float_tensor(value: onnx.ValueInfoProto) -> bool:
     from onnxtrain.graph import dtypes
 
@@ -231,7 +237,7 @@ def check_training(
 
     registry = builtin_registry() if registry is None else registry
     graph = model.graph
-    operators = tuple(sorted({_label(node) for node in graph.node}))
+    operators = model_operators(model)
     if wrt is None:
         wrt = [t.name for t in graph.initializer if dtypes.is_float(t.data_type)]
         wrt += [v.name for v in graph.input if _float_tensor(v) and v.name not in wrt]

@@ -50,11 +50,11 @@ Change = Literal["merged", "dropped", "folded"]
 
 _PARAMETER = re.compile(r"%(p_\w+)")
 _SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
-_EMBEDDING_CALL = re.compile(r"target=torch\.ops\.aten\.embedding\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
+_CALL = re.compile(r"target=torch\.ops\.aten\.(\w+)\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
 _KEYWORD = re.compile(r"(\w+): ([^,]+)")
-_BATCH_NORM_CALL = re.compile(
-    r"target=torch\.ops\.aten\.(_native_batch_norm_legit_functional|_native_batch_norm_legit|native_batch_norm"
-    r"|batch_norm|_native_batch_norm_legit_no_training)\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)"
+#: The ATen batch normalizations whose sixth argument is ``training``.
+_BATCH_NORMS = frozenset(
+    {"_native_batch_norm_legit_functional", "_native_batch_norm_legit", "native_batch_norm", "batch_norm"}
 )
 
 
@@ -98,14 +98,10 @@ def embedding_arguments(node: onnx.NodeProto) -> tuple[int | None, bool] | None:
     """``(padding_idx, scale_grad_by_freq)`` of the ``aten.embedding`` call ``node`` came from (its FX node's
     third and fourth arguments, or keywords; ``None`` for a ``padding_idx`` of -1), ``None`` where ``node``
     came from another call."""
-    fx = _metadata(node, FX_NODE_KEY)
-    found = _EMBEDDING_CALL.search(fx) if fx else None
-    if found is None:
+    call = _aten_call(node)
+    if call is None or call[0] != "embedding":
         return None
-    args = [arg.strip() for arg in found.group(1).split(",") if arg.strip()]
-    keywords = {key: value.strip() for key, value in _KEYWORD.findall(found.group(2))}
-    padding = keywords.get("padding_idx", args[2] if len(args) > 2 else "-1")
-    scale = keywords.get("scale_grad_by_freq", args[3] if len(args) > 3 else "False")
+    padding, scale = _argument(call, 2, "padding_idx", "-1"), _argument(call, 3, "scale_grad_by_freq", "False")
     try:
         row = int(padding)
     except ValueError:
@@ -120,15 +116,28 @@ def batch_norm_training(node: onnx.NodeProto) -> bool | None:
 
     torch's dynamo exporter writes every such call as an inference ``BatchNormalization`` (``training_mode=0``,
     one output), whatever the module's mode: this is what torch computed."""
+    call = _aten_call(node)
+    if call is None or call[0] not in _BATCH_NORMS | {"_native_batch_norm_legit_no_training"}:
+        return None
+    return call[0] in _BATCH_NORMS and _argument(call, 5, "training", "False") == "True"
+
+
+def _aten_call(node: onnx.NodeProto) -> tuple[str, list[str], dict[str, str]] | None:
+    """``(operator, arguments, keywords)`` of the ``aten.<operator>.default`` call of ``node``'s FX node, as
+    text; ``None`` without one."""
     fx = _metadata(node, FX_NODE_KEY)
-    found = _BATCH_NORM_CALL.search(fx) if fx else None
+    found = _CALL.search(fx) if fx else None
     if found is None:
         return None
-    if found.group(1) == "_native_batch_norm_legit_no_training":
-        return False
-    args = [arg.strip() for arg in found.group(2).split(",")]
+    arguments = [arg.strip() for arg in found.group(2).split(",") if arg.strip()]
     keywords = {key: value.strip() for key, value in _KEYWORD.findall(found.group(3))}
-    return keywords.get("training", args[5] if len(args) > 5 else "False") == "True"
+    return found.group(1), arguments, keywords
+
+
+def _argument(call: tuple[str, list[str], dict[str, str]], position: int, keyword: str, default: str) -> str:
+    """Argument ``position`` (or ``keyword``) of an :func:`_aten_call`, as text; ``default`` where absent."""
+    _, arguments, keywords = call
+    return keywords.get(keyword, arguments[position] if len(arguments) > position else default)
 
 
 @dataclass(frozen=True)

@@ -79,20 +79,29 @@ UNFOLD_POSITIONS = 9
 
 
 def _unfolded_weight_grad(
-    ctx: RuleContext, x: str, w: str, g: str, geo: WindowGeometry, lead: DimVector, tail: DimVector
+    ctx: RuleContext,
+    x: str,
+    w: str,
+    g: str,
+    geo: WindowGeometry,
+    lead: DimVector,
+    tail: DimVector,
+    spatial: DimVector,
+    out: DimVector,
 ) -> str | None:
     """Conv's ``dw [M, C, *K]`` as one matrix product of ``g`` ``[M, N L]`` and the unfolded input ``U``
     ``[N L, C K]`` (see the module docstring), or ``None`` where a size is unknown while building, the kernel
     has more than :data:`UNFOLD_POSITIONS` positions, or one sample's ``U`` more than :data:`UNFOLD_LIMIT`
     elements. ``U`` is a Conv of ``x`` as ``[N C, 1, *S]`` with the one-hot kernel ``[K, 1, *kernel]`` (the
-    forward's strides, dilations and pads): ``[N C, K, *O]``."""
-    size, out = dims.dims_of(ctx, x, 1, rank=geo.rank), dims.dims_of(ctx, ctx.outputs[0], 2, rank=geo.rank)
-    channels_out = dims.dims_of(ctx, w, 0, 1)
-    if not dims.all_known(size, out, channels_out, geo.kernel, lead, tail):
+    forward's strides, dilations and pads): ``[N C, K, *O]``. ``spatial``, ``out``: ``x``'s and the output's
+    spatial sizes, as the rule has them."""
+    x_shape, w_shape = ctx.shape(x), ctx.shape(w)
+    c = x_shape[1] if x_shape is not None and len(x_shape) == geo.rank else None
+    m = w_shape[0] if w_shape else None
+    if not (isinstance(c, int) and isinstance(m, int) and dims.all_known(spatial, out, geo.kernel, lead, tail)):
         return None
-    assert isinstance(size, list) and isinstance(out, list) and isinstance(channels_out, list)
+    assert isinstance(spatial, list) and isinstance(out, list)
     kernel = [int(k) for k in geo.kernel]  # type: ignore[union-attr]
-    c, spatial, m = size[0], size[1:], channels_out[0]
     k, positions = math.prod(kernel), math.prod(out)
     if k > UNFOLD_POSITIONS or c * k * positions > UNFOLD_LIMIT:
         return None
@@ -139,7 +148,7 @@ def conv(ctx: RuleContext, grads: Grads) -> Result:
     dx = transposed_conv_to(ctx, g, w, geo, group, lead, size, out) if ctx.needs(0) else None
     dw = None
     if ctx.needs(1) and group == 1:
-        dw = _unfolded_weight_grad(ctx, x, w, g, geo, lead, tail)
+        dw = _unfolded_weight_grad(ctx, x, w, g, geo, lead, tail, size, out)
     if ctx.needs(1) and dw is None:
         padded = dims.combine(ctx, "Add", dims.combine(ctx, "Add", size, lead), tail)
         framed_x, pads = framed(ctx, x, geo, lead, padded)
