@@ -23,11 +23,28 @@ gradients are the same, decided at run time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 
 import onnx
 
 _LOGGER = logging.getLogger(__name__)
+#: The logger of onnxruntime's tool, which warns of every broadcast it cannot name (``Min(64, seq)`` against
+#: ``seq``): a dimension left unknown, which is no fault of the user's model.
+_TOOL_LOGGER = "onnxruntime.tools.symbolic_shape_infer"
+
+
+@contextlib.contextmanager
+def _tool_quiet() -> Iterator[None]:
+    """The tool's warnings held back while the block runs (its errors still pass)."""
+    tool = logging.getLogger(_TOOL_LOGGER)
+    level = tool.level
+    tool.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        tool.setLevel(level)
 
 
 def symbolic_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -41,9 +58,10 @@ def symbolic_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     # the loop of its public infer_shapes, which on an incomplete inference raises and also saves the model into
     # the working directory (sym_shape_infer_temp.onnx): the same steps, keeping what was inferred, writing nothing
     try:
-        inference._preprocess(model)
-        while inference.run_:
-            inference._infer_impl()
+        with _tool_quiet():
+            inference._preprocess(model)
+            while inference.run_:
+                inference._infer_impl()
     except Exception as error:  # any failure of that tool: what it inferred so far is still sound
         _LOGGER.debug("symbolic shape inference stopped: %s", error)
     result = getattr(inference, "out_mp_", None)

@@ -4,6 +4,7 @@ decided at run time, at every batch and sequence length, 1 included (where a bro
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -220,3 +221,27 @@ def test_in_half_precision_the_names_hold_through_the_casts(tmp_path: Path, prec
     for name in ("Wq", "Wk", "Wv"):
         scale = np.abs(reference[name]).max()
         np.testing.assert_allclose(grads[name], reference[name], rtol=0, atol=2e-3 * scale, err_msg=name)
+
+
+def test_a_broadcast_the_inference_cannot_name_is_not_reported_to_the_user(capfd: pytest.CaptureFixture[str]):
+    """A position table sliced to at most its 16 rows (``Min(16, seq)``) added to the ``seq`` rows of the input:
+    onnxruntime's tool warns on its logger, which Python prints to stderr where the user configured no logging."""
+    table = numpy_helper.from_array(np.zeros((16, 4), np.float32), "table")
+    constants = [numpy_helper.from_array(np.array([v], np.int64), n) for n, v in (("zero", 0), ("one", 1), ("two", 2))]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["x_shape"]),
+        helper.make_node("Slice", ["x_shape", "one", "two"], ["seq"]),
+        helper.make_node("Slice", ["table", "zero", "seq"], ["rows"]),
+        helper.make_node("Add", ["x", "rows"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "positions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [table, *constants],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    symbolic.symbolic_value_info(model)
+    assert "unsupported broadcast" not in capfd.readouterr().err
+    assert logging.getLogger(symbolic._TOOL_LOGGER).level == logging.NOTSET  # the tool's own level given back
