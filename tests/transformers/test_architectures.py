@@ -11,8 +11,13 @@ token expanded and concatenated with the patch embeddings, pixels in),
 DeBERTa-v2 (a relative-position table sliced into projections) and
 wav2vec 2.0 (a waveform in; GroupNorm's weight and bias unsqueezed after an
 ``InstanceNormalization``, a positional convolution whose weight is
-computed by weight normalization from two parameters). Tiny configs
-(2 layers, 32 wide, vocabulary 120), no dropout, the parameters as
+computed by weight normalization from two parameters); and three more
+whose parameters are read in other ways: ALBERT (one layer's weights read by
+each of its 3 layers, a factorized embedding), Swin (windows shifted by
+``Roll``, a relative-position bias table gathered by a buffer of indices)
+and ConvNeXt (7 x 7 depthwise convolutions, layer scales multiplying each
+block's output). Tiny configs
+(2 layers or stages, 32 wide or less, vocabulary 120), no dropout, the parameters as
 transformers initialises them, exported by torch's TorchScript exporter;
 ``trainable_parameters`` must find every parameter of torch and nothing
 else, and one step's loss and every gradient must equal torch autograd's. The ids
@@ -40,7 +45,9 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 120
 CAUSAL = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
-CLASSIFIERS = ("vit", "deberta", "wav2vec2")
+CLASSIFIERS = ("vit", "deberta", "wav2vec2", "albert", "swin", "convnext")
+#: The classifiers of images.
+IMAGES = ("vit", "swin", "convnext")
 ARCHITECTURES = CAUSAL + CLASSIFIERS
 CLASSES = 3
 #: ViT's images: 3 channels of 16 x 16, in patches of 4.
@@ -87,6 +94,23 @@ def _config(name: str) -> Any:
             feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0, mask_time_prob=0.0, num_labels=CLASSES,
             classifier_proj_size=16,
         )  # fmt: skip
+    if name == "albert":
+        return transformers.AlbertConfig(
+            vocab_size=VOCAB, embedding_size=16, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+            intermediate_size=64, max_position_embeddings=64, num_labels=CLASSES, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0,
+        )  # fmt: skip
+    if name == "swin":
+        return transformers.SwinConfig(
+            image_size=IMAGE[1], patch_size=2, num_channels=IMAGE[0], embed_dim=16, depths=[1, 1], num_heads=[2, 2],
+            window_size=4, num_labels=CLASSES, drop_path_rate=0.0, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0,
+        )  # fmt: skip
+    if name == "convnext":
+        return transformers.ConvNextConfig(
+            num_channels=IMAGE[0], num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=2,
+            num_labels=CLASSES, drop_path_rate=0.0,
+        )  # fmt: skip
     if name == "opt":
         return transformers.OPTConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
@@ -108,6 +132,9 @@ def _module(name: str) -> Any:
         "vit": transformers.ViTForImageClassification,
         "deberta": transformers.DebertaV2ForSequenceClassification,
         "wav2vec2": transformers.Wav2Vec2ForSequenceClassification,
+        "albert": transformers.AlbertForSequenceClassification,
+        "swin": transformers.SwinForImageClassification,
+        "convnext": transformers.ConvNextForImageClassification,
     }[name]
 
     class Logits(torch.nn.Module):
@@ -116,7 +143,7 @@ def _module(name: str) -> Any:
             self.model = model_class(_config(name))
 
         def forward(self, x: Any) -> Any:
-            if name == "vit":
+            if name in IMAGES:
                 return self.model(pixel_values=x, return_dict=False)[0]
             if name == "wav2vec2":
                 return self.model(input_values=x, return_dict=False)[0]
@@ -132,7 +159,7 @@ def _module(name: str) -> Any:
 def _batch(name: str, rng: np.random.Generator, size: int, length: int) -> dict[str, np.ndarray]:
     """Inputs ``x`` (ids without the padding tokens, pixels or a waveform) and int64 labels for ``name``'s
     logits."""
-    if name == "vit":
+    if name in IMAGES:
         x = rng.standard_normal((size, *IMAGE)).astype(np.float32)
     elif name == "wav2vec2":
         x = rng.standard_normal((size, SAMPLES_PER_STEP * length)).astype(np.float32)
@@ -146,7 +173,7 @@ def _batch(name: str, rng: np.random.Generator, size: int, length: int) -> dict[
 def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) -> None:
     module = _module(name)
     example = torch.from_numpy(_batch(name, np.random.default_rng(0), 2, 5)["ids"])
-    axes = {"x": {0: "batch"} if name == "vit" else {0: "batch", 1: "seq"}, "logits": {0: "rows"}}  # wav2vec2: samples
+    axes = {"x": {0: "batch"} if name in IMAGES else {0: "batch", 1: "seq"}, "logits": {0: "rows"}}  # wav2vec2: samples
     model = export_for_training(module, (example,), ["x"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
     weights = artifacts.trainable_parameters(model)
     parameters = dict(module.named_parameters(remove_duplicate=False))
