@@ -31,6 +31,7 @@ from onnxtrain.graph.passes import (
     recompute_elementwise,
     recompute_from_checkpoints,
     replace_identity_dropouts,
+    replace_zero_pads,
 )
 from onnxtrain.graph.passes.autocast import accumulate_in_float32
 from onnxtrain.graph.passes.checkpoint_choice import choose_checkpoints
@@ -304,6 +305,7 @@ def build_training_models(
     eval_model.CopyFrom(forward)
     moved = move_initializers_to_inputs(eval_model, list(parameter_names))
     set_inference_mode(eval_model)
+    replace_zero_pads(eval_model)
     eval_builder = GraphBuilder(eval_model)
     eval_builder.set_outputs(outputs)
     prune_unused_nodes(eval_model)
@@ -312,6 +314,7 @@ def build_training_models(
     training_model.CopyFrom(forward)
     move_initializers_to_inputs(training_model, list(parameter_names))
     replace_identity_dropouts(training_model)  # no copy and no mask kept for the backward
+    replace_zero_pads(training_model)
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import subgraphs
@@ -24,7 +24,10 @@ from onnxtrain.graph.walk import subgraphs
 _ARITHMETIC = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 _UNARY = {"Neg": np.negative, "Sqrt": np.sqrt, "Reciprocal": np.reciprocal, "Identity": np.array}
 #: Operators folded where all their inputs are constants: cheap, exact, deterministic.
-FOLDABLE = frozenset({*_ARITHMETIC, *_UNARY, "Cast", "Concat", "Expand", "Gather", "Reshape", "Squeeze", "Unsqueeze"})
+FOLDABLE = frozenset(
+    {*_ARITHMETIC, *_UNARY, "Cast", "Concat", "Expand", "Gather", "Reshape", "Squeeze", "Unsqueeze"}
+    | {"ConstantOfShape", "Slice", "Transpose"}  # torch's F.pad exports its pads so, from the sizes it reads
+)
 #: The most elements a folded value may have (it becomes an initializer of every session of the model).
 MAX_ELEMENTS = 1 << 16
 
@@ -110,12 +113,50 @@ def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int
         if not attrs.get("allowzero", 0):
             shape = [inputs[0].shape[i] if d == 0 else d for i, d in enumerate(shape)]
         return inputs[0].reshape(shape)
+    if op == "ConstantOfShape":
+        fill = numpy_helper.to_array(attrs["value"]) if "value" in attrs else np.zeros(1, np.float32)
+        shape = tuple(int(d) for d in inputs[0])
+        return np.full(shape, fill.reshape(-1)[0], fill.dtype) if math.prod(shape) <= MAX_ELEMENTS else None
+    if op == "Transpose":
+        return np.transpose(inputs[0], attrs.get("perm"))
+    if op == "Slice":
+        return _sliced(inputs, opset)
     axes = attrs.get("axes") if opset < 13 else (inputs[1].tolist() if len(inputs) > 1 else None)
     if op == "Unsqueeze":
         return np.expand_dims(inputs[0], tuple(axes)) if axes is not None else None
     if op == "Squeeze":
         return np.squeeze(inputs[0], axis=None if axes is None else tuple(axes))
     return None
+
+
+#: Ends of a ``Slice`` that onnxruntime reads as "to the end in the step's direction".
+_UNBOUNDED_ENDS = frozenset({2**31 - 1, 2**63 - 1})
+
+
+def _sliced(inputs: list[np.ndarray], opset: int) -> np.ndarray | None:
+    """``Slice`` (opset 10 on: starts, ends, axes, steps as inputs) as ONNX defines it: each start and end made
+    non-negative by adding the axis' size, then clamped to ``[0, size]`` (``[0, size - 1]`` and ``[-1, size - 1]``
+    for a negative step), an end of the largest int32 or int64 meaning no end, as onnxruntime reads it (to
+    ``-1`` with a negative step, where ONNX would clamp it to the last element); ``None`` for an empty input or
+    result."""
+    if opset < 10 or inputs[0].size == 0:
+        return None
+    data, starts, ends = inputs[0], inputs[1].tolist(), inputs[2].tolist()
+    axes = inputs[3].tolist() if len(inputs) > 3 else list(range(len(starts)))
+    steps = inputs[4].tolist() if len(inputs) > 4 else [1] * len(starts)
+    for start, end, axis, step in zip(starts, ends, axes, steps, strict=True):
+        size = data.shape[axis]
+        if step == 0:
+            return None
+        start = start + size if start < 0 else start
+        start = min(max(start, 0), size if step > 0 else size - 1)
+        if end in _UNBOUNDED_ENDS:  # onnxruntime reads these as no end: past the last element in the step's way
+            end = size if step > 0 else -1
+        else:
+            end = end + size if end < 0 else end
+            end = min(max(end, 0), size) if step > 0 else min(max(end, -1), size - 1)
+        data = np.take(data, np.arange(start, end, step, dtype=np.int64), axis=axis)
+    return data if data.size else None  # an empty result's shape: onnxruntime's kernel and onnx's may differ
 
 
 def _static_dims(tensor: onnx.TypeProto.Tensor | None) -> list[int] | None:

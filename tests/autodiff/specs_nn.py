@@ -237,6 +237,25 @@ def pool_cases(draw: st.DrawFn, op_type: str, opset: int) -> Case:
     return Case(((batch, channels, *sizes),), _attrs(attrs), n_outputs=n_outputs)
 
 
+@st.composite
+def oversized_pool_cases(draw: st.DrawFn, op_type: str, opset: int) -> Case:
+    """AveragePool / LpPool with ``ceil_mode`` and a kernel larger than the padded input, one window per axis
+    (strides of the kernel's size): a pool over the whole input as transformers' EfficientNet writes it (a 640 x
+    640 kernel over 3 x 3)."""
+    n = draw(st.integers(1, 2))
+    batch, channels = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    sizes = [draw(st.integers(1, 4)) for _ in range(n)]
+    pads = [draw(st.integers(0, 1)) for _ in range(2 * n)]
+    kernel = [s + pads[i] + pads[n + i] + draw(st.integers(1, 6)) for i, s in enumerate(sizes)]
+    attrs: dict[str, Any] = {"kernel_shape": kernel, "strides": kernel, "ceil_mode": 1}
+    _optional(draw, attrs, "pads", pads, [0] * 2 * n)
+    if op_type == "LpPool":
+        _optional(draw, attrs, "p", draw(st.sampled_from([1, 2, 3])), 2)
+    else:
+        _optional(draw, attrs, "count_include_pad", draw(st.integers(0, 1)), 0)
+    return Case(((batch, channels, *sizes),), _attrs(attrs))
+
+
 def _no_ties(gap: float):
     """A ``valid`` check: the values of x differ pairwise by more than ``gap`` (finite differences
     must not cross from one maximum to another)."""
@@ -779,6 +798,7 @@ SPECS: list[Spec] = [
     Spec("MaxPool", (Arg(),), pool_cases("MaxPool", 13), 13, valid=_no_ties(1e-5), variant="opset13"),
     Spec("AveragePool", (Arg(),), pool_cases("AveragePool", 17), dtype=_F32),
     Spec("AveragePool", (Arg(),), pool_cases("AveragePool", 19), 19, dtype=_F32, variant="opset19-dilations"),
+    Spec("AveragePool", (Arg(),), oversized_pool_cases("AveragePool", 17), dtype=_F32, variant="kernel-past-input"),
     Spec("GlobalAveragePool", (Arg(),), spatial_shapes(), dtype=_F32),
     Spec("GlobalMaxPool", (Arg("real2"),), spatial_shapes(), dtype=_F32, valid=_distinct_maxima),
     # normalizations
@@ -811,20 +831,19 @@ SPECS: list[Spec] = [
     Spec("Dropout", (Arg(),), dropout_cases(), variant="data-only"),
 ]
 
+
+def _lp_pool_spec(cases: st.SearchStrategy[Case], opset: int, variant: str = "") -> Spec:
+    """LpPool in float32, its input away from 0 (|x|^p's kink)."""
+    return Spec("LpPool", (Arg("nonzero"),), cases, opset, dtype=_F32, kinks=lambda attrs: (0.0,), variant=variant)
+
+
 # -- more operators: onnxruntime runs LpPool, GlobalLpPool, LRN, MeanVarianceNormalization,
 # MaxUnpool, Col2Im and RotaryEmbedding in float32 only, GlobalLpPool only up to opset 21
 SPECS += [
     Spec("GlobalLpPool", (Arg("nonzero"),), global_lp_cases(), 21, dtype=_F32, kinks=lambda attrs: (0.0,)),
-    Spec("LpPool", (Arg("nonzero"),), pool_cases("LpPool", 22), 22, dtype=_F32, kinks=lambda attrs: (0.0,)),
-    Spec(
-        "LpPool",
-        (Arg("nonzero"),),
-        pool_cases("LpPool", 13),
-        13,
-        dtype=_F32,
-        kinks=lambda attrs: (0.0,),
-        variant="opset13",
-    ),
+    _lp_pool_spec(pool_cases("LpPool", 22), 22),
+    _lp_pool_spec(oversized_pool_cases("LpPool", 22), 22, variant="kernel-past-input"),
+    _lp_pool_spec(pool_cases("LpPool", 13), 13, variant="opset13"),
     Spec("MeanVarianceNormalization", (Arg(),), mvn_cases(), 13, dtype=_F32, valid=_mvn_spread, variant="opset13"),
     Spec("MeanVarianceNormalization", (Arg(),), mvn_cases(), 18, dtype=_F32, valid=_mvn_spread, variant="opset18"),
     Spec("LRN", (Arg("real2"),), lrn_cases(), 13, dtype=_F32),

@@ -591,3 +591,131 @@ def test_a_large_input_or_a_large_kernel_keeps_the_convolution_form() -> None:
     got, want, built = _conv_weight_grad((2, 3, 9, 9), (2, 3, 5, 5), {"pads": [2, 2, 2, 2]})
     assert not _nodes_of(built, "Gemm")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ Conv's input gradient, mirrored or transposed
+
+
+def _conv_input_grad(
+    x_shape: tuple[int, ...], w_shape: tuple[int, ...], attrs: dict[str, object], declared: list[object] | None = None
+) -> tuple[np.ndarray, onnx.ModelProto]:
+    """``d sum(Conv(x, w) * c) / d x`` from onnxruntime and the gradient model; ``declared``: ``x``'s declared
+    shape (default: its shape)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=x_shape).astype(np.float32)
+    w = rng.normal(size=w_shape).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    probe = make_model({"x": (FLOAT, list(x_shape))}, [conv], {"y": (FLOAT, None)}, [numpy_helper.from_array(w, "w")])
+    (y,) = run_model(probe, {"x": x})
+    c = rng.normal(size=y.shape).astype(np.float32)
+    model = make_model(
+        {
+            "x": (FLOAT, declared or list(x_shape)),
+            "c": (FLOAT, ["n", y.shape[1], *[f"o{i}" for i in range(len(x_shape) - 2)]]),
+        },
+        _projected([conv], "y"),
+        {"loss": (FLOAT, [])},
+        initializers=[numpy_helper.from_array(w, "w")],
+    )
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["x"])
+    builder.set_outputs([grads["x"]])
+    built = builder.finalize()
+    (got,) = run_model(built, {"x": x, "c": c})
+    return got, built
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "declared"),
+    [
+        ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, None),
+        ((2, 3, 9), (3, 1, 4), {"group": 3, "pads": [3, 0]}, None),  # causal, as a Mamba or Conformer block pads
+        ((1, 3, 7, 8), (6, 1, 3, 2), {"group": 3, "dilations": [2, 1], "pads": [4, 0, 0, 1]}, None),  # 2 per channel
+        ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, ["n", 4, "h", "w"]),  # sizes at run time
+    ],
+)
+def test_a_depthwise_convs_input_gradient_is_a_conv_with_the_kernel_mirrored(
+    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs, declared
+) -> None:
+    """Stride 1, one input channel per group, pads that keep the size: ``dx`` is a ``Conv`` (no
+    ``ConvTranspose``), equal to the ``ConvTranspose`` the rule builds otherwise (checked against finite
+    differences in the spec table)."""
+    from onnxtrain.autodiff.rules import convolution
+
+    got, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
+    assert not _nodes_of(built, "ConvTranspose") and len(_nodes_of(built, "Conv")) == 2
+    monkeypatch.setattr(convolution, "_mirrored_input_grad", lambda *args: None)
+    want, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
+    assert _nodes_of(built, "ConvTranspose")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs"),
+    [
+        ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # a stride of 2
+        ((2, 4, 6, 5), (4, 1, 1, 1), {"group": 4, "pads": [1, 0, 0, 1]}),  # pads beyond the 1x1 kernel's reach
+        ((2, 4, 8, 5), (4, 1, 3, 3), {"group": 4}),  # no pads: the output smaller than the input
+        ((2, 4, 6, 5), (4, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # two input channels per group
+        ((2, 4, 6, 5), (3, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # one group: the ConvTranspose is as fast or faster
+    ],
+)
+def test_other_convs_keep_the_transposed_input_gradient(x_shape, w_shape, attrs) -> None:
+    got, built = _conv_input_grad(x_shape, w_shape, attrs)
+    assert len(_nodes_of(built, "ConvTranspose")) == 1
+    assert np.all(np.isfinite(got)) and got.shape == x_shape
+
+
+# ------------------------------------------------------------------ pools with a kernel past the input
+
+
+@pytest.mark.parametrize("op_type", ["AveragePool", "LpPool"])
+def test_a_kernel_past_the_padded_input_is_spread_back_cut_to_it(op_type: str) -> None:
+    """transformers' EfficientNet pools its last 3 x 3 map with a 640 x 640 kernel (``ceil_mode``, strides of
+    the kernel): the gradient spreads each window's value with a kernel cut to the input, not over 640 x 640
+    positions (2.3 s of a step on 2 cores); the whole-input pool's gradient ``g / 9`` (``g x / y`` for LpPool)."""
+    attrs = {"kernel_shape": [640, 640], "strides": [640, 640]} | ({"ceil_mode": 1} if op_type == "AveragePool" else {})
+    node = helper.make_node(op_type, ["x"], ["y"], **attrs)  # type: ignore[arg-type]
+    opset = 17 if op_type == "AveragePool" else 22
+    if op_type == "LpPool":
+        node.attribute.extend([helper.make_attribute("ceil_mode", 1)])
+    model = make_model(
+        {"x": (FLOAT, [2, 5, 3, 3]), "c": (FLOAT, [2, 5, 1, 1])}, _projected([node], "y"), {"loss": (FLOAT, [])},
+        opset=opset,
+    )  # fmt: skip
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["x"])
+    builder.set_outputs(["y", grads["x"]])
+    built = builder.finalize()
+    (spread,) = _nodes_of(built, "ConvTranspose")
+    inferred = onnx.shape_inference.infer_shapes(built, data_prop=True).graph
+    kernels = [list(t.dims) for t in inferred.initializer if t.name == spread.input[1]]
+    kernels += [
+        [d.dim_value for d in v.type.tensor_type.shape.dim] for v in inferred.value_info if v.name == spread.input[1]
+    ]
+    assert kernels == [[1, 1, 3, 3]]
+    rng = np.random.default_rng(0)
+    x, c = rng.normal(size=(2, 5, 3, 3)).astype(np.float32), rng.normal(size=(2, 5, 1, 1)).astype(np.float32)
+    y, dx = run_model(built, {"x": x, "c": c})
+    want = np.broadcast_to(c / 9, x.shape) if op_type == "AveragePool" else c * x / y
+    np.testing.assert_allclose(dx, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pad_of_zeros_passes_the_gradient_through() -> None:
+    """transformers' MobileNetV2 pads every convolution's input as TensorFlow does, by amounts computed from
+    the sizes: 0 before each 1x1 convolution. Once folded to constants, a ``Pad`` of zeros gets ``dx = g``, not a
+    ``Pad`` that copies ``g``."""
+    pads = numpy_helper.from_array(np.zeros(8, np.int64), "pads")
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode="constant")
+    model = make_model(
+        {"x": (FLOAT, [2, 3, 4, 4]), "c": (FLOAT, [2, 3, 4, 4])}, _projected([node], "y"), {"loss": (FLOAT, [])},
+        initializers=[pads],
+    )  # fmt: skip
+    builder = GraphBuilder(model)
+    grads = build_gradients(builder, "loss", ["x"])
+    builder.set_outputs([grads["x"]])
+    built = builder.finalize()
+    assert len(_nodes_of(built, "Pad")) == 1  # the forward's own
+    c = np.random.default_rng(0).normal(size=(2, 3, 4, 4)).astype(np.float32)
+    (dx,) = run_model(built, {"x": np.zeros_like(c), "c": c})
+    np.testing.assert_array_equal(dx, c)

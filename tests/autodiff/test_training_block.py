@@ -159,7 +159,7 @@ def test_eval_model_switches_dropout_to_inference_mode() -> None:
 
 
 def test_a_dropout_that_drops_nothing_is_an_identity_in_the_training_model() -> None:
-    """Ratio 0 in training mode outputs its input: no copy, no mask kept for the backward (graph.passes.dropouts)."""
+    """Ratio 0 in training mode outputs its input: no copy, no mask kept for the backward (graph.passes.identities)."""
 
     class WithExtraOutput(onnxblock.TrainingBlock):
         def build(self, output: str, extra: str) -> tuple[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph.fold import MAX_ELEMENTS, evaluate_constant
@@ -88,6 +90,10 @@ CASES = {
     "Reshape": ([np.arange(6, dtype=np.float32).reshape(2, 3), np.int64([0, -1])], {}),
     "Unsqueeze": ([np.float32([1.0, 2.0]), np.int64([0, -1])], {}),
     "Squeeze": ([np.float32([[1.0, 2.0]]), np.int64([0])], {}),
+    "ConstantOfShape": ([np.int64([2, 3])], {"value": numpy_helper.from_array(np.int64([7]))}),
+    "Transpose": ([np.arange(6, dtype=np.int64).reshape(3, 2)], {"perm": [1, 0]}),
+    # torch's F.pad reverses its pads so: from the last row to the first, by -1
+    "Slice": ([np.arange(8, dtype=np.int64).reshape(4, 2), *np.int64([[-1], [-(2**63)], [0], [-1]])], {}),
 }
 
 
@@ -122,3 +128,33 @@ def test_onnxruntime_infers_the_same_shapes_without_loading_onnx_schemas() -> No
         "shape": [2],
         "nowhere": None,
     }  # [] or unknown
+
+
+_BOUNDS = st.sampled_from([-(2**63), 2**63 - 1, -(2**31) - 1, 2**31 - 1]) | st.integers(-7, 7)
+
+
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), data=st.data())
+def test_a_folded_slice_equals_onnxruntimes(shape: list[int], data: st.DataObject) -> None:
+    """Any starts, ends, axes and steps, the extremes of int32 and int64 too (onnxruntime reads an end of the
+    largest int32 or int64 as no end, which ONNX's text would clamp to the last element with a negative step):
+    the fold gives onnxruntime's values and shape, or nothing where the result is empty."""
+    x = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+    rank = len(shape)
+    axes = data.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank, unique_by=lambda a: a % rank))
+    starts = [data.draw(_BOUNDS) for _ in axes]
+    ends = [data.draw(_BOUNDS) for _ in axes]
+    steps = [data.draw(st.sampled_from([1, 2, 3, -1, -2])) for _ in axes]
+    bounds = [np.int64(v) for v in (starts, ends, axes, steps)]
+    node = helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"])
+    names = ("starts", "ends", "axes", "steps")
+    model = make_model(
+        {"x": (onnx.TensorProto.INT64, shape)}, [node], {"y": (onnx.TensorProto.INT64, None)},
+        initializers=[numpy_helper.from_array(v, n) for n, v in zip(names, bounds, strict=True)],
+    )  # fmt: skip
+    (want,) = inference_session(model.SerializeToString()).run(None, {"x": x})
+    got = evaluate_constant(node, [x, *bounds], 17)
+    if got is None:
+        assert want.size == 0
+    else:
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxtrain.graph.io import copy_model
-from onnxtrain.graph.passes import read_shapes_early, replace_identity_dropouts
+from onnxtrain.graph.passes import read_shapes_early, replace_identity_dropouts, replace_zero_pads
 from tests.helpers import DOUBLE, FLOAT, make_model, run_model
 
 
@@ -88,6 +88,28 @@ def test_only_a_dropout_that_drops_nothing_and_whose_mask_nobody_reads_becomes_a
     if replaced:
         x = np.random.default_rng(1).normal(size=(5, 3)).astype(np.float32)
         np.testing.assert_array_equal(run_model(rewritten, {"x": x})[0], run_model(model, {"x": x})[0])
+
+
+@pytest.mark.parametrize(
+    ("pads", "mode", "replaced"),
+    [
+        ([0, 0, 0, 0], "constant", True),
+        ([0, 0, 0, 0], "reflect", True),
+        ([0, 1, 0, 0], "constant", False),
+        ([0, 0, 0, -1], "constant", False),  # a crop
+        (None, "constant", False),  # pads known only at run time
+    ],
+)
+def test_only_a_pad_by_constant_zeros_becomes_an_identity(pads, mode, replaced):
+    inputs = {"x": (FLOAT, [3, 4])} | ({"pads": (onnx.TensorProto.INT64, [4])} if pads is None else {})
+    initializers = [] if pads is None else [numpy_helper.from_array(np.int64(pads), "pads")]
+    node = helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)
+    model = make_model(inputs, [node], {"y": (FLOAT, None)}, initializers=initializers)
+    rewritten = replace_zero_pads(copy_model(model))
+    assert [n.op_type for n in rewritten.graph.node] == (["Identity"] if replaced else ["Pad"])
+    if replaced:
+        x = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+        np.testing.assert_array_equal(run_model(rewritten, {"x": x})[0], x)
 
 
 def test_a_ratio_known_only_at_run_time_is_kept():

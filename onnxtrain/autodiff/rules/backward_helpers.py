@@ -305,12 +305,23 @@ def transposed_conv_to(
     lead: DimVector,
     size: DimVector,
     out: DimVector,
+    tail: DimVector | None = None,
 ) -> str:
     """``ConvTranspose(t, w)`` (strides, dilations and group of ``geo``) without its first ``lead``
-    positions, cut or zero-filled to ``size``; ``out`` are the spatial sizes of ``t``."""
+    positions, cut or zero-filled to ``size``; ``out`` are the spatial sizes of ``t``.
+
+    ``tail``: the forward's pads at the end. With strides of 1 the forward's
+    output is ``size + lead + tail - d (K - 1)``, so the ConvTranspose with
+    pads ``lead`` and ``tail`` writes exactly ``size``, whether or not the
+    sizes are known while building (else a ``Slice`` or ``Pad`` computed at run
+    time copies the result).
+    """
     attrs: dict[str, Any] = {"strides": geo.strides, "dilations": geo.dilations}
     if group != 1:
         attrs["group"] = group
+    unit = all(s == 1 for s in geo.strides)
+    if unit and tail is not None and dims.all_known(lead, tail) and min([*lead, *tail], default=0) >= 0:  # type: ignore[misc]
+        return ctx.op("ConvTranspose", t, w, **attrs, pads=[*lead, *tail])  # type: ignore[misc]
     full = geo.full_size(ctx, out)
     if dims.all_known(full, lead, size):
         tail = [f - b - s for f, b, s in zip(full, lead, size, strict=True)]  # type: ignore[arg-type]

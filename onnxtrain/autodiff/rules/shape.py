@@ -173,7 +173,7 @@ def slice_(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("Pad", inputs=(0, 2))
 def pad(ctx: RuleContext, grads: Grads) -> Result:
-    """constant: dx = Pad(g, -pads) (a crop), dc = sum(g) - sum(dx); edge/reflect/wrap: g added back to its sources"""
+    """constant: dx = Pad(g, -pads) (a crop; g for pads of 0), dc = sum(g) - sum(dx); else g added to its sources"""
     (g,) = grads
     x = ctx.inputs[0]
     mode = ctx.attr("mode", "constant")
@@ -181,8 +181,11 @@ def pad(ctx: RuleContext, grads: Grads) -> Result:
     dx = dc = None
     if mode == "constant":
         pads = ctx.constant_value(ctx.inputs[1])
-        negated = ctx.int64s([-int(p) for p in pads]) if pads is not None else ctx.op("Neg", ctx.inputs[1])
-        dx = ctx.op("Pad", g, negated, *(["", *axes] if axes else []), mode="constant")
+        if pads is not None and not pads.any():  # no pad (torch's F.pad before a 1x1 convolution): dx = g
+            dx = g
+        else:
+            negated = ctx.int64s([-int(p) for p in pads]) if pads is not None else ctx.op("Neg", ctx.inputs[1])
+            dx = ctx.op("Pad", g, negated, *(["", *axes] if axes else []), mode="constant")
         if ctx.has_input(2) and ctx.needs(2):
             c = ctx.inputs[2]
             total = ctx.op("ReduceSum", g, keepdims=0)

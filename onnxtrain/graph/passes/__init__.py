@@ -13,7 +13,8 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.static_shapes.fold_static_shapes`: fixed input shapes, shape computations folded;
 - :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
-- :func:`~onnxtrain.graph.passes.dropouts.replace_identity_dropouts`: dropouts that drop nothing made identities;
+- :func:`~onnxtrain.graph.passes.identities.replace_identity_dropouts`: dropouts that drop nothing made identities,
+  and :func:`~onnxtrain.graph.passes.identities.replace_zero_pads`: pads of zeros;
 - :func:`~onnxtrain.graph.passes.cast_like.cast_like_to_cast`: ``CastLike`` of a known type made a ``Cast``;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
@@ -33,9 +34,9 @@ has the same signature; it lives with the label checks, whose nodes it knows.
 from __future__ import annotations
 
 from onnxtrain.graph.passes.constants import fold_constants
-from onnxtrain.graph.passes.dropouts import replace_identity_dropouts
 from onnxtrain.graph.passes.duplicates import merge_duplicates
 from onnxtrain.graph.passes.functions import expand_loss_functions
+from onnxtrain.graph.passes.identities import replace_identity_dropouts, replace_zero_pads
 from onnxtrain.graph.passes.recompute import recompute_elementwise, recompute_from_checkpoints
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
@@ -54,4 +55,5 @@ __all__ = [
     "recompute_elementwise",
     "recompute_from_checkpoints",
     "replace_identity_dropouts",
+    "replace_zero_pads",
 ]

@@ -1,9 +1,13 @@
-"""The dropout pass: a ``Dropout`` that drops nothing becomes an ``Identity``.
+"""Nodes that output their input unchanged become ``Identity`` nodes, which onnxruntime removes.
 
-A ``Dropout`` whose ratio is a constant 0 (torch exports ``nn.Dropout(0.0)``
-and models configured without dropout so), or that is not in training mode,
-outputs its input unchanged; onnxruntime still copies it and makes a mask of
-its size, which a training graph keeps for the backward.
+- A ``Dropout`` whose ratio is a constant 0 (torch exports ``nn.Dropout(0.0)``
+  and models configured without dropout so), or that is not in training mode:
+  onnxruntime still copies its input and makes a mask of its size, which a
+  training graph keeps for the backward (:func:`replace_identity_dropouts`).
+- A ``Pad`` by constant zeros (transformers' MobileNetV2 pads each
+  convolution's input as TensorFlow does, by amounts computed from the sizes,
+  which fold to 0 before every 1x1 convolution): onnxruntime copies its input
+  (:func:`replace_zero_pads`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,21 @@ def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def replace_zero_pads(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with each top-level ``Pad`` whose pads are a constant of zeros made an ``Identity``, in place (any
+    mode: no element is added)."""
+    graph = model.graph
+    constants = _constants(graph)
+    for position, node in enumerate(graph.node):
+        if node.op_type != "Pad" or not is_standard(node) or len(node.input) < 2:
+            continue
+        pads = constants.get(node.input[1])
+        if pads is None or numpy_helper.to_array(pads).any():
+            continue
+        graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+    return model
+
+
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
     """The graph's constant tensors by name: initializers and ``Constant`` nodes given as a tensor."""
     found = {tensor.name: tensor for tensor in graph.initializer}
@@ -58,4 +77,4 @@ def _scalar(node: onnx.NodeProto, position: int, constants: dict[str, onnx.Tenso
     return float(numpy_helper.to_array(tensor).reshape(()))
 
 
-__all__ = ["DEFAULT_RATIO", "replace_identity_dropouts"]
+__all__ = ["DEFAULT_RATIO", "replace_identity_dropouts", "replace_zero_pads"]
