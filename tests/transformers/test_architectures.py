@@ -201,3 +201,46 @@ def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) 
         grad = parameters[weight].grad
         expected = np.zeros_like(state.parameters[weight].data) if grad is None else grad.numpy()
         models.assert_grad_close(state.parameters[weight].grad, expected, f"{name}: d loss / d {weight}")
+
+
+def test_a_causal_lm_exported_at_a_fixed_length_trains_as_torch(tmp_path: Path) -> None:
+    """Qwen2 with transformers' default attention (SDPA, exported with an ``IsNaN`` guard over its
+    probabilities), its sequence fixed at 128 by the export: the masks are large enough for the training model
+    to recompute them in the backward, held back until it needs them. A bool value held by ``Where``, which
+    onnxruntime has no kernel for, made the training model fail to load."""
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64, max_position_embeddings=128, use_cache=False,
+    )  # fmt: skip
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = transformers.Qwen2ForCausalLM(config)
+
+        def forward(self, x: Any) -> Any:
+            return self.model(input_ids=x, attention_mask=torch.ones_like(x), return_dict=False)[0].flatten(0, 1)
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = Logits().train()
+    rng = np.random.default_rng(0)
+    data = {"ids": rng.integers(2, VOCAB, (2, 128)), "labels": rng.integers(0, VOCAB, (2 * 128,))}
+    axes = {"x": {0: "batch"}, "logits": {0: "rows"}}
+    model = export_for_training(
+        module, (torch.from_numpy(data["ids"]),), ["x"], ["logits"], opset=models.OPSET, dynamic_axes=axes
+    )
+    weights = artifacts.trainable_parameters(model)
+    paths = train.write_artifacts(models.save(model, tmp_path, "qwen2"), weights, tmp_path / "artifacts")
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module_ = api.Module(paths["training_model"], state, paths["eval_model"], session_options=train.session_options())
+    loss = train.step(train.Trained(paths, state, module_, None), data)
+
+    parameters = dict(module.named_parameters(remove_duplicate=False))
+    module.zero_grad(set_to_none=True)
+    want = torch.nn.functional.cross_entropy(module(torch.from_numpy(data["ids"])), torch.from_numpy(data["labels"]))
+    want.backward()
+    np.testing.assert_allclose(loss, float(want.item()), rtol=1e-5)
+    for weight in weights:
+        models.assert_grad_close(state.parameters[weight].grad, parameters[weight].grad.numpy(), f"d loss / d {weight}")

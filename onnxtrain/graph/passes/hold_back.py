@@ -14,7 +14,7 @@ the saving of checkpointing. A *hold* makes the copy wait for a gradient:
     x'    = Where(cond, x, x)                       # x, bit for bit, once g is made
 
 and the copy reads ``x'`` for ``x``. onnxruntime's ``Where`` lacks some
-types on the CPU (bfloat16, the 8- and 16-bit integers); a value of those,
+types on the CPU (bool, bfloat16, the 8- and 16-bit integers); a value of those,
 of rank 1 or more, is held by appending nothing to it along its first axis:
 
     none  = Cast(Slice(flat, [0], [0]), to=T)                   # no element, of x's type T, once g is made
@@ -43,7 +43,7 @@ INT64_MAX = int(np.iinfo(np.int64).max)
 HELD_TYPES = frozenset(
     {
         TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
-        TensorProto.UINT8, TensorProto.BOOL,
+        TensorProto.UINT8,
     }
 )  # fmt: skip
 
