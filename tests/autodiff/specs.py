@@ -314,7 +314,8 @@ SPECS: list[Spec] = [
     unary("Relu", kinks=_AWAY_FROM_ZERO),
     unary(
         "LeakyRelu",
-        attrs=st.fixed_dictionaries({}, optional={"alpha": st.sampled_from([0.01, 0.3])}),
+        # a slope in [0, 1] takes the product form, others Where
+        attrs=st.fixed_dictionaries({}, optional={"alpha": st.sampled_from([0.01, 0.3, 0.0, 1.0, 1.5, -0.2])}),
         kinks=_AWAY_FROM_ZERO,
     ),
     unary(

@@ -264,11 +264,20 @@ def softsign(ctx: RuleContext, x: str, y: str) -> str:
 # lets the input die in the forward (as PyTorch's ReLU saves its result). y >= 0, so sign(y) is the mask itself:
 # two nodes, as Greater and Where, and about 4x faster than Where on onnxruntime's CPU (RuleContext.keep)
 registry.unary("Relu", "dx = g * sign(y): g where y > 0, else 0", lambda ctx, g, x, y: ctx.mul(g, ctx.op("Sign", y)))
-registry.unary(
-    "LeakyRelu",
-    "dx = g where x > 0, else alpha * g",
-    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.attr("alpha", 0.01))),
-)
+
+
+def _leaky_relu(ctx: RuleContext, g: str, x: str, y: str) -> str:
+    """``g * max(x > 0, alpha)`` for ``0 <= alpha <= 1``, else ``Where(x > 0, g, alpha g)``: the same bits (the
+    slope is exactly 1 or ``alpha``). onnxruntime's CPU ``Where`` is a scalar loop: on ``[16, 64, 48, 48]``
+    floats (2 cores) it took 17.7 ms, the product 1.0 ms."""
+    alpha = float(ctx.attr("alpha", 0.01))
+    positive = _positive(ctx, x)
+    if 0.0 <= alpha <= 1.0:
+        return ctx.mul(g, ctx.op("Max", ctx.cast_like(positive, g), ctx.const(alpha, g)))
+    return ctx.where(positive, g, ctx.mul(g, alpha))
+
+
+registry.unary("LeakyRelu", "dx = g * max(x > 0, alpha): g where x > 0, else alpha * g", _leaky_relu)
 registry.unary(
     "ThresholdedRelu",
     "dx = g where x > alpha, else 0",
