@@ -268,12 +268,12 @@ class _Backward:
     def _total(self, name: str) -> str | None:
         """The sum of ``name``'s contributions (one value, made once).
 
-        Contributions that an adding ``ScatterND`` made from zeros (a
-        ``Gather``'s gradient: an embedding's) are made again, scattering onto
-        the sum of the others instead, one after the other: a tensor of the
-        value's size fewer alive for each (GPT-2's tied embedding: 147 MiB),
-        their zeros and the ``Sum`` gone. Where each row is scattered to once,
-        the total is the sum's, bit for bit.
+        Contributions that an adding ``ScatterElements`` or ``ScatterND`` made
+        from zeros (a ``Gather``'s gradient: an embedding's) are made again,
+        scattering onto the sum of the others instead, one after the other: a
+        tensor of the value's size fewer alive for each (GPT-2's tied
+        embedding: 147 MiB), their zeros and the ``Sum`` gone. Where each row is
+        scattered to once, the total is the sum's, bit for bit.
         """
         parts = self.contributions.get(name)
         if not parts:
@@ -290,8 +290,9 @@ class _Backward:
             for scatter in scatters:
                 node = self._producer(scatter)
                 assert node is not None
+                attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
                 total = self.builder.add_node1(
-                    "ScatterND", [total, node.input[1], node.input[2]], reduction="add", hint="grad_accum"
+                    node.op_type, [total, node.input[1], node.input[2]], hint="grad_accum", **attributes
                 )
             parts[:] = [total]
         return parts[0]
@@ -309,10 +310,10 @@ class _Backward:
         return self._producers.get(value)
 
     def _scattered_onto_zeros(self, part: str, value: str) -> bool:
-        """Whether contribution ``part`` to ``value`` is ``ScatterND(zeros, indices, updates, reduction="add")``
-        of ``value``'s known shape."""
+        """Whether contribution ``part`` to ``value`` is ``ScatterND`` or ``ScatterElements`` of ``reduction="add"``
+        onto zeros, of ``value``'s known shape."""
         node = self._producer(part)
-        if node is None or node.op_type != "ScatterND" or not is_standard(node):
+        if node is None or node.op_type not in ("ScatterND", "ScatterElements") or not is_standard(node):
             return False
         if not ops.scatter_adds(node):
             return False

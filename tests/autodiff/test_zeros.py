@@ -237,7 +237,7 @@ def test_a_gathered_tables_gradient_scatters_onto_its_other_contributions(gather
     model, wrt, feeds = _tied(rng, ids, gathers, onnx.TensorProto.DOUBLE)
     gradient = _gradient_model(model, wrt)
     ops = [n.op_type for n in gradient.graph.node]
-    scatters = [n for n in gradient.graph.node if n.op_type == "ScatterND"]
+    scatters = [n for n in gradient.graph.node if n.op_type == "ScatterElements"]
     assert len(scatters) == gathers and "ConstantOfShape" not in ops, ops
     producer = {out: n for n in gradient.graph.node for out in n.output}
     assert producer[scatters[0].input[0]].op_type != "ConstantOfShape"

@@ -7,8 +7,10 @@ Index inputs are integer tensors and carry no gradient.
 A gather's gradient is a scatter that *adds* (indices may repeat), and a
 scatter's gradient gathers (see
 :func:`~onnxtrain.autodiff.rules.backward_helpers.scatter_add_rows`).
-``ScatterND``/``ScatterElements`` add only from opset 16 (``reduction="add"``);
-below that, the updates of each distinct index are added up first (sorted by
+``ScatterND``/``ScatterElements`` add only from opset 16 (``reduction="add"``),
+and the gradients add with ``ScatterElements``: onnxruntime's CPU threads
+lose additions of ``ScatterND`` into a row that two of them share. Below
+opset 16, the updates of each distinct index are added up first (sorted by
 index with ``TopK``, a running ``CumSum`` in float64, and its differences at
 the ends of the runs of equal indices: memory linear in the number of
 indices), and the sums scattered without a reduction. Selections of distinct
@@ -17,6 +19,7 @@ positions (TopK, Compress, Unique) write ``g`` back with a plain scatter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -125,13 +128,14 @@ def _strides(ctx: RuleContext, x: str, count: int) -> list[str]:
 
 @registry.rule("GatherND", inputs=_DATA)
 def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = ScatterND(zeros(x), idx, g, reduction=add)  (batch_dims as leading index coordinates)"""
+    """dx = g added into zeros(x) at idx, by rows of x  (batch_dims as leading index coordinates)"""
     (g,) = grads
     x, indices = ctx.inputs
     batch = int(ctx.attr("batch_dims", 0))
-    if batch == 0 and ops.scatter_can_add(ctx.opset):
-        return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
     idx_dims = ctx.shape(indices)
+    known_depth = idx_dims is not None and isinstance(idx_dims[-1], int)
+    if batch == 0 and ops.scatter_can_add(ctx.opset) and not known_depth:  # onnxruntime's CPU threads may race
+        return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
     if idx_dims is None or not isinstance(idx_dims[-1], int):
         raise ValueError(
             f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
@@ -155,7 +159,11 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     flat = terms[0]
     for term in terms[1:]:
         flat = ctx.op("Add", flat, term)
-    n_rows = ctx.op("Mul", dims.dim_tensor(ctx, x, 0), strides[0])
+    static = ctx.static_shape(x)
+    if static is not None:  # a constant: the zeros' shape is known while building
+        n_rows = dims.int64_scalar(ctx, math.prod(static[:count]))
+    else:
+        n_rows = ctx.op("Mul", dims.dim_tensor(ctx, x, 0), strides[0])
     summed = scatter_add_rows(ctx, flat, g, n_rows, x)
     return [ctx.op("Reshape", summed, ctx.shape_of(x)), None]
 

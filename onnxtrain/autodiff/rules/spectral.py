@@ -14,6 +14,7 @@ from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.autodiff.rules.backward_helpers import scatter_add_rows
 from onnxtrain.graph import ops
 
 
@@ -189,8 +190,8 @@ def stft(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.needs(0):
         weighted = spectrum if window is None else ctx.mul(spectrum, ctx.op("Reshape", window, ctx.int64s([-1, 1])))
         moved = ctx.op("Transpose", weighted, perm=[1, 2, 0, 3])  # [F, L, B, C]
-        zeros = ctx.op("Transpose", ctx.zeros_like(signal), perm=[1, 0, 2])
-        added = ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", positions, ctx.int64s([2])), moved, reduction="add")
+        samples = dims.dim_tensor(ctx, signal, 1)
+        added = scatter_add_rows(ctx, positions, moved, samples, signal)  # [T, B, C], the frames overlapping
         dsignal = ctx.op("Transpose", added, perm=[1, 0, 2])
     if window is not None and ctx.needs(2):
         pieces = ctx.op("Gather", signal, positions, axis=1)  # [B, F, L, C]
