@@ -425,7 +425,7 @@ def test_values_made_from_parameters_alone_are_recomputed_and_held_on_their_para
     model = make_model({"x": (DOUBLE, ["n", 40])}, nodes, {"loss": (DOUBLE, [])}, list(weights.items()))
     training = _training(model, ["h0", "h1"])
     assert sorted(node.op_type for node in _copies(training)) == ["MatMul", "Tanh", "Transpose"]
-    held = sorted(node.input[1] for node in training.graph.node if node.name.endswith(".held"))
-    assert held == ["a0"]  # the product reads the held transpose: it waits too
+    held = sorted(node.input[0] for node in training.graph.node if node.name.endswith(".held"))
+    assert held == ["a0"]  # held by Mul(a0, one); the product reads the held transpose: it waits too
     assert "a0t" not in _forward_values_the_backward_reads(training, model)
     assert_bit_equal(training, _training(model, None), {"x": rng.normal(size=(3, 40)), **weights})

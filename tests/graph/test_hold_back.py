@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from onnxtrain.graph.naming import names_in
-from onnxtrain.graph.passes.hold_back import HELD_TYPES, hold_copies
+from onnxtrain.graph.passes.hold_back import HELD_TYPES, MULTIPLIED_TYPES, hold_copies
 from tests.helpers import FLOAT, make_model
 
 ELEM_TYPES = {"x": FLOAT, "s": FLOAT, "g0": FLOAT, "g1": FLOAT, "g2": FLOAT, "w": FLOAT, "b": TensorProto.BFLOAT16}
@@ -91,18 +91,24 @@ def _held(
     return model, placed, holds
 
 
-def _wheres(nodes: list[onnx.NodeProto]) -> dict[str, list[str]]:
-    return {node.output[0]: list(node.input) for node in nodes if node.op_type == "Where"}
+def _holds(nodes: list[onnx.NodeProto]) -> dict[str, str]:
+    """``{held: value}`` of the holds among ``nodes``: ``Mul(value, one)`` (floats), ``Where(c, value, value)``."""
+    found = {}
+    for node in nodes:
+        if node.op_type == "Mul" and node.output[0].endswith(".held"):
+            found[node.output[0]] = node.input[0]
+        elif node.op_type == "Where":
+            assert node.input[1] == node.input[2]
+            found[node.output[0]] = node.input[1]
+    return found
 
 
 def test_each_copy_reading_an_early_value_waits_for_a_gradient_and_held_copies_are_not_held_again():
     _, placed, holds = _held()
     assert holds == 2
-    first = _wheres(placed[1])
-    assert [inputs[1:] for inputs in first.values()] == [["x", "x"]]
+    assert _holds(placed[1]) == {"x.held": "x"}
     assert placed[1][-1].input[:] == ["x.held"]
-    second = _wheres(placed[2])
-    assert [inputs[1:] for inputs in second.values()] == [["s", "s"]]  # r is held already; w is a constant
+    assert _holds(placed[2]) == {"s.held": "s"}  # r is held already; w is a constant
     by_name = {node.name: node for node in placed[2]}
     assert by_name["q.recomputed"].input[:] == ["r"]
     assert by_name["e.recomputed"].input[:] == ["w"]
@@ -128,7 +134,7 @@ def test_one_input_is_held_and_not_a_small_one_nor_a_graph_input_where_there_is_
     backward, placed = _backward(), {1: [helper.make_node("Mul", inputs, ["r"], name="r.recomputed")]}
     _, holds = _hold(backward, placed, {**ELEM_TYPES, "k": FLOAT, "m": FLOAT}, frozenset(small))
     assert holds == 1
-    assert [inputs[1:] for inputs in _wheres(placed[1]).values()] == [[held, held]]
+    assert list(_holds(placed[1]).values()) == [held]
 
 
 @pytest.mark.parametrize(
@@ -165,6 +171,33 @@ def test_onnxruntime_has_a_where_for_every_type_held_by_where(elem_type: int):
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = np.array([1, 0]).astype(dtype)
     np.testing.assert_array_equal(session.run(None, {"c": np.array([True, False]), "x": x})[0], x)
+
+
+@pytest.mark.parametrize("elem_type", sorted(MULTIPLIED_TYPES))
+def test_a_float_held_by_a_product_is_the_same_bit_for_bit(elem_type: int):
+    """``x * Cast(Or(c, Not(c)))`` on this onnxruntime (CI runs the oldest and the newest), for ``c`` true and
+    false: ``x``'s bits, signed zeros, infinities, NaN and the smallest subnormal included."""
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+    nodes = [
+        helper.make_node("Not", ["c"], ["n"]),
+        helper.make_node("Or", ["c", "n"], ["a"]),
+        helper.make_node("Cast", ["a"], ["one"], to=elem_type),
+        helper.make_node("Mul", ["x", "one"], ["y"]),
+    ]
+    model = make_model({"c": (TensorProto.BOOL, []), "x": (elem_type, [7])}, nodes, {"y": (elem_type, [7])})
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    tiny = np.finfo(dtype).smallest_subnormal
+    x = np.array([1.5, -0.0, 0.0, np.inf, -np.inf, np.nan, tiny], dtype=dtype)
+    for c in (True, False):
+        assert session.run(None, {"c": np.array(c), "x": x})[0].tobytes() == x.tobytes()
+
+
+def test_floats_are_held_by_a_product_and_integers_by_where():
+    types = {**ELEM_TYPES, "x": TensorProto.INT64}
+    _, placed, holds = _held(types)
+    assert holds == 2
+    assert [n.op_type for n in placed[1] if n.output[0] == "x.held"] == ["Where"]
+    assert [n.op_type for n in placed[2] if n.output[0] == "s.held"] == ["Mul"]
 
 
 @pytest.mark.parametrize("elem_type", [TensorProto.BFLOAT16, TensorProto.BOOL])

@@ -11,16 +11,21 @@ the saving of checkpointing. A *hold* makes the copy wait for a gradient:
     flat  = Reshape(g, [1, -1])                     # g: a gradient the backward makes before the copy's reader
     first = Cast(Reshape(Slice(flat, [0, 0], [1, 1]), [-1]), to=BOOL)  # one element, or none when g is empty
     cond  = Gather(Concat(first, [True]), 0)        # a scalar, whatever g holds
-    x'    = Where(cond, x, x)                       # x, bit for bit, once g is made
+    one   = Cast(Or(cond, Not(cond)), to=T)         # 1 of x's float type T, once g is made
+    x'    = Mul(x, one)                             # x, bit for bit (x * 1 is x in IEEE arithmetic)
 
-and the copy reads ``x'`` for ``x``. onnxruntime's ``Where`` lacks some
-types on the CPU (bool, bfloat16, the 8- and 16-bit integers); a value of those,
-of rank 1 or more, is held by appending nothing to it along its first axis:
+and the copy reads ``x'`` for ``x``. A product, not ``Where(cond, x, x)``:
+onnxruntime's CPU ``Where`` is a scalar loop (13 ms a step for a
+``[16, 64, 4000]`` activation of a 1-D convolutional net, 2 cores; a product
+of that size about 1 ms). Integers (int32, int64, uint8) are held by
+``Where(cond, x, x)``. onnxruntime lacks both kernels for some types on the
+CPU (bool, bfloat16, the 8- and 16-bit integers); a value of those, of rank
+1 or more, is held by appending nothing to it along its first axis:
 
     none  = Cast(Slice(flat, [0], [0]), to=T)                   # no element, of x's type T, once g is made
     x'    = Concat(x, Reshape(none, [0, *Shape(x)[1:]]), axis=0)  # x, bit for bit
 
-Either costs one pass over ``x``. ``flat`` is a row, not a vector: onnx's
+Each costs one pass over ``x``. ``flat`` is a row, not a vector: onnx's
 data propagation reads a 1-D ``Slice``'s input element by element, about
 70 bytes each, which for the gradient of a batch of 10**7 is gigabytes.
 """
@@ -38,14 +43,12 @@ from onnxtrain.graph.naming import first_free
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 
-#: The element types onnxruntime's ``Where`` takes on the CPU in every release we support: values held by ``Where``
+#: The float types onnxruntime's ``Mul``, ``Cast`` and ``Or`` take on the CPU in every release we support: values
+#: held by ``Mul(x, 1)``.
+MULTIPLIED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16})
+#: The integer types onnxruntime's ``Where`` takes on the CPU in every release we support: values held by ``Where``
 #: (others, of rank 1 or more, by ``Concat``).
-HELD_TYPES = frozenset(
-    {
-        TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.INT32, TensorProto.INT64,
-        TensorProto.UINT8,
-    }
-)  # fmt: skip
+HELD_TYPES = frozenset({TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8})
 
 
 def hold_copies(
@@ -65,8 +68,9 @@ def hold_copies(
 
     A copy that reads no held copy's output reads one of its inputs through
     a hold: one not in ``available`` (initializers, constants) whose element
-    type is in :data:`HELD_TYPES` (held by ``Where``) or is another tensor
-    type of known ``rank`` of 1 or more, strings aside (held by ``Concat``);
+    type is in :data:`MULTIPLIED_TYPES` (held by ``Mul``) or :data:`HELD_TYPES`
+    (held by ``Where``) or is another tensor type of known ``rank`` of 1 or
+    more, strings aside (held by ``Concat``);
     preferably not ``small`` (a shape held is a shape onnxruntime no longer
     knows before it runs), then preferably no graph input (a parameter: a
     copy of the weight each step), then the first in the copy's input order.
@@ -83,7 +87,7 @@ def hold_copies(
 
     def holdable(name: str) -> bool:
         kind = elem_type(name)
-        if kind in HELD_TYPES:
+        if kind in HELD_TYPES or kind in MULTIPLIED_TYPES:
             return True
         return kind not in (None, TensorProto.UNDEFINED, TensorProto.STRING) and (rank(name) or 0) >= 1
 
@@ -105,6 +109,7 @@ def hold_copies(
         if gradient is None:
             continue
         condition: tuple[str, str] | None = None  # the condition and the gradient flattened
+        ones: dict[int, str] = {}  # per float type, 1 made from the condition
         held: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
         for copy in placed[index]:
@@ -120,7 +125,15 @@ def hold_copies(
                     nodes.extend(making)
                 if name not in held:
                     held[name] = first_free(f"{name}.held", taken)
-                    nodes.extend(_hold(name, held[name], elem_type(name), *condition, constant, taken, opset))
+                    kind = elem_type(name)
+                    if kind in MULTIPLIED_TYPES:
+                        assert kind is not None
+                        if kind not in ones:
+                            ones[kind], making = _one(condition[0], kind, taken)
+                            nodes.extend(making)
+                        nodes.append(helper.make_node("Mul", [name, ones[kind]], [held[name]], name=held[name]))
+                    else:
+                        nodes.extend(_hold(name, held[name], kind, *condition, constant, taken, opset))
                 copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
             held_outputs.update(copy.output)
             nodes.append(copy)
@@ -165,6 +178,18 @@ def _condition(gradient: str, constant: Callable[[str], str], taken: set[str]) -
     return condition, flat, nodes
 
 
+def _one(condition: str, elem_type: int, taken: set[str]) -> tuple[str, list[onnx.NodeProto]]:
+    """A scalar 1 of ``elem_type`` made from ``condition`` (``Cast(Or(c, Not(c)))``: true whatever ``c`` is, and
+    no constant onnxruntime could fold), and the nodes making it."""
+    kind = TensorProto.DataType.Name(elem_type).lower()
+    negated, always, one = (first_free(f"{condition}.{role}", taken) for role in ("not", "always", f"one_{kind}"))
+    return one, [
+        helper.make_node("Not", [condition], [negated], name=negated),
+        helper.make_node("Or", [condition, negated], [always], name=always),
+        helper.make_node("Cast", [always], [one], name=one, to=elem_type),
+    ]
+
+
 def _hold(
     value: str,
     held: str,
@@ -206,4 +231,4 @@ def _constant(role: str) -> np.ndarray:
     return np.array({**values, "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)
 
 
-__all__ = ["HELD_TYPES", "hold_copies"]
+__all__ = ["HELD_TYPES", "MULTIPLIED_TYPES", "hold_copies"]
