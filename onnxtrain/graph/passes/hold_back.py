@@ -9,16 +9,17 @@ forward, where its outputs live until the backward reads them, which undoes
 the saving of checkpointing. A *hold* makes the copy wait for a gradient:
 
     flat  = Reshape(g, [1, -1])                     # g: a gradient the backward makes before the copy's reader
-    first = Cast(Reshape(Slice(flat, [0, 0], [1, 1]), [-1]), to=BOOL)  # one element, or none when g is empty
-    cond  = Gather(Concat(first, [True]), 0)        # a scalar, whatever g holds
-    one   = Cast(Or(cond, Not(cond)), to=T)         # 1 of x's float type T, once g is made
+    first = Reshape(Slice(flat, [0, 0], [1, 1]), [-1])  # one element, or none when g is empty
+    one   = Gather(Concat(first, [1]), -1)          # 1 of g's type, whatever g holds, once g is made
     x'    = Mul(x, one)                             # x, bit for bit (x * 1 is x in IEEE arithmetic)
 
-and the copy reads ``x'`` for ``x``. A product, not ``Where(cond, x, x)``:
-onnxruntime's CPU ``Where`` is a scalar loop (13 ms a step for a
-``[16, 64, 4000]`` activation of a 1-D convolutional net, 2 cores; a product
-of that size about 1 ms). Integers (int32, int64, uint8) are held by
-``Where(cond, x, x)``. onnxruntime lacks both kernels for some types on the
+and the copy reads ``x'`` for ``x`` (a float ``x`` of another type than
+``g``'s: ``one = Cast(cond)``, ``cond = Gather(Concat(Cast(first, BOOL),
+[True]), -1)``). A product, not ``Where(cond, x, x)``: onnxruntime's CPU
+``Where`` is a scalar loop (13 ms a step for a ``[16, 64, 4000]`` activation
+of a 1-D convolutional net, 2 cores; a product of that size about 1 ms).
+Integers (int32, int64, uint8) are held by ``Where(cond, x, x)``.
+onnxruntime lacks both kernels for some types on the
 CPU (bool, bfloat16, the 8- and 16-bit integers); a value of those, of rank
 1 or more, is held by appending nothing to it along its first axis:
 
@@ -43,8 +44,8 @@ from onnxtrain.graph.naming import first_free
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 
-#: The float types onnxruntime's ``Mul``, ``Cast`` and ``Or`` take on the CPU in every release we support: values
-#: held by ``Mul(x, 1)``.
+#: The float types onnxruntime's ``Mul``, ``Concat``, ``Gather`` and ``Cast`` take on the CPU in every release we
+#: support: values held by ``Mul(x, 1)``.
 MULTIPLIED_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16})
 #: The integer types onnxruntime's ``Where`` takes on the CPU in every release we support: values held by ``Where``
 #: (others, of rank 1 or more, by ``Concat``).
@@ -108,8 +109,7 @@ def hold_copies(
         gradient = _gradient_read(backward, index, made_at, elem_type)
         if gradient is None:
             continue
-        condition: tuple[str, str] | None = None  # the condition and the gradient flattened
-        ones: dict[int, str] = {}  # per float type, 1 made from the condition
+        signals = _Signals(gradient, elem_type(gradient), constant, taken)
         held: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
         for copy in placed[index]:
@@ -119,21 +119,16 @@ def hold_copies(
                     nodes.append(copy)
                     continue
                 name = min(candidates, key=lambda name: (small(name), name in inputs))
-                if condition is None:
-                    made, flat, making = _condition(gradient, constant, taken)
-                    condition = (made, flat)
-                    nodes.extend(making)
                 if name not in held:
                     held[name] = first_free(f"{name}.held", taken)
                     kind = elem_type(name)
                     if kind in MULTIPLIED_TYPES:
                         assert kind is not None
-                        if kind not in ones:
-                            ones[kind], making = _one(condition[0], kind, taken)
-                            nodes.extend(making)
-                        nodes.append(helper.make_node("Mul", [name, ones[kind]], [held[name]], name=held[name]))
+                        one = signals.one(kind, nodes)
+                        nodes.append(helper.make_node("Mul", [name, one], [held[name]], name=held[name]))
                     else:
-                        nodes.extend(_hold(name, held[name], kind, *condition, constant, taken, opset))
+                        condition, flat = signals.true(nodes), signals.flat(nodes)
+                        nodes.extend(_hold(name, held[name], kind, condition, flat, constant, taken, opset))
                 copy.input[:] = [held[name] if input_ == name else input_ for input_ in copy.input]
             held_outputs.update(copy.output)
             nodes.append(copy)
@@ -157,37 +152,70 @@ def _gradient_read(
     return earlier[0] if earlier else None
 
 
-def _condition(gradient: str, constant: Callable[[str], str], taken: set[str]) -> tuple[str, str, list[onnx.NodeProto]]:
-    """A boolean scalar made from ``gradient``, ``gradient`` flattened (see the module docstring), and the nodes
-    making them."""
+class _Signals:
+    """The values one list of holds reads, made from ``gradient`` on first use (see the module docstring): the
+    gradient flattened to a row, its first element (none where it is empty), ``True``, and 1 of each float type.
+    Each method appends the nodes it makes to ``nodes``."""
 
-    def out(role: str) -> str:
-        return first_free(f"{gradient}.hold_{role}", taken)
+    def __init__(self, gradient: str, gradient_type: int | None, constant: Callable[[str], str], taken: set[str]):
+        self._gradient, self._type, self._constant, self._taken = gradient, gradient_type, constant, taken
+        self._made: dict[str, str] = {}
 
-    flat, corner, first, some, pair, condition = (
-        out(r) for r in ("flat", "corner", "first", "some", "pair", "condition")
-    )
-    nodes = [
-        helper.make_node("Reshape", [gradient, constant("row")], [flat], name=flat),
-        helper.make_node("Slice", [flat, constant("origin"), constant("corner")], [corner], name=corner),
-        helper.make_node("Reshape", [corner, constant("flat")], [first], name=first),
-        helper.make_node("Cast", [first], [some], name=some, to=TensorProto.BOOL),
-        helper.make_node("Concat", [some, constant("true")], [pair], name=pair, axis=0),
-        helper.make_node("Gather", [pair, constant("index")], [condition], name=condition, axis=0),
-    ]
-    return condition, flat, nodes
+    def _out(self, role: str) -> str:
+        return first_free(f"{self._gradient}.hold_{role}", self._taken)
 
+    def flat(self, nodes: list[onnx.NodeProto]) -> str:
+        """``gradient`` as a row ``[1, -1]``."""
+        if "flat" not in self._made:
+            flat = self._made["flat"] = self._out("flat")
+            nodes.append(helper.make_node("Reshape", [self._gradient, self._constant("row")], [flat], name=flat))
+        return self._made["flat"]
 
-def _one(condition: str, elem_type: int, taken: set[str]) -> tuple[str, list[onnx.NodeProto]]:
-    """A scalar 1 of ``elem_type`` made from ``condition`` (``Cast(Or(c, Not(c)))``: true whatever ``c`` is, and
-    no constant onnxruntime could fold), and the nodes making it."""
-    kind = TensorProto.DataType.Name(elem_type).lower()
-    negated, always, one = (first_free(f"{condition}.{role}", taken) for role in ("not", "always", f"one_{kind}"))
-    return one, [
-        helper.make_node("Not", [condition], [negated], name=negated),
-        helper.make_node("Or", [condition, negated], [always], name=always),
-        helper.make_node("Cast", [always], [one], name=one, to=elem_type),
-    ]
+    def first(self, nodes: list[onnx.NodeProto]) -> str:
+        """The gradient's first element as a vector (of no element where the gradient is empty)."""
+        if "first" not in self._made:
+            flat, corner, first = self.flat(nodes), self._out("corner"), self._out("first")
+            nodes += [
+                helper.make_node(
+                    "Slice", [flat, self._constant("origin"), self._constant("corner")], [corner], name=corner
+                ),
+                helper.make_node("Reshape", [corner, self._constant("flat")], [first], name=first),
+            ]
+            self._made["first"] = first
+        return self._made["first"]
+
+    def true(self, nodes: list[onnx.NodeProto]) -> str:
+        """``Gather(Concat(Cast(first, BOOL), [True]), -1)``: ``True``, whatever the gradient holds."""
+        if "true" not in self._made:
+            first, some, pair, condition = (
+                self.first(nodes),
+                self._out("some"),
+                self._out("pair"),
+                self._out("condition"),
+            )
+            nodes += [
+                helper.make_node("Cast", [first], [some], name=some, to=TensorProto.BOOL),
+                helper.make_node("Concat", [some, self._constant("true")], [pair], name=pair, axis=0),
+                helper.make_node("Gather", [pair, self._constant("index")], [condition], name=condition, axis=0),
+            ]
+            self._made["true"] = condition
+        return self._made["true"]
+
+    def one(self, elem_type: int, nodes: list[onnx.NodeProto]) -> str:
+        """A scalar 1 of ``elem_type``: ``Gather(Concat(first, [1]), -1)`` in the gradient's own type, else
+        ``True`` cast (no constant onnxruntime could fold: it waits for the gradient)."""
+        role = f"one_{elem_type}"
+        if role not in self._made:
+            one = self._made[role] = self._out(f"one_{TensorProto.DataType.Name(elem_type).lower()}")
+            if elem_type == self._type:
+                pair = self._out("ones")
+                nodes += [
+                    helper.make_node("Concat", [self.first(nodes), self._constant(role)], [pair], name=pair, axis=0),
+                    helper.make_node("Gather", [pair, self._constant("index")], [one], name=one, axis=0),
+                ]
+            else:
+                nodes.append(helper.make_node("Cast", [self.true(nodes)], [one], name=one, to=elem_type))
+        return self._made[role]
 
 
 def _hold(
@@ -227,8 +255,10 @@ def _constant(role: str) -> np.ndarray:
     """The constant a hold reads in ``role``."""
     if role == "true":
         return np.array([True])
+    if role.startswith("one_"):  # one_<ONNX element type>
+        return np.array([1], dtype=helper.tensor_dtype_to_np_dtype(int(role[len("one_") :])))
     values = {"row": [1, -1], "origin": [0, 0], "corner": [1, 1], "flat": [-1], "zero": [0], "one": [1]}
-    return np.array({**values, "index": 0, "end": [INT64_MAX]}[role], dtype=np.int64)
+    return np.array({**values, "index": -1, "end": [INT64_MAX]}[role], dtype=np.int64)
 
 
 __all__ = ["HELD_TYPES", "MULTIPLIED_TYPES", "hold_copies"]
