@@ -155,7 +155,7 @@ def _mirrored_input_grad(
     reach = [d * (int(k) - 1) for d, k in zip(geo.dilations, geo.kernel, strict=True)]  # type: ignore[union-attr, arg-type]
     if [int(b) + int(e) for b, e in zip(lead, tail, strict=True)] != reach:  # type: ignore[arg-type]
         return None
-    pads = [r - int(p) for r, p in zip(reach * 2, [*lead, *tail], strict=True)]  # type: ignore[misc]
+    pads = [int(p) for p in [*tail, *lead]]  # type: ignore[misc]  # r - lead = tail, r - tail = lead
     kernel = w
     if w_shape[0] != group:  # a channel multiplier (or a count known only at run time): [C, u, *K]
         kernel = ctx.op("Reshape", w, ctx.int64s([group, -1, *[int(k) for k in geo.kernel]]))  # type: ignore[union-attr]

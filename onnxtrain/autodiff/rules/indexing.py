@@ -133,10 +133,9 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     x, indices = ctx.inputs
     batch = int(ctx.attr("batch_dims", 0))
     idx_dims = ctx.shape(indices)
-    known_depth = idx_dims is not None and isinstance(idx_dims[-1], int)
-    if batch == 0 and ops.scatter_can_add(ctx.opset) and not known_depth:  # onnxruntime's CPU threads may race
-        return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
-    if idx_dims is None or not isinstance(idx_dims[-1], int):
+    if idx_dims is None or not isinstance(idx_dims[-1], int):  # the index depth unknown
+        if batch == 0 and ops.scatter_can_add(ctx.opset):  # ScatterND needs no depth (its CPU threads may race)
+            return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
         raise ValueError(
             f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
             f"{indices!r} (the index depth), which is unknown; give the indices a known last dimension"

@@ -38,7 +38,7 @@ def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
         training = _scalar(node, 2, constants, 0.0)
         if ratio is None or training is None or (ratio != 0.0 and training != 0.0):
             continue
-        graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+        _make_identity(graph, position)
     return model
 
 
@@ -53,8 +53,15 @@ def replace_zero_pads(model: onnx.ModelProto) -> onnx.ModelProto:
         pads = constants.get(node.input[1])
         if pads is None or numpy_helper.to_array(pads).any():
             continue
-        graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+        _make_identity(graph, position)
     return model
+
+
+def _make_identity(graph: onnx.GraphProto, position: int) -> None:
+    """Node ``position`` of ``graph`` replaced by an ``Identity`` of its first input to its first output, its name
+    kept."""
+    node = graph.node[position]
+    graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
 
 
 def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
