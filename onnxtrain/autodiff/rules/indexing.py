@@ -8,8 +8,10 @@ A gather's gradient is a scatter that *adds* (indices may repeat), and a
 scatter's gradient gathers (see
 :func:`~onnxtrain.autodiff.rules.backward_helpers.scatter_add_rows`).
 ``ScatterND``/``ScatterElements`` add only from opset 16 (``reduction="add"``),
-and the gradients add with ``ScatterElements``: onnxruntime's CPU threads
-lose additions of ``ScatterND`` into a row that two of them share. Below
+and the gradients scatter with ``ScatterElements`` over rows, ScatterND's own
+included (where its index depth is known): onnxruntime's CPU threads lose the
+additions, products, maxima and minima of ``ScatterND`` into a row that two of
+them share. Below
 opset 16, the updates of each distinct index are added up first (sorted by
 index with ``TopK``, a running ``CumSum`` in float64, and its differences at
 the ends of the runs of equal indices: memory linear in the number of
@@ -19,7 +21,6 @@ positions (TopK, Compress, Unique) write ``g`` back with a plain scatter.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -126,25 +127,12 @@ def _strides(ctx: RuleContext, x: str, count: int) -> list[str]:
     return [dims.dims_product(ctx, x, j + 1, count) for j in range(count)]
 
 
-@registry.rule("GatherND", inputs=_DATA)
-def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g added into zeros(x) at idx, by rows of x  (batch_dims as leading index coordinates)"""
-    (g,) = grads
-    x, indices = ctx.inputs
-    batch = int(ctx.attr("batch_dims", 0))
-    idx_dims = ctx.shape(indices)
-    if idx_dims is None or not isinstance(idx_dims[-1], int):  # the index depth unknown
-        if batch == 0 and ops.scatter_can_add(ctx.opset):  # ScatterND needs no depth (its CPU threads may race)
-            return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
-        raise ValueError(
-            f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
-            f"{indices!r} (the index depth), which is unknown; give the indices a known last dimension"
-        )
-    depth = int(idx_dims[-1])
-    q = len(idx_dims)
-    count = batch + depth
-    strides = _strides(ctx, x, count)
-    # the flat position, within x's first batch + depth axes, of each gathered slice
+def _slice_positions(ctx: RuleContext, x: str, indices: str, batch: int, depth: int) -> str:
+    """The flat position, within ``x``'s first ``batch + depth`` axes, of each slice that ``indices`` (GatherND's
+    and ScatterND's, last axis of length ``depth``) selects: ``sum_j coord_j * stride_j``, negative
+    coordinates wrapped; of shape ``indices.shape[:-1]``."""
+    q = ctx.known_rank(indices)
+    strides = _strides(ctx, x, batch + depth)
     terms = []
     for j in range(batch):
         coord = ctx.op(
@@ -158,12 +146,34 @@ def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
     flat = terms[0]
     for term in terms[1:]:
         flat = ctx.op("Add", flat, term)
-    static = ctx.static_shape(x)
-    if static is not None:  # a constant: the zeros' shape is known while building
-        n_rows = dims.int64_scalar(ctx, math.prod(static[:count]))
-    else:
-        n_rows = ctx.op("Mul", dims.dim_tensor(ctx, x, 0), strides[0])
-    summed = scatter_add_rows(ctx, flat, g, n_rows, x)
+    return flat
+
+
+def _index_depth(ctx: RuleContext, indices: str) -> int | None:
+    """The last dimension of GatherND's or ScatterND's ``indices`` where it is known."""
+    idx_dims = ctx.shape(indices)
+    if idx_dims is None or not isinstance(idx_dims[-1], int):
+        return None
+    return int(idx_dims[-1])
+
+
+@registry.rule("GatherND", inputs=_DATA)
+def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
+    """dx = g added into zeros(x) at idx, by rows of x  (batch_dims as leading index coordinates)"""
+    (g,) = grads
+    x, indices = ctx.inputs
+    batch = int(ctx.attr("batch_dims", 0))
+    depth = _index_depth(ctx, indices)
+    if depth is None:
+        if batch == 0 and ops.scatter_can_add(ctx.opset):  # ScatterND needs no depth (its CPU threads may race)
+            return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
+        raise ValueError(
+            f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
+            f"{indices!r} (the index depth), which is unknown; give the indices a known last dimension"
+        )
+    count = batch + depth
+    flat = _slice_positions(ctx, x, indices, batch, depth)
+    summed = scatter_add_rows(ctx, flat, g, dims.dims_product(ctx, x, 0, count), x)
     return [ctx.op("Reshape", summed, ctx.shape_of(x)), None]
 
 
@@ -231,12 +241,35 @@ def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
     """
     (g,) = grads
     indices = ctx.inputs[1]
+    depth = _index_depth(ctx, indices)
+    if depth is None:  # ScatterND itself (whose CPU threads may race where positions repeat)
 
-    def scatter(data: str, updates: str, reduction: str) -> str:
-        extra = {} if reduction == "none" else {"reduction": reduction}
-        return ctx.op("ScatterND", data, indices, updates, **extra)
+        def scatter(data: str, updates: str, reduction: str) -> str:
+            extra = {} if reduction == "none" else {"reduction": reduction}
+            return ctx.op("ScatterND", data, indices, updates, **extra)
+
+    else:
+        rows = _slice_positions(ctx, ctx.inputs[0], indices, 0, depth)
+        lead = ctx.known_rank(indices) - 1
+
+        def scatter(data: str, updates: str, reduction: str) -> str:
+            return _scatter_slices(ctx, data, rows, depth, lead, updates, reduction)
 
     return _scatter_grads(ctx, g, scatter, lambda t: ctx.op("GatherND", t, indices))
+
+
+def _scatter_slices(ctx: RuleContext, data: str, rows: str, depth: int, lead: int, updates: str, reduction: str) -> str:
+    """``ScatterND(data, indices, updates, reduction)`` as ``ScatterElements`` along the rows of ``data`` as
+    ``[n, S]`` (``Flatten`` at ``depth``), ``updates`` as ``[M, S]`` (``Flatten`` at ``lead``, the rank of
+    ``rows``) and each slice's flat position ``rows`` repeated over its ``S`` elements; reshaped back.
+    onnxruntime's CPU ``ScatterND`` splits the updates between threads and loses the reductions of two of
+    them into one slice (add, mul, max and min alike); its ``ScatterElements`` does not."""
+    table = ctx.op("Flatten", data, axis=depth)
+    flat = ctx.op("Flatten", updates, axis=lead)
+    positions = ctx.op("Expand", ctx.op("Reshape", rows, ctx.int64s([-1, 1])), ctx.op("Shape", flat))
+    extra = {} if reduction == "none" else {"reduction": reduction}
+    scattered = ctx.op("ScatterElements", table, positions, flat, axis=0, **extra)
+    return ctx.op("Reshape", scattered, ctx.shape_of(data))
 
 
 @registry.rule("ScatterElements", inputs=(0, 2))

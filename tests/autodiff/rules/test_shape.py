@@ -115,6 +115,52 @@ def test_repeated_rows_add_up_on_onnxruntimes_threads(op: str) -> None:
             np.testing.assert_allclose(session.run(None, feeds)[1], want, atol=1e-5)
 
 
+def test_scatter_nd_products_on_onnxruntimes_threads() -> None:
+    """ScatterND(x, ids, u, reduction="mul") over 2,048 slices into 1,000 rows of 256 (each row written about
+    twice, a tenth of the updates exactly 0), sessions of 1, 2 and 4 threads, 3 runs each: dx = w P and
+    du = w x (the product of the row's other updates), as NumPy computes them. onnxruntime's CPU ``ScatterND``
+    splits the updates between threads and loses products and sums into a shared slice (with it, the rule's
+    products and counts of zeros were off by up to 1.6 in 88 elements on 2 threads, onnxruntime 1.32); the
+    rule scatters with ``ScatterElements``."""
+    import onnxruntime as ort
+
+    rows, width, count = 1000, 256, 2048
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, rows, size=(count,))
+    x = rng.normal(size=(rows, width))
+    u = rng.uniform(0.5, 1.5, size=(count, width)) * (rng.random((count, width)) > 0.1)
+    w = rng.normal(size=(rows, width))
+    nodes = [
+        helper.make_node("ScatterND", ["x", "ids", "u"], ["y"], reduction="mul"),
+        helper.make_node("Mul", ["y", "w"], ["yw"]),
+        helper.make_node("ReduceSum", ["yw"], ["loss"], keepdims=0),
+    ]
+    model = make_model(
+        {"x": (DOUBLE, [rows, width]), "ids": (onnx.TensorProto.INT64, [count, 1]), "u": (DOUBLE, [count, width]),
+         "w": (DOUBLE, [rows, width])},
+        nodes, {"loss": (DOUBLE, [])}, opset=18,
+    )  # fmt: skip
+    trained, ops = _train(model, "loss", ["x", "u"])
+    assert "ScatterND" not in ops, ops
+    products = np.ones((rows, width))
+    others = np.empty_like(u)
+    for row in np.unique(ids):
+        slices = np.flatnonzero(ids == row)
+        products[row] = np.prod(u[slices], axis=0)
+        for s in slices:
+            others[s] = np.prod(u[slices[slices != s]], axis=0)
+    want_dx, want_du = w * products, (w * x)[ids] * others
+    feeds = {"x": x, "ids": ids[:, None], "u": u, "w": w}
+    for threads in (1, 2, 4):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(trained.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        for _ in range(3):
+            _, dx, du = session.run(None, feeds)
+            np.testing.assert_allclose(dx, want_dx, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(du, want_du, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("reduction", ["max", "min"])
 def test_scatter_max_min_ties_share_the_gradient_equally(reduction: str) -> None:
     """Where data and updates tie for a position, the winners share its gradient equally, as torch's
