@@ -326,9 +326,20 @@ SPECS: list[Spec] = [
         kinks=lambda attrs: (attrs.get("alpha", 1.0),),
     ),
     Spec("PRelu", (Arg("real"), Arg("real")), prelu_cases(), kinks=lambda attrs: _AWAY_FROM_ZERO),
-    unary("Elu", dtype=_F32, attrs=st.fixed_dictionaries({}, optional={"alpha": st.just(0.5)}), kinks=_AWAY_FROM_ZERO),
+    unary(
+        "Elu",
+        dtype=_F32,
+        # 1 (the default) and [0, 1) take the product forms, others Where
+        attrs=st.fixed_dictionaries({}, optional={"alpha": st.sampled_from([0.5, 0.0, 1.5])}),
+        kinks=_AWAY_FROM_ZERO,
+    ),
     unary("Selu", dtype=_F32, kinks=_AWAY_FROM_ZERO),
-    unary("Celu", dtype=_F32, attrs=st.fixed_dictionaries({}, optional={"alpha": st.just(2.0)}), kinks=_AWAY_FROM_ZERO),
+    unary(
+        "Celu",
+        dtype=_F32,
+        attrs=st.fixed_dictionaries({}, optional={"alpha": st.sampled_from([2.0, 0.4])}),
+        kinks=_AWAY_FROM_ZERO,
+    ),
     unary(
         "HardSigmoid",
         "real2",

@@ -267,14 +267,14 @@ registry.unary("Relu", "dx = g * sign(y): g where y > 0, else 0", lambda ctx, g,
 
 
 def _leaky_relu(ctx: RuleContext, g: str, x: str, y: str) -> str:
-    """``g * max(x > 0, alpha)`` for ``0 <= alpha <= 1``, else ``Where(x > 0, g, alpha g)``: the same bits (the
-    slope is exactly 1 or ``alpha``). onnxruntime's CPU ``Where`` is a scalar loop: on ``[16, 64, 48, 48]``
-    floats (2 cores) it took 17.7 ms, the product 1.0 ms."""
+    """``g * max(y > 0, alpha)`` for ``0 <= alpha <= 1`` (``y > 0`` exactly where ``x > 0``; the input may die in
+    the forward), else ``Where(x > 0, g, alpha g)``: the same bits (the slope is exactly 1 or ``alpha``).
+    onnxruntime's CPU ``Where`` is a scalar loop: on ``[16, 64, 48, 48]`` floats (2 cores) it took 17.7 ms, the
+    product 1.0 ms."""
     alpha = float(ctx.attr("alpha", 0.01))
-    positive = _positive(ctx, x)
     if 0.0 <= alpha <= 1.0:
-        return ctx.mul(g, ctx.op("Max", ctx.cast_like(positive, g), ctx.const(alpha, g)))
-    return ctx.where(positive, g, ctx.mul(g, alpha))
+        return ctx.mul(g, ctx.op("Max", ctx.cast_like(_positive(ctx, y), g), ctx.const(alpha, g)))
+    return ctx.where(_positive(ctx, x), g, ctx.mul(g, alpha))
 
 
 registry.unary("LeakyRelu", "dx = g * max(x > 0, alpha): g where x > 0, else alpha * g", _leaky_relu)
@@ -287,20 +287,36 @@ registry.unary(
 
 @registry.rule("PRelu", broadcasting=True)
 def prelu(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g where x > 0, else slope * g; dslope = g * x where x <= 0"""
+    """dx = g * (m + (1 - m) slope), m = Cast(x > 0): g where x > 0, else slope * g; dslope = g * min(x, 0)
+
+    The same bits as ``Where(x > 0, g, slope g)`` and ``Where(x > 0, 0, g x)`` for a finite slope and gradient
+    (``1 + 0 slope`` is 1, ``0 + slope`` is the slope), without onnxruntime's CPU ``Where`` (a scalar loop).
+    """
     (g,) = grads
     x, slope = ctx.inputs
-    positive = _positive(ctx, x)
-    dx = ctx.where(positive, g, ctx.mul(g, slope)) if ctx.needs(0) else None
-    dslope = ctx.where(positive, 0.0, ctx.mul(g, x)) if ctx.needs(1) else None
+    dx = dslope = None
+    if ctx.needs(0):
+        m = ctx.cast_like(_positive(ctx, x), g)
+        dx = ctx.mul(g, ctx.add(m, ctx.mul(ctx.sub(1.0, m), slope)))
+    if ctx.needs(1):
+        dslope = ctx.mul(g, ctx.op("Min", x, ctx.const(0.0, x)))
     return [dx, dslope]
 
 
-registry.unary(
-    "Elu",
-    "dx = g where x > 0, else g * (y + alpha)",
-    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.add(y, ctx.attr("alpha", 1.0)))),
-)
+def _elu(ctx: RuleContext, g: str, x: str, y: str) -> str:
+    """``g * (min(y, 0) + 1)`` for ``alpha = 1``, ``g * max(min(y, 0) + alpha, y > 0)`` for ``0 <= alpha < 1``,
+    else ``Where(x > 0, g, g (y + alpha))``: the same bits (``y > 0`` exactly where ``x > 0``, and ``y + alpha``
+    is in ``[0, alpha]`` there), reading only the output, without onnxruntime's CPU ``Where``."""
+    alpha = float(ctx.attr("alpha", 1.0))
+    if not 0.0 <= alpha <= 1.0:
+        return ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.add(y, alpha)))
+    slope = ctx.add(ctx.op("Min", y, ctx.const(0.0, y)), alpha)
+    if alpha != 1.0:
+        slope = ctx.op("Max", slope, ctx.cast_like(_positive(ctx, y), y))
+    return ctx.mul(g, slope)
+
+
+registry.unary("Elu", "dx = g where x > 0, else g * (y + alpha)", _elu)
 
 
 @registry.rule("Selu", inputs=(0,))
@@ -315,31 +331,42 @@ def selu(ctx: RuleContext, grads: Grads) -> Result:
 
 registry.unary(
     "Celu",
-    "dx = g where x > 0, else g * (y / alpha + 1)",
-    lambda ctx, g, x, y: ctx.where(_positive(ctx, x), g, ctx.mul(g, ctx.add(ctx.div(y, ctx.attr("alpha", 1.0)), 1.0))),
+    "dx = g * (min(y, 0) / alpha + 1): g where x > 0, else g * (y / alpha + 1)",
+    lambda ctx, g, x, y: ctx.mul(g, ctx.add(ctx.div(ctx.op("Min", y, ctx.const(0.0, y)), ctx.attr("alpha", 1.0)), 1.0)),
 )
 registry.unary(
     "HardSigmoid",
     "dx = alpha * g where 0 < y < 1, else 0",
-    lambda ctx, g, x, y: ctx.where(
-        ctx.op("And", ctx.compare("Greater", y, 0.0), ctx.compare("Less", y, 1.0)),
-        ctx.mul(g, ctx.attr("alpha", 0.2)),
-        0.0,
+    lambda ctx, g, x, y: ctx.keep(
+        ctx.op("And", ctx.compare("Greater", y, 0.0), ctx.compare("Less", y, 1.0)), ctx.mul(g, ctx.attr("alpha", 0.2))
     ),
 )
 
 
 @registry.derivative("HardSwish")
 def hard_swish(ctx: RuleContext, x: str, y: str) -> str:
-    """dx = g * (0 for x < -3, x / 3 + 1/2 for -3 <= x <= 3, 1 for x > 3)"""
-    middle = ctx.where(ctx.compare("Less", x, -3.0), 0.0, ctx.add(ctx.div(x, 3.0), 0.5))
-    return ctx.where(ctx.compare("Greater", x, 3.0), 1.0, middle)
+    """dx = g * (0 for x < -3, x / 3 + 1/2 for -3 <= x <= 3, 1 for x > 3)
+
+    As ``(c / 3 + 1/2) Cast(|x| <= 3) + Cast(x > 3)``, ``c = Clip(x, -3, 3)`` (finite, so its product with a
+    zero mask is 0): the same bits as two ``Where``, which onnxruntime's CPU runs as a scalar loop.
+    """
+    middle = ctx.add(ctx.div(ctx.op("Clip", x, ctx.const(-3.0, x), ctx.const(3.0, x)), 3.0), 0.5)
+    inside = ctx.cast_like(ctx.compare("LessOrEqual", ctx.op("Abs", x), 3.0), x)
+    return ctx.add(ctx.mul(middle, inside), ctx.cast_like(ctx.compare("Greater", x, 3.0), x))
 
 
 @registry.derivative("Mish", opsets=(18, None))
 def mish(ctx: RuleContext, x: str, y: str) -> str:
-    """d/dx x * tanh(softplus(x)) = t + x * sigmoid(x) * (1 - t**2), t = y / x (tanh(log 2) at 0)"""
-    t = ctx.where(ctx.compare("Equal", x, 0.0), math.tanh(math.log(2.0)), ctx.div(y, x))
+    """d/dx x * tanh(softplus(x)) = t + x * sigmoid(x) * (1 - t**2), t = tanh(softplus(x)) = n / (n + 2)
+
+    ``n = e^m (e^m + 2)``, ``m = min(x, 20)`` (``t`` is 1 in float32 from there, and ``e^2x`` stays finite):
+    ``tanh(log(1 + e^x))`` as a ratio of exponentials, six fast nodes where onnxruntime's CPU ``Softplus`` is a
+    scalar loop (5.7 ms on 1.2M floats, 2 cores, against 0.06 ms for ``Exp``); relative to ``y / x``, no
+    division by ``x`` and nothing apart at 0.
+    """
+    e = ctx.op("Exp", ctx.op("Min", x, ctx.const(20.0, x)))
+    n = ctx.mul(e, ctx.add(e, 2.0))
+    t = ctx.div(n, ctx.add(n, 2.0))
     return ctx.add(t, ctx.mul(ctx.mul(x, ctx.op("Sigmoid", x)), ctx.sub(1.0, ctx.square(t))))
 
 

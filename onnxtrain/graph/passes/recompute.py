@@ -24,10 +24,12 @@ from onnxtrain.graph.versions import is_standard, opset_version
 from onnxtrain.graph.walk import names_read, subgraphs
 
 #: Deterministic element-wise operators of ai.onnx, each one pass over its output: recomputed rather than kept.
+#: Not ``Softplus``: onnxruntime's CPU kernel is a scalar loop, 5.7 ms on 1.2M floats (2 cores) where ``Exp``
+#: takes 0.06 and ``Tanh`` 0.13; a Mish (``x * tanh(softplus(x))``) keeps ``tanh``'s output instead.
 ELEMENTWISE = frozenset(
     {
         "Abs", "Add", "Cast", "Cos", "Div", "Erf", "Exp", "Identity", "LeakyRelu", "Log", "Max", "Min", "Mul", "Neg",
-        "Pow", "Reciprocal", "Relu", "Sigmoid", "Sin", "Softplus", "Sqrt", "Sub", "Tanh", "Where",
+        "Pow", "Reciprocal", "Relu", "Sigmoid", "Sin", "Sqrt", "Sub", "Tanh", "Where",
     }
 )  # fmt: skip
 
