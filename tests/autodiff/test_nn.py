@@ -554,28 +554,34 @@ def _conv_weight_grad(
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "w_shape", "attrs"),
+    ("x_shape", "w_shape", "attrs", "product"),
     [
-        ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}),
-        ((2, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}),
-        ((3, 4, 11), (2, 4, 3), {"strides": [2], "pads": [1, 1]}),  # 1-D
-        ((2, 6, 5, 5), (3, 6, 1, 1), {}),  # 1x1, stride 1: the input is its own unfolding
-        ((2, 6, 5, 5), (3, 6, 1, 1), {"strides": [2, 2]}),
+        ((2, 3, 7, 6), (4, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "MatMul"),  # 42 positions >= 2 x 4 outputs
+        ((2, 3, 5, 4), (16, 3, 3, 3), {"pads": [1, 1, 1, 1]}, "Gemm"),  # 20 positions < 2 x 16 outputs
+        ((2, 3, 9, 8), (5, 3, 3, 2), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}, "MatMul"),
+        ((2, 3, 9, 8), (20, 3, 3, 2), {"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}, "Gemm"),
+        ((3, 4, 11), (2, 4, 3), {"strides": [2], "pads": [1, 1]}, "MatMul"),  # 1-D
+        ((2, 6, 5, 5), (3, 6, 1, 1), {}, "MatMul"),  # 1x1, stride 1: the input is its own unfolding
+        ((2, 6, 5, 5), (13, 6, 1, 1), {}, "Gemm"),
+        ((2, 6, 5, 5), (5, 6, 1, 1), {"strides": [2, 2]}, "Gemm"),  # 9 positions < 2 x 5
     ],
 )
 def test_convs_weight_gradient_is_one_product_of_the_unfolded_input_below_the_limit(
-    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs
+    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs, product
 ) -> None:
-    """Below :data:`UNFOLD_LIMIT` the weight gradient is one ``Gemm`` of the unfolded input; at a limit of 0 the
-    batch-transposed ``Conv``; both equal NumPy's sum over the windows."""
+    """Below :data:`UNFOLD_LIMIT` the weight gradient is one product of the unfolded input: per sample and
+    summed (``MatMul``, ``ReduceSum``) where the output has at least twice as many positions as channels, else
+    one ``Gemm`` of the batch; at a limit of 0 the batch-transposed ``Conv``; all equal NumPy's sum over the
+    windows."""
     from onnxtrain.autodiff.rules import convolution
 
     got, want, built = _conv_weight_grad(x_shape, w_shape, attrs)
-    assert _nodes_of(built, "Gemm"), "below the limit: one product"
+    assert [node.op_type for node in built.graph.node if node.op_type in ("Gemm", "MatMul")] == [product]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(convolution, "UNFOLD_LIMIT", 0)
     got, want, built = _conv_weight_grad(x_shape, w_shape, attrs)
-    assert not _nodes_of(built, "Gemm") and len(_nodes_of(built, "Conv")) == 2, "above it: a Conv of the batch"
+    assert not _nodes_of(built, "Gemm") and not _nodes_of(built, "MatMul")
+    assert len(_nodes_of(built, "Conv")) == 2, "above it: a Conv of the batch"
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -586,10 +592,10 @@ def test_a_large_input_or_a_large_kernel_keeps_the_convolution_form() -> None:
 
     channels = convolution.UNFOLD_LIMIT // (9 * 24 * 24) + 1  # one sample's unfolding just over the limit
     got, want, built = _conv_weight_grad((1, channels, 24, 24), (2, channels, 3, 3), {"pads": [1, 1, 1, 1]})
-    assert not _nodes_of(built, "Gemm")
+    assert not _nodes_of(built, "Gemm") and not _nodes_of(built, "MatMul")
     np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-3)
     got, want, built = _conv_weight_grad((2, 3, 9, 9), (2, 3, 5, 5), {"pads": [2, 2, 2, 2]})
-    assert not _nodes_of(built, "Gemm")
+    assert not _nodes_of(built, "Gemm") and not _nodes_of(built, "MatMul")
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -12,10 +12,13 @@ mirror image. onnxruntime runs that Conv as one thin matrix product per input
 channel (its output is the kernel's few positions); where the input is small
 enough to unfold (:data:`UNFOLD_LIMIT`) and every size is known, Conv's
 weight gradient is one product instead: ``dw = g [M, N L] @ U [N L, C K]``,
-``U`` the input unfolded into its ``K`` window positions by a Conv with a
-one-hot kernel (the input itself for a 1x1 kernel of stride 1), 1.2-2.4x
-faster on the 3x3 layers of ResNet-18 (docs/benchmarks.md, "Masks as
-products"). A depthwise Conv of stride 1 (one input channel per group)
+``U`` the input unfolded into its ``K`` window positions by a Conv grouped
+by channel with a one-hot kernel (the input itself for a 1x1 kernel of
+stride 1), 1.2-2.4x faster on the 3x3 layers of ResNet-18 (docs/benchmarks.md,
+"Masks as products"). Where the output has at least twice as many positions
+``L`` as channels ``M``, the product is taken per sample, ``g_n [M, L] @
+U_n^T``, and summed over the batch: no transposed copy of ``U``, and
+onnxruntime reads ``U`` transposed in its ``MatMul``. A depthwise Conv of stride 1 (one input channel per group)
 that keeps its input's size gets ``dx`` as a Conv of ``g`` with the kernel
 mirrored (:func:`_mirrored_input_grad`), which onnxruntime runs 1.3-4.8x
 faster than the ConvTranspose on the CPU. Sizes known only at run time (symbolic spatial dimensions,
@@ -112,14 +115,20 @@ def _unfolded_weight_grad(
     if k == 1 and all(s == 1 for s in geo.strides) and not any(pads):
         unfolded = ctx.op("Reshape", x, ctx.int64s([-1, c, positions]))  # a 1x1 kernel reads x as it is
     else:
-        one_hot = ctx.const(np.eye(k).reshape([k, 1, *kernel]), x)
-        singles = ctx.op("Reshape", x, ctx.int64s([-1, 1, *spatial]))
-        windows = ctx.op("Conv", singles, one_hot, strides=geo.strides, dilations=geo.dilations, pads=pads)
+        # output channel c K + j of a Conv grouped by channel: position j of channel c's windows
+        per_channel = np.tile(np.eye(k).reshape([1, k, 1, *kernel]), [c, 1, 1, *[1] * len(kernel)])
+        one_hot = ctx.const(per_channel.reshape([c * k, 1, *kernel]), x)
+        attrs = {"strides": geo.strides, "dilations": geo.dilations, "pads": pads, "group": c}
+        windows = ctx.op("Conv", x, one_hot, **attrs)
         unfolded = ctx.op("Reshape", windows, ctx.int64s([-1, c * k, positions]))  # [N, C K, L]
-    columns = ctx.op("Reshape", ctx.op("Transpose", unfolded, perm=[1, 0, 2]), ctx.int64s([c * k, -1]))
-    rows = ctx.op("Reshape", g, ctx.int64s([-1, m, positions]))
-    rows = ctx.op("Reshape", ctx.op("Transpose", rows, perm=[1, 0, 2]), ctx.int64s([m, -1]))  # [M, N L]
-    product = ctx.op("Gemm", rows, columns, transB=1)  # [M, C K]
+    rows = ctx.op("Reshape", g, ctx.int64s([-1, m, positions]))  # [N, M, L]
+    if positions >= 2 * m:  # one product per sample, summed: no copy of U transposed
+        per_sample = ctx.op("MatMul", rows, ctx.op("Transpose", unfolded, perm=[0, 2, 1]))  # [N, M, C K]
+        product = ctx.op("ReduceSum", per_sample, ctx.int64s([0]), keepdims=0)
+    else:
+        columns = ctx.op("Reshape", ctx.op("Transpose", unfolded, perm=[1, 0, 2]), ctx.int64s([c * k, -1]))
+        rows = ctx.op("Reshape", ctx.op("Transpose", rows, perm=[1, 0, 2]), ctx.int64s([m, -1]))  # [M, N L]
+        product = ctx.op("Gemm", rows, columns, transB=1)  # [M, C K]
     return ctx.op("Reshape", product, ctx.int64s([m, c, *kernel]))
 
 
