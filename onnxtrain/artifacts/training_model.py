@@ -26,6 +26,7 @@ from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.passes import (
+    fuse_pads_into_convs,
     prune_unused_nodes,
     read_shapes_early,
     recompute_elementwise,
@@ -305,7 +306,7 @@ def build_training_models(
     eval_model.CopyFrom(forward)
     moved = move_initializers_to_inputs(eval_model, list(parameter_names))
     set_inference_mode(eval_model)
-    replace_zero_pads(eval_model)
+    fuse_pads_into_convs(replace_zero_pads(eval_model))
     eval_builder = GraphBuilder(eval_model)
     eval_builder.set_outputs(outputs)
     prune_unused_nodes(eval_model)
@@ -314,7 +315,7 @@ def build_training_models(
     training_model.CopyFrom(forward)
     move_initializers_to_inputs(training_model, list(parameter_names))
     replace_identity_dropouts(training_model)  # no copy and no mask kept for the backward
-    replace_zero_pads(training_model)
+    fuse_pads_into_convs(replace_zero_pads(training_model))  # no padded copies kept for the backward
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]

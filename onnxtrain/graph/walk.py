@@ -60,6 +60,15 @@ def subgraph_references(node: onnx.NodeProto) -> set[str]:
     return refs
 
 
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """``graph``'s constant tensors by name: its initializers and its ``Constant`` nodes given as a tensor."""
+    found = {tensor.name: tensor for tensor in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
+            found[node.output[0]] = node.attribute[0].t
+    return found
+
+
 def names_read(node: onnx.NodeProto) -> set[str]:
     """The values ``node`` reads: its inputs, and the outer values its subgraphs read, at any depth."""
     return {name for name in node.input if name} | subgraph_references(node)
@@ -133,6 +142,7 @@ def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
 
 __all__ = [
     "all_nodes",
+    "constant_tensors",
     "names_read",
     "needed_nodes",
     "node_label",

@@ -657,6 +657,31 @@ def test_a_depthwise_convs_input_gradient_is_a_conv_with_the_kernel_mirrored(
 
 
 @pytest.mark.parametrize(
+    ("x_shape", "w_shape", "attrs", "declared"),
+    [
+        ((2, 6, 5, 4), (3, 6, 1, 1), {}, None),
+        ((2, 3, 7), (8, 3, 1), {}, None),  # 1-D, widening
+        ((1, 2, 3, 4, 2), (5, 2, 1, 1, 1), {"dilations": [2, 1, 3]}, None),  # 3-D; dilations move nothing
+        ((2, 6, 5, 4), (3, 6, 1, 1), {}, ["n", 6, "h", "w"]),  # sizes at run time
+    ],
+)
+def test_a_pointwise_convs_input_gradient_is_a_conv_with_the_kernel_transposed(
+    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs, declared
+) -> None:
+    """A 1x1 kernel of stride 1, no pads, one group: ``dx`` is ``Conv(g, w^T)`` (no ``ConvTranspose``), equal
+    to the ``ConvTranspose`` the rule builds otherwise (checked against finite differences in the spec
+    table)."""
+    from onnxtrain.autodiff.rules import convolution
+
+    got, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
+    assert not _nodes_of(built, "ConvTranspose") and len(_nodes_of(built, "Conv")) == 2
+    monkeypatch.setattr(convolution, "_pointwise_input_grad", lambda *args: None)
+    want, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
+    assert _nodes_of(built, "ConvTranspose")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
     ("x_shape", "w_shape", "attrs"),
     [
         ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "strides": [2, 1], "pads": [1, 1, 1, 1]}),  # a stride of 2
@@ -664,6 +689,9 @@ def test_a_depthwise_convs_input_gradient_is_a_conv_with_the_kernel_mirrored(
         ((2, 4, 8, 5), (4, 1, 3, 3), {"group": 4}),  # no pads: the output smaller than the input
         ((2, 4, 6, 5), (4, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # two input channels per group
         ((2, 4, 6, 5), (3, 4, 3, 3), {"pads": [1, 1, 1, 1]}),  # one group: the ConvTranspose is as fast or faster
+        ((2, 4, 6, 5), (3, 4, 1, 1), {"strides": [2, 2]}),  # a 1x1 kernel of stride 2
+        ((2, 4, 6, 5), (3, 4, 1, 1), {"pads": [0, 1, 0, 1]}),  # a 1x1 kernel with pads
+        ((2, 4, 6, 5), (6, 2, 1, 1), {"group": 2}),  # a 1x1 kernel in two groups
     ],
 )
 def test_other_convs_keep_the_transposed_input_gradient(x_shape, w_shape, attrs) -> None:

@@ -15,6 +15,7 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
 - :func:`~onnxtrain.graph.passes.identities.replace_identity_dropouts`: dropouts that drop nothing made identities,
   and :func:`~onnxtrain.graph.passes.identities.replace_zero_pads`: pads of zeros;
+- :func:`~onnxtrain.graph.passes.pad_fusion.fuse_pads_into_convs`: pads of zeros before convolutions made their pads;
 - :func:`~onnxtrain.graph.passes.cast_like.cast_like_to_cast`: ``CastLike`` of a known type made a ``Cast``;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
@@ -37,6 +38,7 @@ from onnxtrain.graph.passes.constants import fold_constants
 from onnxtrain.graph.passes.duplicates import merge_duplicates
 from onnxtrain.graph.passes.functions import expand_loss_functions
 from onnxtrain.graph.passes.identities import replace_identity_dropouts, replace_zero_pads
+from onnxtrain.graph.passes.pad_fusion import fuse_pads_into_convs
 from onnxtrain.graph.passes.recompute import recompute_elementwise, recompute_from_checkpoints
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
@@ -49,6 +51,7 @@ __all__ = [
     "fold_constants",
     "fold_static_shapes",
     "fold_transposes",
+    "fuse_pads_into_convs",
     "merge_duplicates",
     "prune_unused_nodes",
     "read_shapes_early",

@@ -17,7 +17,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import names_read
+from onnxtrain.graph.walk import constant_tensors, names_read
 
 #: ONNX's default ratio, where the node has no ratio input.
 DEFAULT_RATIO = 0.5
@@ -27,7 +27,7 @@ def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each top-level ``Dropout`` that drops nothing (ratio a constant 0, or a training mode that
     is a constant false or absent) and whose mask nothing reads made an ``Identity``, in place."""
     graph = model.graph
-    constants = _constants(graph)
+    constants = constant_tensors(graph)
     read = {name for node in graph.node for name in names_read(node)} | {value.name for value in graph.output}
     for position, node in enumerate(graph.node):
         if node.op_type != "Dropout" or not is_standard(node):
@@ -46,7 +46,7 @@ def replace_zero_pads(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with each top-level ``Pad`` whose pads are a constant of zeros made an ``Identity``, in place (any
     mode: no element is added)."""
     graph = model.graph
-    constants = _constants(graph)
+    constants = constant_tensors(graph)
     for position, node in enumerate(graph.node):
         if node.op_type != "Pad" or not is_standard(node) or len(node.input) < 2:
             continue
@@ -62,15 +62,6 @@ def _make_identity(graph: onnx.GraphProto, position: int) -> None:
     kept."""
     node = graph.node[position]
     graph.node[position].CopyFrom(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
-
-
-def _constants(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
-    """The graph's constant tensors by name: initializers and ``Constant`` nodes given as a tensor."""
-    found = {tensor.name: tensor for tensor in graph.initializer}
-    for node in graph.node:
-        if node.op_type == "Constant" and len(node.attribute) == 1 and node.attribute[0].name == "value":
-            found[node.output[0]] = node.attribute[0].t
-    return found
 
 
 def _scalar(node: onnx.NodeProto, position: int, constants: dict[str, onnx.TensorProto], absent: float) -> float | None:
