@@ -632,50 +632,32 @@ def _conv_input_grad(
 
 
 @pytest.mark.parametrize(
-    ("x_shape", "w_shape", "attrs", "declared"),
+    ("form", "x_shape", "w_shape", "attrs", "declared"),
     [
-        ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, None),
-        ((2, 3, 9), (3, 1, 4), {"group": 3, "pads": [3, 0]}, None),  # causal, as a Mamba or Conformer block pads
-        ((1, 3, 7, 8), (6, 1, 3, 2), {"group": 3, "dilations": [2, 1], "pads": [4, 0, 0, 1]}, None),  # 2 per channel
-        ((2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, ["n", 4, "h", "w"]),  # sizes at run time
+        # depthwise: stride 1, one input channel per group, pads that keep the size; the kernel mirrored
+        ("_mirrored_input_grad", (2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, None),
+        ("_mirrored_input_grad", (2, 3, 9), (3, 1, 4), {"group": 3, "pads": [3, 0]}, None),  # causal (Mamba)
+        ("_mirrored_input_grad", (1, 3, 7, 8), (6, 1, 3, 2), {"group": 3, "dilations": [2, 1], "pads": [4, 0, 0, 1]},
+         None),  # 2 per channel
+        ("_mirrored_input_grad", (2, 4, 6, 5), (4, 1, 3, 3), {"group": 4, "pads": [1, 1, 1, 1]}, ["n", 4, "h", "w"]),
+        # pointwise: a 1x1 kernel of stride 1, no pads, one group; the kernel's channel axes swapped
+        ("_pointwise_input_grad", (2, 6, 5, 4), (3, 6, 1, 1), {}, None),
+        ("_pointwise_input_grad", (2, 3, 7), (8, 3, 1), {}, None),  # 1-D, widening
+        ("_pointwise_input_grad", (1, 2, 3, 4, 2), (5, 2, 1, 1, 1), {"dilations": [2, 1, 3]}, None),  # 3-D
+        ("_pointwise_input_grad", (2, 6, 5, 4), (3, 6, 1, 1), {}, ["n", 6, "h", "w"]),  # sizes at run time
     ],
-)
-def test_a_depthwise_convs_input_gradient_is_a_conv_with_the_kernel_mirrored(
-    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs, declared
+)  # fmt: skip
+def test_depthwise_and_pointwise_input_gradients_are_convs(
+    monkeypatch: pytest.MonkeyPatch, form, x_shape, w_shape, attrs, declared
 ) -> None:
-    """Stride 1, one input channel per group, pads that keep the size: ``dx`` is a ``Conv`` (no
+    """A depthwise Conv of stride 1 that keeps its size, and a 1x1 Conv of stride 1: ``dx`` is a ``Conv`` (no
     ``ConvTranspose``), equal to the ``ConvTranspose`` the rule builds otherwise (checked against finite
     differences in the spec table)."""
     from onnxtrain.autodiff.rules import convolution
 
     got, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
     assert not _nodes_of(built, "ConvTranspose") and len(_nodes_of(built, "Conv")) == 2
-    monkeypatch.setattr(convolution, "_mirrored_input_grad", lambda *args: None)
-    want, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
-    assert _nodes_of(built, "ConvTranspose")
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize(
-    ("x_shape", "w_shape", "attrs", "declared"),
-    [
-        ((2, 6, 5, 4), (3, 6, 1, 1), {}, None),
-        ((2, 3, 7), (8, 3, 1), {}, None),  # 1-D, widening
-        ((1, 2, 3, 4, 2), (5, 2, 1, 1, 1), {"dilations": [2, 1, 3]}, None),  # 3-D; dilations move nothing
-        ((2, 6, 5, 4), (3, 6, 1, 1), {}, ["n", 6, "h", "w"]),  # sizes at run time
-    ],
-)
-def test_a_pointwise_convs_input_gradient_is_a_conv_with_the_kernel_transposed(
-    monkeypatch: pytest.MonkeyPatch, x_shape, w_shape, attrs, declared
-) -> None:
-    """A 1x1 kernel of stride 1, no pads, one group: ``dx`` is ``Conv(g, w^T)`` (no ``ConvTranspose``), equal
-    to the ``ConvTranspose`` the rule builds otherwise (checked against finite differences in the spec
-    table)."""
-    from onnxtrain.autodiff.rules import convolution
-
-    got, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
-    assert not _nodes_of(built, "ConvTranspose") and len(_nodes_of(built, "Conv")) == 2
-    monkeypatch.setattr(convolution, "_pointwise_input_grad", lambda *args: None)
+    monkeypatch.setattr(convolution, form, lambda *args: None)
     want, built = _conv_input_grad(x_shape, w_shape, attrs, declared)
     assert _nodes_of(built, "ConvTranspose")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
