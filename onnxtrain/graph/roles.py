@@ -6,14 +6,16 @@ Dropout's ratio as float initializers, and BatchNormalization's running mean
 and variance beside its scale and bias. Training all float initializers
 trains those too. The role of an initializer is read from the places the
 graph reads it, after any ``Identity``, ``Cast`` or ``Transpose`` (an export
-in training mode reads ``Linear``'s weight through a ``Transpose``) and any
-offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
+in training mode reads ``Linear``'s weight through a ``Transpose``), any
+offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``) and
+any ``Exp`` or ``Neg`` (a decay stored as its logarithm: Mamba's
+``-exp(A_log)``):
 
 - **running statistic**: the mean or variance input (3, 4) of a
   ``BatchNormalization``. Never trained by the optimizer; a training-mode
   BatchNormalization updates it at each train step.
 - **weight**: a float tensor in a parameter slot: either input of ``MatMul``,
-  ``Gemm``'s ``A``, ``B`` and ``C``, a convolution's weight and bias, a
+  ``Gemm``'s ``A``, ``B`` and ``C``, an ``Einsum``'s operands, a convolution's weight and bias, a
   normalization's scale and bias, a recurrent layer's ``W``, ``R`` and ``B``,
   an embedding table (``Gather``'s data), ``PRelu``'s slope, the fused layers
   of ONNX Runtime's transformer optimizer; or an operand of an element-wise
@@ -31,10 +33,16 @@ offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``):
   ``nn.PReLU``'s slope unsqueezed), in a ``Concat`` beside what weights
   compute (ViT's class token expanded and concatenated with the patch
   embeddings), added to a product (``MultiheadAttention``'s packed bias
-  sliced), or scaling or shifting a normalization's output
+  sliced), multiplying what weights compute unless it is a slice (a layer
+  scale unsqueezed onto the channels; a rotary table sliced to the sequence
+  stays a constant), or scaling or shifting a normalization's output
   (``nn.GroupNorm``'s affine, exported as an ``InstanceNormalization``
-  followed by its weight and bias unsqueezed). What weights compute is what
-  their values compute: a shape read from it (``Shape``, ``Size``) is not.
+  followed by its weight and bias unsqueezed). Resized (``Resize``: a
+  position embedding interpolated to the image, BEiT's relative-position
+  table), a tensor is a weight wherever it meets what weights compute or
+  reaches a parameter slot: fixed tables are sliced, not resized. What
+  weights compute is what their values compute: a shape read from it
+  (``Shape``, ``Size``) is not.
 - **re-parametrised weight**: a float tensor from which a parameter slot's
   value is computed by arithmetic on initializers alone (:data:`ARITHMETIC`),
   as ``torch.nn.utils.parametrizations.weight_norm`` computes a convolution's
@@ -88,6 +96,7 @@ WEIGHT_SLOTS: Mapping[tuple[str, str], frozenset[int]] = {
     ("", "GRU"): frozenset({1, 2, 3}),
     ("", "LSTM"): frozenset({1, 2, 3, 7}),
     ("", "Gather"): frozenset({0}),
+    ("", "Einsum"): frozenset(range(16)),  # its operands, each of them (Funnel's relative-position kernels)
     ("", "PRelu"): frozenset({1}),
     ("com.microsoft", "FusedMatMul"): frozenset({0, 1}),
     ("com.microsoft", "Attention"): frozenset({1, 2}),
@@ -113,6 +122,9 @@ SCALING = frozenset({"Mul", "Div"})
 
 #: Operators a weight may be read through before its slot (a view or a cast of it).
 PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
+#: Unary operators a weight may be read through, read where their result is: a decay stored as its logarithm
+#: (Mamba's ``A = -exp(A_log)``, RWKV's ``-exp(time_decay)``).
+EXPONENTIATED = frozenset({"Exp", "Neg"})
 #: Element-wise operators a weight may be read through when their other input is a constant, with the weight's
 #: positions: ``w + c``, ``c + w``, ``w - c``, ``c - w``, ``w * c``, ``c * w``, ``w / c``.
 OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
@@ -127,6 +139,11 @@ OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
 #: relative-position table sliced into a projection), never by its slot alone (a rotary embedding's frequencies
 #: expanded into a product with the positions stay a constant).
 VIEWS = frozenset({"Expand", "Tile", "Slice", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Dropout"})
+
+#: Operators that interpolate their first input, a tensor read through them being a *resized* view of it: a weight
+#: wherever it meets what weights compute or reaches a parameter slot (ViT-family position embeddings interpolated
+#: to the image, BEiT's relative-position table), as a fixed table (sinusoidal positions) is sliced, never resized.
+RESAMPLING = frozenset({"Resize"})
 
 #: Operators whose output depends on the shape of their input, not on its values.
 SHAPE_ONLY = frozenset({"Shape", "Size"})
@@ -154,13 +171,16 @@ RUNNING_STATISTICS = frozenset({3, 4})
 
 class Use(NamedTuple):
     """A place a node reads an initializer: ``node``'s input ``position``, the other input of a two-input node
-    (else ``""``), and whether the initializer reaches it through :data:`VIEWS`."""
+    (else ``""``), whether the initializer reaches it through :data:`VIEWS` or :data:`RESAMPLING`, whether
+    through :data:`RESAMPLING`, and whether through a ``Slice`` (a part of it)."""
 
     tensor: str
     node: onnx.NodeProto
     position: int
     other: str
     viewed: bool
+    resized: bool = False
+    sliced: bool = False
 
 
 def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, Role]:
@@ -196,6 +216,7 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
             and (
                 _meets_weights(use, computed, data)
                 or _viewed_elementwise_weight(use, tensors, producers, computed, data)
+                or (use.resized and _meets_weights_resized(use, computed))
                 if use.viewed
                 else _elementwise_weight(use.node, use.position, tensors[use.tensor], use.other in computed)
             )
@@ -245,6 +266,17 @@ def _meets_weights(use: Use, computed: set[str], data: set[str]) -> bool:
     return any(name in met for k, name in enumerate(node.input) if k != use.position)
 
 
+def _meets_weights_resized(use: Use, computed: set[str]) -> bool:
+    """Whether a resized view of an initializer (:data:`RESAMPLING`) is read in a parameter slot, or by an
+    element-wise :data:`AFFINE` node or a ``Concat`` beside a value in ``computed`` (what weights compute)."""
+    node = use.node
+    if _in_weight_slot(node, use.position):
+        return True
+    if not is_standard(node) or not (node.op_type == "Concat" or use.position in AFFINE.get(node.op_type, ())):
+        return False
+    return any(name in computed for k, name in enumerate(node.input) if k != use.position)
+
+
 def _viewed_elementwise_weight(
     use: Use,
     tensors: Mapping[str, onnx.TensorProto],
@@ -253,14 +285,18 @@ def _viewed_elementwise_weight(
     data: set[str],
 ) -> bool:
     """Whether a view of an initializer of ``tensors`` read by an element-wise node is a weight: added to (or
-    subtracted from) a product of what weights compute (``computed``), or scaling or shifting a
-    normalization's output, of weights' values or the float inputs' (``data``). A positional table sliced
-    and added to embeddings, or rotary tables multiplying a projection, stay constants."""
+    subtracted from) a product of what weights compute (``computed``), multiplying what weights compute unless
+    sliced (a layer scale unsqueezed to the channels), or scaling or shifting a normalization's output (or what
+    it minus its pooling gives, PoolFormer's token mixer), of weights' values or the float inputs' (``data``).
+    A positional table sliced and added to embeddings, rotary tables sliced and multiplying a projection, and
+    tensors unsqueezed to scale the inputs (an image normalization) stay constants."""
     node = use.node
     source = _through_reshapes(use.other, producers)
     if use.other in computed | data and _normalized(source, producers, tensors.keys()):
         beside = node.op_type in ("Add", "Sub", "Mul")
-    else:
+    elif node.op_type == "Mul" and not use.sliced:  # a whole tensor (not a slice of a table) scaling what weights
+        beside = use.other in computed  # compute: a layer scale, Mamba's skip weight D, its decay -exp(A_log)
+    else:  # a bias added to a product
         beside = use.other in computed and node.op_type in ("Add", "Sub") and source is not None
         beside = beside and _is_product(source)
     return beside and _elementwise_weight(node, use.position, tensors[use.tensor], True)
@@ -292,7 +328,7 @@ def _normalized(
         return len(node.input) < 2 or node.input[1] not in stored
     return (
         depth > 0
-        and node.op_type in ("Mul", "Add")
+        and node.op_type in ("Mul", "Add", "Sub")
         and any(_normalized(_through_reshapes(name, producers), producers, stored, depth - 1) for name in node.input)
     )
 
@@ -378,27 +414,35 @@ def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iter
         if node.op_type == "Constant" and is_standard(node):
             constants.update(node.output)
     for tensor in tensors:
-        frontier, seen = [(tensor, False)], {tensor}
+        start = (tensor, False, False, False)
+        frontier, seen = [start], {start}  # a value reached again another way is read again
         while frontier:
-            value, viewed = frontier.pop()
+            value, viewed, resized, sliced = frontier.pop()
             for node in readers.get(value, ()):
-                through = (node.op_type in PASS_THROUGH and is_standard(node)) or _shifted_by_constant(
+                through = (node.op_type in PASS_THROUGH | EXPONENTIATED and is_standard(node)) or _shifted_by_constant(
                     node, value, constants
                 )
-                view = node.op_type in VIEWS and is_standard(node) and node.input[0] == value
-                if _joins_constants(node, variable):
-                    yield from (Use(tensor, node, k, "", viewed) for k, name in enumerate(node.input) if name == value)
+                resizes = node.op_type in RESAMPLING and is_standard(node) and node.input[0] == value
+                view = resizes or (node.op_type in VIEWS and is_standard(node) and node.input[0] == value)
+                if _joins_constants(node, variable) or (resized and node.op_type == "Concat" and is_standard(node)):
+                    yield from (
+                        Use(tensor, node, k, "", viewed, resized, sliced)
+                        for k, name in enumerate(node.input)
+                        if name == value
+                    )
                     view = True
                 if through or view:
                     for out in node.output[:1] if view else node.output:
-                        if out and out not in seen:
-                            seen.add(out)
-                            frontier.append((out, viewed or view))
+                        slices = view and node.op_type == "Slice"
+                        reached = (out, viewed or view, resized or resizes, sliced or slices)
+                        if out and reached not in seen:
+                            seen.add(reached)
+                            frontier.append(reached)
                     continue
                 for position, name in enumerate(node.input):
                     if name == value:
                         other = node.input[1 - position] if len(node.input) == 2 and position < 2 else ""
-                        yield Use(tensor, node, position, other, viewed)
+                        yield Use(tensor, node, position, other, viewed, resized, sliced)
 
 
 def _joins_constants(node: onnx.NodeProto, variable: set[str]) -> bool:
@@ -420,10 +464,12 @@ def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) 
 __all__ = [
     "AFFINE",
     "ARITHMETIC",
+    "EXPONENTIATED",
     "NORMALIZATIONS",
     "OFFSET_OR_SCALE",
     "PASS_THROUGH",
     "PRODUCTS",
+    "RESAMPLING",
     "RESHAPES",
     "SCALING",
     "SHAPE_ONLY",

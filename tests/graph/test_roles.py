@@ -407,7 +407,7 @@ def test_a_weight_computed_from_initializers_alone_is_re_parametrised_by_them():
 
 
 def _torch_layers():
-    """torch layers whose parameters the export cuts, joins, views or re-parametrises; and two models whose
+    """torch layers whose parameters the export cuts, joins, views, resizes or re-parametrises; and models whose
     float buffers (a positional table, a rotary cache) are sliced into what weights compute."""
     torch = pytest.importorskip("torch")
     nn = torch.nn
@@ -439,6 +439,70 @@ def _torch_layers():
             x = self.embedding(ids) * 2.0 + self.pe[: ids.size(0)]
             return self.out(x)
 
+    class Interpolated(nn.Module):
+        """DINOv2's and BEiT's tables: position embeddings and a relative-position bias table, each resized
+        (bicubic) to the input before use; the bias gathered by a buffer of indices into the attention
+        scores. A sinusoidal buffer sliced and added stays a buffer."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch = nn.Conv2d(3, 4, 2, stride=2)
+            self.cls_token = nn.Parameter(torch.randn(1, 1, 4))
+            self.position_embeddings = nn.Parameter(torch.randn(1, 5, 4))
+            self.table = nn.Parameter(torch.randn(9, 1))
+            self.register_buffer("index", torch.randint(0, 9, (5, 5)))
+            self.register_buffer("pe", torch.randn(8, 4))
+            self.qk = nn.Linear(4, 8)
+
+        def forward(self, pixels):
+            patches = self.patch(pixels).flatten(2).transpose(1, 2)  # [N, 4, 4]
+            grid = self.position_embeddings[:, 1:].reshape(1, 2, 2, 4).permute(0, 3, 1, 2)
+            grid = nn.functional.interpolate(grid, size=(pixels.shape[-2] // 2, pixels.shape[-1] // 2), mode="bicubic")
+            positions = torch.cat([self.position_embeddings[:, :1], grid.flatten(2).transpose(1, 2)], dim=1)
+            tokens = torch.cat([self.cls_token.expand(pixels.shape[0], -1, -1), patches], dim=1) + positions
+            tokens = tokens + self.pe[: tokens.shape[1]]
+            q, k = self.qk(tokens).chunk(2, dim=-1)
+            table = nn.functional.interpolate(self.table.T.reshape(1, 1, 3, 3), size=(3, 3), mode="bilinear")
+            bias = table.reshape(9)[self.index]
+            return (q @ k.transpose(1, 2) * 0.5 + bias).softmax(-1) @ tokens
+
+    class PoolFormerBlock(nn.Module):
+        """PoolFormer's block: the pooling minus its input after a GroupNorm, and a 1x1 MLP, each scaled by a
+        per-channel layer scale unsqueezed to the channels."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm1, self.norm2 = nn.GroupNorm(1, 4), nn.GroupNorm(1, 4)
+            self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+            self.fc1, self.fc2 = nn.Conv2d(4, 8, 1), nn.Conv2d(8, 4, 1)
+            self.layer_scale_1 = nn.Parameter(torch.full((4,), 0.1))
+            self.layer_scale_2 = nn.Parameter(torch.full((4,), 0.1))
+
+        def forward(self, x):
+            n = self.norm1(x)
+            x = x + self.layer_scale_1.unsqueeze(-1).unsqueeze(-1) * (self.pool(n) - n)
+            mlp = self.fc2(nn.functional.gelu(self.fc1(self.norm2(x))))
+            return x + self.layer_scale_2.unsqueeze(-1).unsqueeze(-1) * mlp
+
+    class Selective(nn.Module):
+        """Mamba's and Funnel's parameters: a decay stored as its logarithm (``A = -exp(A_log)``) scaling what
+        a projection computes, a skip weight ``D`` unsqueezed onto the channels, and a kernel read by an
+        ``Einsum``. Image statistics unsqueezed onto the input stay buffers."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+            self.A_log = nn.Parameter(torch.randn(4))
+            self.D = nn.Parameter(torch.ones(4))
+            self.kernel = nn.Parameter(torch.randn(4, 2, 3))
+            self.register_buffer("std", torch.rand(4) + 0.5)
+
+        def forward(self, x):
+            x = x / self.std[None, None, :]
+            h = nn.functional.silu(self.proj(x))
+            decayed = torch.exp(h * -torch.exp(self.A_log.float())) + h * self.D[None, None, :]
+            return torch.einsum("bti,ijk->btjk", decayed, self.kernel)
+
     sequence = torch.randn(2, 3, 4)
     return {
         "GroupNorm": (nn.GroupNorm(2, 4), (torch.randn(2, 4, 3),)),
@@ -453,6 +517,9 @@ def _torch_layers():
         "weight_norm": (nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 3, 2), dim=2), (torch.randn(2, 4, 5),)),
         "rotary cache": (Rotary(), (sequence,)),
         "positional table": (Positional(), (torch.randint(0, 10, (3, 2)),)),
+        "interpolated tables": (Interpolated(), (torch.randn(2, 3, 4, 4),)),
+        "PoolFormer block": (PoolFormerBlock(), (torch.randn(2, 4, 5, 5),)),
+        "decays and einsum kernels": (Selective(), (sequence,)),
     }
 
 
@@ -468,6 +535,9 @@ def _torch_layers():
         "weight_norm",
         "rotary cache",
         "positional table",
+        "interpolated tables",
+        "PoolFormer block",
+        "decays and einsum kernels",
     ],
 )
 def test_torch_layers_cut_joined_or_re_parametrised_train_their_parameters_and_not_their_buffers(name):
