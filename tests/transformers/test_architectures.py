@@ -16,7 +16,10 @@ whose parameters are read in other ways: ALBERT (one layer's weights read by
 each of its 3 layers, a factorized embedding), Swin (windows shifted by
 ``Roll``, a relative-position bias table gathered by a buffer of indices)
 and ConvNeXt (7 x 7 depthwise convolutions, layer scales multiplying each
-block's output). Tiny configs
+block's output); and three images classifiers whose parameters are resized
+or unsqueezed: BEiT (a relative-position table interpolated, then gathered),
+DINOv2 (position embeddings interpolated to the image) and PoolFormer (pooling
+minus its input, layer scales unsqueezed onto the channels). Tiny configs
 (2 layers or stages, 32 wide or less, vocabulary 120), no dropout, the parameters as
 transformers initialises them, exported by torch's TorchScript exporter;
 ``trainable_parameters`` must find every parameter of torch and nothing
@@ -45,9 +48,9 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 120
 CAUSAL = ("gemma", "gpt_neox", "phi3", "bloom", "opt")
-CLASSIFIERS = ("vit", "deberta", "wav2vec2", "albert", "swin", "convnext")
+CLASSIFIERS = ("vit", "deberta", "wav2vec2", "albert", "swin", "convnext", "beit", "dinov2", "poolformer")
 #: The classifiers of images.
-IMAGES = ("vit", "swin", "convnext")
+IMAGES = ("vit", "swin", "convnext", "beit", "dinov2", "poolformer")
 ARCHITECTURES = CAUSAL + CLASSIFIERS
 CLASSES = 3
 #: ViT's images: 3 channels of 16 x 16, in patches of 4.
@@ -111,6 +114,24 @@ def _config(name: str) -> Any:
             num_channels=IMAGE[0], num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], patch_size=2,
             num_labels=CLASSES, drop_path_rate=0.0,
         )  # fmt: skip
+    if name == "beit":
+        return transformers.BeitConfig(
+            image_size=IMAGE[1], patch_size=4, num_channels=IMAGE[0], hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, intermediate_size=64, num_labels=CLASSES, use_relative_position_bias=True,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0,
+            layer_scale_init_value=0.1,
+        )  # fmt: skip
+    if name == "dinov2":
+        return transformers.Dinov2Config(
+            image_size=IMAGE[1], patch_size=4, num_channels=IMAGE[0], hidden_size=32, num_hidden_layers=2,
+            num_attention_heads=4, mlp_ratio=2, num_labels=CLASSES, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, drop_path_rate=0.0,
+        )  # fmt: skip
+    if name == "poolformer":
+        return transformers.PoolFormerConfig(
+            num_channels=IMAGE[0], num_encoder_blocks=2, hidden_sizes=[8, 16], depths=[1, 1], patch_sizes=[3, 3],
+            strides=[2, 2], padding=[1, 1], num_labels=CLASSES, drop_path_rate=0.0, hidden_dropout_prob=0.0,
+        )  # fmt: skip
     if name == "opt":
         return transformers.OPTConfig(
             vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, ffn_dim=64,
@@ -135,6 +156,9 @@ def _module(name: str) -> Any:
         "albert": transformers.AlbertForSequenceClassification,
         "swin": transformers.SwinForImageClassification,
         "convnext": transformers.ConvNextForImageClassification,
+        "beit": transformers.BeitForImageClassification,
+        "dinov2": transformers.Dinov2ForImageClassification,
+        "poolformer": transformers.PoolFormerForImageClassification,
     }[name]
 
     class Logits(torch.nn.Module):
@@ -177,7 +201,9 @@ def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) 
     model = export_for_training(module, (example,), ["x"], ["logits"], opset=models.OPSET, dynamic_axes=axes)
     weights = artifacts.trainable_parameters(model)
     parameters = dict(module.named_parameters(remove_duplicate=False))
-    tensors = {id(p): n for n, p in module.named_parameters()}  # tied parameters once
+    # tied parameters once; those the forward never reads (DINOv2's mask token) are not exported
+    exported = {id(parameters[t.name]) for t in model.graph.initializer if t.name in parameters}
+    tensors = {id(p): n for n, p in module.named_parameters() if id(p) in exported}
     found = {tensors[id(parameters[w])] for w in weights if w in parameters}
     assert sorted(found) == sorted(tensors.values()), (
         f"{name}: trainable_parameters missed {set(tensors.values()) - found}"
@@ -197,6 +223,8 @@ def test_every_parameter_trains_with_torchs_gradient(name: str, tmp_path: Path) 
     want = torch.nn.functional.cross_entropy(logits, torch.from_numpy(data["labels"]))
     want.backward()
     np.testing.assert_allclose(loss, float(want.item()), rtol=1e-5, err_msg=f"{name}: loss")
+    unread = [n for n, p in module.named_parameters() if id(p) not in exported and p.grad is not None]
+    assert not unread, f"{name}: {unread} were not exported, yet torch's loss reads them"
     for weight in weights:
         grad = parameters[weight].grad
         expected = np.zeros_like(state.parameters[weight].data) if grad is None else grad.numpy()
