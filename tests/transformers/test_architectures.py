@@ -16,7 +16,7 @@ whose parameters are read in other ways: ALBERT (one layer's weights read by
 each of its 3 layers, a factorized embedding), Swin (windows shifted by
 ``Roll``, a relative-position bias table gathered by a buffer of indices)
 and ConvNeXt (7 x 7 depthwise convolutions, layer scales multiplying each
-block's output); and three images classifiers whose parameters are resized
+block's output); and three image classifiers whose parameters are resized
 or unsqueezed: BEiT (a relative-position table interpolated, then gathered),
 DINOv2 (position embeddings interpolated to the image) and PoolFormer (pooling
 minus its input, layer scales unsqueezed onto the channels). Tiny configs
