@@ -14,18 +14,19 @@ enough to unfold (:data:`UNFOLD_LIMIT`) and every size is known, Conv's
 weight gradient is one product instead: ``dw = g [M, N L] @ U [N L, C K]``,
 ``U`` the input unfolded into its ``K`` window positions by a Conv grouped
 by channel with a one-hot kernel (the input itself for a 1x1 kernel of
-stride 1), 1.2-2.4x faster on the 3x3 layers of ResNet-18 (docs/benchmarks.md,
-"Masks as products"). Where the output has at least twice as many positions
-``L`` as channels ``M``, the product is taken per sample, ``g_n [M, L] @
-U_n^T``, and summed over the batch: no transposed copy of ``U``, and
-onnxruntime reads ``U`` transposed in its ``MatMul``. A depthwise Conv of stride 1 (one input channel per group)
-that keeps its input's size gets ``dx`` as a Conv of ``g`` with the kernel
-mirrored (:func:`_mirrored_input_grad`), which onnxruntime runs 1.3-4.8x
-faster than the ConvTranspose on the CPU, and a 1x1 Conv of stride 1 as
-``Conv(g, w^T)`` (:func:`_pointwise_input_grad`). Sizes known only at run time (symbolic spatial dimensions,
-``auto_pad=SAME_*``) are computed with Shape/Slice arithmetic on 1-D int64
-tensors; when every size is known while building, that arithmetic folds into
-attributes and constants.
+stride 1), 1.2-2.4x faster on the 3x3 layers of ResNet-18
+(docs/benchmarks.md, "Masks as products"). Where the output has at least
+twice as many positions ``L`` as channels ``M``, the product is taken per
+sample, ``g_n [M, L] @ U_n^T``, and summed over the batch: no transposed
+copy of ``U`` (onnxruntime reads it transposed in its ``MatMul``). A
+depthwise Conv of stride 1 (one input channel per group) that keeps its
+input's size gets ``dx`` as a Conv of ``g`` with the kernel mirrored
+(:func:`_mirrored_input_grad`), which onnxruntime runs 1.3-4.8x faster than
+the ConvTranspose on the CPU, and a 1x1 Conv of stride 1 as ``Conv(g, w^T)``
+(:func:`_pointwise_input_grad`). Sizes known only at run time (symbolic
+spatial dimensions, ``auto_pad=SAME_*``) are computed with Shape/Slice
+arithmetic on 1-D int64 tensors; when every size is known while building,
+that arithmetic folds into attributes and constants.
 """
 
 from __future__ import annotations
