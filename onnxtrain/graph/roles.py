@@ -8,8 +8,8 @@ trains those too. The role of an initializer is read from the places the
 graph reads it, after any ``Identity``, ``Cast`` or ``Transpose`` (an export
 in training mode reads ``Linear``'s weight through a ``Transpose``), any
 offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``) and
-any ``Exp`` or ``Neg`` (a decay stored as its logarithm: Mamba's
-``-exp(A_log)``):
+any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
+``-exp(A_log)``; Swin v2's clamped temperature):
 
 - **running statistic**: the mean or variance input (3, 4) of a
   ``BatchNormalization``. Never trained by the optimizer; a training-mode
@@ -44,9 +44,11 @@ any ``Exp`` or ``Neg`` (a decay stored as its logarithm: Mamba's
   weights compute is what their values compute: a shape read from it
   (``Shape``, ``Size``) is not.
 - **re-parametrised weight**: a float tensor from which a parameter slot's
-  value is computed by arithmetic on initializers alone (:data:`ARITHMETIC`),
-  as ``torch.nn.utils.parametrizations.weight_norm`` computes a convolution's
-  weight ``g * v / ||v||`` (wav2vec 2.0's positional convolution).
+  value is computed by arithmetic or a normalization on initializers alone
+  (:data:`ARITHMETIC`, :data:`NORMALIZATIONS`), as
+  ``torch.nn.utils.parametrizations.weight_norm`` computes a convolution's
+  weight ``g * v / ||v||`` (wav2vec 2.0's positional convolution) and BiT's
+  weight standardization normalizes each kernel.
 - **constant**: everything else: integer and boolean tensors, scalars used as
   constants, Dropout's ratio, shapes, scales of ``Resize``, tensors read only
   by other operators or by views that meet no weight (a rotary embedding's
@@ -122,9 +124,10 @@ SCALING = frozenset({"Mul", "Div"})
 
 #: Operators a weight may be read through before its slot (a view or a cast of it).
 PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
-#: Unary operators a weight may be read through, read where their result is: a decay stored as its logarithm
-#: (Mamba's ``A = -exp(A_log)``, RWKV's ``-exp(time_decay)``).
-EXPONENTIATED = frozenset({"Exp", "Neg"})
+#: Operators a weight may be read through as their first input, read where their result is: a decay stored as its
+#: logarithm (Mamba's ``A = -exp(A_log)``, RWKV's ``-exp(time_decay)``), a bounded temperature (Swin v2's
+#: ``exp(clamp(logit_scale, max=log 100))``).
+EXPONENTIATED = frozenset({"Exp", "Neg", "Clip"})
 #: Element-wise operators a weight may be read through when their other input is a constant, with the weight's
 #: positions: ``w + c``, ``c + w``, ``w - c``, ``c - w``, ``w * c``, ``c * w``, ``w / c``.
 OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
@@ -162,8 +165,10 @@ NORMALIZATIONS = frozenset({
 RESHAPES = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Flatten", "Transpose", "Identity", "Cast"})
 #: Operators through which a parameter slot's value computed from initializers alone re-parametrises them.
 ARITHMETIC = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Exp", "ReduceL2"})
-#: What a re-parametrised weight is followed back through: :data:`ARITHMETIC` and :data:`PASS_THROUGH`.
-_REPARAMETRISING = ARITHMETIC | PASS_THROUGH
+#: What a re-parametrised weight is followed back through: :data:`ARITHMETIC`, :data:`PASS_THROUGH`,
+#: :data:`RESHAPES` and :data:`NORMALIZATIONS` (weight standardization: BiT normalizes each convolution's kernel
+#: with a ``BatchNormalization`` of its reshaped weight).
+_REPARAMETRISING = ARITHMETIC | PASS_THROUGH | RESHAPES | NORMALIZATIONS
 
 #: BatchNormalization's inputs that hold its running statistics.
 RUNNING_STATISTICS = frozenset({3, 4})
@@ -337,24 +342,27 @@ def _reparametrised(
     graph: onnx.GraphProto, floats: set[str], variable: set[str], producers: Mapping[str, onnx.NodeProto]
 ) -> set[str]:
     """The float initializers (of one element or more, not rank 0) from which a parameter slot's value is
-    computed by :data:`ARITHMETIC` (and :data:`PASS_THROUGH`) on initializers and constants alone: a weight
-    written as a function of the parameters a framework trains (weight normalization's ``g * v / ||v||``)."""
+    computed by :data:`ARITHMETIC` (and :data:`PASS_THROUGH`, :data:`RESHAPES`, :data:`NORMALIZATIONS`) on
+    initializers and constants alone: a weight written as a function of the parameters a framework trains
+    (weight normalization's ``g * v / ||v||``, weight standardization's normalized kernel)."""
     found: set[str] = set()
     for node in all_nodes(graph):
         for position, value in enumerate(node.input):
             if not value or value in variable or not _in_weight_slot(node, position):
                 continue
-            pending, seen, reached = [value], {value}, set()
-            while pending:
-                maker = producers.get(pending.pop())
+            pending, seen, reached = [(value, False)], {value}, set()
+            while pending:  # (a value, whether it is computed from what comes before it, not only reshaped)
+                current, computing = pending.pop()
+                maker = producers.get(current)
                 if maker is None or not is_standard(maker) or maker.op_type not in _REPARAMETRISING:
                     continue
+                computing = computing or maker.op_type in ARITHMETIC | NORMALIZATIONS
                 for name in maker.input:
-                    if name in floats:
+                    if name in floats and computing:  # only reshaped: a view, whose rules are those above
                         reached.add(name)
                     elif name and name not in seen:
                         seen.add(name)
-                        pending.append(name)
+                        pending.append((name, computing))
             found |= reached
     dims = {t.name: t.dims for t in graph.initializer}
     return {name for name in found if dims[name]}
@@ -419,9 +427,10 @@ def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iter
         while frontier:
             value, viewed, resized, sliced = frontier.pop()
             for node in readers.get(value, ()):
-                through = (node.op_type in PASS_THROUGH | EXPONENTIATED and is_standard(node)) or _shifted_by_constant(
-                    node, value, constants
-                )
+                exponentiated = node.op_type in EXPONENTIATED and node.input[0] == value
+                through = (
+                    is_standard(node) and (node.op_type in PASS_THROUGH or exponentiated)
+                ) or _shifted_by_constant(node, value, constants)
                 resizes = node.op_type in RESAMPLING and is_standard(node) and node.input[0] == value
                 view = resizes or (node.op_type in VIEWS and is_standard(node) and node.input[0] == value)
                 if _joins_constants(node, variable) or (resized and node.op_type == "Concat" and is_standard(node)):

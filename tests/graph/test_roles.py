@@ -503,6 +503,21 @@ def _torch_layers():
             decayed = torch.exp(h * -torch.exp(self.A_log.float())) + h * self.D[None, None, :]
             return torch.einsum("bti,ijk->btjk", decayed, self.kernel)
 
+    class Standardized(nn.Module):
+        """BiT's weight-standardized convolution (its kernel normalized by a ``BatchNormalization`` of the
+        reshaped weight) and Swin v2's attention temperature ``exp(clamp(logit_scale, max=log 100))``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(4, 1, 1)))
+
+        def forward(self, x):
+            flat = self.conv.weight.reshape(1, 4, -1)
+            kernel = nn.functional.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-6)
+            y = nn.functional.conv2d(x, kernel.reshape_as(self.conv.weight), self.conv.bias, padding=1)
+            return y * torch.clamp(self.logit_scale, max=4.6052).exp()
+
     sequence = torch.randn(2, 3, 4)
     return {
         "GroupNorm": (nn.GroupNorm(2, 4), (torch.randn(2, 4, 3),)),
@@ -520,6 +535,7 @@ def _torch_layers():
         "interpolated tables": (Interpolated(), (torch.randn(2, 3, 4, 4),)),
         "PoolFormer block": (PoolFormerBlock(), (torch.randn(2, 4, 5, 5),)),
         "decays and einsum kernels": (Selective(), (sequence,)),
+        "standardized kernel and temperature": (Standardized(), (torch.randn(2, 3, 5, 5),)),
     }
 
 
@@ -538,6 +554,7 @@ def _torch_layers():
         "interpolated tables",
         "PoolFormer block",
         "decays and einsum kernels",
+        "standardized kernel and temperature",
     ],
 )
 def test_torch_layers_cut_joined_or_re_parametrised_train_their_parameters_and_not_their_buffers(name):
