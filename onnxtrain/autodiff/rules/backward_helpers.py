@@ -9,7 +9,8 @@
   reduction with its axes in the form the model's opset takes.
 - **Attention heads**: :func:`split_heads` and :func:`merge_heads`, ``[B, S, H * D]`` to ``[B, H, S, D]`` and back.
 - **Keys' cubic kernel**: :func:`cubic_weights` and :func:`cubic_slopes` (Resize, GridSample).
-- **Scatter-add**: :func:`scatter_add_rows`, :func:`scatter_add_flat` and :func:`scatter_add_into`, the
+- **Scatter-add**: :func:`scatter_add_rows`, :func:`scatter_add_flat`, :func:`scatter_add_into` and
+  :func:`scatter_rows`, the
   transpose of a gather (Gather, GatherND, GatherElements, Pad, embeddings),
   with a ``ScatterElements(reduction="add")`` from opset 16 and sums per index before (never
   ``ScatterND``'s, which onnxruntime's CPU threads add wrongly into a row two of them share).
@@ -217,21 +218,27 @@ def scatter_add_rows(ctx: RuleContext, rows: str, updates: str, n_rows: str, lik
     return ctx.op("ScatterND", zeros, ctx.op("Unsqueeze", distinct, ctx.int64s([-1])), sums)
 
 
+def scatter_rows(ctx: RuleContext, table: str, rows: str, flat: str, reduction: str = "add") -> str:
+    """``ScatterElements`` of ``flat`` ``[M, S]`` into ``table`` ``[n, S]`` along axis 0, row ``m`` of ``flat``
+    going to row ``rows[m]`` (``rows`` of ``M`` elements, repeated over the ``S`` elements of its row), with
+    ``reduction`` (``"none"``: none). onnxruntime's CPU ``ScatterND`` splits the updates between threads and
+    loses the reductions of two of them into one row; its ``ScatterElements`` does not."""
+    indices = ctx.op("Expand", ctx.op("Reshape", rows, ctx.int64s([-1, 1])), ctx.op("Shape", flat))
+    extra = {} if reduction == "none" else {"reduction": reduction}
+    return ctx.op("ScatterElements", table, indices, flat, axis=0, **extra)
+
+
 def _scatter_add_flat_rows(ctx: RuleContext, zeros: str, rows: str, updates: str, q: int, shape: str) -> str:
-    """:func:`scatter_add_rows` by ``ScatterElements`` over ``updates`` as ``[M, S]`` (``Flatten`` at ``q``) into
+    """:func:`scatter_add_rows` by :func:`scatter_rows` of ``updates`` as ``[M, S]`` (``Flatten`` at ``q``) into
     ``zeros`` as ``[n_rows, S]``; reshaped to ``shape`` unless ``updates`` has one axis after the rows (an
     embedding's ``[N, T, D]``), whose result is ``[n_rows, S]`` already and stays a scatter onto zeros (the
     engine adds a second gather's gradient onto it in place)."""
     rank = ctx.rank(updates)  # None where unknown: the general form
     flat = updates if rank == q + 1 and q == 1 else ctx.op("Flatten", updates, axis=q)
-    indices = ctx.op("Expand", ctx.op("Reshape", rows, ctx.int64s([-1, 1])), ctx.op("Shape", flat))
     if rank == q + 1:
-        return ctx.op("ScatterElements", zeros, indices, flat, axis=0, reduction="add")
-    table = ctx.op("Flatten", zeros, axis=1)
+        return scatter_rows(ctx, zeros, rows, flat)
     # allowzero: a size of 0 in the shape is 0 (an empty axis), not "copy the input's"
-    return ctx.op(
-        "Reshape", ctx.op("ScatterElements", table, indices, flat, axis=0, reduction="add"), shape, allowzero=1
-    )
+    return ctx.op("Reshape", scatter_rows(ctx, ctx.op("Flatten", zeros, axis=1), rows, flat), shape, allowzero=1)
 
 
 # ------------------------------------------------------------ sliding windows

@@ -30,7 +30,7 @@ from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
-from onnxtrain.autodiff.rules.backward_helpers import scatter_add_flat, scatter_add_rows
+from onnxtrain.autodiff.rules.backward_helpers import scatter_add_flat, scatter_add_rows, scatter_rows
 from onnxtrain.graph import ops
 from onnxtrain.graph.embeddings import embedding_rule
 
@@ -261,14 +261,12 @@ def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
 def _scatter_slices(ctx: RuleContext, data: str, rows: str, depth: int, lead: int, updates: str, reduction: str) -> str:
     """``ScatterND(data, indices, updates, reduction)`` as ``ScatterElements`` along the rows of ``data`` as
     ``[n, S]`` (``Flatten`` at ``depth``), ``updates`` as ``[M, S]`` (``Flatten`` at ``lead``, the rank of
-    ``rows``) and each slice's flat position ``rows`` repeated over its ``S`` elements; reshaped back.
-    onnxruntime's CPU ``ScatterND`` splits the updates between threads and loses the reductions of two of
-    them into one slice (add, mul, max and min alike); its ``ScatterElements`` does not."""
-    table = ctx.op("Flatten", data, axis=depth)
-    flat = ctx.op("Flatten", updates, axis=lead)
-    positions = ctx.op("Expand", ctx.op("Reshape", rows, ctx.int64s([-1, 1])), ctx.op("Shape", flat))
-    extra = {} if reduction == "none" else {"reduction": reduction}
-    scattered = ctx.op("ScatterElements", table, positions, flat, axis=0, **extra)
+    ``rows``) and each slice's flat position ``rows`` repeated over its ``S`` elements (:func:`scatter_rows`:
+    onnxruntime's CPU ``ScatterND`` loses the sums, products, maxima and minima two threads write into one
+    slice); reshaped back."""
+    scattered = scatter_rows(
+        ctx, ctx.op("Flatten", data, axis=depth), rows, ctx.op("Flatten", updates, axis=lead), reduction
+    )
     return ctx.op("Reshape", scattered, ctx.shape_of(data))
 
 
