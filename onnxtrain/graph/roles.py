@@ -127,7 +127,7 @@ PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
 #: Operators a weight may be read through as their first input, read where their result is: a decay stored as its
 #: logarithm (Mamba's ``A = -exp(A_log)``, RWKV's ``-exp(time_decay)``), a bounded temperature (Swin v2's
 #: ``exp(clamp(logit_scale, max=log 100))``).
-EXPONENTIATED = frozenset({"Exp", "Neg", "Clip"})
+MAPPED_THROUGH = frozenset({"Exp", "Neg", "Clip"})
 #: Element-wise operators a weight may be read through when their other input is a constant, with the weight's
 #: positions: ``w + c``, ``c + w``, ``w - c``, ``c - w``, ``w * c``, ``c * w``, ``w / c``.
 OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
@@ -427,10 +427,10 @@ def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iter
         while frontier:
             value, viewed, resized, sliced = frontier.pop()
             for node in readers.get(value, ()):
-                exponentiated = node.op_type in EXPONENTIATED and node.input[0] == value
-                through = (
-                    is_standard(node) and (node.op_type in PASS_THROUGH or exponentiated)
-                ) or _shifted_by_constant(node, value, constants)
+                mapped = node.op_type in MAPPED_THROUGH and node.input[0] == value
+                through = (is_standard(node) and (node.op_type in PASS_THROUGH or mapped)) or _shifted_by_constant(
+                    node, value, constants
+                )
                 resizes = node.op_type in RESAMPLING and is_standard(node) and node.input[0] == value
                 view = resizes or (node.op_type in VIEWS and is_standard(node) and node.input[0] == value)
                 if _joins_constants(node, variable) or (resized and node.op_type == "Concat" and is_standard(node)):
@@ -473,7 +473,7 @@ def _shifted_by_constant(node: onnx.NodeProto, value: str, constants: set[str]) 
 __all__ = [
     "AFFINE",
     "ARITHMETIC",
-    "EXPONENTIATED",
+    "MAPPED_THROUGH",
     "NORMALIZATIONS",
     "OFFSET_OR_SCALE",
     "PASS_THROUGH",
