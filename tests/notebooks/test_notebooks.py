@@ -19,6 +19,9 @@ import pytest
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 CELL_TIMEOUT = 120  # seconds per cell
+#: Seconds a fresh kernel may take to start: nbclient's default 60 s was once too short on a 2-core machine with
+#: both cores running the other tests (01_custom_loss, "Kernel didn't respond in 60 seconds", 2026-11-28).
+STARTUP_TIMEOUT = 300
 MAX_BYTES = 400 * 1024
 
 
@@ -82,7 +85,11 @@ def test_notebook_runs(path: Path, python3_kernel: str) -> None:
     before, files = path.read_bytes(), sorted(NOTEBOOKS.iterdir())
     notebook = nbformat.reads(before.decode("utf-8"), as_version=4)
     client = nbclient.NotebookClient(
-        notebook, timeout=CELL_TIMEOUT, kernel_name=python3_kernel, resources={"metadata": {"path": str(NOTEBOOKS)}}
+        notebook,
+        timeout=CELL_TIMEOUT,
+        startup_timeout=STARTUP_TIMEOUT,
+        kernel_name=python3_kernel,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},
     )
     client.execute()  # raises CellExecutionError, naming the cell, when a cell raises
     errors = [
