@@ -10,6 +10,7 @@ first backward node) is left as it is.
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import onnx
@@ -95,7 +96,7 @@ def _holds(nodes: list[onnx.NodeProto]) -> dict[str, str]:
     """``{held: value}`` of the holds among ``nodes``: ``Mul(value, one)`` (floats), ``Where(c, value, value)``."""
     found = {}
     for node in nodes:
-        if node.op_type == "Mul" and node.output[0].endswith(".held"):
+        if node.op_type == "Mul" and re.search(r"\.held(_\d+)?$", node.output[0]):
             found[node.output[0]] = node.input[0]
         elif node.op_type == "Where":
             assert node.input[1] == node.input[2]
@@ -274,3 +275,101 @@ def test_copies_before_the_first_backward_node_are_not_held():
     _, holds = _hold(backward, placed)
     assert holds == 0
     assert [node.op_type for node in placed[0]] == ["Relu"]
+
+
+def _scalar_case(values_only: bool) -> tuple[onnx.ModelProto, onnx.ModelProto, dict[int, list[onnx.NodeProto]], int]:
+    """GPT-2's GELU copies in small: ``r = Pow(x, three) + c`` before B1 (``three`` a float scalar initializer,
+    ``c`` a ``Constant`` node of shape ``[1]``) and ``t = Cast(Mul(h, half)) + x * c`` before B2 (``h`` a float16
+    forward value, ``half`` a float16 ``[1, 1]``): the held model, the plain one, the copies placed, the holds."""
+    forward = [
+        helper.make_node("Cast", ["x"], ["h"], name="F0", to=TensorProto.FLOAT16),
+        helper.make_node("Constant", [], ["c"], name="F1", value=onnx.numpy_helper.from_array(np.array([0.25], "f"))),
+    ]
+    backward = [
+        helper.make_node("Neg", ["x"], ["g0"], name="B0"),
+        helper.make_node("Mul", ["g0", "r"], ["g1"], name="B1"),
+        helper.make_node("Add", ["g1", "t"], ["g2"], name="B2"),
+    ]
+
+    def placed() -> dict[int, list[onnx.NodeProto]]:
+        return {
+            1: [
+                helper.make_node("Pow", ["x", "three"], ["p"], name="p.recomputed"),
+                helper.make_node("Add", ["p", "c"], ["r"], name="r.recomputed"),
+            ],
+            2: [
+                helper.make_node("Mul", ["h", "half"], ["t16"], name="t16.recomputed"),
+                helper.make_node("Cast", ["t16"], ["t32"], name="t32.recomputed", to=FLOAT),
+                helper.make_node("Mul", ["x", "c"], ["xc"], name="xc.recomputed"),
+                helper.make_node("Add", ["t32", "xc"], ["t"], name="t.recomputed"),
+            ],
+        }
+
+    def model(copies: dict[int, list[onnx.NodeProto]]) -> onnx.ModelProto:
+        nodes = [*forward, *(n for i, node in enumerate(backward) for n in [*copies.get(i, []), node])]
+        return make_model(
+            {"x": (FLOAT, ["n", 3])},
+            nodes,
+            {"g2": (FLOAT, None)},
+            [("three", np.array(3.0, np.float32)), ("half", np.array([[0.5]], np.float16))],
+        )
+
+    copies = placed()
+    held = model(copies)
+    holds = hold_copies(
+        held.graph,
+        backward,
+        copies,
+        available={"three", "half", "c"},
+        elem_type={"x": FLOAT, "h": TensorProto.FLOAT16, "g0": FLOAT, "g1": FLOAT}.get,
+        rank={"x": 2, "h": 2}.get,
+        small=lambda name: False,
+        taken=names_in(held.graph),
+        opset=17,
+        values_only=lambda node: values_only,
+    )
+    del held.graph.node[:]
+    held.graph.node.extend(model(copies).graph.node)
+    return held, model(placed()), copies, holds
+
+
+def test_an_elementwise_copy_holds_its_one_element_constant_not_the_value_it_reads():
+    """No pass over ``x`` or ``h``: ``three`` (the gradient's type: taken from ``Concat(first, [3])``), ``c``
+    (the same, reshaped to ``[1]``) before B2 and ``half`` (float16: times a cast ``True``) are held; before B1,
+    ``c`` is read by a copy that waits for ``p`` already."""
+    _, _, placed, holds = _scalar_case(values_only=True)
+    assert holds == 3
+    made = {node.output[0]: node for nodes in placed.values() for node in nodes}
+    assert [n.input[:] for n in placed[1] if n.name == "p.recomputed"] == [["x", "three.held"]]
+    assert [n.input[:] for n in placed[1] if n.name == "r.recomputed"] == [["p", "c"]]
+    assert [n.input[:] for n in placed[2] if n.name == "t16.recomputed"] == [["h", "half.held"]]
+    assert [n.input[:] for n in placed[2] if n.name == "xc.recomputed"] == [["x", "c.held"]]
+    assert made["three.held"].op_type == "Gather"
+    assert made[made["three.held"].input[0]].op_type == "Concat"
+    assert made["c.held"].op_type == "Reshape" and made[made["c.held"].input[0]].op_type == "Gather"
+    half = made["half.held"]
+    assert half.op_type == "Mul" and half.input[0] == "half"
+    assert made[half.input[1]].op_type == "Cast" and made[half.input[1]].attribute[0].i == TensorProto.FLOAT16
+    assert _holds([n for nodes in placed.values() for n in nodes]) == {"half.held": "half"}  # nothing of x or h
+
+
+def test_a_copy_that_may_read_its_inputs_as_shapes_holds_the_value():
+    _, _, placed, holds = _scalar_case(values_only=False)
+    assert holds == 3
+    assert _holds(placed[1]) == {"x.held": "x"}
+    assert _holds(placed[2]) == {"h.held": "h", "x.held_1": "x"}
+
+
+@pytest.mark.parametrize("rows", [2, 0], ids=["a batch", "an empty gradient"])
+def test_held_constants_change_no_value(rows: int):
+    held, plain, _, _ = _scalar_case(values_only=True)
+    x = np.random.default_rng(rows).normal(size=(rows, 3)).astype(np.float32)
+    for level in (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        got, want = (
+            ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+            for m in (held, plain)
+        )
+        assert got[0].tobytes() == want[0].tobytes()
+        assert got[0].shape == want[0].shape

@@ -26,13 +26,22 @@ CPU (bool, bfloat16, the 8- and 16-bit integers); a value of those, of rank
     none  = Cast(Slice(flat, [0], [0]), to=T)                   # no element, of x's type T, once g is made
     x'    = Concat(x, Reshape(none, [0, *Shape(x)[1:]]), axis=0)  # x, bit for bit
 
-Each costs one pass over ``x``. ``flat`` is a row, not a vector: onnx's
+Each costs one pass over ``x``. An element-wise copy that reads a constant
+of one element ``c`` (the ``3`` of ``Pow(x, 3)``, the ``0.5`` of
+``Mul(x, 0.5)``) reads ``c`` held instead, which costs one element, not a
+pass over ``x`` (GPT-2's GELU: two passes of 48 MiB per layer at 16 x 256):
+
+    c' = Reshape(Gather(Concat(first, [c]), -1), Shape(c))   # c, once g is made (c of g's type)
+    c' = Mul(c, one)                                          # (c of another float type)
+
+``flat`` is a row, not a vector: onnx's
 data propagation reads a 1-D ``Slice``'s input element by element, about
 70 bytes each, which for the gradient of a batch of 10**7 is gigabytes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, MutableMapping, Sequence
 
 import numpy as np
@@ -41,6 +50,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxtrain.graph.dtypes import is_float
 from onnxtrain.graph.naming import first_free
+from onnxtrain.graph.walk import constant_tensors
 
 INT64_MAX = int(np.iinfo(np.int64).max)
 
@@ -63,6 +73,7 @@ def hold_copies(
     small: Callable[[str], bool],
     taken: set[str],
     opset: int,
+    values_only: Callable[[onnx.NodeProto], bool] = lambda node: False,
 ) -> int:
     """Hold back each list of copies ``placed[p]`` (the copies to insert before ``backward[p]``, in an order
     they can run in) until a gradient ``backward[p]`` reads is made, in place; returns the number of holds.
@@ -77,7 +88,11 @@ def hold_copies(
     copy of the weight each step), then the first in the copy's input order.
     A copy with no such input is not held (its inputs are constants); one
     whose inputs are parameters alone (a weight transposed or cast to a half
-    type) holds a parameter. The gradient waited for: a float input of
+    type) holds a parameter. A copy that has such an input and reads its
+    inputs as values only (``values_only``: an element-wise operator, whose
+    output's shape no input's values decide) holds instead its first
+    constant of one element of a type in :data:`MULTIPLIED_TYPES`, where it
+    reads one. The gradient waited for: a float input of
     ``backward[p]`` made by an earlier backward node, else any input so
     made, else an output of ``backward[p - 1]``; copies placed before the
     first backward node are not held. Each hold goes right before its
@@ -95,6 +110,7 @@ def hold_copies(
     made_at = {name: index for index, node in enumerate(backward) for name in node.output if name}
     inputs = {value.name for value in graph.input}
     constants: dict[str, str] = {}
+    scalars = _one_element_constants(graph)
 
     def constant(role: str) -> str:
         """The initializer of ``role`` (:func:`_constant`), added to ``graph`` on first use."""
@@ -109,7 +125,7 @@ def hold_copies(
         gradient = _gradient_read(backward, index, made_at, elem_type)
         if gradient is None:
             continue
-        signals = _Signals(gradient, elem_type(gradient), constant, taken)
+        signals = _Signals(graph, gradient, elem_type(gradient), constant, taken)
         held: dict[str, str] = {}
         nodes: list[onnx.NodeProto] = []
         for copy in placed[index]:
@@ -118,8 +134,12 @@ def hold_copies(
                 if not candidates:  # made from constants: it may run early
                     nodes.append(copy)
                     continue
-                name = min(candidates, key=lambda name: (small(name), name in inputs))
-                if name not in held:
+                scalar = next((n for n in copy.input if n in scalars), None) if values_only(copy) else None
+                name = scalar or min(candidates, key=lambda name: (small(name), name in inputs))
+                if name not in held and name == scalar:
+                    held[name] = first_free(f"{name}.held", taken)
+                    nodes.extend(signals.constant(scalars[name], name, held[name], nodes))
+                elif name not in held:
                     held[name] = first_free(f"{name}.held", taken)
                     kind = elem_type(name)
                     if kind in MULTIPLIED_TYPES:
@@ -152,13 +172,28 @@ def _gradient_read(
     return earlier[0] if earlier else None
 
 
+def _one_element_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """``graph``'s constants of one element of a type in :data:`MULTIPLIED_TYPES`, by name, with their values."""
+    found = {}
+    for name, tensor in constant_tensors(graph).items():
+        stored = tensor.data_location != TensorProto.EXTERNAL
+        if stored and tensor.data_type in MULTIPLIED_TYPES and math.prod(tensor.dims) == 1:
+            found[name] = numpy_helper.to_array(tensor)
+    return found
+
+
 class _Signals:
     """The values one list of holds reads, made from ``gradient`` on first use (see the module docstring): the
     gradient flattened to a row, its first element (none where it is empty), ``True``, and 1 of each float type.
-    Each method appends the nodes it makes to ``nodes``."""
+    Each method appends the nodes it makes to ``nodes``; the constants they read go to ``graph``'s
+    initializers."""
 
-    def __init__(self, gradient: str, gradient_type: int | None, constant: Callable[[str], str], taken: set[str]):
+    def __init__(
+        self, graph: onnx.GraphProto, gradient: str, gradient_type: int | None, constant: Callable[[str], str],
+        taken: set[str],
+    ) -> None:  # fmt: skip
         self._gradient, self._type, self._constant, self._taken = gradient, gradient_type, constant, taken
+        self._initializers = graph.initializer
         self._made: dict[str, str] = {}
 
     def _out(self, role: str) -> str:
@@ -216,6 +251,24 @@ class _Signals:
             else:
                 nodes.append(helper.make_node("Cast", [self.true(nodes)], [one], name=one, to=elem_type))
         return self._made[role]
+
+    def constant(self, value: np.ndarray, name: str, held: str, nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+        """The nodes making ``held``: the constant ``name`` of one element ``value``, once the gradient is made
+        (see the module docstring); the signals they read are appended to ``nodes`` first."""
+        elem_type = helper.np_dtype_to_tensor_dtype(value.dtype)
+        if elem_type != self._type:
+            return [helper.make_node("Mul", [name, self.one(elem_type, nodes)], [held], name=held)]
+        row, dims = self._out("row"), self._out("dims")
+        pair, scalar = self._out("pair"), held if value.ndim == 0 else self._out("scalar")
+        self._initializers.append(numpy_helper.from_array(value.reshape(1), row))
+        made = [
+            helper.make_node("Concat", [self.first(nodes), row], [pair], name=pair, axis=0),
+            helper.make_node("Gather", [pair, self._constant("index")], [scalar], name=scalar, axis=0),
+        ]
+        if value.ndim:
+            self._initializers.append(numpy_helper.from_array(np.array(value.shape, np.int64), dims))
+            made.append(helper.make_node("Reshape", [scalar, dims], [held], name=held))
+        return made
 
 
 def _hold(

@@ -237,6 +237,7 @@ def _recompute(
             small=lambda name: not worth(original.get(name, name)),
             taken=taken,
             opset=opset_version(model) or 0,
+            values_only=_elementwise,
         )
     nodes = list(forward)
     for index, node in enumerate(backward):
