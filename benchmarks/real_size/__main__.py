@@ -204,10 +204,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         providers = ["CUDAExecutionProvider" if args.device == "cuda" else "CPUExecutionProvider"]
         if not args.no_static:
             figures[workload] = static.static_figures(artifacts, shapes, providers)
-            kernels[workload] = static.ort_kernels(static.fused_as_run(artifacts, shapes[0], providers), providers)
+            sized = static.shapes_for(static.step_models(artifacts)[0], *shapes[0])  # the bytes moved, at shapes[0]
+            run = static.fused_as_run(artifacts, shapes[0], providers)
+            kernels[workload] = {**static.ort_kernels(run, providers, sized), "shape": "x".join(map(str, shapes[0]))}
             if not static.folds_every_shape(providers):  # and as a GPU would run it, optimized for this CPU
                 on_gpu = static.fused_as_run(artifacts, shapes[0], ["CUDAExecutionProvider"])
-                kernels[workload]["as on a GPU"] = static.ort_kernels(on_gpu, providers)
+                kernels[workload]["as on a GPU"] = static.ort_kernels(on_gpu, providers, sized)
     if not args.static_only:
         for run in range(args.runs):
             order = frameworks[run % len(frameworks) :] + frameworks[: run % len(frameworks)]

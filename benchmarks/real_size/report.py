@@ -166,10 +166,11 @@ def static_table(static: Mapping[str, Mapping[str, Any]], kernels: Mapping[str, 
 def launches_table(results: Sequence[Mapping[str, Any]], kernels: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Per model, the operations one step launches on a device (:mod:`benchmarks.real_size.launches`):
     onnxtrain's fused step as run here (and as a GPU would run it, where this is not one), each PyTorch run's
-    ATen operations; the same on any machine."""
+    ATen operations, with the bytes each moves at a batch shape; the same on any machine."""
     lines = [
-        "| model | step | launching operations | aliases or views | of them multi-tensor | most frequent |",
-        "|---|---|---:|---:|---:|---|",
+        "| model | step | launching operations | aliases or views | of them multi-tensor | bytes moved | at | "
+        "most frequent |",
+        "|---|---|---:|---:|---:|---:|---|---|",
     ]
     for model, counted in kernels.items():
         for label, figures in (
@@ -179,7 +180,11 @@ def launches_table(results: Sequence[Mapping[str, Any]], kernels: Mapping[str, M
             ops = (figures or {}).get("launches")
             if ops:
                 top = ", ".join(f"{kind} {count:,}" for kind, count in ops["top"][:5])
-                lines.append(f"| {model} | {label} | {ops['launches']:,} | {ops['aliases']:,} | | {top} |")
+                moved = _bytes(ops.get("bytes"), ops.get("unsized", 0))
+                lines.append(
+                    f"| {model} | {label} | {ops['launches']:,} | {ops['aliases']:,} | | {moved} | "
+                    f"{counted.get('shape', 'n/a')} | {top} |"
+                )
     seen: set[tuple[str, str]] = set()
     for result in results:
         ops = result.get("launches")
@@ -189,9 +194,19 @@ def launches_table(results: Sequence[Mapping[str, Any]], kernels: Mapping[str, M
             top = ", ".join(f"{kind} {count:,}" for kind, count in ops["top"][:5])
             lines.append(
                 f"| {result['workload']} | {result['framework']} | {ops['launches']:,} | {ops['views']:,} | "
-                f"{ops['foreach']:,} | {top} |"
+                f"{ops['foreach']:,} | {_bytes(ops.get('bytes'))} | {result['batch']}x{result['seq']} | {top} |"
             )
     return lines if len(lines) > 2 else []
+
+
+def _bytes(value: int | None, unsized: int = 0) -> str:
+    """``value`` bytes in GB, MB or kB (powers of 10), with the count of the operations left out for a size not
+    known."""
+    if value is None:
+        return "n/a"
+    scale, unit = next(((s, u) for s, u in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB")) if value >= s), (1.0, "B"))
+    left_out = f" ({unsized:,} unsized)" if unsized else ""
+    return f"{value / scale:.2f} {unit}{left_out}"
 
 
 def render(

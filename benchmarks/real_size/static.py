@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 import warnings
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import onnx
 from benchmarks.real_size.launches import onnx_launches, operator_label
 from onnxtrain.artifacts.accumulation import LAZY_RESET_GRAD, buffer_name
 from onnxtrain.artifacts.fuse import FusedModel, fuse_update_and_train
-from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of
+from onnxtrain.artifacts.step_memory import LiveMemory, LiveTensor, step_memory, trainable_of, value_types
 from onnxtrain.artifacts.vectorize import ParameterUpdate, views_in_place
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes import fold_static_shapes
@@ -225,18 +225,26 @@ def in_place_pairs(updates: Sequence[ParameterUpdate]) -> dict[str, str]:
     return {name: out for u in updates for name, out in (u.parameter, u.gradient, *u.moments)}
 
 
-def ort_kernels(model: onnx.ModelProto, providers: Sequence[str] = ("CPUExecutionProvider",)) -> dict[str, Any]:
+def ort_kernels(
+    model: onnx.ModelProto,
+    providers: Sequence[str] = ("CPUExecutionProvider",),
+    shapes: Mapping[str, Sequence[int]] | None = None,
+) -> dict[str, Any]:
     """The nodes of ``model`` and of :func:`ort_optimized` of it: their counts, the latter's ten most frequent
     operators, and those of its nodes that launch work on a device
-    (:func:`~benchmarks.real_size.launches.onnx_launches`)."""
+    (:func:`~benchmarks.real_size.launches.onnx_launches`), with the bytes they move where the user inputs'
+    ``shapes`` are given."""
     optimized = ort_optimized(model, providers)
+    sizes = None
+    if shapes is not None:
+        sizes = {name: info.nbytes for name, info in value_types(optimized, shapes).items()}
     counts = Counter(operator_label(node) for node in optimized.graph.node)
     ranked = sorted(counts.items(), key=lambda item: -item[1])
     return {
         "nodes": len(optimized.graph.node),
         "emitted": len(model.graph.node),
         "top": ranked[:10],
-        "launches": onnx_launches(optimized),
+        "launches": onnx_launches(optimized, sizes),
     }
 
 

@@ -44,6 +44,9 @@ def test_the_tiny_gpt2_trains_in_both_frameworks_and_the_tables_come_out(tmp_pat
     here, on_gpu = kernels["launches"], kernels["as on a GPU"]["launches"]
     assert 0 < on_gpu["launches"] < here["launches"] == kernels["nodes"] - here["aliases"]
     assert theirs["launches"]["launches"] > 0 and theirs["launches"]["foreach"] > 0
+    # and the bytes they move at the first batch shape, every size known
+    assert kernels["shape"] == "2x8" and here["unsized"] == on_gpu["unsized"] == 0
+    assert here["bytes"] > 0 and on_gpu["bytes"] > 0 and theirs["launches"]["bytes"] > 0
     assert "Operations launched on a device per step" in text
     assert figures["fused"]["held_mib"]["moments"] == 2 * figures["fused"]["held_mib"]["parameters"]
     assert raw["kernels"]["gpt2-tiny"]["nodes"] < raw["kernels"]["gpt2-tiny"]["emitted"]
