@@ -43,7 +43,9 @@ from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.io import copy_model, load_light
 from onnxtrain.graph.passes import autocast
 from onnxtrain.graph.passes.cast_like import cast_like_to_cast
+from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
 from onnxtrain.graph.passes.static_shapes import fold_static_dims
+from onnxtrain.graph.passes.untie import untie_identity_copies
 from onnxtrain.graph.symbolic import with_symbolic_dims
 from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
 
@@ -203,6 +205,10 @@ def _build(
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
+    untie_identity_copies(proto)  # parameters the exporter stored once for their equal values: each its own
+    tied = transposed_copies(proto, data)  # a tied weight's transpose the exporter folded: read as computed again
+    _check_not_tied_copies(tied, requires, frozen)
+    tie_transposed_copies(proto, copies=tied)
     check_parameters(proto, requires, frozen)
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
     cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
@@ -266,6 +272,20 @@ def _build(
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
     return built
+
+
+def _check_not_tied_copies(tied: Mapping[str, str], requires: Sequence[str], frozen: Sequence[str]) -> None:
+    """``ValueError`` where ``requires_grad`` or ``frozen_params`` name one of the ``tied`` copies (``{copy:
+    weight}``), which the model reads as its weight transposed: the weight is the parameter to name."""
+    for argument, names in (("requires_grad", requires), ("frozen_params", frozen)):
+        named = [name for name in names if name in tied]
+        if named:
+            weights = [tied[name] for name in named]
+            raise ValueError(
+                f"{argument} names {named}, which the exporter computed as the transpose of {weights} (a weight "
+                f"the model reads twice, tied, as a language model's embedding and its head): it is trained as "
+                f"{weights}, tied as torch trains it; name {weights} instead"
+            )
 
 
 def _loss_scaling(option: bool | optim.LossScaling | None, precision: str) -> optim.LossScaling | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -318,6 +318,16 @@ class TensorData:
         index = int(next(entry.value for entry in tensor.external_data if entry.key == "offset"))
         return self.held[index]
 
+    def reaches(self, tensor: onnx.TensorProto) -> bool:
+        """Whether ``tensor``'s data is inline, a held tensor of this set, or in a file with a folder to find it
+        in (:meth:`check` checks the file)."""
+        if not uses_external_data(tensor):
+            return True
+        if location_of(tensor) == HELD_LOCATION:
+            index = next((entry.value for entry in tensor.external_data if entry.key == "offset"), "")
+            return index.isdigit() and int(index) < len(self.held)
+        return self.base_dir is not None
+
     def check(self, tensor: onnx.TensorProto, where: str = "") -> None:
         """``ValueError`` unless the data of ``tensor``, marked external, can be read (:func:`locate`), reading none."""
         if self._held(tensor) is None:
@@ -343,6 +353,26 @@ class TensorData:
             yield source.raw_data
         else:
             yield little_endian(numpy_helper.to_array(source))
+
+    def elements(
+        self, tensor: onnx.TensorProto, positions: Sequence[int], itemsize: int, where: str = ""
+    ) -> list[bytes]:
+        """The little-endian bytes of ``tensor``'s elements at the flat ``positions`` (``itemsize`` bytes each),
+        read one by one where the data is in a file; ``ValueError`` as :func:`locate` says."""
+        source = self._held(tensor)
+        if source is None and uses_external_data(tensor):
+            found = locate(tensor, self.base_dir, where)
+            with open(found.path, "rb") as file:
+                picked = []
+                for position in positions:
+                    file.seek(found.offset + position * itemsize)
+                    picked.append(file.read(itemsize))
+            if any(len(element) != itemsize for element in picked):
+                raise ValueError(f"{where}tensor {tensor.name!r}: {found.path} ended early (changed while reading)")
+            return picked
+        source = tensor if source is None else source
+        data = source.raw_data if source.HasField("raw_data") else little_endian(numpy_helper.to_array(source))
+        return [bytes(data[position * itemsize : (position + 1) * itemsize]) for position in positions]
 
     def loaded_header(self, tensor: onnx.TensorProto) -> onnx.TensorProto:
         """``tensor`` as :meth:`load` leaves it, without its ``raw_data`` (for a tensor :meth:`has_raw_data`)."""

@@ -72,11 +72,16 @@ import math
 import os
 from collections.abc import Iterator, Mapping
 from collections.abc import Set as AbstractSet
+from pathlib import Path
 from typing import Literal, NamedTuple
 
 import onnx
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.external import TensorData
+from onnxtrain.graph.io import skeleton
+from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
+from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
 from onnxtrain.graph.torch_metadata import signature_kinds
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes, subgraphs
@@ -189,9 +194,22 @@ class Use(NamedTuple):
 
 
 def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[str, Role]:
-    """``{initializer: role}`` for every initializer of ``model`` (a path is read without external data)."""
+    """``{initializer: role}`` for every initializer of ``model`` (a path is read without external data), read as
+    ``generate_artifacts`` reads the model: the parameters an exporter merged for their equal values untied
+    (:func:`~onnxtrain.graph.passes.untie.untie_identity_copies`), the transposes it folded of a tied weight
+    tied again (:func:`~onnxtrain.graph.passes.retie.tie_transposed_copies`: computed, no initializer)."""
+    folder = None
     if not isinstance(model, onnx.ModelProto):
+        folder = Path(model).parent
         model = onnx.load(os.fspath(model), load_external_data=False)
+    tied = transposed_copies(model, TensorData(base_dir=folder))
+    if tied or identity_copies(model):  # on a copy without the weights' values: the caller's model is not changed
+        model = tie_transposed_copies(untie_identity_copies(skeleton(model)), copies=tied)
+    return _roles(model)
+
+
+def _roles(model: onnx.ModelProto) -> dict[str, Role]:
+    """:func:`initializer_roles` of ``model`` as it is."""
     graph = model.graph
     tensors = {t.name: t for t in graph.initializer if dtypes.is_float(t.data_type)}
     stored = {t.name for t in graph.initializer}
@@ -404,8 +422,9 @@ def trainable_parameters(model: onnx.ModelProto | str | os.PathLike[str]) -> lis
 
 
 def running_statistics(model: onnx.ModelProto) -> list[str]:
-    """The initializers that are BatchNormalization running statistics, in initializer order."""
-    return [name for name, role in initializer_roles(model).items() if role == "running statistic"]
+    """The initializers of ``model`` as it is (generation's, untied and tied again: :func:`initializer_roles`)
+    that are BatchNormalization running statistics, in initializer order."""
+    return [name for name, role in _roles(model).items() if role == "running statistic"]
 
 
 def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iterator[Use]:

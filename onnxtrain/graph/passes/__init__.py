@@ -16,6 +16,9 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.identities.replace_identity_dropouts`: dropouts that drop nothing made identities,
   and :func:`~onnxtrain.graph.passes.identities.replace_zero_pads`: pads of zeros;
 - :func:`~onnxtrain.graph.passes.pad_fusion.fuse_pads_into_convs`: pads of zeros before convolutions made their pads;
+- :func:`~onnxtrain.graph.passes.untie.untie_identity_copies`: parameters an exporter merged for their equal values
+  given their own initializers, and :func:`~onnxtrain.graph.passes.retie.tie_transposed_copies`: a tied weight's
+  transpose that it folded into a constant read as computed again;
 - :func:`~onnxtrain.graph.passes.cast_like.cast_like_to_cast`: ``CastLike`` of a known type made a ``Cast``;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_elementwise`: element-wise activations recomputed, not kept;
 - :func:`~onnxtrain.graph.passes.recompute.recompute_from_checkpoints`: activation checkpointing, every activation
@@ -40,9 +43,11 @@ from onnxtrain.graph.passes.functions import expand_loss_functions
 from onnxtrain.graph.passes.identities import replace_identity_dropouts, replace_zero_pads
 from onnxtrain.graph.passes.pad_fusion import fuse_pads_into_convs
 from onnxtrain.graph.passes.recompute import recompute_elementwise, recompute_from_checkpoints
+from onnxtrain.graph.passes.retie import tie_transposed_copies
 from onnxtrain.graph.passes.shapes_early import read_shapes_early
 from onnxtrain.graph.passes.static_shapes import fold_static_shapes
 from onnxtrain.graph.passes.transposes import fold_transposes
+from onnxtrain.graph.passes.untie import untie_identity_copies
 from onnxtrain.graph.passes.unused import drop_unread_initializers, prune_unused_nodes
 
 __all__ = [
@@ -59,4 +64,6 @@ __all__ = [
     "recompute_from_checkpoints",
     "replace_identity_dropouts",
     "replace_zero_pads",
+    "tie_transposed_copies",
+    "untie_identity_copies",
 ]

@@ -1,0 +1,121 @@
+"""Parameters an exporter stored once for their equal values are trained apart, as torch trains them.
+
+torch's TorchScript exporter in its default evaluation mode (and Hugging Face
+Optimum through it) makes each parameter equal to an earlier one an
+``Identity`` of it: a fresh model's zero biases and unit LayerNorm scales all
+read one tensor. The promise: each becomes an initializer of its own, under
+its torch name, before the parameters are listed or trained; the model
+computes what it computed; nothing else is untied; the caller's model is not
+changed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+from onnxtrain import api, artifacts
+from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
+from tests.graph.inference_exports import assert_trains_as_torch, export_for_inference
+from tests.helpers import FLOAT, make_model, run_model
+
+
+def _merged() -> onnx.ModelProto:
+    """``y = ((x @ w + z) * p1 * one + p2``, ``p1`` and ``p2`` the exporter's ``Identity`` copies of ``one``
+    (ones) and ``z`` (zeros); ``w`` read through one ``Identity`` that alone reads it (a converter's read of a
+    variable); ``out``, an ``Identity`` of ``z`` that is a graph output."""
+    nodes = [
+        helper.make_node("Identity", ["z"], ["p2"], name="copy_p2"),
+        helper.make_node("Identity", ["one"], ["p1"], name="copy_p1"),
+        helper.make_node("Identity", ["w"], ["w_read"], name="read_w"),
+        helper.make_node("Identity", ["z"], ["out"], name="out_of_z"),
+        helper.make_node("MatMul", ["x", "w_read"], ["m"]),
+        helper.make_node("Add", ["m", "z"], ["h"]),
+        helper.make_node("Mul", ["h", "p1"], ["h1"]),
+        helper.make_node("Mul", ["h1", "one"], ["h2"]),
+        helper.make_node("Add", ["h2", "p2"], ["y"]),
+    ]
+    return make_model(
+        {"x": (FLOAT, ["n", 3])},
+        nodes,
+        {"y": (FLOAT, ["n", 3]), "out": (FLOAT, [3])},
+        [("z", np.zeros(3, np.float32)), ("one", np.ones(3, np.float32)), ("w", np.eye(3, dtype=np.float32) + 0.5)],
+    )
+
+
+def test_each_identity_copy_of_a_shared_initializer_becomes_an_initializer_of_its_own():
+    model = _merged()
+    assert identity_copies(model) == {"p2": "z", "p1": "one"}
+    before = model.SerializeToString()
+    untied = untie_identity_copies(onnx.load_from_string(before))
+    tensors = {t.name: numpy_helper.to_array(t) for t in untied.graph.initializer}
+    assert set(tensors) == {"z", "one", "w", "p1", "p2"}
+    np.testing.assert_array_equal(tensors["p2"], tensors["z"])
+    np.testing.assert_array_equal(tensors["p1"], tensors["one"])
+    kept = [(n.input[0], n.output[0]) for n in untied.graph.node if n.op_type == "Identity"]
+    assert kept == [("w", "w_read"), ("z", "out")]  # a lone read and a graph output stay
+    x = np.random.default_rng(0).normal(size=(2, 3)).astype(np.float32)
+    for got, want in zip(run_model(untied, {"x": x}), run_model(onnx.load_from_string(before), {"x": x}), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_initializer_only_copies_read_is_dropped_and_a_model_without_copies_is_unchanged():
+    nodes = [helper.make_node("Identity", ["b"], [name]) for name in ("b1", "b2")]
+    nodes.append(helper.make_node("Sum", ["x", "b1", "b2"], ["y"]))
+    model = make_model({"x": (FLOAT, [2])}, nodes, {"y": (FLOAT, [2])}, [("b", np.zeros(2, np.float32))])
+    untied = untie_identity_copies(model)
+    assert [t.name for t in untied.graph.initializer] == ["b1", "b2"]
+    assert [n.op_type for n in untied.graph.node] == ["Sum"]
+    plain = make_model({"x": (FLOAT, [2])}, [helper.make_node("Identity", ["x"], ["y"])])
+    assert untie_identity_copies(onnx.load_from_string(plain.SerializeToString())) == plain
+
+
+def test_the_parameters_are_listed_and_written_untied_and_the_callers_model_is_not_changed(tmp_path: Path):
+    """By path with external data (the copies read the same bytes) and from a ``ModelProto``."""
+    model = _merged()
+    before = model.SerializeToString()
+    assert artifacts.trainable_parameters(model) == ["z", "one", "w", "p2", "p1"]
+    assert model.SerializeToString() == before
+    path = tmp_path / "model.onnx"
+    stored = onnx.load_from_string(before)  # onnx.save moves the data of the model it is given
+    onnx.save(stored, str(path), save_as_external_data=True, all_tensors_to_one_file=True, size_threshold=0)
+    for source in (model, path):
+        paths = artifacts.generate_artifacts(
+            source, requires_grad=["p1", "p2", "z"], frozen_params=["one", "w"],
+            loss=artifacts.LossType.MSELoss, optimizer="SGD", artifact_directory=tmp_path / "artifacts",
+        )  # fmt: skip
+        state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+        np.testing.assert_array_equal(state.parameters["p1"].data, np.ones(3, np.float32))
+        np.testing.assert_array_equal(state.parameters["p2"].data, np.zeros(3, np.float32))
+    assert model.SerializeToString() == before
+
+
+def _fresh_module(torch):
+    """Two linear layers with zero biases and a LayerNorm: three zero vectors, equal when fresh."""
+
+    class Fresh(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.norm = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4), torch.nn.LayerNorm(4)
+            torch.nn.init.zeros_(self.a.bias)
+            torch.nn.init.zeros_(self.b.bias)
+
+        def forward(self, x):
+            return self.norm(self.b(torch.tanh(self.a(x))))
+
+    torch.manual_seed(0)
+    return Fresh()
+
+
+def test_a_fresh_model_exported_for_inference_trains_every_parameter_as_torch(tmp_path: Path):
+    torch = pytest.importorskip("torch")
+    module = _fresh_module(torch)
+    model = export_for_inference(module, torch.ones(2, 4), ["x"], ["y"])
+    assert identity_copies(model), "the exporter no longer merges equal parameters: the test needs a merge"
+    rng = np.random.default_rng(3)
+    batch = {"x": rng.normal(size=(5, 4)).astype(np.float32), "target": rng.normal(size=(5, 4)).astype(np.float32)}
+    assert_trains_as_torch(model, module, artifacts.LossType.MSELoss, torch.nn.functional.mse_loss, batch, tmp_path)
