@@ -1,4 +1,4 @@
-"""Parameters that torch's dynamo exporter changed for inference, said before they are trained.
+"""Parameters that torch's exporters changed for inference, said before they are trained.
 
 ``torch.onnx.export(..., dynamo=True)`` optimizes its graph for inference by
 default (``optimize=True``): it merges initializers of equal values, drops
@@ -9,6 +9,15 @@ initialisation (unit LayerNorm weights, zero biases) then trains differently
 from torch. :func:`warn_changed_parameters` says so when a trained
 initializer is involved; :func:`explain_missing` says why a parameter torch
 has is not in the graph.
+
+The TorchScript exporter (``dynamo=False``) in its default evaluation mode
+computes some convolution weights at export time: a ``BatchNormalization``
+merged into the convolution before it, a weight normalization applied. The
+layers they were computed from are gone from the graph, and the results are
+constants named ``onnx::Conv_N``: :func:`warn_folded_convolutions` says so
+when they are trained. (It also merges equal parameters and folds a tied
+weight's transpose; those are undone before training,
+:mod:`onnxtrain.graph.passes.untie` and :mod:`onnxtrain.graph.passes.retie`.)
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import onnx
 
 from onnxtrain import caller
 from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
+from onnxtrain.graph.versions import is_standard
 
 #: What to do about the changes, in every message.
 REMEDY = (
@@ -27,6 +37,14 @@ REMEDY = (
 )
 #: The changes listed by name in a warning, per kind.
 LISTED = 3
+#: How the TorchScript exporter names the constants it computes from parameters.
+GENERATED = "onnx::"
+#: The operators whose computed weights :func:`warn_folded_convolutions` names.
+CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
+#: How to export a model whose convolutions and normalizations train as torch's.
+TRAINING_EXPORT = (
+    "torch.onnx.export(..., dynamo=False, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)"
+)
 
 _MEANING: dict[Change, str] = {
     "merged": "parameters of equal values made one, which training ties",
@@ -62,6 +80,30 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
     )
 
 
+def warn_folded_convolutions(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    """A :class:`TorchExportWarning` naming the trained initializers that a convolution reads as its weight or
+    bias under a name the TorchScript exporter gives to the constants it computes (see the module docstring);
+    nothing otherwise."""
+    trained = {name for name in requires_grad if name.startswith(GENERATED)}
+    folded = [
+        name
+        for node in model.graph.node
+        if node.op_type in CONVOLUTIONS and is_standard(node)
+        for name in node.input[1:3]
+        if name in trained
+    ]
+    if not folded:
+        return
+    listed = ", ".join(dict.fromkeys(folded[: 2 * LISTED]))
+    caller.warn(
+        f"{listed}{' (and more)' if len(set(folded)) > 2 * LISTED else ''}: convolution weights that torch's "
+        "exporter computed for inference (a BatchNormalization merged into its convolution, a weight "
+        "normalization applied); they train as plain weights, without the layers they were computed from. To "
+        f"train torch's layers, export in training mode: {TRAINING_EXPORT}.",
+        TorchExportWarning,
+    )
+
+
 def explain_missing(model: onnx.ModelProto, name: str) -> str:
     """Why torch's parameter ``name`` is not an initializer of ``model``, where the exporter's changes say
     (``""`` otherwise)."""
@@ -83,4 +125,11 @@ def clause(change: ParameterChange) -> str:
     return f"{parameters} read as {', '.join(change.read_as)}" if change.read_as else parameters
 
 
-__all__ = ["REMEDY", "TorchExportWarning", "clause", "explain_missing", "warn_changed_parameters"]
+__all__ = [
+    "REMEDY",
+    "TorchExportWarning",
+    "clause",
+    "explain_missing",
+    "warn_changed_parameters",
+    "warn_folded_convolutions",
+]

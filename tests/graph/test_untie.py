@@ -11,6 +11,7 @@ changed.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -119,3 +120,29 @@ def test_a_fresh_model_exported_for_inference_trains_every_parameter_as_torch(tm
     rng = np.random.default_rng(3)
     batch = {"x": rng.normal(size=(5, 4)).astype(np.float32), "target": rng.normal(size=(5, 4)).astype(np.float32)}
     assert_trains_as_torch(model, module, artifacts.LossType.MSELoss, torch.nn.functional.mse_loss, batch, tmp_path)
+
+
+def test_convolutions_the_exporter_computed_for_inference_are_said_and_a_training_export_is_silent(
+    tmp_path: Path,
+):
+    """A ``BatchNorm2d`` after a convolution is merged into it when exported for inference: its weights become
+    constants ``onnx::Conv_N``, trained as plain weights. Exported for training, nothing is said."""
+    torch = pytest.importorskip("torch")
+    from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+    from tests.helpers import export_for_training
+
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.Flatten())
+    example = torch.ones(1, 2, 5, 5)
+    model = export_for_inference(module.eval(), example, ["x"], ["y"])
+    weights = artifacts.trainable_parameters(model)
+    assert not any(node.op_type == "BatchNormalization" for node in model.graph.node)
+    assert weights and all(name.startswith("onnx::Conv_") for name in weights), weights
+    with pytest.warns(TorchExportWarning, match=r"onnx::Conv_\d+.*computed for inference.*TrainingMode\.TRAINING"):
+        artifacts.build_artifacts(model, requires_grad=weights, loss=artifacts.LossType.MSELoss)
+    trained = export_for_training(module.train(), (example,), ["x"], ["y"], opset=17)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TorchExportWarning)
+        artifacts.build_artifacts(
+            trained, requires_grad=artifacts.trainable_parameters(trained), loss=artifacts.LossType.MSELoss
+        )
