@@ -145,7 +145,9 @@ def forward_model(spec: Spec, case: Case, mode: DimMode) -> Forward:
         node_inputs[extra.index] = name
         if extra.fed:
             extras[name] = value
-            inputs.append(helper.make_tensor_value_info(name, dtypes.to_elem_type(value.dtype), list(value.shape)))
+            unknown = {axis % value.ndim for axis in extra.unknown}
+            declared = [None if axis in unknown else size for axis, size in enumerate(value.shape)]
+            inputs.append(helper.make_tensor_value_info(name, dtypes.to_elem_type(value.dtype), declared))
         else:
             initializers.append(numpy_helper.from_array(value, name))
     outputs = [f"y{u}" for u in range(case.n_outputs)]

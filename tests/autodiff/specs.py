@@ -42,13 +42,15 @@ class Extra:
     """An extra (integer) node input: an initializer, or a graph input when ``fed``.
 
     ``value`` may be nested tuples (an N-D tensor); ``dtype`` defaults to int64
-    (``np.float32`` for float parameters such as Resize's scales).
+    (``np.float32`` for float parameters such as Resize's scales). ``unknown``:
+    the axes a fed input declares no size for (GatherND's index depth).
     """
 
     index: int
     value: tuple[Any, ...]
     fed: bool = False
     dtype: Any = None
+    unknown: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

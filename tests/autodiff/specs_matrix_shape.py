@@ -345,8 +345,9 @@ def gather_elements_cases(draw: st.DrawFn) -> Case:
 
 
 @st.composite
-def gather_nd_cases(draw: st.DrawFn) -> Case:
-    """batch_dims 0 or 1; index depth 1 to rank - batch_dims; repeated and negative indices."""
+def gather_nd_cases(draw: st.DrawFn, unknown_depth: bool = False) -> Case:
+    """batch_dims 0 or 1; index depth 1 to rank - batch_dims; repeated and negative indices. ``unknown_depth``:
+    the indices fed, their last dimension not declared."""
     shape = draw(_shape(1, 4, 1, 3))
     rank = len(shape)
     batch = draw(st.integers(0, min(1, rank - 1)))
@@ -357,12 +358,14 @@ def gather_nd_cases(draw: st.DrawFn) -> Case:
     coords = [rng.integers(-shape[batch + i], shape[batch + i], size=idx_shape) for i in range(depth)]
     indices = np.stack(coords, axis=-1)
     attrs = {"batch_dims": batch} if batch or draw(st.booleans()) else {}
-    return Case((shape,), _fixed(attrs), (Extra(1, _nested(indices), fed=draw(st.booleans())),))
+    fed = unknown_depth or draw(st.booleans())
+    return Case((shape,), _fixed(attrs), (Extra(1, _nested(indices), fed=fed, unknown=(-1,) * unknown_depth),))
 
 
 @st.composite
-def scatter_nd_cases(draw: st.DrawFn, reductions: Sequence[str]) -> Case:
-    """Distinct index tuples (for reduction 'none'), possibly negative; updates shaped to match."""
+def scatter_nd_cases(draw: st.DrawFn, reductions: Sequence[str], unknown_depth: bool = False) -> Case:
+    """Distinct index tuples (for reduction 'none'), possibly negative; updates shaped to match.
+    ``unknown_depth``: the indices fed, their last dimension not declared."""
     data = draw(_shape(1, 3, 1, 4))
     rank = len(data)
     depth = draw(st.integers(1, rank))
@@ -377,7 +380,9 @@ def scatter_nd_cases(draw: st.DrawFn, reductions: Sequence[str]) -> Case:
     coords = coords - np.asarray(data[:depth]) * (rng.random(coords.shape) < 0.3)
     updates = (*inner, *data[depth:])
     attrs = {"reduction": reduction} if reduction != "none" or (len(reductions) > 1 and draw(st.booleans())) else {}
-    return Case((data, updates), _fixed(attrs), (Extra(1, _nested(coords), fed=draw(st.booleans())),))
+    fed = unknown_depth or draw(st.booleans())
+    extra = Extra(1, _nested(coords), fed=fed, unknown=(-1,) * unknown_depth)
+    return Case((data, updates), _fixed(attrs), (extra,))
 
 
 @st.composite
@@ -580,6 +585,21 @@ SPECS: list[Spec] = [
     Spec("GatherElements", (Arg(),), gather_elements_cases(), opset=18, variant="opset18"),
     Spec("GatherND", (Arg(),), gather_nd_cases(), opset=13, variant="opset13"),
     Spec("GatherND", (Arg(),), gather_nd_cases(), opset=18, variant="opset18"),
+    # the index depth not declared: the gradients scatter element by element
+    Spec("GatherND", (Arg(),), gather_nd_cases(unknown_depth=True), opset=13, variant="opset13-unknown-depth"),
+    Spec("GatherND", (Arg(),), gather_nd_cases(unknown_depth=True), opset=18, variant="opset18-unknown-depth"),
+    *(
+        Spec(
+            "ScatterND",
+            (Arg(), Arg("sparse" if reductions == ["mul"] else "real")),
+            scatter_nd_cases(reductions, unknown_depth=True),
+            opset=18,
+            wiring=(0, None, 1),
+            valid=_no_close_values if reductions == ["max", "min"] else None,
+            variant=f"{'-'.join(reductions)}-unknown-depth",
+        )
+        for reductions in (["none", "add"], ["mul"], ["max", "min"])
+    ),
     Spec("ScatterND", (Arg(), Arg()), scatter_nd_cases(["none"]), opset=13, wiring=(0, None, 1), variant="opset13"),
     Spec(
         "ScatterND", (Arg(), Arg()), scatter_nd_cases(["none", "add"]), opset=18, wiring=(0, None, 1), variant="opset18"

@@ -9,9 +9,10 @@ scatter's gradient gathers (see
 :func:`~onnxtrain.autodiff.rules.backward_helpers.scatter_add_rows`).
 ``ScatterND``/``ScatterElements`` add only from opset 16 (``reduction="add"``),
 and the gradients scatter with ``ScatterElements`` over rows, ScatterND's own
-included (where its index depth is known): onnxruntime's CPU threads lose the
-additions, products, maxima and minima of ``ScatterND`` into a row that two of
-them share. Below
+included, or element by element where GatherND's or ScatterND's index depth is
+not known: onnxruntime's CPU threads lose the additions, products, maxima and
+minima of ``ScatterND`` into a row that two of them share. No gradient
+scatters with ``ScatterND``. Below
 opset 16, the updates of each distinct index are added up first (sorted by
 index with ``TopK``, a running ``CumSum`` in float64, and its differences at
 the ends of the runs of equal indices: memory linear in the number of
@@ -159,18 +160,20 @@ def _index_depth(ctx: RuleContext, indices: str) -> int | None:
 
 @registry.rule("GatherND", inputs=_DATA)
 def gather_nd(ctx: RuleContext, grads: Grads) -> Result:
-    """dx = g added into zeros(x) at idx, by rows of x  (batch_dims as leading index coordinates)"""
+    """dx = g added into zeros(x) at idx, by rows of x  (batch_dims as leading index coordinates)
+
+    Where the index depth (``indices``' last dimension) is unknown, each gathered element's flat position in
+    ``x`` is gathered the same way from the positions themselves, ``GatherND(arange(size(x)), idx)``, and ``g``
+    added at them element by element (an int64 tensor of ``x``'s size more; no ``ScatterND``, whose CPU
+    threads lose additions into a shared row).
+    """
     (g,) = grads
     x, indices = ctx.inputs
     batch = int(ctx.attr("batch_dims", 0))
     depth = _index_depth(ctx, indices)
     if depth is None:
-        if batch == 0 and ops.scatter_can_add(ctx.opset):  # ScatterND needs no depth (its CPU threads may race)
-            return [ctx.op("ScatterND", ctx.zeros_like(x, after=g), indices, g, reduction="add"), None]
-        raise ValueError(
-            f"the gradient of GatherND node {ctx.node.name!r} needs the last dimension of its indices "
-            f"{indices!r} (the index depth), which is unknown; give the indices a known last dimension"
-        )
+        sources = ctx.op("GatherND", dims.flat_positions(ctx, x), indices, batch_dims=batch)
+        return [scatter_add_flat(ctx, sources, g, x), None]
     count = batch + depth
     flat = _slice_positions(ctx, x, indices, batch, depth)
     summed = scatter_add_rows(ctx, flat, g, dims.dims_product(ctx, x, 0, count), x)
@@ -242,11 +245,18 @@ def scatter_nd(ctx: RuleContext, grads: Grads) -> Result:
     (g,) = grads
     indices = ctx.inputs[1]
     depth = _index_depth(ctx, indices)
-    if depth is None:  # ScatterND itself (whose CPU threads may race where positions repeat)
+    if depth is None:  # element by element, at the flat positions the indices select (see gather_nd)
+        data = ctx.inputs[0]
+        flat = ctx.op("Reshape", ctx.op("GatherND", dims.flat_positions(ctx, data), indices), ctx.int64s([-1]))
 
         def scatter(data: str, updates: str, reduction: str) -> str:
             extra = {} if reduction == "none" else {"reduction": reduction}
-            return ctx.op("ScatterND", data, indices, updates, **extra)
+            column = ctx.int64s([-1])
+            scattered = ctx.op(
+                "ScatterElements", ctx.op("Reshape", data, column), flat, ctx.op("Reshape", updates, column),
+                axis=0, **extra,
+            )  # fmt: skip
+            return ctx.op("Reshape", scattered, ctx.shape_of(data))
 
     else:
         rows = _slice_positions(ctx, ctx.inputs[0], indices, 0, depth)

@@ -79,12 +79,14 @@ def test_embedding_gradient_adds_repeated_rows(opset: int, form: str) -> None:
     np.testing.assert_array_equal(dtable, np.array([2, 3, 0, 1])[:, None] * np.ones((1, 3)))
 
 
-@pytest.mark.parametrize("op", ["Gather", "GatherND"])
-def test_repeated_rows_add_up_on_onnxruntimes_threads(op: str) -> None:
+@pytest.mark.parametrize(("op", "depth"), [("Gather", None), ("GatherND", 1), ("GatherND", "depth")])
+def test_repeated_rows_add_up_on_onnxruntimes_threads(op: str, depth: int | str | None) -> None:
     """2,048 ids over 1,000 rows of 256, each row read about twice, in a session of 2 and 4 threads, 5 runs
     each: the gradient is NumPy's sum of the rows. onnxruntime's CPU ``ScatterND(reduction="add")`` splits the
     updates between its threads and lost additions into a shared row (errors of 2.4-3.7 in most runs on 2
-    threads, onnxruntime 1.23 and 1.32); the rules scatter with ``ScatterElements``, which adds them all."""
+    threads, onnxruntime 1.23 and 1.32); the rules scatter with ``ScatterElements``, which adds them all.
+    GatherND's index depth declared (1) or not (``"depth"``: the rule cannot flatten by rows, and scatters each
+    element at its flat position)."""
     import onnxruntime as ort
 
     rows, width, count = 1000, 256, 2048
@@ -98,7 +100,8 @@ def test_repeated_rows_add_up_on_onnxruntimes_threads(op: str) -> None:
         helper.make_node("ReduceSum", ["ew"], ["loss"], keepdims=0),
     ]
     model = make_model(
-        {"table": (onnx.TensorProto.FLOAT, [rows, width]), "ids": (onnx.TensorProto.INT64, list(indices.shape)),
+        {"table": (onnx.TensorProto.FLOAT, [rows, width]),
+         "ids": (onnx.TensorProto.INT64, [count] if depth is None else [count, depth]),
          "w": (onnx.TensorProto.FLOAT, [count, width])},
         nodes, {"loss": (onnx.TensorProto.FLOAT, [])}, opset=18,
     )  # fmt: skip
@@ -115,13 +118,15 @@ def test_repeated_rows_add_up_on_onnxruntimes_threads(op: str) -> None:
             np.testing.assert_allclose(session.run(None, feeds)[1], want, atol=1e-5)
 
 
-def test_scatter_nd_products_on_onnxruntimes_threads() -> None:
+@pytest.mark.parametrize("depth", [1, "depth"], ids=["depth declared", "depth unknown"])
+def test_scatter_nd_products_on_onnxruntimes_threads(depth: int | str) -> None:
     """ScatterND(x, ids, u, reduction="mul") over 2,048 slices into 1,000 rows of 256 (each row written about
     twice, a tenth of the updates exactly 0), sessions of 1, 2 and 4 threads, 3 runs each: dx = w P and
     du = w x (the product of the row's other updates), as NumPy computes them. onnxruntime's CPU ``ScatterND``
     splits the updates between threads and loses products and sums into a shared slice (with it, the rule's
     products and counts of zeros were off by up to 1.6 in 88 elements on 2 threads, onnxruntime 1.32); the
-    rule scatters with ``ScatterElements``."""
+    rule scatters with ``ScatterElements``, by rows where the index depth is declared, else element by
+    element."""
     import onnxruntime as ort
 
     rows, width, count = 1000, 256, 2048
@@ -136,7 +141,7 @@ def test_scatter_nd_products_on_onnxruntimes_threads() -> None:
         helper.make_node("ReduceSum", ["yw"], ["loss"], keepdims=0),
     ]
     model = make_model(
-        {"x": (DOUBLE, [rows, width]), "ids": (onnx.TensorProto.INT64, [count, 1]), "u": (DOUBLE, [count, width]),
+        {"x": (DOUBLE, [rows, width]), "ids": (onnx.TensorProto.INT64, [count, depth]), "u": (DOUBLE, [count, width]),
          "w": (DOUBLE, [rows, width])},
         nodes, {"loss": (DOUBLE, [])}, opset=18,
     )  # fmt: skip
