@@ -15,9 +15,11 @@ computes some convolution weights at export time: a ``BatchNormalization``
 merged into the convolution before it, a weight normalization applied. The
 layers they were computed from are gone from the graph, and the results are
 constants named ``onnx::Conv_N``: :func:`warn_folded_convolutions` says so
-when they are trained. (It also merges equal parameters and folds a tied
-weight's transpose; those are undone before training,
-:mod:`onnxtrain.graph.passes.untie` and :mod:`onnxtrain.graph.passes.retie`.)
+when they are trained. It also merges parameters of equal values and folds
+a tied weight's transpose; those are undone before training
+(:mod:`onnxtrain.graph.passes.untie`, :mod:`onnxtrain.graph.passes.retie`),
+but for the constants it computed and merged, which stay one tensor:
+:func:`warn_merged_constants` says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import onnx
 
 from onnxtrain import caller
+from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
 from onnxtrain.graph.versions import is_standard
 
@@ -37,8 +40,6 @@ REMEDY = (
 )
 #: The changes listed by name in a warning, per kind.
 LISTED = 3
-#: How the TorchScript exporter names the constants it computes from parameters.
-GENERATED = "onnx::"
 #: The operators whose computed weights :func:`warn_folded_convolutions` names.
 CONVOLUTIONS = frozenset({"Conv", "ConvTranspose"})
 #: How to export a model whose convolutions and normalizations train as torch's.
@@ -104,6 +105,30 @@ def warn_folded_convolutions(model: onnx.ModelProto, requires_grad: Sequence[str
     )
 
 
+def warn_merged_constants(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    """A :class:`TorchExportWarning` naming each constant the TorchScript exporter computed that reads a trained
+    initializer through an ``Identity`` (:mod:`onnxtrain.graph.passes.untie` leaves those tied); nothing
+    otherwise."""
+    trained = set(requires_grad)
+    merged = [
+        f"{node.output[0]} is {node.input[0]}"
+        for node in model.graph.node
+        if node.op_type == "Identity" and is_standard(node) and node.input[0] in trained
+        and node.output[0].startswith(GENERATED)
+    ]  # fmt: skip
+    if not merged:
+        return
+    listed = "; ".join(merged[:LISTED]) + (f" (and {len(merged) - LISTED} more)" if len(merged) > LISTED else "")
+    caller.warn(
+        f"{listed}: torch's exporter merged constants of equal values that it computed from parameters (the "
+        "transposes of weights), and they train as one tensor. That is torch's training where one layer is "
+        "applied twice (ALBERT's shared layer), not where two layers were equal when exported "
+        "(nn.TransformerEncoder copies one layer to make its layers): to train those apart, export in training "
+        f"mode: {TRAINING_EXPORT}.",
+        TorchExportWarning,
+    )
+
+
 def explain_missing(model: onnx.ModelProto, name: str) -> str:
     """Why torch's parameter ``name`` is not an initializer of ``model``, where the exporter's changes say
     (``""`` otherwise)."""
@@ -132,4 +157,5 @@ __all__ = [
     "explain_missing",
     "warn_changed_parameters",
     "warn_folded_convolutions",
+    "warn_merged_constants",
 ]

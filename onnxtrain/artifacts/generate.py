@@ -276,11 +276,11 @@ def _build(
 
 def _check_not_tied_copies(tied: Mapping[str, str], requires: Sequence[str], frozen: Sequence[str]) -> None:
     """``ValueError`` where ``requires_grad`` or ``frozen_params`` name one of the ``tied`` copies (``{copy:
-    weight}``), which the model reads as its weight transposed: the weight is the parameter to name."""
+    weight}``), which the model reads as its weight transposed again: the weight is the parameter to name."""
     for argument, names in (("requires_grad", requires), ("frozen_params", frozen)):
         named = [name for name in names if name in tied]
         if named:
-            weights = [tied[name] for name in named]
+            weights = list(dict.fromkeys(tied[name] for name in named))
             raise ValueError(
                 f"{argument} names {named}, which the exporter computed as the transpose of {weights} (a weight "
                 f"the model reads twice, tied, as a language model's embedding and its head): it is trained as "

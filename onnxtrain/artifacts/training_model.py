@@ -20,7 +20,12 @@ import onnx
 from onnx import helper
 
 from onnxtrain import caller
-from onnxtrain.artifacts.exported_parameters import explain_missing, warn_changed_parameters, warn_folded_convolutions
+from onnxtrain.artifacts.exported_parameters import (
+    explain_missing,
+    warn_changed_parameters,
+    warn_folded_convolutions,
+    warn_merged_constants,
+)
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
@@ -296,6 +301,7 @@ def build_training_models(
     check_parameters(forward, requires_grad, frozen_params)
     warn_changed_parameters(forward, requires_grad)
     warn_folded_convolutions(forward, requires_grad)
+    warn_merged_constants(forward, requires_grad)
     requires_grad, frozen_params = statistics_as_parameters(forward, requires_grad, frozen_params)
     input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
     wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)

@@ -12,6 +12,8 @@ import onnx
 from onnxtrain.graph.walk import subgraphs
 
 _UNSAFE = re.compile(r"[^0-9A-Za-z_.:/-]+")
+#: How torch's TorchScript exporter begins the names of the constants it computes (``onnx::MatMul_658``).
+GENERATED = "onnx::"
 
 
 def names_in(graph: onnx.GraphProto) -> set[str]:

@@ -146,3 +146,43 @@ def test_convolutions_the_exporter_computed_for_inference_are_said_and_a_trainin
         artifacts.build_artifacts(
             trained, requires_grad=artifacts.trainable_parameters(trained), loss=artifacts.LossType.MSELoss
         )
+
+
+def test_a_layer_applied_twice_stays_one_weight_and_the_merge_is_said(tmp_path: Path):
+    """One ``Linear`` applied twice to a sequence: the exporter folds its weight's transpose at each application
+    and merges the two equal constants (``onnx::MatMul_N``, an ``Identity`` of the other). They stay one
+    weight, whose gradient is the sum of both uses, as torch's; generation says what it cannot tell apart
+    from two layers that were equal when exported."""
+    torch = pytest.importorskip("torch")
+    from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.layer(torch.tanh(self.layer(x)))))
+
+    torch.manual_seed(0)
+    module = Twice()
+    model = export_for_inference(module, torch.ones(2, 5, 4), ["x"], ["y"])
+    kept = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type == "Identity"]
+    assert len(kept) == 1 and all(name.startswith("onnx::") for name in kept[0]), kept
+    assert identity_copies(model) == {}
+    weights = artifacts.trainable_parameters(model)
+    assert len(weights) == len(list(module.parameters())) == 4
+    with pytest.warns(TorchExportWarning, match=rf"{kept[0][1]} is {kept[0][0]}.*apart, export in training mode"):
+        paths = artifacts.generate_artifacts(
+            model, requires_grad=weights, loss=artifacts.LossType.MSELoss, optimizer="SGD", artifact_directory=tmp_path
+        )
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    trained = api.Module(paths["training_model"], state, paths["eval_model"])
+    rng = np.random.default_rng(5)
+    x, target = rng.normal(size=(2, 5, 4)).astype(np.float32), rng.normal(size=(2, 5, 3)).astype(np.float32)
+    loss = float(np.asarray(trained(x, target)))
+    want = torch.nn.functional.mse_loss(module(torch.from_numpy(x)), torch.from_numpy(target))
+    want.backward()
+    np.testing.assert_allclose(loss, float(want.detach()), rtol=1e-6)
+    np.testing.assert_allclose(state.parameters[kept[0][0]].grad, module.layer.weight.grad.numpy().T, rtol=1e-5)
+    np.testing.assert_allclose(state.parameters["layer.bias"].grad, module.layer.bias.grad.numpy(), rtol=1e-5)

@@ -11,13 +11,18 @@ reads such a copy as ``Transpose(E)`` again, so that both uses train ``E``.
 
 A copy is recognised by value: a 2-D initializer ``C`` that equals the
 transpose of another, ``E``, of the same element type, at :data:`SAMPLES`
-positions spread over it (bit for bit), ``E``'s first elements included,
-where those values are not all one number (two zero matrices are not tied).
-Of the two, the copy is the one the exporter named (``onnx::...``), else
-the one listed later.
-Random weights are never equal by chance at that many positions; reading a
-few hundred elements keeps the check cheap for a model of gigabytes, whose
-data stays in its file.
+positions spread over it (bit for bit), the first elements included, where
+those values are not all one number (two zero matrices are not tied). Of the
+two, the copy is the one the exporter named (``onnx::...``), else the one
+listed later. Random weights are never equal by chance at that many
+positions; reading a few hundred elements keeps the check cheap for a model of
+gigabytes, whose data stays in its file.
+
+Equal copies are left alone: the exporter merges equal constants into one
+read through ``Identity`` nodes (:mod:`onnxtrain.graph.passes.untie`), and two
+initializers of equal values that it kept apart are two parameters that were
+equal when exported (``nn.TransformerEncoder`` copies one layer to make its
+layers), which torch trains apart.
 """
 
 from __future__ import annotations
@@ -28,40 +33,42 @@ from onnx import helper
 
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.external import TensorData
+from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.walk import all_nodes
 
 #: Positions at which a copy must equal the transpose of its source.
 SAMPLES = 256
-#: The first positions (row 0 of the source, and its first column through the copy's row 0) always sampled.
+#: The first elements of row 0 and of column 0 compared before any sample.
 FIRST = 4
-#: How torch's TorchScript exporter begins the names of the constants it computes.
-GENERATED = "onnx::"
+
+#: The first elements of a tensor's row 0 and of its column 0, as bytes.
+Corner = tuple[tuple[bytes, ...], tuple[bytes, ...]]
 
 
 def transposed_copies(model: onnx.ModelProto, data: TensorData | None = None) -> dict[str, str]:
-    """``{copy: source}`` for each 2-D floating-point initializer of ``model`` that holds the transpose of another
-    one (see the module docstring), both read by its nodes; ``data``: where the values are, for a light model
-    (inline values by default)."""
+    """``{copy: source}`` for each 2-D floating-point initializer of ``model`` that holds another one transposed
+    (see the module docstring), both read by its nodes; ``data``: where the values are, for a light model
+    (inline values by default). Each tensor is in one pair at most."""
     data = TensorData() if data is None else data
     graph = model.graph
     read = {name for node in all_nodes(graph) for name in node.input}
     tensors = [t for t in graph.initializer if len(t.dims) == 2 and dtypes.is_float(t.data_type) and t.name in read]
     shapes = {(t.data_type, *t.dims) for t in tensors}
     tensors = [t for t in tensors if (t.data_type, t.dims[1], t.dims[0]) in shapes]  # each with a partner to be
+    tensors.sort(key=lambda t: t.name.startswith(GENERATED))  # the exporter's constants are the copies
     corners = {t.name: corner for t in tensors if (corner := _corner(t, data)) is not None}
     tensors = [t for t in tensors if t.name in corners]  # those whose values can be read
     found: dict[str, str] = {}
     paired: set[str] = set()
-    for index, first in enumerate(tensors):
-        for second in tensors[index + 1 :]:
-            if tuple(second.dims) != tuple(first.dims[::-1]) or second.data_type != first.data_type:
+    for index, source in enumerate(tensors):
+        for copy in tensors[index + 1 :]:
+            if paired & {source.name, copy.name} or copy.data_type != source.data_type:
                 continue
-            if paired & {first.name, second.name} or corners[second.name] != corners[first.name][::-1]:
+            if tuple(copy.dims) != tuple(source.dims[::-1]) or corners[copy.name] != corners[source.name][::-1]:
                 continue  # the corners: row 0 and column 0 of one are column 0 and row 0 of the other
-            if _transposes(second, first, data):
-                copy, source = _which_is_the_copy(first.name, second.name)
-                found[copy] = source
-                paired.update((first.name, second.name))
+            if _transposes(copy, source, data):
+                found[copy.name] = source.name
+                paired.update((source.name, copy.name))
                 break
     return found
 
@@ -79,25 +86,13 @@ def tie_transposed_copies(
     for index in reversed(range(len(graph.initializer))):
         if graph.initializer[index].name in copies:
             del graph.initializer[index]
-    nodes = [
-        helper.make_node("Transpose", [source], [copy], name=f"{copy}.tied", perm=[1, 0])
-        for copy, source in copies.items()
-    ]
-    for position, node in enumerate(nodes):
+    for position, (copy, source) in enumerate(copies.items()):
+        node = helper.make_node("Transpose", [source], [copy], name=f"{copy}.tied", perm=[1, 0])
         graph.node.insert(position, node)
     return model
 
 
-def _which_is_the_copy(first: str, second: str) -> tuple[str, str]:
-    """``(copy, source)`` of a pair of initializers, ``first`` listed before ``second``: the copy is the one
-    named as torch's exporter names the constants it computes (``onnx::MatMul_658``) where one alone is, else
-    the later one (torch lists the parameters first)."""
-    if first.startswith(GENERATED) and not second.startswith(GENERATED):
-        return first, second
-    return second, first
-
-
-def _corner(tensor: onnx.TensorProto, data: TensorData) -> tuple[tuple[bytes, ...], tuple[bytes, ...]] | None:
+def _corner(tensor: onnx.TensorProto, data: TensorData) -> Corner | None:
     """The first :data:`FIRST` elements of ``tensor``'s row 0 and of its column 0, as bytes; ``None`` where its
     values cannot be read (a light model's, without where they are; a file that is not there)."""
     if not data.reaches(tensor):
@@ -128,4 +123,4 @@ def _transposes(copy: onnx.TensorProto, source: onnx.TensorProto, data: TensorDa
     return data.elements(copy, at_copy.tolist(), itemsize) == in_source
 
 
-__all__ = ["FIRST", "GENERATED", "SAMPLES", "tie_transposed_copies", "transposed_copies"]
+__all__ = ["FIRST", "SAMPLES", "tie_transposed_copies", "transposed_copies"]

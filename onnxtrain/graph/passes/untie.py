@@ -12,7 +12,13 @@ value under the name it has (a tensor stored outside the model is copied by
 reference: both read the same bytes until training writes them).
 
 An ``Identity`` of an initializer that nothing else reads (a converter's
-``read`` of a variable) shares nothing and is left as it is.
+``read`` of a variable) shares nothing and is left as it is. So is one the
+exporter named as a constant it computed (``onnx::MatMul_17``): it merges
+those by value too, and two equal constants computed from parameters are
+the one parameter read twice (a layer applied twice, as ALBERT's, whose
+weight's transpose is folded at each application) as often as two
+parameters equal when exported (copies of one layer, as
+``nn.TransformerEncoder`` makes); the graph keeps them tied, as exported.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ from collections import Counter
 import onnx
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes
 
 
 def identity_copies(model: onnx.ModelProto) -> dict[str, str]:
     """``{value: initializer}`` for each top-level ``Identity`` that copies a floating-point initializer which
-    another node reads too (:func:`untie_identity_copies` unties them); the graph's outputs are left out."""
+    another node reads too (:func:`untie_identity_copies` unties them); the graph's outputs and the exporter's
+    computed constants are left out."""
     graph = model.graph
     initializers = {t.name for t in graph.initializer if dtypes.is_float(t.data_type)}
     outputs = {value.name for value in graph.output}
@@ -42,6 +50,7 @@ def identity_copies(model: onnx.ModelProto) -> dict[str, str]:
         and node.input[0] in initializers
         and readers[node.input[0]] >= 2
         and node.output[0] not in outputs
+        and not node.output[0].startswith(GENERATED)
     }
 
 
