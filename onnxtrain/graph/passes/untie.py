@@ -70,9 +70,9 @@ def untie_identity_copies(model: onnx.ModelProto) -> onnx.ModelProto:
         tensor.CopyFrom(tensors[source])
         tensor.name = name
     read = {name for node in all_nodes(graph) for name in node.input} | {value.name for value in graph.output}
-    sources = set(copies.values())
+    unread = set(copies.values()) - read
     for index in reversed(range(len(graph.initializer))):  # in place: no tensor's data is copied
-        if graph.initializer[index].name in sources - read:
+        if graph.initializer[index].name in unread:
             del graph.initializer[index]
     return model
 
