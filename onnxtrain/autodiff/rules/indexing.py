@@ -12,7 +12,7 @@ and the gradients scatter with ``ScatterElements`` over rows, ScatterND's own
 included, or element by element where GatherND's or ScatterND's index depth is
 not known: onnxruntime's CPU threads lose the additions, products, maxima and
 minima of ``ScatterND`` into a row that two of them share. No gradient
-scatters with ``ScatterND``. Below
+scatters with a reducing ``ScatterND``. Below
 opset 16, the updates of each distinct index are added up first (sorted by
 index with ``TopK``, a running ``CumSum`` in float64, and its differences at
 the ends of the runs of equal indices: memory linear in the number of
