@@ -30,6 +30,7 @@ import onnx
 
 from onnxtrain import caller
 from onnxtrain.graph.naming import GENERATED
+from onnxtrain.graph.passes.untie import merged_constants
 from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
 from onnxtrain.graph.versions import is_standard
 
@@ -107,15 +108,10 @@ def warn_folded_convolutions(model: onnx.ModelProto, requires_grad: Sequence[str
 
 def warn_merged_constants(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
     """A :class:`TorchExportWarning` naming each constant the TorchScript exporter computed that reads a trained
-    initializer through an ``Identity`` (:mod:`onnxtrain.graph.passes.untie` leaves those tied); nothing
-    otherwise."""
+    initializer through an ``Identity``, left tied where the nodes' names do not tell one module from two
+    (:func:`~onnxtrain.graph.passes.untie.merged_constants`); nothing otherwise."""
     trained = set(requires_grad)
-    merged = [
-        f"{node.output[0]} is {node.input[0]}"
-        for node in model.graph.node
-        if node.op_type == "Identity" and is_standard(node) and node.input[0] in trained
-        and node.output[0].startswith(GENERATED)
-    ]  # fmt: skip
+    merged = [f"{copy} is {source}" for copy, source in merged_constants(model).items() if source in trained]
     if not merged:
         return
     listed = "; ".join(merged[:LISTED]) + (f" (and {len(merged) - LISTED} more)" if len(merged) > LISTED else "")

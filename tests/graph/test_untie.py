@@ -4,13 +4,17 @@ torch's TorchScript exporter in its default evaluation mode (and Hugging Face
 Optimum through it) makes each parameter equal to an earlier one an
 ``Identity`` of it: a fresh model's zero biases and unit LayerNorm scales all
 read one tensor. The promise: each becomes an initializer of its own, under
-its torch name, before the parameters are listed or trained; the model
-computes what it computed; nothing else is untied; the caller's model is not
-changed.
+its torch name, before the parameters are listed or trained; the constants
+the exporter computed and merged are untied where another module reads them
+and stay one where one module does (as the nodes' names say), and are said
+where the names do not tell; the model computes what it computed; nothing
+else is untied; the caller's model is not changed. Exports for inference of
+convolutions with BatchNorm merged in are said too.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from pathlib import Path
 
@@ -20,7 +24,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from onnxtrain import api, artifacts
-from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
+from onnxtrain.graph.passes.untie import identity_copies, merged_constants, untie_identity_copies
 from tests.graph.inference_exports import assert_trains_as_torch, export_for_inference
 from tests.helpers import FLOAT, make_model, run_model
 
@@ -148,31 +152,43 @@ def test_convolutions_the_exporter_computed_for_inference_are_said_and_a_trainin
         )
 
 
-def test_a_layer_applied_twice_stays_one_weight_and_the_merge_is_said(tmp_path: Path):
-    """One ``Linear`` applied twice to a sequence: the exporter folds its weight's transpose at each application
-    and merges the two equal constants (``onnx::MatMul_N``, an ``Identity`` of the other). They stay one
-    weight, whose gradient is the sum of both uses, as torch's; generation says what it cannot tell apart
-    from two layers that were equal when exported."""
-    torch = pytest.importorskip("torch")
-    from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+def _applied_twice(torch, copied: bool):
+    """A ``Linear`` applied twice to a sequence (``copied``: its copy applied the second time, as
+    ``nn.TransformerEncoder`` copies one layer to make its layers), then a head."""
 
     class Twice(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
             self.layer, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+            self.again = copy.deepcopy(self.layer) if copied else self.layer
 
         def forward(self, x):
-            return self.head(torch.tanh(self.layer(torch.tanh(self.layer(x)))))
+            return self.head(torch.tanh(self.again(torch.tanh(self.layer(x)))))
 
     torch.manual_seed(0)
-    module = Twice()
+    return Twice()
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["one layer applied twice", "a layer and its copy"])
+def test_the_exporters_merged_constants_stay_one_weight_where_one_module_reads_them(copied: bool, tmp_path: Path):
+    """The exporter folds the weight's transpose at each application and merges the two equal constants
+    (``onnx::MatMul_N``, an ``Identity`` of the other). Read by one module (``/layer/MatMul``,
+    ``/layer_1/MatMul``) they stay one weight, whose gradient is the sum of both uses; read by a module and its
+    copy (``/layer/MatMul``, ``/again/MatMul``) they are two, each with its own gradient, as torch's."""
+    torch = pytest.importorskip("torch")
+    module = _applied_twice(torch, copied)
     model = export_for_inference(module, torch.ones(2, 5, 4), ["x"], ["y"])
-    kept = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type == "Identity"]
-    assert len(kept) == 1 and all(name.startswith("onnx::") for name in kept[0]), kept
-    assert identity_copies(model) == {}
+    merged = [(n.input[0], n.output[0]) for n in model.graph.node if n.op_type == "Identity"]
+    constants = [pair for pair in merged if pair[1].startswith("onnx::")]
+    assert len(constants) == 1 and constants[0][0].startswith("onnx::"), merged
+    (source, copied_as), *_ = constants
+    biases = {"again.bias": "layer.bias"} if copied else {}  # the copy's bias too, a parameter of torch's
+    assert identity_copies(model) == ({copied_as: source, **biases} if copied else {})
+    assert merged_constants(model) == {}
     weights = artifacts.trainable_parameters(model)
-    assert len(weights) == len(list(module.parameters())) == 4
-    with pytest.warns(TorchExportWarning, match=rf"{kept[0][1]} is {kept[0][0]}.*apart, export in training mode"):
+    assert len(weights) == len(list(module.parameters())) == (6 if copied else 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing to say: the names tell
         paths = artifacts.generate_artifacts(
             model, requires_grad=weights, loss=artifacts.LossType.MSELoss, optimizer="SGD", artifact_directory=tmp_path
         )
@@ -184,5 +200,28 @@ def test_a_layer_applied_twice_stays_one_weight_and_the_merge_is_said(tmp_path: 
     want = torch.nn.functional.mse_loss(module(torch.from_numpy(x)), torch.from_numpy(target))
     want.backward()
     np.testing.assert_allclose(loss, float(want.detach()), rtol=1e-6)
-    np.testing.assert_allclose(state.parameters[kept[0][0]].grad, module.layer.weight.grad.numpy().T, rtol=1e-5)
-    np.testing.assert_allclose(state.parameters["layer.bias"].grad, module.layer.bias.grad.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(state.parameters[source].grad, module.layer.weight.grad.numpy().T, rtol=1e-5, atol=1e-7)
+    if copied:
+        np.testing.assert_allclose(
+            state.parameters[copied_as].grad, module.again.weight.grad.numpy().T, rtol=1e-5, atol=1e-7
+        )
+        np.testing.assert_allclose(
+            state.parameters["again.bias"].grad, module.again.bias.grad.numpy(), rtol=1e-5, atol=1e-7
+        )
+
+
+def test_merged_constants_whose_readers_names_tell_nothing_stay_tied_and_are_said():
+    """Nodes not named by module path: the merge cannot be told apart from a shared layer's, and is said."""
+    from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+
+    w = np.arange(9, dtype=np.float32).reshape(3, 3) / 7
+    nodes = [
+        helper.make_node("Identity", ["onnx::MatMul_1"], ["onnx::MatMul_2"]),
+        helper.make_node("MatMul", ["x", "onnx::MatMul_1"], ["h"], name="first"),
+        helper.make_node("MatMul", ["h", "onnx::MatMul_2"], ["y"], name="second"),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 3])}, nodes, {"y": (FLOAT, ["n", 3])}, [("onnx::MatMul_1", w)])
+    assert identity_copies(model) == {}
+    assert merged_constants(model) == {"onnx::MatMul_2": "onnx::MatMul_1"}
+    with pytest.warns(TorchExportWarning, match=r"onnx::MatMul_2 is onnx::MatMul_1.*export in training mode"):
+        artifacts.build_artifacts(model, requires_grad=["onnx::MatMul_1"], loss=artifacts.LossType.MSELoss)

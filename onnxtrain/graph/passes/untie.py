@@ -12,18 +12,24 @@ value under the name it has (a tensor stored outside the model is copied by
 reference: both read the same bytes until training writes them).
 
 An ``Identity`` of an initializer that nothing else reads (a converter's
-``read`` of a variable) shares nothing and is left as it is. So is one the
-exporter named as a constant it computed (``onnx::MatMul_17``): it merges
-those by value too, and two equal constants computed from parameters are
-the one parameter read twice (a layer applied twice, as ALBERT's, whose
-weight's transpose is folded at each application) as often as two
-parameters equal when exported (copies of one layer, as
-``nn.TransformerEncoder`` makes); the graph keeps them tied, as exported.
+``read`` of a variable) shares nothing and is left as it is. The exporter
+merges the constants it computes from parameters (``onnx::MatMul_17``, a
+weight's transpose) the same way, and two equal ones are either one module
+applied twice (ALBERT's shared layer: one parameter, which torch trains as
+one) or two modules that were equal when exported (``nn.TransformerEncoder``
+copies one layer to make its layers: torch trains them apart). The
+exporter's node names tell which: they are the module's path and the
+operator (``/layers.1/linear2/MatMul``), a module called again having a
+``_N`` appended to its name (``/.../ffn_output_1/MatMul``). A computed
+constant read by another module than its source is untied; one read by the
+same module stays tied; one whose readers' names say neither stays tied, and
+:func:`merged_constants` lists it (generation says so).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import re
+from collections.abc import Iterable
 
 import onnx
 
@@ -32,26 +38,62 @@ from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes
 
+#: The suffix the exporter appends to a module's name in its nodes' names when the module is called again.
+_REPEATED = re.compile(r"_\d+$")
+
 
 def identity_copies(model: onnx.ModelProto) -> dict[str, str]:
     """``{value: initializer}`` for each top-level ``Identity`` that copies a floating-point initializer which
-    another node reads too (:func:`untie_identity_copies` unties them); the graph's outputs and the exporter's
-    computed constants are left out."""
+    another node reads too, and which :func:`untie_identity_copies` unties (see the module docstring): the
+    graph's outputs are left out, and the exporter's computed constants but those another module reads."""
+    return {copy: source for copy, (source, apart) in _merged(model).items() if apart is True}
+
+
+def merged_constants(model: onnx.ModelProto) -> dict[str, str]:
+    """``{value: initializer}`` for each of the exporter's computed constants that an ``Identity`` copies from
+    another and whose readers' names do not tell whether they are one module (see the module docstring): left
+    tied."""
+    return {copy: source for copy, (source, apart) in _merged(model).items() if apart is None}
+
+
+def _merged(model: onnx.ModelProto) -> dict[str, tuple[str, bool | None]]:
+    """``{value: (initializer, apart)}`` for each top-level ``Identity`` (not a graph output) that copies a
+    floating-point initializer which another node reads too: ``apart`` whether the two are two parameters
+    (``True``), one (``False``) or not known (``None``), from the value's name and the readers' names."""
     graph = model.graph
     initializers = {t.name for t in graph.initializer if dtypes.is_float(t.data_type)}
     outputs = {value.name for value in graph.output}
-    readers = Counter(name for node in all_nodes(graph) for name in set(node.input) if name in initializers)
-    return {
-        node.output[0]: node.input[0]
-        for node in graph.node
-        if node.op_type == "Identity"
-        and is_standard(node)
-        and len(node.input) == 1
-        and node.input[0] in initializers
-        and readers[node.input[0]] >= 2
-        and node.output[0] not in outputs
-        and not node.output[0].startswith(GENERATED)
-    }
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in all_nodes(graph):
+        for name in dict.fromkeys(node.input):
+            readers.setdefault(name, []).append(node)
+    found: dict[str, tuple[str, bool | None]] = {}
+    for node in graph.node:
+        if node.op_type != "Identity" or not is_standard(node) or len(node.input) != 1:
+            continue
+        source, copy = node.input[0], node.output[0]
+        if source not in initializers or len(readers.get(source, ())) < 2 or copy in outputs:
+            continue
+        if not copy.startswith(GENERATED):  # a parameter of torch's, named so
+            found[copy] = (source, True)
+            continue
+        theirs = _modules(r for r in readers[source] if r.op_type != "Identity")
+        mine = _modules(readers.get(copy, ()))
+        found[copy] = (source, None if not (theirs and mine) else theirs.isdisjoint(mine))
+    return found
+
+
+def _modules(nodes: Iterable[onnx.NodeProto]) -> set[str] | None:
+    """The torch modules ``nodes`` belong to by their names (``/layers.1/linear2/MatMul_1``: ``layers.1/linear2``,
+    each name's ``_N`` of a repeated call dropped); ``None`` where a name is no module's path or there is no
+    node."""
+    modules = set()
+    for node in nodes:
+        path = node.name.split("/")
+        if len(path) < 3 or path[0]:  # "/<module>/.../<operator>"
+            return None
+        modules.add("/".join(_REPEATED.sub("", part) for part in path[1:-1]))
+    return modules or None
 
 
 def untie_identity_copies(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -77,4 +119,4 @@ def untie_identity_copies(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-__all__ = ["identity_copies", "untie_identity_copies"]
+__all__ = ["identity_copies", "merged_constants", "untie_identity_copies"]
