@@ -77,7 +77,7 @@ from typing import Literal, NamedTuple
 
 import onnx
 
-from onnxtrain.graph import dtypes
+from onnxtrain.graph import dtypes, wire
 from onnxtrain.graph.external import TensorData
 from onnxtrain.graph.io import skeleton
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
@@ -199,9 +199,9 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
     (:func:`~onnxtrain.graph.passes.untie.untie_identity_copies`), the transposes it folded of a tied weight
     tied again (:func:`~onnxtrain.graph.passes.retie.tie_transposed_copies`: computed, no initializer)."""
     folder = None
-    if not isinstance(model, onnx.ModelProto):
-        folder = Path(model).parent
-        model = onnx.load(os.fspath(model), load_external_data=False)
+    if not isinstance(model, onnx.ModelProto):  # its large inline weights refer to their bytes in the file, unread
+        path = Path(model).resolve()
+        folder, model = path.parent, wire.load_light(path)
     tied = transposed_copies(model, TensorData(base_dir=folder))
     if tied or identity_copies(model):  # on a copy without the weights' values: the caller's model is not changed
         model = tie_transposed_copies(untie_identity_copies(skeleton(model)), copies=tied)
