@@ -84,7 +84,7 @@ from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copie
 from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
 from onnxtrain.graph.torch_metadata import signature_kinds
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import all_nodes, subgraphs
+from onnxtrain.graph.walk import all_nodes, readers_of, subgraphs
 
 Role = Literal["weight", "constant", "running statistic"]
 
@@ -432,14 +432,11 @@ def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iter
     or scales by constants (:func:`_shifted_by_constant`), :data:`VIEWS` (the first input of each) and
     ``Concat``s of pieces none of which is ``variable`` (computed from the graph's inputs): views too, each
     also a use."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
+    readers = readers_of(all_nodes(graph))
     constants = {t.name for t in graph.initializer}
-    for node in all_nodes(graph):
-        for name in dict.fromkeys(node.input):
-            if name:
-                readers.setdefault(name, []).append(node)
-        if node.op_type == "Constant" and is_standard(node):
-            constants.update(node.output)
+    constants.update(
+        name for node in all_nodes(graph) if node.op_type == "Constant" and is_standard(node) for name in node.output
+    )
     for tensor in tensors:
         start = (tensor, False, False, False)
         frontier, seen = [start], {start}  # a value reached again another way is read again

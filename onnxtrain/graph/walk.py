@@ -8,7 +8,7 @@ subgraph reads without defining it is always a value of an enclosing scope.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import onnx
 
@@ -72,6 +72,23 @@ def constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
 def names_read(node: onnx.NodeProto) -> set[str]:
     """The values ``node`` reads: its inputs, and the outer values its subgraphs read, at any depth."""
     return {name for name in node.input if name} | subgraph_references(node)
+
+
+def inputs_read(node: onnx.NodeProto) -> list[str]:
+    """``node``'s inputs, each once, in order, without the empty names of inputs left out."""
+    return list(dict.fromkeys(name for name in node.input if name))
+
+
+def readers_of(
+    nodes: Iterable[onnx.NodeProto], read: Callable[[onnx.NodeProto], Iterable[str]] = inputs_read
+) -> dict[str, list[onnx.NodeProto]]:
+    r"""``{value: the nodes that read it}``, in the order of ``nodes``, each node once per value it ``read``\ s
+    (by default its inputs, :func:`inputs_read`; :func:`names_read` adds what its subgraphs read)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in nodes:
+        for name in read(node):
+            readers.setdefault(name, []).append(node)
+    return readers
 
 
 def rename_references(node: onnx.NodeProto, renames: Mapping[str, str]) -> None:
@@ -143,10 +160,12 @@ def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
 __all__ = [
     "all_nodes",
     "constant_tensors",
+    "inputs_read",
     "names_read",
     "needed_nodes",
     "node_label",
     "outer_references",
+    "readers_of",
     "rename_references",
     "rename_values",
     "subgraph_references",

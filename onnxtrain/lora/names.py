@@ -29,6 +29,7 @@ import onnx
 from onnxtrain.graph.naming import matches
 from onnxtrain.graph.torch_metadata import module_path
 from onnxtrain.graph.versions import is_standard
+from onnxtrain.graph.walk import readers_of
 
 #: The nodes whose output stands for the weight they read (their readers name the weight too).
 _PASS_THROUGH = ("Transpose", "DequantizeLinear")
@@ -49,11 +50,7 @@ class KnownAs:
 
 def names_of_initializers(graph: onnx.GraphProto) -> dict[str, KnownAs]:
     """``{initializer: the names it is known by}`` for the top-level graph."""
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            if name:
-                readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node)
     known: dict[str, KnownAs] = {}
     for tensor in graph.initializer:
         nodes = list(readers.get(tensor.name, []))

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import onnx
 
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import names_read
+from onnxtrain.graph.walk import names_read, readers_of
 
 #: Operators whose output element ``i`` depends on input element ``i`` only (same shapes), so that the
 #: output may overwrite an input of the same shape while the kernel runs.
@@ -32,10 +32,7 @@ ELEMENT_WISE = frozenset(
 def unsafe_in_place(graph: onnx.GraphProto, pairs: Mapping[str, str]) -> dict[str, str]:
     """``{input: why}`` for the pairs ``{input: output}`` whose output may not overwrite the input's buffer."""
     producers = {name: node for node in graph.node for name in node.output if name}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in names_read(node):
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node, names_read)
     outputs = {value.name for value in graph.output}
     inputs = {value.name for value in graph.input}
     unsafe: dict[str, str] = {}

@@ -34,7 +34,7 @@ from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import names_read, rename_values, subgraphs
+from onnxtrain.graph.walk import names_read, readers_of, rename_values, subgraphs
 
 Mode = Literal["half", "float32"]
 
@@ -200,10 +200,7 @@ def half_parameters(model: onnx.ModelProto) -> int:
     under the cast's output, the cast removed, in place (an inference model's weights at half their size).
     Returns how many were converted."""
     graph = model.graph
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in names_read(node):
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node, names_read)
     outputs = {value.name for value in graph.output}
     converted: dict[str, onnx.TensorProto] = {}
     dropped: set[int] = set()

@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import constant_tensors
+from onnxtrain.graph.walk import constant_tensors, readers_of
 
 
 def fuse_pads_into_convs(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -31,10 +31,7 @@ def fuse_pads_into_convs(model: onnx.ModelProto) -> onnx.ModelProto:
     with its pads increased by the ``Pad``'s, and the ``Pad`` is removed."""
     graph = model.graph
     constants = constant_tensors(graph)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(graph.node)
     outputs = {value.name for value in graph.output}
     removed = set()
     for position, node in enumerate(graph.node):
