@@ -35,8 +35,9 @@ import onnx
 
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.naming import GENERATED
+from onnxtrain.graph.torch_metadata import module_path
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import all_nodes
+from onnxtrain.graph.walk import all_nodes, readers_of
 
 #: The suffix the exporter appends to a module's name in its nodes' names when the module is called again.
 _REPEATED = re.compile(r"_\d+$")
@@ -63,10 +64,7 @@ def _merged(model: onnx.ModelProto) -> dict[str, tuple[str, bool | None]]:
     graph = model.graph
     initializers = {t.name for t in graph.initializer if dtypes.is_float(t.data_type)}
     outputs = {value.name for value in graph.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in all_nodes(graph):
-        for name in dict.fromkeys(node.input):
-            readers.setdefault(name, []).append(node)
+    readers = readers_of(all_nodes(graph))
     found: dict[str, tuple[str, bool | None]] = {}
     for node in graph.node:
         if node.op_type != "Identity" or not is_standard(node) or len(node.input) != 1:
@@ -84,16 +82,11 @@ def _merged(model: onnx.ModelProto) -> dict[str, tuple[str, bool | None]]:
 
 
 def _modules(nodes: Iterable[onnx.NodeProto]) -> set[str] | None:
-    """The torch modules ``nodes`` belong to by their names (``/layers.1/linear2/MatMul_1``: ``layers.1/linear2``,
-    each name's ``_N`` of a repeated call dropped); ``None`` where a name is no module's path or there is no
-    node."""
-    modules = set()
-    for node in nodes:
-        path = node.name.split("/")
-        if len(path) < 3 or path[0]:  # "/<module>/.../<operator>"
-            return None
-        modules.add("/".join(_REPEATED.sub("", part) for part in path[1:-1]))
-    return modules or None
+    """The torch modules ``nodes`` belong to (:func:`~onnxtrain.graph.torch_metadata.module_path`:
+    ``/layers.1/linear2/MatMul_1`` is ``layers.1.linear2``), each name's ``_N`` of a repeated call dropped;
+    ``None`` where a node belongs to none or there is no node."""
+    modules = {".".join(_REPEATED.sub("", part) for part in module_path(node).split(".")) for node in nodes}
+    return None if not modules or "" in modules else modules
 
 
 def untie_identity_copies(model: onnx.ModelProto) -> onnx.ModelProto:
