@@ -299,6 +299,14 @@ def location_of(tensor: onnx.TensorProto) -> str:
     return next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
 
 
+def _held_index(tensor: onnx.TensorProto) -> int | None:
+    """The index in :attr:`TensorData.held` that ``tensor``, a held stub (:func:`held_stub`), stands for;
+    ``None`` for any other tensor."""
+    if not uses_external_data(tensor) or location_of(tensor) != HELD_LOCATION:
+        return None
+    return int(next(entry.value for entry in tensor.external_data if entry.key == "offset"))
+
+
 @dataclass(frozen=True)
 class TensorData:
     """Where the data of a light model's external tensors is, and its reader.
@@ -313,19 +321,17 @@ class TensorData:
     held: tuple[onnx.TensorProto, ...] = ()
 
     def _held(self, tensor: onnx.TensorProto) -> onnx.TensorProto | None:
-        if not uses_external_data(tensor) or location_of(tensor) != HELD_LOCATION:
-            return None
-        index = int(next(entry.value for entry in tensor.external_data if entry.key == "offset"))
-        return self.held[index]
+        index = _held_index(tensor)
+        return None if index is None else self.held[index]
 
     def reaches(self, tensor: onnx.TensorProto) -> bool:
         """Whether ``tensor``'s data is inline, a held tensor of this set, or in a file with a folder to find it
         in (:meth:`check` checks the file)."""
         if not uses_external_data(tensor):
             return True
-        if location_of(tensor) == HELD_LOCATION:
-            index = next((entry.value for entry in tensor.external_data if entry.key == "offset"), "")
-            return index.isdigit() and int(index) < len(self.held)
+        index = _held_index(tensor)
+        if index is not None:
+            return index < len(self.held)
         return self.base_dir is not None
 
     def check(self, tensor: onnx.TensorProto, where: str = "") -> None:
