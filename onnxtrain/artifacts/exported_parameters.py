@@ -70,9 +70,7 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
     for kind in ("merged", "dropped", "folded"):
         of_kind = [change for change in changes if change.change == kind]
         if of_kind:
-            listed = "; ".join(clause(change) for change in of_kind[:LISTED])
-            more = f" (and {len(of_kind) - LISTED} more)" if len(of_kind) > LISTED else ""
-            lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {listed}{more}.")
+            lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {_listed([clause(c) for c in of_kind])}.")
     caller.warn(
         "torch.onnx.export's optimizer (dynamo=True, optimize=True: its default) changed parameters of this model "
         "for inference: training it does not train torch's parameters as torch does.\n"
@@ -96,9 +94,8 @@ def warn_folded_convolutions(model: onnx.ModelProto, requires_grad: Sequence[str
     ]
     if not folded:
         return
-    listed = ", ".join(dict.fromkeys(folded[: 2 * LISTED]))
     caller.warn(
-        f"{listed}{' (and more)' if len(set(folded)) > 2 * LISTED else ''}: convolution weights that torch's "
+        f"{_listed(list(dict.fromkeys(folded)), 2 * LISTED, ', ')}: convolution weights that torch's "
         "exporter computed for inference (a BatchNormalization merged into its convolution, a weight "
         "normalization applied); they train as plain weights, without the layers they were computed from. To "
         f"train torch's layers, export in training mode: {TRAINING_EXPORT}.",
@@ -114,15 +111,20 @@ def warn_merged_constants(model: onnx.ModelProto, requires_grad: Sequence[str]) 
     merged = [f"{copy} is {source}" for copy, source in merged_constants(model).items() if source in trained]
     if not merged:
         return
-    listed = "; ".join(merged[:LISTED]) + (f" (and {len(merged) - LISTED} more)" if len(merged) > LISTED else "")
     caller.warn(
-        f"{listed}: torch's exporter merged constants of equal values that it computed from parameters (the "
+        f"{_listed(merged)}: torch's exporter merged constants of equal values that it computed from parameters (the "
         "transposes of weights), and they train as one tensor. That is torch's training where one layer is "
         "applied twice (ALBERT's shared layer), not where two layers were equal when exported "
         "(nn.TransformerEncoder copies one layer to make its layers): to train those apart, export in training "
         f"mode: {TRAINING_EXPORT}.",
         TorchExportWarning,
     )
+
+
+def _listed(items: Sequence[str], count: int = LISTED, separator: str = "; ") -> str:
+    """The first ``count`` of ``items`` joined by ``separator``, and how many more there are."""
+    more = f" (and {len(items) - count} more)" if len(items) > count else ""
+    return separator.join(items[:count]) + more
 
 
 def explain_missing(model: onnx.ModelProto, name: str) -> str:
