@@ -205,10 +205,11 @@ def _build(
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
-    untie_identity_copies(proto)  # parameters the exporter stored once for their equal values: each its own
-    tied = transposed_copies(proto, data)  # a tied weight's transpose the exporter folded: read as computed again
+    # parameters the exporter stored once for their equal values, each its own; a tied weight's transpose that it
+    # folded, read as computed again (in initializer_roles' order, so that both see the same parameters)
+    tied = transposed_copies(proto, data)
     _check_not_tied_copies(tied, requires, frozen)
-    tie_transposed_copies(proto, copies=tied)
+    tie_transposed_copies(untie_identity_copies(proto), copies=tied)
     check_parameters(proto, requires, frozen)
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
     cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
