@@ -156,6 +156,20 @@ def coverage_markdown(registry: GradientRegistry | None = None) -> str:
         "|---|---|---|",
     ]
     lines += [f"| {row.domain or 'ai.onnx'} | {row.op_type} | {row.opsets} |" for row in stops]
+    pairs = registry.straight_through_pairs()
+    if pairs:
+        lines += [
+            "",
+            "## Straight-through pairs",
+            "",
+            "The first operator has no rule of its own: where the second reads each of its outputs, and nothing",
+            "else does, the second's rule differentiates the pair (the straight-through estimator of",
+            "quantization-aware training); where anything else reads them, the first has no gradient rule.",
+            "",
+            "| Domain | Operator | Read by |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {domain or 'ai.onnx'} | {op} | {reader} |" for (domain, op), reader in sorted(pairs.items())]
     return "\n".join(lines) + "\n"
 
 

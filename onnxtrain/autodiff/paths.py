@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.autodiff.registry import GradientRegistry, Rule
+from onnxtrain.autodiff.registry import GradientRegistry, Rule, domain_key
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.walk import node_label, subgraph_references, topological_order
+from onnxtrain.graph.walk import names_read, node_label, readers_of, subgraph_references, topological_order
 
 
 @dataclass
@@ -115,6 +115,23 @@ def carries_float(type_proto: onnx.TypeProto | None) -> bool:
     return False
 
 
+def _passes_straight_through(
+    node: onnx.NodeProto, registry: GradientRegistry, readers: dict[str, list[onnx.NodeProto]], outputs: set[str]
+) -> bool:
+    """Whether ``node`` is the first of a straight-through pair (:meth:`GradientRegistry.straight_through`): each of
+    its outputs is read, and only by the pair's second operator, and none is an output of the graph."""
+    reader = registry.straight_through_reader(node.op_type, node.domain)
+    if reader is None:
+        return False
+    names = [name for name in node.output if name]
+    return all(
+        name not in outputs
+        and readers.get(name)
+        and all(r.op_type == reader and domain_key(r.domain) == domain_key(node.domain) for r in readers[name])
+        for name in names
+    )
+
+
 def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[str], registry: GradientRegistry) -> Path:
     """The nodes to differentiate to get ``d loss / d wrt`` (see the module docstring).
 
@@ -126,6 +143,8 @@ def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[st
     order = topological_order(nodes)
     forward = set(wrt)
     candidates: list[PathNode] = []
+    readers = readers_of(nodes, names_read)
+    outputs = {value.name for value in model.graph.output}
     for i in order:
         node = nodes[i]
         if registry.is_non_differentiable(node.op_type, node.domain):
@@ -136,6 +155,9 @@ def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[st
             name in forward and (rule is None or rule.differentiable(k)) for k, name in enumerate(node.input)
         ) or bool(subgraph_references(node) & forward)
         if not reached:
+            continue
+        if _passes_straight_through(node, registry, readers, outputs):  # its reader differentiates it
+            forward.update(name for name in node.output if name)
             continue
         candidates.append(PathNode(i, node, opset, rule))
         forward.update(name for name in node.output if name and _is_float_or_unknown(builder, name))

@@ -20,7 +20,11 @@ Family helpers make most rules one line, in the manner of JAX's ``deflinear``:
 
 Operators declared *non-differentiable* (``Shape``, ``Floor``, comparisons, ...)
 stop the gradient; an operator with *no rule* on the path to the loss is an
-error. The built-in registry (:func:`onnxtrain.autodiff.rules.builtin_registry`)
+error. A *straight-through* pair (:meth:`~GradientRegistry.straight_through`:
+``QuantizeLinear`` read by ``DequantizeLinear``) carries the path through the
+first's integer outputs into the second, whose rule differentiates both.
+
+The built-in registry (:func:`onnxtrain.autodiff.rules.builtin_registry`)
 is built and frozen by the package of the rules, which registers into it; this
 module knows nothing of them. Extend a :meth:`~GradientRegistry.copy` of it for
 custom operators.
@@ -112,6 +116,7 @@ class GradientRegistry:
     def __init__(self) -> None:
         self._rules: dict[tuple[str, str], list[Rule]] = {}
         self._non_differentiable: set[tuple[str, str]] = set()
+        self._straight_through: dict[tuple[str, str], str] = {}
         self._frozen = False
 
     # ------------------------------------------------------------ registering
@@ -182,6 +187,16 @@ class GradientRegistry:
                 raise ValueError(f"{_label(key)} has a gradient rule; it cannot also be non-differentiable")
             self._non_differentiable.add(key)
 
+    def straight_through(self, producer: str, reader: str, *, domain: str = "") -> None:
+        """Declare ``domain::producer``'s outputs, of any type, on the path where ``domain::reader`` reads each of them
+        and nothing else does: ``producer`` is then not differentiated itself, and ``reader``'s rule gives the
+        gradient of the pair to ``producer``'s inputs (:meth:`RuleContext.contribute
+        <onnxtrain.autodiff.context.RuleContext.contribute>`). A straight-through estimator: ``QuantizeLinear``'s
+        integer codes read by ``DequantizeLinear``. Where another operator reads them, ``producer`` needs a rule as
+        any operator does."""
+        self._check_mutable(f"declare {producer} straight-through")
+        self._straight_through[(domain_key(domain), producer)] = reader
+
     # ------------------------------------------------------------ rule families
 
     def unary(self, op_type: str, formula: str, gradient: UnaryGradient, *, opsets: OpsetRange | None = None) -> RuleFn:
@@ -240,6 +255,7 @@ class GradientRegistry:
         other = GradientRegistry()
         other._rules = {key: list(rules) for key, rules in self._rules.items()}
         other._non_differentiable = set(self._non_differentiable)
+        other._straight_through = dict(self._straight_through)
         return other
 
     def freeze(self) -> GradientRegistry:
@@ -260,6 +276,11 @@ class GradientRegistry:
         """Whether ``domain::op_type`` was declared non-differentiable."""
         return (domain_key(domain), op_type) in self._non_differentiable
 
+    def straight_through_reader(self, op_type: str, domain: str = "") -> str | None:
+        """The operator (of the same domain) that differentiates ``domain::op_type`` with itself where it reads each
+        of its outputs alone (:meth:`straight_through`), else ``None``."""
+        return self._straight_through.get((domain_key(domain), op_type))
+
     def rules(self) -> list[Rule]:
         """Every registered rule, sorted by domain, operator and opset."""
         return sorted(
@@ -273,6 +294,10 @@ class GradientRegistry:
     def non_differentiable_operators(self) -> set[tuple[str, str]]:
         """The (domain, op_type) pairs declared non-differentiable."""
         return set(self._non_differentiable)
+
+    def straight_through_pairs(self) -> dict[tuple[str, str], str]:
+        """``{(domain, producer): reader}`` for each pair declared with :meth:`straight_through`."""
+        return dict(self._straight_through)
 
 
 def _python_name(op_type: str) -> str:

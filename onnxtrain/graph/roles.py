@@ -9,7 +9,8 @@ graph reads it, after any ``Identity``, ``Cast`` or ``Transpose`` (an export
 in training mode reads ``Linear``'s weight through a ``Transpose``), any
 offset or scale by a constant (Gemma's RMSNorm multiplies by ``1 + w``) and
 any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
-``-exp(A_log)``; Swin v2's clamped temperature):
+``-exp(A_log)``; Swin v2's clamped temperature) and any fake quantization
+(``QuantizeLinear`` -> ``DequantizeLinear``, a QDQ model's float weight):
 
 - **running statistic**: the mean or variance input (3, 4) of a
   ``BatchNormalization``. Never trained by the optimizer; a training-mode
@@ -131,8 +132,9 @@ SCALING = frozenset({"Mul", "Div"})
 PASS_THROUGH = frozenset({"Identity", "Cast", "Transpose"})
 #: Operators a weight may be read through as their first input, read where their result is: a decay stored as its
 #: logarithm (Mamba's ``A = -exp(A_log)``, RWKV's ``-exp(time_decay)``), a bounded temperature (Swin v2's
-#: ``exp(clamp(logit_scale, max=log 100))``).
-MAPPED_THROUGH = frozenset({"Exp", "Neg", "Clip"})
+#: ``exp(clamp(logit_scale, max=log 100))``), a fake quantization (``QuantizeLinear`` then ``DequantizeLinear``: a
+#: QDQ model's float weight, as ``onnxruntime.quantization`` writes it for quantization-aware training).
+MAPPED_THROUGH = frozenset({"Exp", "Neg", "Clip", "QuantizeLinear", "DequantizeLinear"})
 #: Element-wise operators a weight may be read through when their other input is a constant, with the weight's
 #: positions: ``w + c``, ``c + w``, ``w - c``, ``c - w``, ``w * c``, ``c * w``, ``w / c``.
 OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {

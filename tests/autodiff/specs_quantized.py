@@ -16,9 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 from hypothesis import strategies as st
+from onnx import helper
+from onnx.reference.op_run import OpRun
 
-from tests.autodiff.specs import Arg, Case, Extra, Spec
+from tests.autodiff.specs import Arg, Case, Extra, Spec, cases
 
 _MS = "com.microsoft"
 
@@ -91,7 +94,63 @@ def _nbits(bits: int) -> Spec:
     )
 
 
+class QuantizeLinear(OpRun):  # onnx.reference finds it by its class name
+    """What the straight-through estimator differentiates in place of the rounding: the codes unrounded,
+    ``x / s + z`` clipped to ``[qmin - 1/2, qmax + 1/2]`` (per tensor; the codes' range from the zero point's
+    type). Paired with :class:`DequantizeLinear`: ``clip(x, (qmin - z - 1/2) s, (qmax - z + 1/2) s)``."""
+
+    op_domain = ""
+
+    def _run(self, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, **_: Any) -> tuple[np.ndarray]:
+        codes = np.iinfo(zero.dtype)
+        return (np.clip(x / scale + zero.astype(x.dtype), codes.min - 0.5, codes.max + 0.5).astype(x.dtype),)
+
+
+class DequantizeLinear(OpRun):
+    """``(codes - z) * s``, of :class:`QuantizeLinear`'s unrounded codes."""
+
+    op_domain = ""
+
+    def _run(self, codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, **_: Any) -> tuple[np.ndarray]:
+        return ((codes - zero.astype(codes.dtype)) * scale,)
+
+
+@dataclass(frozen=True)
+class StraightThroughSpec(Spec):
+    """``DequantizeLinear(QuantizeLinear(x, s, z), s, z)``, checked against the clip it rounds: run in
+    ``onnx.reference`` with :class:`QuantizeLinear` and :class:`DequantizeLinear` unrounded (the rule's
+    rounding decides the same codes in range away from the clip's bounds, :attr:`kinks`)."""
+
+    backend = "onnx.reference"
+    reference_ops = (QuantizeLinear, DequantizeLinear)
+
+
+def _straight_through(scale: float, zero: int, dtype: Any, variant: str) -> Spec:
+    codes = np.iinfo(dtype)
+    bounds = ((codes.min - zero - 0.5) * scale, (codes.max - zero + 0.5) * scale)
+
+    def before(case: Case) -> list[onnx.NodeProto]:
+        return [helper.make_node("QuantizeLinear", ["x0", "extra1", "extra2"], ["codes"])]
+
+    strategy = cases(1).map(
+        lambda case: Case(case.shapes, case.attrs, (Extra(1, scale, dtype=np.float32), Extra(2, zero, dtype=dtype)))
+    )
+    return StraightThroughSpec(
+        "DequantizeLinear",
+        (Arg("real2"),),  # some of x beyond the range: the clipped codes get no gradient
+        strategy,
+        opset=19,
+        dtype=np.float32,
+        wiring=("codes",),
+        kinks=lambda attrs: bounds,
+        before=before,
+        variant=variant,
+    )
+
+
 SPECS: list[Spec] = [
+    _straight_through(0.02, 128, np.uint8, "straight-through-uint8"),
+    _straight_through(0.015, -20, np.int8, "straight-through-int8"),
     _nbits(4),
     Spec(
         "MatMulNBits",

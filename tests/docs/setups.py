@@ -230,10 +230,27 @@ def sklearn_regression(folder: Path) -> Namespace:
     }  # fmt: skip
 
 
+def qdq_model(folder: Path) -> Namespace:
+    """``model.onnx``: :func:`mlp_model`'s MLP, and ``calibration_reader``: onnxruntime's reader of four batches of
+    its input (docs/artifacts.md's quantization-aware training)."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    onnx.save(_mlp(("fc1", "fc2")), folder / "model.onnx")
+
+    class Batches(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self._batches = iter({"input": _classes(16, seed)[0]} for seed in range(4))
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._batches, None)
+
+    return {"calibration_reader": Batches()}
+
+
 SETUPS: dict[str, Callable[[Path], Namespace]] = {
     setup.__name__: setup
     for setup in (
         mlp_model, mlp_artifacts, distributed_loop, epoch_loop, two_outputs_model, critic, embedding_classifier,
-        token_tagger, training_block, checkpoint_arrays, gpt2_model, sklearn_regression,
+        token_tagger, training_block, checkpoint_arrays, gpt2_model, sklearn_regression, qdq_model,
     )
 }  # fmt: skip

@@ -518,6 +518,6 @@ def one_hot(ctx: RuleContext, grads: Grads) -> Result:
 
 
 # Piecewise constant (Hardmax: a one-hot argmax) or a reinterpretation of bits: no useful derivative.
-# (QuantizeLinear is left without a rule on purpose: its derivative is zero almost everywhere, but
-# quantization-aware training wants a straight-through estimator instead; register one on a copy.)
+# (QuantizeLinear has no rule: read by DequantizeLinear, the pair gets the straight-through estimator of
+# quantization-aware training, rules/quantized.py; its codes read by anything else carry no gradient.)
 registry.non_differentiable("Hardmax", "BitCast")

@@ -1,8 +1,19 @@
-"""Gradient rules of quantized products.
+"""Gradient rules of quantized products, and the straight-through estimator of quantization.
 
 The gradient flows to the float input of ``com.microsoft::MatMulNBits`` (and
 of ``DequantizeLinear`` + ``MatMul``, where the engine never reaches the
 integer weights), never to the frozen quantized weights.
+
+``DequantizeLinear(QuantizeLinear(x, s, z), s, z)``, the fake quantization of
+a QDQ model (``onnxruntime.quantization.quantize_static``: activations, and
+weights with ``AddQDQPairToWeight``), is differentiated as one function with
+the straight-through estimator of quantization-aware training: ``dx = g``
+where the code ``round(x / s) + z`` lies in the range of the quantized type,
+``0`` where it is clipped (ONNX Runtime's ``FakeQuantGrad``, PyTorch's
+``fake_quantize_per_tensor_affine`` and ``_per_channel_affine``). It is the
+derivative of ``clip(x, (qmin - z - 1/2) s, (qmax - z + 1/2) s)``, the
+function the fake quantization rounds. The scale and zero point get no
+gradient (they are fixed, as ONNX Runtime's QAT keeps them).
 
 ``MatMulNBits`` computes ``Y = A @ W^T + bias`` with ``W = dequant(B)`` of shape
 ``[N, K]``. Its gradient dequantizes ``B`` in standard operators: the ``bits``-wide
@@ -18,12 +29,17 @@ it into a float copy of every quantized weight when a session loads.
 
 from __future__ import annotations
 
-from onnx import TensorProto
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
 
 from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.graph.versions import is_standard
 
 #: Bit widths whose codes never straddle a byte (the ones onnxruntime's kernels support).
 _BITS = (2, 4, 8)
@@ -119,3 +135,127 @@ def matmul_nbits(ctx: RuleContext, grads: Grads) -> Result:
     if ctx.has_input(5) and ctx.needs(5):
         dbias = unbroadcast(ctx, g, ctx.inputs[5], shaped_like=ctx.outputs[0])
     return [da, None, None, None, None, dbias][: len(ctx.inputs)]
+
+
+#: The codes of each integer type ``QuantizeLinear`` writes: ``(smallest, largest)``.
+_INTEGER_CODES = {
+    TensorProto.UINT8: (0, 255),
+    TensorProto.INT8: (-128, 127),
+    TensorProto.UINT16: (0, 65535),
+    TensorProto.INT16: (-32768, 32767),
+    TensorProto.UINT4: (0, 15),
+    TensorProto.INT4: (-8, 7),
+    getattr(TensorProto, "UINT2", -1): (0, 3),
+    getattr(TensorProto, "INT2", -2): (-2, 1),
+}
+
+#: The largest finite magnitude of each float type ``QuantizeLinear`` writes (it saturates to it by default).
+_FLOAT_CODES = {
+    TensorProto.FLOAT8E4M3FN: 448.0,
+    TensorProto.FLOAT8E4M3FNUZ: 240.0,
+    TensorProto.FLOAT8E5M2: 57344.0,
+    TensorProto.FLOAT8E5M2FNUZ: 57344.0,
+    getattr(TensorProto, "FLOAT4E2M1", -3): 6.0,
+}
+
+
+def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _code_type(ctx: RuleContext, quantizer: onnx.NodeProto) -> int:
+    """The element type of ``quantizer``'s codes: its zero point's, else its ``output_dtype``, else uint8."""
+    if len(quantizer.input) > 2 and quantizer.input[2]:
+        return ctx.elem_type(quantizer.input[2])
+    return int(_attributes(quantizer).get("output_dtype", 0)) or TensorProto.UINT8
+
+
+def _same_parameter(ctx: RuleContext, a: str, b: str) -> bool:
+    """Whether two scales (or zero points) are the same value: one name, or equal constants (both absent: yes)."""
+    if a == b:
+        return True
+    left, right = ctx.constant_value(a), ctx.constant_value(b)
+    return left is not None and right is not None and left.shape == right.shape and bool(np.all(left == right))
+
+
+def _per_axis(ctx: RuleContext, value: str, x: str, axis: int) -> str:
+    """A per-tensor or per-axis quantization parameter (``[]``, ``[1]`` or ``[C]``) shaped to broadcast over ``x``."""
+    shape = ctx.static_shape(value)
+    if shape is not None and int(np.prod(shape)) == 1:
+        return value
+    rank = ctx.rank(x)
+    if rank is None:
+        raise ValueError(
+            f"the straight-through gradient of DequantizeLinear node {ctx.node.name!r} needs the rank of {x!r} for "
+            "its per-axis scale; declare the model's input shapes (onnx.shape_inference) before generating"
+        )
+    trailing = rank - (axis % rank) - 1
+    return ctx.op("Unsqueeze", value, ctx.int64s(list(range(1, trailing + 1)))) if trailing else value
+
+
+def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto) -> str:
+    """``1`` where ``QuantizeLinear`` codes ``x`` without clipping (``qmin <= round(x / s) + z <= qmax``), else
+    ``0``, in the type of ``x``."""
+    x, scale = quantizer.input[0], quantizer.input[1]
+    zero = quantizer.input[2] if len(quantizer.input) > 2 and quantizer.input[2] else ""
+    attributes = _attributes(quantizer)
+    if int(attributes.get("block_size", 0)):
+        raise ValueError(
+            f"the straight-through gradient of QuantizeLinear node {quantizer.name!r} does not support blocked "
+            "quantization (block_size); quantize per tensor or per axis for training"
+        )
+    axis = int(attributes.get("axis", 1))
+    scaled = ctx.op("Div", x, _per_axis(ctx, ctx.cast_like(scale, x), x, axis))
+    code_type = _code_type(ctx, quantizer)
+    if code_type in _FLOAT_CODES:  # zero point 0; saturated beyond the largest magnitude
+        inside = ctx.op("LessOrEqual", ctx.op("Abs", scaled), ctx.const(_FLOAT_CODES[code_type], x))
+        return ctx.cast_like(inside, x)
+    if code_type not in _INTEGER_CODES:
+        raise ValueError(
+            f"the straight-through gradient of QuantizeLinear node {quantizer.name!r} does not know codes of type "
+            f"{helper.tensor_dtype_to_string(code_type)}; quantize to 8 or 16 bits for training"
+        )
+    low, high = _INTEGER_CODES[code_type]
+    rounded = ctx.op("Round", scaled)
+    known = ctx.constant_value(zero) if zero else np.zeros(1)
+    if known is not None:
+        bounds = [np.asarray(bound - known.astype(np.float64)) for bound in (low, high)]
+        if known.size > 1:
+            lower, upper = (_per_axis(ctx, ctx.const(bound, x), x, axis) for bound in bounds)
+        else:
+            lower, upper = (ctx.const(float(bound.reshape(-1)[0]), x) for bound in bounds)
+    else:
+        shift = _per_axis(ctx, ctx.cast_like(zero, x), x, axis)
+        lower, upper = (ctx.sub(ctx.const(float(bound), x), shift) for bound in (low, high))
+    inside = ctx.op("And", ctx.op("GreaterOrEqual", rounded, lower), ctx.op("LessOrEqual", rounded, upper))
+    return ctx.cast_like(inside, x)
+
+
+@registry.rule("DequantizeLinear", opsets=(10, None), inputs=(0,))
+def dequantize_linear(ctx: RuleContext, grads: Grads) -> Result:
+    """y = DequantizeLinear(QuantizeLinear(x, s, z), s, z): dx = g * [qmin <= round(x / s) + z <= qmax]"""
+    (g,) = grads
+    assert g is not None  # the engine calls a rule only when its output has a gradient
+    codes = ctx.inputs[0]
+    quantizer = ctx.producer(codes)
+    if quantizer is None or quantizer.op_type != "QuantizeLinear" or not is_standard(quantizer):
+        raise ValueError(
+            f"DequantizeLinear node {ctx.node.name!r} reads {codes!r}, which depends on a trained value but no "
+            "QuantizeLinear made; only QuantizeLinear -> DequantizeLinear pairs (fake quantization) are trained through"
+        )
+    mine = (ctx.inputs[1], ctx.inputs[2] if ctx.has_input(2) else "")
+    theirs = (quantizer.input[1], quantizer.input[2] if len(quantizer.input) > 2 else "")
+    same_axis = _attributes(ctx.node).get("axis", 1) == _attributes(quantizer).get("axis", 1)
+    if not (same_axis and all(_same_parameter(ctx, a, b) for a, b in zip(mine, theirs, strict=True))):
+        raise ValueError(
+            f"DequantizeLinear node {ctx.node.name!r} dequantizes the codes of QuantizeLinear node "
+            f"{quantizer.name!r} with another scale, zero point or axis; the straight-through gradient is that of "
+            "a pair that shares them (as onnxruntime.quantization writes)"
+        )
+    x = quantizer.input[0]
+    if ctx.depends_on_wrt(x):
+        ctx.contribute(x, ctx.mul(g, _in_range(ctx, quantizer)))
+    return [None] * len(ctx.inputs)
+
+
+registry.straight_through("QuantizeLinear", "DequantizeLinear")

@@ -1,0 +1,214 @@
+"""Quantization-aware training of a QDQ model, as ONNX Runtime's QAT example prepares it, against PyTorch's.
+
+A float model exported from torch is quantized by ``onnxruntime.quantization.quantize_static``
+in the QDQ format with a ``QuantizeLinear -> DequantizeLinear`` pair on each weight
+(``AddQDQPairToWeight``, per output channel, int8) and activation (per tensor, uint8), and
+float biases (``QuantizeBias=False``). ``generate_artifacts`` trains the float weights and
+biases through the pairs with the straight-through estimator; PyTorch's
+``fake_quantize_per_tensor_affine`` and ``fake_quantize_per_channel_affine`` at the same places,
+with the same scales and zero points, give the reference: the loss and every parameter's gradient.
+A LoRA adapter over the int8 weights of a statically quantized model (weights stored quantized,
+activations fake-quantized) gets its gradient through the activations' pairs the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from onnxtrain import api, artifacts
+from onnxtrain.lora import add_adapters
+from tests.helpers import export_for_training
+
+torch = pytest.importorskip("torch")
+quantization = pytest.importorskip("onnxruntime.quantization")
+
+
+class Calibration(quantization.CalibrationDataReader):  # type: ignore[misc,name-defined]
+    """Four batches of ``shape`` drawn from a normal distribution."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self._batches: Iterator[dict[str, np.ndarray]] = iter(
+            {"x": np.random.default_rng(i).normal(size=shape).astype(np.float32)} for i in range(4)
+        )
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+
+def quantized(module: Any, shape: tuple[int, ...], folder: Path, *, weight_pairs: bool) -> Path:
+    """``module`` exported for training and quantized by ``quantize_static`` (QDQ); the quantized model's path."""
+    float_path, path = folder / "float.onnx", folder / "qdq.onnx"
+    exported = export_for_training(
+        module, (torch.randn(*shape),), ["x"], ["logits"], opset=17, dynamic_axes={"x": {0: "N"}, "logits": {0: "N"}}
+    )
+    onnx.save(exported, float_path)
+    quantization.quantize_static(
+        str(float_path),
+        str(path),
+        Calibration(shape),
+        quant_format=quantization.QuantFormat.QDQ,
+        activation_type=quantization.QuantType.QUInt8,
+        weight_type=quantization.QuantType.QInt8,
+        per_channel=weight_pairs,
+        extra_options={"AddQDQPairToWeight": weight_pairs, "QuantizeBias": False},
+    )
+    return path
+
+
+def torch_forward(model: onnx.ModelProto, values: Mapping[str, Any]) -> Any:
+    """The graph's output computed by PyTorch, each ``QuantizeLinear -> DequantizeLinear`` pair a fake quantization
+    (the few operators these exports hold); ``values``: the inputs and the trained parameters as tensors."""
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    env: dict[str, Any] = dict(values)
+    quantizers: dict[str, onnx.NodeProto] = {}
+
+    def tensor(name: str) -> Any:
+        return env[name] if name in env else torch.tensor(constants[name])
+
+    def attribute(node: onnx.NodeProto, name: str, default: Any) -> Any:
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+    def fake_quantized(node: onnx.NodeProto) -> Any:
+        x, scale, zero = node.input
+        scale_value, zero_value = constants[scale], constants[zero]
+        low, high = (0, 255) if zero_value.dtype == np.uint8 else (-128, 127)
+        if scale_value.size == 1:
+            return torch.fake_quantize_per_tensor_affine(tensor(x), float(scale_value), int(zero_value), low, high)
+        zeros = torch.tensor(zero_value.astype(np.int32))
+        axis = attribute(node, "axis", 1)
+        return torch.fake_quantize_per_channel_affine(tensor(x), torch.tensor(scale_value), zeros, axis, low, high)
+
+    def dequantized(node: onnx.NodeProto) -> Any:
+        codes, scale, zero = node.input
+        if codes in quantizers:
+            return fake_quantized(quantizers[codes])
+        levels = torch.tensor(constants[codes].astype(np.float32) - constants[zero].astype(np.float32))
+        return levels * torch.tensor(constants[scale])  # a weight stored quantized, per tensor
+
+    def gemm(node: onnx.NodeProto) -> Any:
+        b = tensor(node.input[1])
+        product = tensor(node.input[0]) @ (b.T if attribute(node, "transB", 0) else b)
+        return product + tensor(node.input[2]) if len(node.input) > 2 else product
+
+    def conv(node: onnx.NodeProto) -> Any:
+        bias = tensor(node.input[2]) if len(node.input) > 2 else None
+        pads = attribute(node, "pads", [0, 0, 0, 0])
+        return torch.nn.functional.conv2d(
+            tensor(node.input[0]), tensor(node.input[1]), bias, attribute(node, "strides", [1, 1]), pads[:2]
+        )
+
+    operators: dict[str, Callable[[onnx.NodeProto], Any]] = {
+        "DequantizeLinear": dequantized,
+        "Gemm": gemm,
+        "MatMul": lambda node: tensor(node.input[0]) @ tensor(node.input[1]),
+        "Add": lambda node: tensor(node.input[0]) + tensor(node.input[1]),
+        "Mul": lambda node: tensor(node.input[0]) * tensor(node.input[1]),
+        "Transpose": lambda node: tensor(node.input[0]).permute(*attribute(node, "perm", [1, 0])),
+        "Conv": conv,
+        "Relu": lambda node: torch.relu(tensor(node.input[0])),
+        "Flatten": lambda node: torch.flatten(tensor(node.input[0]), attribute(node, "axis", 1)),
+    }
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            quantizers[node.output[0]] = node
+            continue
+        env[node.output[0]] = operators[node.op_type](node)
+    return env[model.graph.output[0].name]
+
+
+def session_options() -> ort.SessionOptions:
+    """One thread, onnxruntime's graph optimizations off: it would fuse the pairs into integer kernels, whose
+    rounding differs from the float reference."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return options
+
+
+def one_step(paths: dict[str, Path], x: np.ndarray, labels: np.ndarray) -> tuple[float, api.CheckpointState]:
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"], session_options=session_options())
+    module.train()
+    return float(module(x, labels)), state
+
+
+def torch_step(
+    model: onnx.ModelProto, x: np.ndarray, labels: np.ndarray, names: list[str]
+) -> tuple[float, dict[str, np.ndarray]]:
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    parameters = {name: torch.tensor(constants[name], requires_grad=True) for name in names}
+    logits = torch_forward(model, {"x": torch.tensor(x), **parameters})
+    loss = torch.nn.functional.cross_entropy(logits, torch.tensor(labels))
+    loss.backward()
+    return float(loss.detach()), {name: p.grad.numpy() for name, p in parameters.items()}
+
+
+def assert_trains_as_pytorch(
+    model: onnx.ModelProto, names: list[str], x: np.ndarray, labels: np.ndarray, folder: Path
+) -> None:
+    """One train step of ``model``'s artifacts (``names`` trained) gives PyTorch's loss and every gradient, none
+    of them zero."""
+    paths = artifacts.generate_artifacts(
+        model,
+        requires_grad=names,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=folder / "artifacts",
+    )
+    loss, state = one_step(paths, x, labels)
+    expected_loss, expected = torch_step(model, x, labels, names)
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    for name in names:
+        grad = state.parameters[name].grad
+        assert grad is not None
+        np.testing.assert_allclose(grad, expected[name], rtol=1e-4, atol=1e-6, err_msg=name)
+        assert np.abs(expected[name]).max() > 0, name
+
+
+def mlp() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+
+
+def cnn() -> Any:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 4)
+    )
+
+
+@pytest.mark.parametrize(("make", "shape"), [(mlp, (7, 6)), (cnn, (5, 1, 6, 6))], ids=["mlp", "cnn"])
+def test_every_gradient_equals_pytorchs_fake_quantization(
+    make: Callable[[], Any], shape: tuple[int, ...], tmp_path: Path
+) -> None:
+    path = quantized(make(), shape, tmp_path, weight_pairs=True)
+    names = artifacts.trainable_parameters(path)
+    model = onnx.load(path)
+    weights = {n.input[0] for n in model.graph.node if n.op_type == "QuantizeLinear"} & set(names)
+    assert len(weights) == 2 and len(names) == 4, names  # both weights, through their pairs, and both biases
+    rng = np.random.default_rng(1)
+    x = (2 * rng.normal(size=shape)).astype(np.float32)  # some activations beyond the calibrated range: clipped
+    assert_trains_as_pytorch(model, names, x, rng.integers(0, 4, size=shape[0]).astype(np.int64), tmp_path)
+
+
+def test_lora_over_a_statically_quantized_model(tmp_path: Path) -> None:
+    """Adapters beside the int8 weights: their gradients flow back through the activations' pairs."""
+    path = quantized(mlp(), (7, 6), tmp_path, weight_pairs=False)
+    model = onnx.load(path)
+    stored = [t.name for t in model.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2]
+    adapted, names = add_adapters(model, targets=stored, rank=2, alpha=4.0)
+    rng = np.random.default_rng(2)
+    for tensor in adapted.graph.initializer:  # B starts at zero, which gives A no gradient: as if trained a while
+        if tensor.name.endswith(".lora_B"):
+            values = rng.normal(0, 0.5, size=tuple(tensor.dims)).astype(np.float32)
+            tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
+    x = rng.normal(size=(7, 6)).astype(np.float32)
+    assert_trains_as_pytorch(adapted, names, x, rng.integers(0, 4, size=7).astype(np.int64), tmp_path)
