@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.graph import torch_metadata
+from onnxtrain.graph.naming import unknown_name_hint
 
 #: The ``metadata_props`` key of a ``Gather`` whose positions of index ``int(value)`` add no gradient to that row
 #: (``-1``: none).
@@ -84,7 +85,11 @@ def set_embedding(
     row of it (``-1`` is the last, as in torch)."""
     tables = {t.name: t for t in model.graph.initializer}
     if weight not in tables:
-        raise ValueError(f"set_embedding: {weight!r} is not an initializer of the model")
+        looked_up = list(dict.fromkeys(n.input[0] for n in model.graph.node if _is_lookup(n) and n.input[0] in tables))
+        raise ValueError(
+            f"set_embedding: {weight!r} is not an initializer of the model (an export keeps one of the names of "
+            f"a tied table); the tables its lookups read: {unknown_name_hint(weight, looked_up)}"
+        )
     rows = tables[weight].dims[0] if tables[weight].dims else 0
     if padding_idx is not None:
         if isinstance(padding_idx, bool) or not isinstance(padding_idx, int):

@@ -93,7 +93,8 @@ def test_set_embedding_marks_every_lookup_of_the_table_and_overrides_torchs() ->
 @pytest.mark.parametrize(
     ("weight", "options", "error", "match"),
     [
-        ("nothing", {"padding_idx": 0}, ValueError, "'nothing' is not an initializer"),
+        ("nothing", {"padding_idx": 0}, ValueError, "'nothing' is not an initializer.*lookups read: .*'table'"),
+        ("tabel", {}, ValueError, "did you mean 'table'"),
         ("table", {"padding_idx": 6}, ValueError, "padding_idx 6 is not a row of 'table' \\(6 rows\\)"),
         ("table", {"padding_idx": -7}, ValueError, "padding_idx -7 is not a row"),
         ("table", {"padding_idx": True}, TypeError, "must be an int or None, not bool"),
