@@ -29,7 +29,7 @@ from onnxtrain.artifacts.exported_parameters import (
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.naming import first_free, names_in
+from onnxtrain.graph.naming import first_free, names_in, unknown_name_hint
 from onnxtrain.graph.passes import (
     fuse_pads_into_convs,
     prune_unused_nodes,
@@ -86,7 +86,8 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
             why = explain_missing(model, name) if tensor is None else ""
             raise ValueError(
                 f"requires_grad names {name!r}, which {what} of the model{why}; trainable parameters are "
-                f"floating-point initializers: {floats}"
+                f"floating-point initializers ({unknown_name_hint(name, floats)}; trainable_parameters(model) "
+                "lists those the graph reads as weights)"
             )
     for name in frozen:
         if name not in initializers:

@@ -102,6 +102,12 @@ def export_inference_model(
                 f"{files.directory} has no {source.name}: a run keeps its best state with `onnxtrain train "
                 "--early-stopping PATIENCE` and validation data (--val-split or --val-data)"
             )
+    elif not source.exists():
+        found = [path.name for path in (files.latest_checkpoint(), files.best_checkpoint) if path.exists()]
+        raise FileNotFoundError(
+            f"--checkpoint {checkpoint_path}: no such file; give a checkpoint file, or `{BEST}`, or leave it out for "
+            f"the latest state of {files.directory} (it holds {found or 'no checkpoint'})"
+        )
     state = checkpoint.load(source)
     eval_model = load_model(files.eval_model, "eval model").with_data()
     names = outputs or inference_outputs(eval_model)

@@ -92,6 +92,11 @@ def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.
         with np.load(file, allow_pickle=False) as archive:
             arrays = {name: archive[name] for name in archive.files}
     except (zipfile.BadZipFile, EOFError, ValueError) as error:
+        if not zipfile.is_zipfile(file):  # numpy then reads it as a pickle, and says so
+            raise ValueError(
+                f"{file.name} is not an .npz archive (a zip of .npy arrays, as numpy.savez writes): save the "
+                "arrays with numpy.savez(path, X=..., y=...), or give a .csv"
+            ) from None
         raise ValueError(f"{file.name} is not a readable .npz archive ({error})") from None
     chosen = []
     for k, spec in enumerate(inputs):
@@ -237,7 +242,7 @@ def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, vari
     """Why ``array`` does not fit samples of shape ``rest``, and how to make it fit (``variable``: its name)."""
     sample = tuple(array.shape[1:])
     wanted = _shape(rest)
-    said = f"{what} has shape {list(array.shape)}, which does not fit: the input takes {wanted} per sample"
+    said = f"{what}: shape {list(array.shape)}, which does not fit: the input takes {wanted} per sample"
     known = all(isinstance(d, int) for d in rest)
     order = _permutation(sample, tuple(int(d) for d in rest if d is not None)) if known else None
     if order is not None:

@@ -135,7 +135,8 @@ class RunRecord:
             ("number of samples", self.samples, other.samples, self.samples == other.samples),
             ("batch size", self.batch_size, other.batch_size, self.batch_size == other.batch_size),
             ("seed", self.seed, other.seed, self.seed == other.seed),
-            ("validation split", self.val_split, other.val_split, same_split),
+            # stored as a float32 property: shown as the float32 it is (0.2, not 0.20000000298023224)
+            ("validation split", _float32_text(self.val_split), _float32_text(other.val_split), same_split),
         ]
         found = [f"{what} {mine} (now {theirs})" for what, mine, theirs, same in pairs if not same]
         if self.samples == other.samples and self.data != other.data:
@@ -197,6 +198,11 @@ def schedule_text(schedule: str) -> str:
         return repr(schedule)
     details = ", ".join(f"{name} {value:g}" for name, value in settings.items() if value is not None)
     return f"{kind} ({details})" if details else str(kind)
+
+
+def _float32_text(value: float) -> str:
+    """``value`` as the shortest decimal that reads back as the same float32."""
+    return str(np.float32(value))
 
 
 def _patience_text(patience: int) -> str:

@@ -223,7 +223,8 @@ def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> P
 def _start_line(record: RunRecord, source: Path, train: int, val: int, step: int, earlier: RunRecord | None) -> str:
     """What the run is about to do."""
     held_out = f" ({val} more {'for' if record.val_data else 'held out for'} validation)" if val else ""
-    batches = f"{batch_count(train, record.batch_size)} batches of {record.batch_size}"
+    count = batch_count(train, record.batch_size)
+    batches = f"{count} batches of {record.batch_size}" if count > 1 else f"1 batch of {min(train, record.batch_size)}"
     what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
     if earlier is not None:
         return f"resuming {source} at {record.position()} (step {step}): {what}"

@@ -207,6 +207,9 @@ class BoundSession:
         self.constants: dict[str, ort.OrtValue] = {}
         if constants is not None:
             model, self.constants = constants.prepare(model, options, own_options)
+        #: The operators the session computes in float32 where the model computes them in half: the provider has
+        #: no half kernel for them (:func:`~onnxtrain.training.half_kernels.open_session`).
+        self.widened: list[str] = []
         try:
             self.session = half_kernels.open_session(
                 model,
@@ -214,6 +217,7 @@ class BoundSession:
                 lambda loaded: inference_session(
                     loaded.source, options, providers, disabled_optimizers=transformers_to_disable(loaded.proto)
                 ),
+                self.widened,
             )
         except Exception as error:  # onnxruntime raises its own exception types
             raise ValueError(f"onnxruntime cannot load the {what}: {error}{_custom_op_hint(model)}") from error

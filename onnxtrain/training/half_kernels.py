@@ -14,12 +14,14 @@ that the same artifacts train on any provider.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import onnx
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
 from onnxtrain import caller
+from onnxtrain.artifacts.metadata import PRECISION_KEY, read_metadata
 from onnxtrain.graph import external
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes.autocast import compute_in_float32, defined_with
@@ -35,10 +37,13 @@ class HalfPrecisionFallbackWarning(UserWarning):
     """An operator runs in float32 where the artifacts compute it in half: the provider has no half kernel."""
 
 
-def open_session(model: LoadedModel, what: str, make: Callable[[LoadedModel], Session]) -> Session:
+def open_session(
+    model: LoadedModel, what: str, make: Callable[[LoadedModel], Session], widened: list[str] | None = None
+) -> Session:
     """``make(model)``, or, where it fails for a missing kernel of a half-precision operator, ``make`` of the
-    model with that operator computing in float32, once per operator that lacks one (each warned of)."""
-    widened: list[str] = []
+    model with that operator computing in float32, once per operator that lacks one (each warned of, and appended
+    to ``widened``)."""
+    widened = [] if widened is None else widened
     while True:
         try:
             return make(model)
@@ -67,4 +72,19 @@ def open_session(model: LoadedModel, what: str, make: Callable[[LoadedModel], Se
             model = LoadedModel(copy, copy.SerializeToString())
 
 
-__all__ = ["MISSING_KERNEL", "HalfPrecisionFallbackWarning", "open_session"]
+def warn_of_a_half_export(model: onnx.ModelProto, computes: str | None, widened: Sequence[str]) -> None:
+    """A :class:`HalfPrecisionFallbackWarning` where an exported ``model`` computes in the half type of the
+    eval model it comes from (``computes``, its ``onnxtrain.precision``) and the module's provider had no kernel
+    for the operators ``widened`` in it: the module ran those in float32, the export keeps them in half."""
+    exported = read_metadata(model).get(PRECISION_KEY)
+    if not widened or exported is None or exported != computes:
+        return
+    caller.warn(
+        f"the exported model computes {', '.join(widened)} in {exported}, which this module's execution provider "
+        "has no kernel for (the module ran them in float32): it runs on a provider with those kernels (CUDA); "
+        "pass precision='fp32' to export a model any provider runs",
+        HalfPrecisionFallbackWarning,
+    )
+
+
+__all__ = ["MISSING_KERNEL", "HalfPrecisionFallbackWarning", "open_session", "warn_of_a_half_export"]

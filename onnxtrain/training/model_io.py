@@ -107,9 +107,11 @@ def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> T
     in_model = {spec.name for spec in params}
     extra = [name for name in state if name not in in_model and name not in SCALER_STATE]  # the optimizer's
     if extra:
+        taken = [spec.name for spec in params] or list(buffers)  # none in common: those the model trains
+        others = [spec.name for spec in users if spec.name not in buffers]
         raise ValueError(
-            f"the checkpoint has parameter(s) {extra} that the {what} does not take; its parameters are "
-            f"{[spec.name for spec in params]}: the checkpoint does not belong to this model"
+            f"the checkpoint has parameter(s) {extra} that the {what} does not take; it takes the parameters "
+            f"{taken} and the inputs {others}: the checkpoint does not belong to this model"
         )
     for param in buffers:
         if param not in state:

@@ -76,6 +76,7 @@ import onnxruntime as ort
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
+from onnxtrain.artifacts.metadata import PRECISION_KEY, read_metadata
 from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
@@ -84,6 +85,7 @@ from onnxtrain.training.constants import SharedConstants
 from onnxtrain.training.device import Device, ProviderSpec, resolve, shares_arena
 from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.half_kernels import warn_of_a_half_export
 from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
@@ -602,6 +604,8 @@ class Module:
         parameters = {name: tensor.numpy() for name, tensor in self._eval_slots}
         eval_model = self._constants.restore(self._eval_model.with_data())
         model = export_model_for_inferencing(eval_model, parameters, names, precision=precision)
+        computes = read_metadata(eval_model).get(PRECISION_KEY)
+        warn_of_a_half_export(model, computes, [] if self._eval_session is None else self._eval_session.widened)
         path = os.fspath(inference_model_uri)
         if model.ByteSize() < PROTOBUF_LIMIT:
             onnx.save_model(model, path)

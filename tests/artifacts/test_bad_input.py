@@ -33,6 +33,8 @@ def _with_integer_initializer() -> onnx.ModelProto:
 CASES: list[tuple[str, dict[str, Any], type[Exception], tuple[str, ...]]] = [
     ("unknown requires_grad", {"requires_grad": ["W", "nope"]}, ValueError,
      ("requires_grad", "'nope'", "'W', 'S', 'B', 'C'")),
+    ("misspelt requires_grad", {"requires_grad": ["WW"]}, ValueError,
+     ("requires_grad", "'WW'", "did you mean 'W'", "trainable_parameters(model)")),
     ("unknown frozen_params", {"requires_grad": ["W"], "frozen_params": ["gone"]}, ValueError,
      ("frozen_params", "'gone'", "'W', 'S', 'B', 'C'")),
     ("a graph input is no parameter", {"requires_grad": ["x"]}, ValueError, ("'x'", "initializers")),

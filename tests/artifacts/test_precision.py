@@ -328,3 +328,31 @@ def test_an_export_in_a_half_type_stores_the_products_weights_in_it(precision: s
         want = ort.InferenceSession(float32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
         np.testing.assert_allclose(session.run(None, feeds)[0], want, rtol=0, atol=1e-2 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("export_as", [None, "bf16", "fp32", "fp16"])
+def test_an_export_the_modules_provider_cannot_run_says_so(export_as: str | None, tmp_path) -> None:
+    """A module whose provider lacks a bfloat16 kernel runs those nodes in float32; an export computing in the
+    eval model's bfloat16 keeps them, and is said to need another provider, exactly when this provider cannot
+    load it (onnxruntime's CPU provider has bfloat16 kernels for almost no operator)."""
+    model, _, _ = _digits()
+    built = build_artifacts(model, requires_grad=trainable_parameters(model), precision="bf16",
+                            loss=LossType.CrossEntropyLoss)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", half_kernels.HalfPrecisionFallbackWarning)
+        module = api.Module(built.training_model, api.CheckpointState(built.checkpoint), built.eval_model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module.export_model_for_inferencing(tmp_path / "m.onnx", ["y"], precision=export_as)
+    said = [w for w in caught if "the exported model computes" in str(w.message)]
+    try:
+        ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+        loads = True
+    except ort_errors.NotImplemented:
+        loads = False
+    assert len(said) == int(not loads)
+    if said:
+        assert said[0].category is half_kernels.HalfPrecisionFallbackWarning
+        assert "in bf16" in str(said[0].message) and "precision='fp32'" in str(said[0].message)
+    if export_as in ("fp32", "fp16"):
+        assert loads

@@ -86,6 +86,13 @@ def test_a_corrupt_checkpoint(capsys, trained: Path, tmp_path: Path):
     assert not (tmp_path / "m.onnx").exists()
 
 
+def test_a_missing_checkpoint_is_told_what_the_directory_holds(capsys, trained: Path, tmp_path: Path):
+    status, _, err = cli(capsys, "export", trained, "-o", tmp_path / "m.onnx", "--checkpoint", tmp_path / "nope")
+    assert status == 1
+    assert_error(err, "export", "--checkpoint", "no such file", "trained_checkpoint")
+    assert not (tmp_path / "m.onnx").exists()
+
+
 def test_a_corrupt_eval_model(capsys, artifacts: Path, tmp_path: Path):
     corrupt(artifacts / "eval_model.onnx")
     status, _, err = cli(capsys, "export", artifacts, "-o", tmp_path / "m.onnx")

@@ -167,6 +167,14 @@ def test_bad_arguments_are_usage_errors(capsys, artifacts: Path, data_path: Path
     assert_error(err, "train", fragment)
 
 
+def test_a_file_that_is_no_npz_archive_is_told_how_to_write_one(capsys, artifacts: Path, tmp_path: Path):
+    text = tmp_path / "data.npz"
+    text.write_text("x,y\n1,2\n")
+    status, _, err = _train(capsys, artifacts, text, *RUN)
+    assert status == 1 and "pickle" not in err
+    assert_error(err, "train", "data.npz is not an .npz archive", "numpy.savez")
+
+
 def test_missing_data_option(capsys, artifacts: Path):
     status, _, err = cli(capsys, "train", artifacts, *RUN)
     assert status == 2

@@ -82,6 +82,12 @@ def test_the_accuracies_are_those_of_the_models_scores(capsys, artifacts: Path, 
     assert entry["val_accuracy"] == np.mean(after == y[val_rows])
 
 
+def test_a_batch_larger_than_the_data_is_one_batch_of_the_data(capsys, artifacts: Path, data_path: Path):
+    status, out, _ = _train(capsys, artifacts, data_path, "--epochs", "1", "--batch-size", "500", "--val-split", "0.2")
+    assert status == 0
+    assert "96 samples (24 more held out for validation), 1 batch of 96 per epoch" in out
+
+
 def _generate(capsys, model: Path, out: Path, *options: str) -> Path:
     status, _, err = cli(capsys, "generate", model, "--requires-grad", "all-float", "-o", out, "--lr", "0.05", *options)
     assert (status, err) == (0, ""), err

@@ -34,6 +34,8 @@ def test_positions_and_differences():
     other = replace(RECORD, samples=100, batch_size=16)
     assert RECORD.differences(other) == ["number of samples 1797 (now 100)", "batch size 32 (now 16)"]
     assert RECORD.differences(replace(RECORD, data="xyz")) == ["the data's values"]
+    stored = replace(RECORD, val_split=float(np.float32(0.2)))  # as a checkpoint's float32 property gives it back
+    assert stored.differences(replace(RECORD, val_split=0.3)) == ["validation split 0.2 (now 0.3)"]
 
 
 def test_no_record_and_damaged_records():

@@ -148,3 +148,15 @@ def test_a_checkpoint_without_one_of_the_models_parameters_is_named_with_its_clo
         ValueError, match=r"takes 'fc1.weight' .* no parameter of that name \(did you mean 'fc1.weigth'"
     ):
         api.Module(regression["training_model"], api.CheckpointState.load_checkpoint(path))
+
+
+def test_a_checkpoint_of_another_model_is_told_what_the_model_takes(regression, tmp_path):
+    """No name in common: the message lists the parameters the model trains, not an empty list."""
+    from onnx import numpy_helper
+
+    loaded = checkpoint.load(regression["checkpoint"])
+    other = [numpy_helper.from_array(value, f"other.{name}") for name, value in loaded.parameters.items()]
+    path = tmp_path / "other.ckpt"
+    checkpoint.save(checkpoint.from_tensors(other), path)
+    with pytest.raises(ValueError, match=r"does not take; it takes the parameters \['fc0.weight', .*the inputs"):
+        api.Module(regression["training_model"], api.CheckpointState.load_checkpoint(path))
