@@ -8,7 +8,9 @@ biases through the pairs with the straight-through estimator; PyTorch's
 ``fake_quantize_per_tensor_affine`` and ``fake_quantize_per_channel_affine`` at the same places,
 with the same scales and zero points, give the reference: the loss and every parameter's gradient.
 A LoRA adapter over the int8 weights of a statically quantized model (weights stored quantized,
-activations fake-quantized) gets its gradient through the activations' pairs the same way.
+activations fake-quantized) gets its gradient through the activations' pairs the same way. A PyTorch
+model that fake-quantizes itself (quantization-aware training in torch, exported by the TorchScript
+exporter as the pairs) trains as torch trains it.
 """
 
 from __future__ import annotations
@@ -212,3 +214,46 @@ def test_lora_over_a_statically_quantized_model(tmp_path: Path) -> None:
             tensor.CopyFrom(numpy_helper.from_array(values, tensor.name))
     x = rng.normal(size=(7, 6)).astype(np.float32)
     assert_trains_as_pytorch(adapted, names, x, rng.integers(0, 4, size=7).astype(np.int64), tmp_path)
+
+
+class FakeQuantized(torch.nn.Module):  # type: ignore[misc,name-defined]
+    """A convolution and a linear layer, their inputs and weights fake-quantized by PyTorch itself: per tensor
+    (uint8 activations, int8 weights) and per output channel (the convolution's int8 weight)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3)
+        self.fc = torch.nn.Linear(4 * 4 * 4, 5)
+
+    def forward(self, x: Any) -> Any:
+        x = torch.fake_quantize_per_tensor_affine(x, 0.02, 128, 0, 255)
+        scales, zeros = torch.full((4,), 0.01), torch.zeros(4, dtype=torch.int32)
+        weight = torch.fake_quantize_per_channel_affine(self.conv.weight, scales, zeros, 0, -128, 127)
+        h = torch.relu(torch.nn.functional.conv2d(x, weight, self.conv.bias))
+        h = torch.fake_quantize_per_tensor_affine(h, 0.01, 0, 0, 255).flatten(1)
+        weight = torch.fake_quantize_per_tensor_affine(self.fc.weight, 0.005, 0, -128, 127)
+        return torch.nn.functional.linear(h, weight, self.fc.bias)
+
+
+def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    net = FakeQuantized().train()
+    x = 2 * torch.randn(3, 1, 6, 6)  # inputs and activations beyond their ranges: clipped
+    exported = export_for_training(net, (x,), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in exported.graph.node}
+    names = artifacts.trainable_parameters(exported)
+    assert names == [name for name, _ in net.named_parameters()]
+    paths = artifacts.generate_artifacts(
+        exported,
+        requires_grad=names,
+        loss=artifacts.LossType.CrossEntropyLoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=tmp_path / "artifacts",
+    )
+    labels = torch.tensor([0, 3, 4])
+    loss, state = one_step(paths, x.numpy(), labels.numpy())
+    expected = torch.nn.functional.cross_entropy(net(x), labels)
+    expected.backward()
+    assert loss == pytest.approx(float(expected.detach()), rel=1e-6)
+    for name, parameter in net.named_parameters():
+        np.testing.assert_allclose(state.parameters[name].grad, parameter.grad.numpy(), rtol=1e-5, atol=1e-7)
