@@ -19,12 +19,14 @@ when they are trained. It also merges parameters of equal values and folds
 a tied weight's transpose; those are undone before training
 (:mod:`onnxtrain.graph.passes.untie`, :mod:`onnxtrain.graph.passes.retie`),
 but for the constants it computed and merged, which stay one tensor:
-:func:`warn_merged_constants` says so.
+:func:`warn_merged_constants` says so. A ``requires_grad`` list that names a
+folded transpose is refused, naming the weight it is read as
+(:func:`check_not_tied_copies`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 
@@ -127,6 +129,20 @@ def _listed(items: Sequence[str], count: int = LISTED, separator: str = "; ") ->
     return separator.join(items[:count]) + more
 
 
+def check_not_tied_copies(tied: Mapping[str, str], requires: Sequence[str], frozen: Sequence[str]) -> None:
+    """``ValueError`` where ``requires_grad`` or ``frozen_params`` name one of the ``tied`` copies (``{copy:
+    weight}``), which the model reads as its weight transposed again: the weight is the parameter to name."""
+    for argument, names in (("requires_grad", requires), ("frozen_params", frozen)):
+        named = [name for name in names if name in tied]
+        if named:
+            weights = list(dict.fromkeys(tied[name] for name in named))
+            raise ValueError(
+                f"{argument} names {named}, which the exporter computed as the transpose of {weights} (a weight "
+                f"the model reads twice, tied, as a language model's embedding and its head): it is trained as "
+                f"{weights}, tied as torch trains it; name {weights} instead"
+            )
+
+
 def explain_missing(model: onnx.ModelProto, name: str) -> str:
     """Why torch's parameter ``name`` is not an initializer of ``model``, where the exporter's changes say
     (``""`` otherwise)."""
@@ -151,6 +167,7 @@ def clause(change: ParameterChange) -> str:
 __all__ = [
     "REMEDY",
     "TorchExportWarning",
+    "check_not_tied_copies",
     "clause",
     "explain_missing",
     "warn_changed_parameters",

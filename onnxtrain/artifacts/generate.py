@@ -31,6 +31,7 @@ import onnx
 
 from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts import model_files, ort_training
+from onnxtrain.artifacts.exported_parameters import check_not_tied_copies
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
 from onnxtrain.artifacts.metadata import NO_LOSS, PRECISION_KEY, set_metadata, training_metadata
 from onnxtrain.artifacts.training_block import TrainingBlock
@@ -208,7 +209,7 @@ def _build(
     # parameters the exporter stored once for their equal values, each its own; a tied weight's transpose that it
     # folded, read as computed again (in initializer_roles' order, so that both see the same parameters)
     tied = transposed_copies(proto, data)
-    _check_not_tied_copies(tied, requires, frozen)
+    check_not_tied_copies(tied, requires, frozen)
     tie_transposed_copies(untie_identity_copies(proto), copies=tied)
     check_parameters(proto, requires, frozen)
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
@@ -273,20 +274,6 @@ def _build(
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
     return built
-
-
-def _check_not_tied_copies(tied: Mapping[str, str], requires: Sequence[str], frozen: Sequence[str]) -> None:
-    """``ValueError`` where ``requires_grad`` or ``frozen_params`` name one of the ``tied`` copies (``{copy:
-    weight}``), which the model reads as its weight transposed again: the weight is the parameter to name."""
-    for argument, names in (("requires_grad", requires), ("frozen_params", frozen)):
-        named = [name for name in names if name in tied]
-        if named:
-            weights = list(dict.fromkeys(tied[name] for name in named))
-            raise ValueError(
-                f"{argument} names {named}, which the exporter computed as the transpose of {weights} (a weight "
-                f"the model reads twice, tied, as a language model's embedding and its head): it is trained as "
-                f"{weights}, tied as torch trains it; name {weights} instead"
-            )
 
 
 def _loss_scaling(option: bool | optim.LossScaling | None, precision: str) -> optim.LossScaling | None:
