@@ -26,6 +26,7 @@ from onnxtrain.artifacts.exported_parameters import (
     warn_folded_convolutions,
     warn_merged_constants,
 )
+from onnxtrain.artifacts.running_variance import from_torch, torch_running_variance
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder
@@ -196,7 +197,8 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
 
 
 def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[str, str]:
-    """Make the running statistics of training-mode BatchNormalization graph outputs.
+    """Make the running statistics of training-mode BatchNormalization graph outputs: the node's, or for a
+    model torch exported, the variance torch's update gives (:mod:`onnxtrain.artifacts.running_variance`).
 
     Works on the proto before any builder sees it, so that whole-model type
     inference runs on nodes that declare all three outputs.
@@ -204,7 +206,11 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
     taken = names_in(model.graph)
     exposed: dict[str, str] = {}
     identities: list[onnx.NodeProto] = []
-    for node in model.graph.node:
+    copies: dict[int, list[onnx.NodeProto]] = {}  # by node index, the nodes to run before it: what it reads, copied
+    as_torch = from_torch(model)
+    elem_types = {tensor.name: tensor.data_type for tensor in model.graph.initializer}
+    elem_types.update((v.name, v.type.tensor_type.elem_type) for v in model.graph.input)
+    for index, node in enumerate(model.graph.node):
         if not _trains_statistics(node):
             continue
         _set_attribute(node, "training_mode", 1)  # where torch's exporter wrote it in inference mode
@@ -217,7 +223,18 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
             if not node.output[position]:
                 node.output[position] = first_free(f"{stat}.running", taken)
             exposed[stat] = first_free(f"{stat}{UPDATED_SUFFIX}", taken)
-            identities.append(helper.make_node("Identity", [node.output[position]], [exposed[stat]]))
+            if position == 2 and as_torch:
+                before, after = torch_running_variance(
+                    node, node.output[position], exposed[stat], elem_types[stat], taken
+                )
+                copies[index] = before
+                identities += after
+            else:
+                identities.append(helper.make_node("Identity", [node.output[position]], [exposed[stat]]))
+    if copies:
+        ordered = [new for index, node in enumerate(model.graph.node) for new in (*copies.get(index, ()), node)]
+        del model.graph.node[:]
+        model.graph.node.extend(ordered)
     model.graph.node.extend(identities)
     return exposed
 

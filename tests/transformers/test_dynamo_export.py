@@ -118,8 +118,8 @@ def test_a_resnet_in_training_mode_normalizes_with_its_batch_and_updates_its_sta
     tmp_path: Any,
 ) -> None:
     """The exporter writes every BatchNorm of a ResNet exported in ``.train()`` in inference mode; trained as the
-    FX nodes say torch ran them, the loss, every gradient and the running means equal torch's (the running
-    variances differ by Bessel's correction, ONNX's update taking the biased variance)."""
+    FX nodes say torch ran them, the loss, every gradient and the running statistics equal torch's (the
+    variances updated with the unbiased batch variance, as torch does: onnxtrain.artifacts.running_variance)."""
     import transformers
 
     config = transformers.ResNetConfig(
@@ -160,7 +160,7 @@ def test_a_resnet_in_training_mode_normalizes_with_its_batch_and_updates_its_sta
     parameters = dict(module.named_parameters())
     for weight in weights:
         models.assert_grad_close(state.parameters[weight].grad, parameters[weight].grad.numpy(), f"d loss / d {weight}")
-    means = [name for name in state_before if name.endswith("running_mean")]
-    assert means
-    for name in means:
+    statistics = [name for name in state_before if name.endswith(("running_mean", "running_var"))]
+    assert statistics
+    for name in statistics:
         np.testing.assert_allclose(state.parameters[name].data, module.state_dict()[name].numpy(), rtol=1e-5, atol=1e-6)
