@@ -234,7 +234,10 @@ def test_parameters_before_build_and_models_before_build_raise() -> None:
 
 @pytest.mark.parametrize(
     ("name", "message"),
-    [("nope", r"not an initializer.*the 3 known: 'W', 'B', 'SCALE'"), ("step", r"is int64.*the 3 known: 'W', 'B', 'SCALE'")],
+    [
+        ("nope", r"not an initializer.*the 3 known: 'W', 'B', 'SCALE'"),
+        ("step", r"is int64.*the 3 known: 'W', 'B', 'SCALE'"),
+    ],
 )
 def test_bad_requires_grad_names_list_the_candidates(name: str, message: str) -> None:
     model = _base()
