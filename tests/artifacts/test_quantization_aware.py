@@ -235,11 +235,25 @@ class FakeQuantized(torch.nn.Module):  # type: ignore[misc,name-defined]
         return torch.nn.functional.linear(h, weight, self.fc.bias)
 
 
-def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(tmp_path: Path) -> None:
+def _dynamo_export(net: Any, x: Any) -> onnx.ModelProto:
+    pytest.importorskip("onnxscript")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes
+        program = torch.onnx.export(net, (x,), dynamo=True, optimize=False, input_names=["x"], output_names=["y"])
+    return program.model_proto
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(exporter: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     net = FakeQuantized().train()
     x = 2 * torch.randn(3, 1, 6, 6)  # inputs and activations beyond their ranges: clipped
-    exported = export_for_training(net, (x,), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
+    if exporter == "dynamo":
+        exported = _dynamo_export(net, x)
+    else:
+        exported = export_for_training(net, (x,), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in exported.graph.node}
     names = artifacts.trainable_parameters(exported)
     assert names == [name for name, _ in net.named_parameters()]
