@@ -21,7 +21,10 @@ a tied weight's transpose; those are undone before training
 but for the constants it computed and merged, which stay one tensor:
 :func:`warn_merged_constants` says so. A ``requires_grad`` list that names a
 folded transpose is refused, naming the weight it is read as
-(:func:`check_not_tied_copies`).
+(:func:`check_not_tied_copies`). An ``nn.InstanceNorm*d(track_running_stats=True)``
+loses its running statistics in any export (ONNX's ``InstanceNormalization`` has
+none): :func:`warn_untracked_statistics` says so where the dynamo exporter
+recorded them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import onnx
 from onnxtrain import caller
 from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.passes.untie import merged_constants
-from onnxtrain.graph.torch_metadata import Change, ParameterChange, parameter_changes
+from onnxtrain.graph.torch_metadata import Change, ParameterChange, instance_norm_statistics, parameter_changes
 from onnxtrain.graph.versions import is_standard
 
 #: What to do about the changes, in every message.
@@ -123,6 +126,25 @@ def warn_merged_constants(model: onnx.ModelProto, requires_grad: Sequence[str]) 
     )
 
 
+def warn_untracked_statistics(model: onnx.ModelProto) -> None:
+    """A :class:`TorchExportWarning` naming each ``InstanceNormalization`` that torch ran with running statistics
+    (``track_running_stats=True``), which the export leaves out; nothing otherwise."""
+    tracked = [
+        f"{node.name or node.output[0]} ({', '.join(stats)})"
+        for node in model.graph.node
+        if node.op_type == "InstanceNormalization" and (stats := instance_norm_statistics(node)) is not None
+    ]
+    if not tracked:
+        return
+    caller.warn(
+        f"{_listed(tracked)}: torch's InstanceNorm with track_running_stats=True, whose running statistics the "
+        "export leaves out (ONNX's InstanceNormalization has none). Training normalizes each sample by its own "
+        "statistics, as torch's training mode does, and so does the eval model, where torch's eval mode would "
+        "normalize by the running ones; build the layer with track_running_stats=False to export what is trained",
+        TorchExportWarning,
+    )
+
+
 def _listed(items: Sequence[str], count: int = LISTED, separator: str = "; ") -> str:
     """The first ``count`` of ``items`` joined by ``separator``, and how many more there are."""
     more = f" (and {len(items) - count} more)" if len(items) > count else ""
@@ -173,4 +195,5 @@ __all__ = [
     "warn_changed_parameters",
     "warn_folded_convolutions",
     "warn_merged_constants",
+    "warn_untracked_statistics",
 ]

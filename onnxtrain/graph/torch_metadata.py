@@ -122,6 +122,17 @@ def batch_norm_training(node: onnx.NodeProto) -> bool | None:
     return call[0] in _BATCH_NORMS and _argument(call, 5, "training", "False") == "True"
 
 
+def instance_norm_statistics(node: onnx.NodeProto) -> tuple[str, str] | None:
+    """The running mean and variance (FX placeholders, ``%b_...``) that the torch instance normalization
+    ``node`` came from reads: ``nn.InstanceNorm*d(track_running_stats=True)``, whose statistics ONNX's
+    ``InstanceNormalization`` has no place for; ``None`` for another call or one without them."""
+    call = _aten_call(node)
+    if call is None or call[0] != "instance_norm":
+        return None
+    mean, variance = _argument(call, 3, "running_mean", "None"), _argument(call, 4, "running_var", "None")
+    return None if "None" in (mean, variance) else (mean, variance)
+
+
 def _aten_call(node: onnx.NodeProto) -> tuple[str, list[str], dict[str, str]] | None:
     """``(operator, arguments, keywords)`` of the ``aten.<operator>.default`` call of ``node``'s FX node, as
     text; ``None`` without one."""
@@ -241,6 +252,7 @@ __all__ = [
     "ParameterChange",
     "batch_norm_training",
     "embedding_arguments",
+    "instance_norm_statistics",
     "module_path",
     "parameter_changes",
     "parameters_read",

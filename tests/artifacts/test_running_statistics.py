@@ -1,4 +1,5 @@
-"""BatchNormalization's running statistics: recognised wherever the lists put them, updated, never trained."""
+"""BatchNormalization's running statistics: recognised wherever the lists put them, updated, never trained; an
+InstanceNorm's, which an export leaves out, said to be lost."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 
 from onnxtrain import api, optim
-from onnxtrain.artifacts import LossType, RunningStatisticsWarning, generate_artifacts
+from onnxtrain.artifacts import LossType, RunningStatisticsWarning, build_artifacts, generate_artifacts
+from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+from onnxtrain.graph.roles import trainable_parameters
 from tests.helpers import export_for_training
 
 STATISTICS = ["bn.running_mean", "bn.running_var"]
@@ -177,3 +180,26 @@ def test_a_dynamo_export_in_eval_mode_keeps_its_running_statistics(tmp_path):
     assert all(attribute.name != "training_mode" or attribute.i == 0 for attribute in norms[0].attribute)
     state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
     assert not set(STATISTICS) & {name for name, _ in state.parameters}
+
+
+@pytest.mark.parametrize("tracked", [True, False])
+def test_an_instance_norm_that_tracks_running_statistics_is_said_to_lose_them(tracked: bool):
+    """``nn.InstanceNorm2d(track_running_stats=True)``: the dynamo export reads no running statistics (ONNX's
+    InstanceNormalization has none), so the eval model normalizes each sample as training does, where torch's
+    eval mode would use the running ones; generation says so, naming the statistics."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("onnxscript")
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.InstanceNorm2d(2, affine=True, track_running_stats=tracked),
+        torch.nn.Flatten(), torch.nn.Linear(32, 3),
+    ).train()  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes
+        model = torch.onnx.export(net, (torch.zeros(2, 1, 6, 6),), dynamo=True, optimize=False).model_proto
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_artifacts(model, requires_grad=trainable_parameters(model), loss=LossType.CrossEntropyLoss)
+    said = [w for w in caught if issubclass(w.category, TorchExportWarning)]
+    assert len(said) == int(tracked)
+    if tracked:
+        assert "running_mean" in str(said[0].message) and "track_running_stats=False" in str(said[0].message)
