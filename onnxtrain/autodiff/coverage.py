@@ -169,7 +169,12 @@ def coverage_markdown(registry: GradientRegistry | None = None) -> str:
             "| Domain | Operator | Read by |",
             "|---|---|---|",
         ]
-        lines += [f"| {domain or 'ai.onnx'} | {op} | {reader} |" for (domain, op), reader in sorted(pairs.items())]
+        lines += [
+            f"| {domain or 'ai.onnx'} | {op} | {pair.reader}"
+            + (f" (maybe through {', '.join(sorted(pair.through))})" if pair.through else "")
+            + " |"
+            for (domain, op), pair in sorted(pairs.items())
+        ]
     return "\n".join(lines) + "\n"
 
 

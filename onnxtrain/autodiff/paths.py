@@ -13,10 +13,13 @@ from dataclasses import dataclass
 
 import onnx
 
-from onnxtrain.autodiff.registry import GradientRegistry, Rule, domain_key
+from onnxtrain.autodiff.registry import GradientRegistry, Rule, StraightThrough, domain_key
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.walk import names_read, node_label, readers_of, subgraph_references, topological_order
+
+#: The most operators a straight-through pair's values pass between its two (a ``Clip`` of the codes).
+_STRAIGHT_THROUGH_DEPTH = 4
 
 
 @dataclass
@@ -116,20 +119,36 @@ def carries_float(type_proto: onnx.TypeProto | None) -> bool:
 
 
 def _passes_straight_through(
-    node: onnx.NodeProto, registry: GradientRegistry, readers: dict[str, list[onnx.NodeProto]], outputs: set[str]
-) -> bool:
-    """Whether ``node`` is the first of a straight-through pair (:meth:`GradientRegistry.straight_through`): each of
-    its outputs is read, and only by the pair's second operator, and none is an output of the graph."""
-    reader = registry.straight_through_reader(node.op_type, node.domain)
-    if reader is None:
-        return False
-    names = [name for name in node.output if name]
-    return all(
-        name not in outputs
-        and readers.get(name)
-        and all(r.op_type == reader and domain_key(r.domain) == domain_key(node.domain) for r in readers[name])
-        for name in names
-    )
+    node: onnx.NodeProto,
+    registry: GradientRegistry,
+    readers: dict[str, list[onnx.NodeProto]],
+    outputs: set[str],
+    straight: dict[str, StraightThrough],
+) -> StraightThrough | None:
+    """The pair ``node`` is part of, where its outputs only lead to the pair's second operator
+    (:meth:`GradientRegistry.straight_through`): ``node`` is the first, or an operator allowed between, reading a
+    value of the pair (``straight``); each of its outputs is read, only by the second operator or by operators
+    allowed between whose outputs are read so in turn, and none is an output of the graph."""
+    pair = registry.straight_through_of(node.op_type, node.domain)
+    if pair is None:
+        pair = next((straight[name] for name in node.input[:1] if name in straight), None)
+        if pair is None or node.op_type not in pair.through or not versions.is_standard(node):
+            return None
+
+    def leads_to_reader(name: str, depth: int) -> bool:
+        found = readers.get(name)
+        if name in outputs or not found or depth > _STRAIGHT_THROUGH_DEPTH:
+            return False
+        return all(
+            domain_key(r.domain) == domain_key(node.domain)
+            and (
+                r.op_type == pair.reader
+                or (r.op_type in pair.through and all(leads_to_reader(o, depth + 1) for o in r.output if o))
+            )
+            for r in found
+        )
+
+    return pair if all(leads_to_reader(name, 0) for name in node.output if name) else None
 
 
 def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[str], registry: GradientRegistry) -> Path:
@@ -145,6 +164,7 @@ def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[st
     candidates: list[PathNode] = []
     readers = readers_of(nodes, names_read)
     outputs = {value.name for value in model.graph.output}
+    straight: dict[str, StraightThrough] = {}  # the values of straight-through pairs, with their pair
     for i in order:
         node = nodes[i]
         if registry.is_non_differentiable(node.op_type, node.domain):
@@ -156,8 +176,10 @@ def find_path(builder: GraphBuilder, loss: str | Sequence[str], wrt: Sequence[st
         ) or bool(subgraph_references(node) & forward)
         if not reached:
             continue
-        if _passes_straight_through(node, registry, readers, outputs):  # its reader differentiates it
+        pair = _passes_straight_through(node, registry, readers, outputs, straight)
+        if pair is not None:  # the pair's second operator differentiates it
             forward.update(name for name in node.output if name)
+            straight.update((name, pair) for name in node.output if name)
             continue
         candidates.append(PathNode(i, node, opset, rule))
         forward.update(name for name in node.output if name and _is_float_or_unknown(builder, name))

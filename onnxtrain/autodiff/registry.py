@@ -105,6 +105,14 @@ class Rule:
         return doc.splitlines()[0].strip() if doc else ""
 
 
+@dataclass(frozen=True)
+class StraightThrough:
+    """A straight-through pair's second operator, and the operators that may stand between the two."""
+
+    reader: str
+    through: frozenset[str] = frozenset()
+
+
 class GradientRegistry:
     """Gradient rules and non-differentiable declarations, keyed by (domain, op_type).
 
@@ -116,7 +124,7 @@ class GradientRegistry:
     def __init__(self) -> None:
         self._rules: dict[tuple[str, str], list[Rule]] = {}
         self._non_differentiable: set[tuple[str, str]] = set()
-        self._straight_through: dict[tuple[str, str], str] = {}
+        self._straight_through: dict[tuple[str, str], StraightThrough] = {}
         self._frozen = False
 
     # ------------------------------------------------------------ registering
@@ -187,15 +195,16 @@ class GradientRegistry:
                 raise ValueError(f"{_label(key)} has a gradient rule; it cannot also be non-differentiable")
             self._non_differentiable.add(key)
 
-    def straight_through(self, producer: str, reader: str, *, domain: str = "") -> None:
+    def straight_through(self, producer: str, reader: str, *, through: Sequence[str] = (), domain: str = "") -> None:
         """Declare ``domain::producer``'s outputs, of any type, on the path where ``domain::reader`` reads each of them
-        and nothing else does: ``producer`` is then not differentiated itself, and ``reader``'s rule gives the
-        gradient of the pair to ``producer``'s inputs (:meth:`RuleContext.contribute
-        <onnxtrain.autodiff.context.RuleContext.contribute>`). A straight-through estimator: ``QuantizeLinear``'s
-        integer codes read by ``DequantizeLinear``. Where another operator reads them, ``producer`` needs a rule as
-        any operator does."""
+        and nothing else does, directly or through operators of ``through`` (each read the same way): ``producer``
+        and those are then not differentiated themselves, and ``reader``'s rule gives the gradient of them all to
+        ``producer``'s inputs (:meth:`RuleContext.contribute <onnxtrain.autodiff.context.RuleContext.contribute>`).
+        A straight-through estimator: ``QuantizeLinear``'s integer codes read by ``DequantizeLinear``, maybe
+        narrowed by a ``Clip``. Where another operator reads them, ``producer`` needs a rule as any operator
+        does."""
         self._check_mutable(f"declare {producer} straight-through")
-        self._straight_through[(domain_key(domain), producer)] = reader
+        self._straight_through[(domain_key(domain), producer)] = StraightThrough(reader, frozenset(through))
 
     # ------------------------------------------------------------ rule families
 
@@ -276,9 +285,9 @@ class GradientRegistry:
         """Whether ``domain::op_type`` was declared non-differentiable."""
         return (domain_key(domain), op_type) in self._non_differentiable
 
-    def straight_through_reader(self, op_type: str, domain: str = "") -> str | None:
-        """The operator (of the same domain) that differentiates ``domain::op_type`` with itself where it reads each
-        of its outputs alone (:meth:`straight_through`), else ``None``."""
+    def straight_through_of(self, op_type: str, domain: str = "") -> StraightThrough | None:
+        """How ``domain::op_type``'s outputs reach the operator that differentiates it with itself
+        (:meth:`straight_through`), else ``None``."""
         return self._straight_through.get((domain_key(domain), op_type))
 
     def rules(self) -> list[Rule]:
@@ -295,8 +304,8 @@ class GradientRegistry:
         """The (domain, op_type) pairs declared non-differentiable."""
         return set(self._non_differentiable)
 
-    def straight_through_pairs(self) -> dict[tuple[str, str], str]:
-        """``{(domain, producer): reader}`` for each pair declared with :meth:`straight_through`."""
+    def straight_through_pairs(self) -> dict[tuple[str, str], StraightThrough]:
+        """``{(domain, producer): (reader, through)}`` for each pair declared with :meth:`straight_through`."""
         return dict(self._straight_through)
 
 
@@ -324,6 +333,7 @@ __all__ = [
     "Result",
     "Rule",
     "RuleFn",
+    "StraightThrough",
     "UnaryGradient",
     "domain_key",
 ]

@@ -218,20 +218,24 @@ def test_lora_over_a_statically_quantized_model(tmp_path: Path) -> None:
 
 class FakeQuantized(torch.nn.Module):  # type: ignore[misc,name-defined]
     """A convolution and a linear layer, their inputs and weights fake-quantized by PyTorch itself: per tensor
-    (uint8 activations, int8 weights) and per output channel (the convolution's int8 weight)."""
+    (uint8 activations, int8 weights) and per output channel (the convolution's int8 weight). The hidden
+    activations take codes 0..127 (``torch.ao``'s x86 and fbgemm configurations: the TorchScript exporter writes
+    a ``Clip`` of the codes), and the linear weight's scale is its largest magnitude over 127.5 (PyTorch's
+    symmetric observers': that weight lies at ``x / s = 127.5`` exactly, inside the range for PyTorch)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.conv = torch.nn.Conv2d(1, 4, 3)
         self.fc = torch.nn.Linear(4 * 4 * 4, 5)
+        self.fc_scale = float(self.fc.weight.detach().abs().max()) / 127.5
 
     def forward(self, x: Any) -> Any:
         x = torch.fake_quantize_per_tensor_affine(x, 0.02, 128, 0, 255)
         scales, zeros = torch.full((4,), 0.01), torch.zeros(4, dtype=torch.int32)
         weight = torch.fake_quantize_per_channel_affine(self.conv.weight, scales, zeros, 0, -128, 127)
         h = torch.relu(torch.nn.functional.conv2d(x, weight, self.conv.bias))
-        h = torch.fake_quantize_per_tensor_affine(h, 0.01, 0, 0, 255).flatten(1)
-        weight = torch.fake_quantize_per_tensor_affine(self.fc.weight, 0.005, 0, -128, 127)
+        h = torch.fake_quantize_per_tensor_affine(h, 0.01, 0, 0, 127).flatten(1)
+        weight = torch.fake_quantize_per_tensor_affine(self.fc.weight, self.fc_scale, 0, -128, 127)
         return torch.nn.functional.linear(h, weight, self.fc.bias)
 
 
@@ -255,6 +259,9 @@ def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(exporter: str, tmp_
     else:
         exported = export_for_training(net, (x,), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "N"}, "y": {0: "N"}})
     assert {"QuantizeLinear", "DequantizeLinear"} <= {node.op_type for node in exported.graph.node}
+    if exporter == "torchscript":  # the codes of 0..127 clipped between the two
+        quantized = {node.output[0] for node in exported.graph.node if node.op_type == "QuantizeLinear"}
+        assert any(node.op_type == "Clip" and node.input[0] in quantized for node in exported.graph.node)
     names = artifacts.trainable_parameters(exported)
     assert names == [name for name, _ in net.named_parameters()]
     paths = artifacts.generate_artifacts(

@@ -144,6 +144,38 @@ def test_the_forward_pass_is_unchanged() -> None:
     assert run_model(builder.model, {"x": x, "w": w})[0] == run_model(model, {"x": x, "w": w})[0]
 
 
+def test_the_codes_are_computed_as_pytorch_computes_them() -> None:
+    """``round(x * (1 / s))``, as PyTorch's fake quantization: PyTorch's symmetric observers set ``s = max|w| /
+    127.5``, so the largest weight often lies where ``x / s`` is 127.5 exactly (rounded to 128: clipped) but
+    ``x * (1 / s)`` is 127.49999 (127: inside, its gradient passes in PyTorch)."""
+    x, scale = np.float32(0.19010653), np.float32(0.0014910316)  # found so; the next line checks it
+    assert x / scale == np.float32(127.5) and x * (np.float32(1) / scale) < np.float32(127.5)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    initializers = [("s", scale), ("z", np.int8(0))]
+    model = make_model({"x": (FLOAT, [2])}, nodes, {"loss": (FLOAT, [])}, initializers, opset=19)
+    got = gradient_of_x(model, {"x": np.array([x, -x], np.float32)})
+    np.testing.assert_array_equal(got, [1.0, 1.0])  # -127.49999 is inside too
+
+
+def test_a_clip_of_the_codes_narrows_their_range() -> None:
+    """``QuantizeLinear -> Clip -> DequantizeLinear``, as the TorchScript exporter writes PyTorch's fake
+    quantization to a narrower range (0..127, ``torch.ao``'s x86 and fbgemm configurations)."""
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+        helper.make_node("Clip", ["q", "low", "high"], ["narrow"]),
+        helper.make_node("DequantizeLinear", ["narrow", "s", "z"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    initializers = [("s", np.float32(0.5)), ("z", np.uint8(0)), ("low", np.uint8(0)), ("high", np.uint8(127))]
+    model = make_model({"x": (FLOAT, [4])}, nodes, {"loss": (FLOAT, [])}, initializers, opset=19)
+    x = np.array([-1.0, 10.0, 63.0, 64.0], np.float32)  # codes 0 (clipped below), 20, 126, 128 (clipped to 127)
+    np.testing.assert_array_equal(gradient_of_x(model, {"x": x}), [0.0, 1.0, 1.0, 0.0])
+
+
 def test_float8_codes_saturate_at_their_largest_magnitude() -> None:
     scale = np.float32(0.5)
     zero = helper.make_tensor("z", TensorProto.FLOAT8E4M3FN, [], [0.0])  # float8 codes: the zero point is 0
@@ -175,6 +207,19 @@ def _pair(dequantize_inputs: list[str], **attributes: Any) -> onnx.ModelProto:
         ("z_copy", np.uint8(10)),
     ]
     return make_model({"x": (FLOAT, [4])}, nodes, {"loss": (FLOAT, [])}, initializers, opset=19)
+
+
+def test_an_absent_zero_point_is_the_same_as_zeros() -> None:
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s"], ["q"]),
+        helper.make_node("DequantizeLinear", ["q", "s", "zero"], ["y"]),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    model = make_model(
+        {"x": (FLOAT, [3])}, nodes, {"loss": (FLOAT, [])}, [("s", np.float32(0.1)), ("zero", np.uint8(0))], opset=19
+    )
+    got = gradient_of_x(model, {"x": np.array([-1.0, 5.0, 30.0], np.float32)})  # codes -10, 50, 300
+    np.testing.assert_array_equal(got, [0.0, 1.0, 0.0])
 
 
 def test_equal_constants_are_the_same_scale_and_zero_point() -> None:

@@ -29,6 +29,7 @@ it into a float copy of every quantized weight when a session loads.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -171,11 +172,17 @@ def _code_type(ctx: RuleContext, quantizer: onnx.NodeProto) -> int:
 
 
 def _same_parameter(ctx: RuleContext, a: str, b: str) -> bool:
-    """Whether two scales (or zero points) are the same value: one name, or equal constants (both absent: yes)."""
+    """Whether two scales (or zero points) are the same value: one name, or equal constants; an absent zero point
+    is the same as one of zeros."""
     if a == b:
         return True
-    left, right = ctx.constant_value(a), ctx.constant_value(b)
-    return left is not None and right is not None and left.shape == right.shape and bool(np.all(left == right))
+    left = np.zeros(1) if not a else ctx.constant_value(a)
+    right = np.zeros(1) if not b else ctx.constant_value(b)
+    if left is None or right is None:
+        return False
+    if not (a and b):  # an absent zero point: zeros of any shape
+        return not left.any() and not right.any()
+    return left.shape == right.shape and bool(np.all(left == right))
 
 
 def _per_axis(ctx: RuleContext, value: str, x: str, axis: int) -> str:
@@ -193,9 +200,9 @@ def _per_axis(ctx: RuleContext, value: str, x: str, axis: int) -> str:
     return ctx.op("Unsqueeze", value, ctx.int64s(list(range(1, trailing + 1)))) if trailing else value
 
 
-def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto) -> str:
-    """``1`` where ``QuantizeLinear`` codes ``x`` without clipping (``qmin <= round(x / s) + z <= qmax``), else
-    ``0``, in the type of ``x``."""
+def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto, clipped: tuple[float, float]) -> str:
+    """``1`` where ``QuantizeLinear`` codes ``x`` without clipping (``qmin <= round(x / s) + z <= qmax``, the range
+    narrowed to ``clipped``), else ``0``, in the type of ``x``."""
     x, scale = quantizer.input[0], quantizer.input[1]
     zero = quantizer.input[2] if len(quantizer.input) > 2 and quantizer.input[2] else ""
     attributes = _attributes(quantizer)
@@ -205,9 +212,17 @@ def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto) -> str:
             "quantization (block_size); quantize per tensor or per axis for training"
         )
     axis = int(attributes.get("axis", 1))
-    scaled = ctx.op("Div", x, _per_axis(ctx, ctx.cast_like(scale, x), x, axis))
+    # x times the scale's reciprocal, as PyTorch's fake quantization computes the codes (at x / s = 127.5 exactly,
+    # as its symmetric observers make the largest weight, x * (1 / s) rounds to 127, inside: PyTorch's mask)
+    inverse = ctx.op("Reciprocal", _per_axis(ctx, ctx.cast_like(scale, x), x, axis))
+    scaled = ctx.op("Mul", x, inverse)
     code_type = _code_type(ctx, quantizer)
     if code_type in _FLOAT_CODES:  # zero point 0; saturated beyond the largest magnitude
+        if clipped != (-math.inf, math.inf):
+            raise ValueError(
+                f"the straight-through gradient of QuantizeLinear node {quantizer.name!r} does not support a Clip "
+                "of float8 codes; clip the values before quantizing them"
+            )
         inside = ctx.op("LessOrEqual", ctx.op("Abs", scaled), ctx.const(_FLOAT_CODES[code_type], x))
         return ctx.cast_like(inside, x)
     if code_type not in _INTEGER_CODES:
@@ -216,6 +231,7 @@ def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto) -> str:
             f"{helper.tensor_dtype_to_string(code_type)}; quantize to 8 or 16 bits for training"
         )
     low, high = _INTEGER_CODES[code_type]
+    low, high = max(low, clipped[0]), min(high, clipped[1])
     rounded = ctx.op("Round", scaled)
     known = ctx.constant_value(zero) if zero else np.zeros(1)
     if known is not None:
@@ -231,13 +247,34 @@ def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto) -> str:
     return ctx.cast_like(inside, x)
 
 
+def _quantizer_of(ctx: RuleContext, codes: str) -> tuple[onnx.NodeProto | None, tuple[float, float]]:
+    r"""The node that made ``codes``, seen through ``Clip``\ s of constant bounds (the TorchScript exporter's
+    for PyTorch's fake quantization to a narrower range, 0..127), and the range those leave."""
+    low, high = -math.inf, math.inf
+    node = ctx.producer(codes)
+    while node is not None and node.op_type == "Clip" and is_standard(node):
+        names = [node.input[k] if len(node.input) > k else "" for k in (1, 2)]  # min, max
+        bounds = [ctx.constant_value(name) if name else None for name in names]
+        if any(name and bound is None for name, bound in zip(names, bounds, strict=True)):
+            raise ValueError(
+                f"the straight-through gradient of DequantizeLinear node {ctx.node.name!r} needs the bounds of "
+                f"Clip node {node.name!r} on its codes as constants"
+            )
+        if bounds[0] is not None:
+            low = max(low, float(bounds[0]))
+        if bounds[1] is not None:
+            high = min(high, float(bounds[1]))
+        node = ctx.producer(node.input[0])
+    return node, (low, high)
+
+
 @registry.rule("DequantizeLinear", opsets=(10, None), inputs=(0,))
 def dequantize_linear(ctx: RuleContext, grads: Grads) -> Result:
     """y = DequantizeLinear(QuantizeLinear(x, s, z), s, z): dx = g * [qmin <= round(x / s) + z <= qmax]"""
     (g,) = grads
     assert g is not None  # the engine calls a rule only when its output has a gradient
     codes = ctx.inputs[0]
-    quantizer = ctx.producer(codes)
+    quantizer, clipped = _quantizer_of(ctx, codes)
     if quantizer is None or quantizer.op_type != "QuantizeLinear" or not is_standard(quantizer):
         raise ValueError(
             f"DequantizeLinear node {ctx.node.name!r} reads {codes!r}, which depends on a trained value but no "
@@ -254,8 +291,8 @@ def dequantize_linear(ctx: RuleContext, grads: Grads) -> Result:
         )
     x = quantizer.input[0]
     if ctx.depends_on_wrt(x):
-        ctx.contribute(x, ctx.mul(g, _in_range(ctx, quantizer)))
+        ctx.contribute(x, ctx.mul(g, _in_range(ctx, quantizer, clipped)))
     return [None] * len(ctx.inputs)
 
 
-registry.straight_through("QuantizeLinear", "DequantizeLinear")
+registry.straight_through("QuantizeLinear", "DequantizeLinear", through=("Clip",))
