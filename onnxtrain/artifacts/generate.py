@@ -226,7 +226,7 @@ def _build(
     loss_of = PassThrough() if loss is None else loss_block(loss)
     optimizer_of = None if optimizer is None else optimizer_block(optimizer)
     if optimizer_of is not None and not requires:
-        raise ValueError("an optimizer needs trainable parameters: list them in requires_grad")
+        raise ValueError(f"an optimizer needs trainable parameters: list them in requires_grad{_quantized_hint(proto)}")
     if optimizer_of is not None and target == "onnxruntime-training":
         ort_training.sequence_optimizer(optimizer_of, target)  # raises for an optimizer ORT's runtime lacks
 
@@ -274,6 +274,24 @@ def _build(
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
     return built
+
+
+#: Operators of a model quantized in the QOperator format: integer kernels whose weights are integers.
+QUANTIZED_KERNELS = frozenset(
+    {"QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "QGemm", "QLinearAdd", "QAttention"}
+)
+
+
+def _quantized_hint(model: onnx.ModelProto) -> str:
+    """Why a model may hold no trainable parameters: its products are quantized kernels (``""`` otherwise)."""
+    kernels = sorted({node.op_type for node in model.graph.node if node.op_type in QUANTIZED_KERNELS})
+    if not kernels:
+        return ""
+    return (
+        f" (this model computes with quantized kernels, {', '.join(kernels)}, whose integer weights cannot be "
+        "trained: quantize it in the QDQ format, onnxruntime.quantization.QuantFormat.QDQ, for quantization-aware "
+        "training, docs/artifacts.md)"
+    )
 
 
 def _loss_scaling(option: bool | optim.LossScaling | None, precision: str) -> optim.LossScaling | None:

@@ -79,7 +79,7 @@ def backward(builder: GraphBuilder, loss: str, wrt: Sequence[str], registry: Gra
                 "name; rename that value of the model"
             )
     path = find_path(builder, loss, wrt, registry)
-    _check_rules(path, wrt, loss)
+    _check_rules(path, wrt, loss, registry)
     return _Backward(builder, path, registry).run(loss, wrt)
 
 
@@ -104,7 +104,7 @@ def vector_jacobian_product(
             )
     targets = list(seeds)
     path = find_path(builder, targets, wrt, registry)
-    _check_rules(path, wrt, targets)
+    _check_rules(path, wrt, targets, registry)
     return _Backward(builder, path, registry).vjp(seeds, wrt)
 
 
@@ -166,16 +166,32 @@ def _check_loss(builder: GraphBuilder, loss: str) -> None:
         )
 
 
-def _check_rules(path: Path, wrt: Sequence[str], loss: str | Sequence[str]) -> None:
+def _check_rules(path: Path, wrt: Sequence[str], loss: str | Sequence[str], registry: GradientRegistry) -> None:
     for item in path.nodes:
         if item.rule is None:
             node = item.node
             domain = node.domain or "ai.onnx"
+            pair = registry.straight_through_of(node.op_type, node.domain)
+            remedy = (
+                "Register a rule on a copy of the registry (builtin_registry().copy().rule(...)) and pass "
+                "registry=, or keep the values it depends on out of wrt"
+            )
+            if pair is not None:  # the first of a straight-through pair whose outputs something else reads
+                outputs = {name for name in node.output if name}
+                others = sorted(
+                    {f"{n.op_type} {n.name!r}" for n in path.all_nodes if outputs & set(n.input)}
+                    - {f"{pair.reader} {n.name!r}" for n in path.all_nodes if n.op_type == pair.reader}
+                )
+                remedy = (
+                    f"{node.op_type} is differentiated with the {pair.reader} that reads its outputs (a "
+                    f"straight-through estimator), and here {', '.join(others)} read them too, which gives its "
+                    "codes no gradient (a QOperator model's quantized kernels, say): quantize in the QDQ format "
+                    "(onnxruntime.quantization.QuantFormat.QDQ) for quantization-aware training"
+                )
             raise MissingGradientError(
                 f"no gradient rule for operator {node.op_type} (domain {domain!r}, opset {item.opset}) at node "
                 f"{node_label(node, item.index)}, which lies on the path {path.describe(item.index, wrt, loss)}. "
-                "Register a rule on a copy of the registry (builtin_registry().copy().rule(...)) and pass "
-                "registry=, or keep the values it depends on out of wrt"
+                + remedy
             )
 
 

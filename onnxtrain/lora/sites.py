@@ -231,9 +231,13 @@ def select(
     for pattern in patterns:
         hits = {name for name in sites if known[name].matched_by(pattern)}
         if not hits:
-            others = sorted(name for name in reasons if known[name].matched_by(pattern))
+            # the matrices first (a weight read the wrong way is the likely target), then scales and the rest
+            ranks = {tensor.name: len(tensor.dims) for tensor in graph.initializer}
+            matched = [name for name in reasons if known[name].matched_by(pattern)]
+            others = sorted(matched, key=lambda name: (ranks.get(name) != 2, name))
             if others:
-                why = "; ".join(f"{name!r}: {reasons[name]}" for name in others[:5])
+                more = f" (and {len(others) - 5} more)" if len(others) > 5 else ""
+                why = "; ".join(f"{name!r}: {reasons[name]}" for name in others[:5]) + more
                 raise ValueError(
                     f"target pattern {pattern!r} matches no weight an adapter can go beside: it matches {why}. "
                     "Adapters go beside a weight that is the second input of a MatMul or Gemm (or of "

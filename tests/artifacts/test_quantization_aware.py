@@ -45,8 +45,11 @@ class Calibration(quantization.CalibrationDataReader):  # type: ignore[misc,name
         return next(self._batches, None)
 
 
-def quantized(module: Any, shape: tuple[int, ...], folder: Path, *, weight_pairs: bool) -> Path:
-    """``module`` exported for training and quantized by ``quantize_static`` (QDQ); the quantized model's path."""
+def quantized(
+    module: Any, shape: tuple[int, ...], folder: Path, *, weight_pairs: bool, operators: bool = False
+) -> Path:
+    """``module`` exported for training and quantized by ``quantize_static`` (QDQ, or QOperator with
+    ``operators``); the quantized model's path."""
     float_path, path = folder / "float.onnx", folder / "qdq.onnx"
     exported = export_for_training(
         module, (torch.randn(*shape),), ["x"], ["logits"], opset=17, dynamic_axes={"x": {0: "N"}, "logits": {0: "N"}}
@@ -56,7 +59,7 @@ def quantized(module: Any, shape: tuple[int, ...], folder: Path, *, weight_pairs
         str(float_path),
         str(path),
         Calibration(shape),
-        quant_format=quantization.QuantFormat.QDQ,
+        quant_format=quantization.QuantFormat.QOperator if operators else quantization.QuantFormat.QDQ,
         activation_type=quantization.QuantType.QUInt8,
         weight_type=quantization.QuantType.QInt8,
         per_channel=weight_pairs,
@@ -278,3 +281,17 @@ def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(exporter: str, tmp_
     assert loss == pytest.approx(float(expected.detach()), rel=1e-6)
     for name, parameter in net.named_parameters():
         np.testing.assert_allclose(state.parameters[name].grad, parameter.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_a_qoperator_model_is_told_to_be_quantized_in_the_qdq_format(tmp_path: Path) -> None:
+    """Its products are integer kernels (``QLinearMatMul``, ``QGemm``): no float weight is left to train."""
+    path = quantized(mlp(), (7, 6), tmp_path, weight_pairs=False, operators=True)
+    names = artifacts.trainable_parameters(path)
+    with pytest.raises(ValueError, match=r"needs trainable parameters.*quantized kernels.*QuantFormat\.QDQ"):
+        artifacts.generate_artifacts(
+            str(path),
+            requires_grad=names,
+            loss=artifacts.LossType.CrossEntropyLoss,
+            optimizer=artifacts.OptimType.AdamW,
+            artifact_directory=tmp_path / "artifacts",
+        )

@@ -138,3 +138,23 @@ def test_a_weight_read_both_ways_round_is_refused() -> None:
         match=re.escape("'W': read as [in, out] by MatMul node '/a/MatMul' as input 1 and as [out, in] by Gemm"),
     ):
         add_adapters(model, "W", 2, 4)
+
+
+def test_a_pattern_matching_many_non_weights_names_the_matrix_first() -> None:
+    """A pattern that matches a weight read the wrong way and its quantization's scalars: the weight's reason
+    comes first, however the names sort, and the count of the others is said."""
+    scalars = [f"proj.a{k}" for k in range(6)]  # sort before 'proj.weight'
+    nodes = [helper.make_node("Transpose", ["proj.weight"], ["wt"]), helper.make_node("Mul", ["x", "wt"], ["y0"])]
+    for k, name in enumerate(scalars):
+        nodes.append(helper.make_node("Mul", [f"y{k}", name], [f"y{k + 1}"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 3])],
+        [helper.make_tensor_value_info(f"y{len(scalars)}", TensorProto.FLOAT, [3, 3])],
+        [onnx.numpy_helper.from_array(np.ones((3, 3), np.float32), "proj.weight")]
+        + [onnx.numpy_helper.from_array(np.float32(2.0), name) for name in scalars],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match=r"it matches 'proj\.weight': .*\(and 2 more\)"):
+        add_adapters(model, "proj.*", 2, 4)
