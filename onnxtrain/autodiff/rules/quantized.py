@@ -8,9 +8,11 @@ integer weights), never to the frozen quantized weights.
 a QDQ model (``onnxruntime.quantization.quantize_static``: activations, and
 weights with ``AddQDQPairToWeight``), is differentiated as one function with
 the straight-through estimator of quantization-aware training: ``dx = g``
-where the code ``round(x / s) + z`` lies in the range of the quantized type,
-``0`` where it is clipped (ONNX Runtime's ``FakeQuantGrad``, PyTorch's
-``fake_quantize_per_tensor_affine`` and ``_per_channel_affine``). It is the
+where the code ``round(x * (1 / s)) + z`` lies in the range of the quantized
+type (narrowed by a ``Clip`` of the codes between the two, as the TorchScript
+exporter writes PyTorch's codes of 0..127), ``0`` where it is clipped (ONNX
+Runtime's ``FakeQuantGrad``, PyTorch's ``fake_quantize_per_tensor_affine``
+and ``_per_channel_affine``, whose ``x * (1 / s)`` it computes). It is the
 derivative of ``clip(x, (qmin - z - 1/2) s, (qmax - z + 1/2) s)``, the
 function the fake quantization rounds. The scale and zero point get no
 gradient (they are fixed, as ONNX Runtime's QAT keeps them).
@@ -201,8 +203,8 @@ def _per_axis(ctx: RuleContext, value: str, x: str, axis: int) -> str:
 
 
 def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto, clipped: tuple[float, float]) -> str:
-    """``1`` where ``QuantizeLinear`` codes ``x`` without clipping (``qmin <= round(x / s) + z <= qmax``, the range
-    narrowed to ``clipped``), else ``0``, in the type of ``x``."""
+    """``1`` where ``QuantizeLinear`` codes ``x`` without clipping (``qmin <= round(x * (1 / s)) + z <= qmax``, the
+    range narrowed to ``clipped``), else ``0``, in the type of ``x``."""
     x, scale = quantizer.input[0], quantizer.input[1]
     zero = quantizer.input[2] if len(quantizer.input) > 2 and quantizer.input[2] else ""
     attributes = _attributes(quantizer)
@@ -270,7 +272,7 @@ def _quantizer_of(ctx: RuleContext, codes: str) -> tuple[onnx.NodeProto | None, 
 
 @registry.rule("DequantizeLinear", opsets=(10, None), inputs=(0,))
 def dequantize_linear(ctx: RuleContext, grads: Grads) -> Result:
-    """y = DequantizeLinear(QuantizeLinear(x, s, z), s, z): dx = g * [qmin <= round(x / s) + z <= qmax]"""
+    """y = DequantizeLinear(QuantizeLinear(x, s, z), s, z): dx = g * [qmin <= round(x * (1 / s)) + z <= qmax]"""
     (g,) = grads
     assert g is not None  # the engine calls a rule only when its output has a gradient
     codes = ctx.inputs[0]
