@@ -34,7 +34,8 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
   ``nn.PReLU``'s slope unsqueezed), in a ``Concat`` beside what weights
   compute (ViT's class token expanded and concatenated with the patch
   embeddings), added to a product (``MultiheadAttention``'s packed bias
-  sliced), multiplying what weights compute unless it is a slice (a layer
+  sliced; a convolution's bias after torch.ao's fused BatchNorm divided the
+  convolution by its per-channel factor), multiplying what weights compute unless it is a slice (a layer
   scale unsqueezed onto the channels; a rotary table sliced to the sequence
   stays a constant), or scaling or shifting a normalization's output
   (``nn.GroupNorm``'s affine, exported as an ``InstanceNormalization``
@@ -321,10 +322,21 @@ def _viewed_elementwise_weight(
         beside = node.op_type in ("Add", "Sub", "Mul")
     elif node.op_type == "Mul" and not use.sliced:  # a whole tensor (not a slice of a table) scaling what weights
         beside = use.other in computed  # compute: a layer scale, Mamba's skip weight D, its decay -exp(A_log)
-    else:  # a bias added to a product
+    else:  # a bias added to a product, maybe scaled per channel by what weights compute (torch.ao's ConvBn)
         beside = use.other in computed and node.op_type in ("Add", "Sub") and source is not None
-        beside = beside and _is_product(source)
+        beside = beside and (_is_product(source) or _scaled_product(source, producers, data))
     return beside and _elementwise_weight(node, use.position, tensors[use.tensor], True)
+
+
+def _scaled_product(node: onnx.NodeProto, producers: Mapping[str, onnx.NodeProto], data: set[str]) -> bool:
+    """Whether ``node`` multiplies or divides a product by what the float inputs do not compute: torch.ao's fused
+    convolution and BatchNorm for quantization-aware training divides its convolution by the normalization's
+    per-channel factor before adding the convolution's bias."""
+    if node.op_type not in SCALING or not is_standard(node) or len(node.input) != 2:
+        return False
+    product, factor = node.input
+    source = _through_reshapes(product, producers)
+    return source is not None and _is_product(source) and factor not in data
 
 
 def _through_reshapes(value: str, producers: Mapping[str, onnx.NodeProto]) -> onnx.NodeProto | None:

@@ -382,6 +382,41 @@ def test_a_viewed_tensor_beside_a_product_or_a_normalization_is_its_bias_or_affi
     ]  # fmt: skip
 
 
+def test_a_bias_added_to_a_product_scaled_per_channel_is_a_weight():
+    """torch.ao's fused convolution and BatchNorm for quantization-aware training: the convolution, divided by
+    the normalization's per-channel factor (computed from weights), then its bias reshaped and added. A product
+    scaled by what the inputs compute (an attention's probabilities times values, say) keeps its addend a
+    constant."""
+    f32 = np.float32
+    initializers = [
+        ("conv.weight", np.ones((2, 1, 3, 3), f32)),
+        ("conv.bias", np.zeros(2, f32)),
+        ("bn.weight", np.ones(2, f32)),
+        ("channels", np.array([1, 2, 1, 1], np.int64)),
+        ("offset", np.full(2, 0.5, f32)),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["bn.weight", "channels"], ["factor"]),
+        helper.make_node("Mul", ["conv.weight", "factor_w"], ["scaled_weight"]),
+        helper.make_node("Reshape", ["bn.weight", "weight_shape"], ["factor_w"]),
+        helper.make_node("Conv", ["x", "scaled_weight"], ["y"]),
+        helper.make_node("Div", ["y", "factor"], ["unscaled"]),
+        helper.make_node("Reshape", ["conv.bias", "channels"], ["bias"]),
+        helper.make_node("Add", ["unscaled", "bias"], ["out"]),
+        helper.make_node("Div", ["y", "x_scale"], ["by_data"]),  # scaled by what the inputs compute
+        helper.make_node("Reshape", ["offset", "channels"], ["offset_view"]),
+        helper.make_node("Add", ["by_data", "offset_view"], ["out2"]),
+        helper.make_node("Add", ["out", "out2"], ["z"]),
+    ]
+    initializers.append(("weight_shape", np.array([2, 1, 1, 1], np.int64)))
+    inputs = {"x": (FLOAT, [1, 1, 5, 5]), "x_scale": (FLOAT, [1, 2, 1, 1])}
+    ordered = [nodes[2], *nodes[:2], *nodes[3:]]
+    model = make_model(inputs, ordered, {"z": (FLOAT, [1, 2, 3, 3])}, initializers, opset=18)
+    roles = initializer_roles(model)
+    assert roles["conv.bias"] == "weight" and roles["bn.weight"] == "weight"
+    assert roles["offset"] == "constant"
+
+
 def test_a_weight_computed_from_initializers_alone_is_re_parametrised_by_them():
     """Weight normalization writes a convolution's weight ``g * v / ||v||``: ``g`` and ``v`` are weights. An
     integer weight dequantized by its scale keeps the scale a constant (not arithmetic on floats alone)."""
