@@ -179,8 +179,11 @@ def _check_rules(path: Path, wrt: Sequence[str], loss: str | Sequence[str], regi
             if pair is not None:  # the first of a straight-through pair whose outputs something else reads
                 outputs = {name for name in node.output if name}
                 others = sorted(
-                    {f"{n.op_type} {n.name!r}" for n in path.all_nodes if outputs & set(n.input)}
-                    - {f"{pair.reader} {n.name!r}" for n in path.all_nodes if n.op_type == pair.reader}
+                    {
+                        f"{n.op_type} {n.name!r}"
+                        for n in path.all_nodes
+                        if outputs & set(n.input) and n.op_type != pair.reader
+                    }
                 )
                 remedy = (
                     f"{node.op_type} is differentiated with the {pair.reader} that reads its outputs (a "

@@ -156,18 +156,23 @@ def torch_step(
     return float(loss.detach()), {name: p.grad.numpy() for name, p in parameters.items()}
 
 
-def assert_trains_as_pytorch(
-    model: onnx.ModelProto, names: list[str], x: np.ndarray, labels: np.ndarray, folder: Path
-) -> None:
-    """One train step of ``model``'s artifacts (``names`` trained) gives PyTorch's loss and every gradient, none
-    of them zero."""
-    paths = artifacts.generate_artifacts(
-        model,
+def generated(model: onnx.ModelProto | Path, names: list[str], folder: Path) -> dict[str, Path]:
+    """The artifacts of ``model`` (``names`` trained), cross-entropy and AdamW, in ``folder / "artifacts"``."""
+    return artifacts.generate_artifacts(
+        model if isinstance(model, onnx.ModelProto) else str(model),
         requires_grad=names,
         loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.OptimType.AdamW,
         artifact_directory=folder / "artifacts",
     )
+
+
+def assert_trains_as_pytorch(
+    model: onnx.ModelProto, names: list[str], x: np.ndarray, labels: np.ndarray, folder: Path
+) -> None:
+    """One train step of ``model``'s artifacts (``names`` trained) gives PyTorch's loss and every gradient, none
+    of them zero."""
+    paths = generated(model, names, folder)
     loss, state = one_step(paths, x, labels)
     expected_loss, expected = torch_step(model, x, labels, names)
     assert loss == pytest.approx(expected_loss, rel=1e-5)
@@ -267,13 +272,7 @@ def test_a_model_pytorch_fake_quantizes_trains_as_in_pytorch(exporter: str, tmp_
         assert any(node.op_type == "Clip" and node.input[0] in quantized for node in exported.graph.node)
     names = artifacts.trainable_parameters(exported)
     assert names == [name for name, _ in net.named_parameters()]
-    paths = artifacts.generate_artifacts(
-        exported,
-        requires_grad=names,
-        loss=artifacts.LossType.CrossEntropyLoss,
-        optimizer=artifacts.OptimType.AdamW,
-        artifact_directory=tmp_path / "artifacts",
-    )
+    paths = generated(exported, names, tmp_path)
     labels = torch.tensor([0, 3, 4])
     loss, state = one_step(paths, x.numpy(), labels.numpy())
     expected = torch.nn.functional.cross_entropy(net(x), labels)
@@ -288,10 +287,4 @@ def test_a_qoperator_model_is_told_to_be_quantized_in_the_qdq_format(tmp_path: P
     path = quantized(mlp(), (7, 6), tmp_path, weight_pairs=False, operators=True)
     names = artifacts.trainable_parameters(path)
     with pytest.raises(ValueError, match=r"needs trainable parameters.*quantized kernels.*QuantFormat\.QDQ"):
-        artifacts.generate_artifacts(
-            str(path),
-            requires_grad=names,
-            loss=artifacts.LossType.CrossEntropyLoss,
-            optimizer=artifacts.OptimType.AdamW,
-            artifact_directory=tmp_path / "artifacts",
-        )
+        generated(path, names, tmp_path)

@@ -148,8 +148,8 @@ _INTEGER_CODES = {
     TensorProto.INT16: (-32768, 32767),
     TensorProto.UINT4: (0, 15),
     TensorProto.INT4: (-8, 7),
-    getattr(TensorProto, "UINT2", -1): (0, 3),
-    getattr(TensorProto, "INT2", -2): (-2, 1),
+    TensorProto.UINT2: (0, 3),
+    TensorProto.INT2: (-2, 1),
 }
 
 #: The largest finite magnitude of each float type ``QuantizeLinear`` writes (it saturates to it by default).
@@ -158,7 +158,7 @@ _FLOAT_CODES = {
     TensorProto.FLOAT8E4M3FNUZ: 240.0,
     TensorProto.FLOAT8E5M2: 57344.0,
     TensorProto.FLOAT8E5M2FNUZ: 57344.0,
-    getattr(TensorProto, "FLOAT4E2M1", -3): 6.0,
+    TensorProto.FLOAT4E2M1: 6.0,
 }
 
 
