@@ -151,6 +151,8 @@ class RuleContext:
         self._vjp = vjp
         #: Gradients this rule gives to values that are not its node's inputs (see :meth:`contribute`).
         self.contributed: list[tuple[str, str]] = []
+        #: ``(forward value, its copy)`` pairs this rule computed again (see :meth:`recompute`).
+        self.recomputed: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ inspection
 
@@ -219,6 +221,14 @@ class RuleContext:
         view = self._view
         return view is not None and view.readers.get(name, 0) == 1 and name not in view.outputs
 
+    def read_only_by(self, name: str, nodes: Sequence[onnx.NodeProto]) -> bool:
+        """Whether ``nodes`` (forward nodes, this one among them or not) are all that read ``name``, and ``name``
+        is no graph output: a rule that differentiates them as one function gets every gradient of ``name``."""
+        view = self._view
+        if view is None or name in view.outputs:
+            return False
+        return view.readers.get(name, 0) == sum(1 for node in nodes if name in node.input)
+
     def depends_on_wrt(self, name: str) -> bool:
         """Whether ``name`` depends on a value being differentiated (so it wants a gradient)."""
         return self._view is not None and name in self._view.forward
@@ -239,6 +249,17 @@ class RuleContext:
         read (:meth:`captured`) this way too: each is one more use of the value.
         """
         self.contributed.append((value, grad))
+
+    def recompute(self, value: str, copy: str) -> None:
+        """Have the gradient nodes that read the forward value ``value`` read ``copy`` instead, which computes
+        it again, to rounding, from values the backward reads anyway: ``value`` is then neither kept for the
+        backward nor recomputed by copies of its own nodes.
+
+        For a rule whose derivative computes most of its output on the way: GPT-2's GELU output, which the
+        next product's weight gradient reads, is ``x * sigmoid(z)`` from the sigmoid of its derivative, one
+        node where the exported chain is eight (the engine orders the gradient nodes to suit).
+        """
+        self.recomputed.append((value, copy))
 
     @property
     def vjp(self) -> Vjp:

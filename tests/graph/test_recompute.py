@@ -201,26 +201,22 @@ def test_the_fused_step_says_that_it_recomputes(tmp_path: Path):
     assert recomputes(fused.model)
 
 
-def _tanh_gelu_mlp(width: int) -> onnx.ModelProto:
-    """``loss = ReduceSum(gelu(x @ w1) @ w2)``, float32, the GELU written out as GPT-2's export writes it
-    (``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``), which onnxruntime fuses into ``FastGelu``."""
-    constants = {"three": 3.0, "c": 0.044715, "k": float(np.sqrt(2 / np.pi)), "one": 1.0, "half": 0.5}
+def _quick_gelu_mlp(width: int) -> onnx.ModelProto:
+    """``loss = ReduceSum(quick_gelu(x @ w1) @ w2)``, float32, CLIP's QuickGELU written out as
+    ``h * Sigmoid(1.702 h)``, which onnxruntime fuses into ``QuickGelu``. Its derivative reads ``h`` and the
+    output, which the recompute pass copies into the backward from ``h``. (GPT-2's tanh GELU chain was the example
+    until its derivative read ``h`` alone.)"""
     nodes = [
         helper.make_node("MatMul", ["x", "w1"], ["h"]),
-        helper.make_node("Pow", ["h", "three"], ["h3"]),
-        helper.make_node("Mul", ["h3", "c"], ["ch3"]),
-        helper.make_node("Add", ["h", "ch3"], ["inner"]),
-        helper.make_node("Mul", ["inner", "k"], ["scaled"]),
-        helper.make_node("Tanh", ["scaled"], ["t"]),
-        helper.make_node("Add", ["t", "one"], ["t1"]),
-        helper.make_node("Mul", ["h", "half"], ["hh"]),
-        helper.make_node("Mul", ["hh", "t1"], ["g"]),
+        helper.make_node("Mul", ["h", "alpha"], ["ah"]),
+        helper.make_node("Sigmoid", ["ah"], ["s"]),
+        helper.make_node("Mul", ["h", "s"], ["g"]),
         helper.make_node("MatMul", ["g", "w2"], ["y"]),
         helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
     ]
     rng = np.random.default_rng(0)
-    initializers = [(name, np.array(value, np.float32)) for name, value in constants.items()]
-    initializers += [
+    initializers = [
+        ("alpha", np.array(1.702, np.float32)),
         ("w1", rng.normal(scale=0.03, size=(width, width)).astype(np.float32)),
         ("w2", rng.normal(scale=0.03, size=(width, 2)).astype(np.float32)),
     ]
@@ -228,14 +224,14 @@ def _tanh_gelu_mlp(width: int) -> onnx.ModelProto:
 
 
 def test_copies_wait_for_the_backward_where_onnxruntime_fuses_the_forward():
-    """onnxruntime numbers the ``FastGelu`` it makes after every node of the model, and runs the lowest ready
-    index first: unheld, the GELU's copies ran in the forward (ready as soon as ``x @ w1`` was) and their outputs
+    """onnxruntime numbers the ``QuickGelu`` it makes after every node of the model, and runs the lowest ready
+    index first: unheld, the QuickGELU's copies ran in the forward (ready as soon as ``x @ w1`` was) and their outputs
     lived until the backward, kept for it after all. Held, the step keeps what the model as written keeps."""
-    model = _tanh_gelu_mlp(MIN_KNOWN_ELEMENTS)
+    model = _quick_gelu_mlp(MIN_KNOWN_ELEMENTS)
     training = build_training_models(model, ["loss"], ["w1", "w2"]).training
     assert _copies(training)
     optimized = in_index_order(training, ort_optimized(training))  # as the runtime's session optimizes it
-    assert any(node.op_type == "FastGelu" for node in optimized.graph.node)
+    assert any(node.op_type == "QuickGelu" for node in optimized.graph.node)
     nodes = list(optimized.graph.node)
     position = {index: place for place, index in enumerate(execution_order(nodes, "priority"))}
     forward_end = next(k for k, node in enumerate(nodes) if "y" in node.output)  # the forward's last product

@@ -29,7 +29,7 @@ from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.broadcast import product_grad_dims, unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result, RuleFn
-from onnxtrain.autodiff.rules import elementwise
+from onnxtrain.autodiff.rules import activations
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import (
     rms_scale,
@@ -296,14 +296,6 @@ def simplified_layer_norm(ctx: RuleContext, grads: Grads) -> Result:
 # --------------------------------------------------------------------- GELUs
 
 
-def _fast_gelu_derivative(ctx: RuleContext, u: str) -> str:
-    """d/du u (1 + t) / 2 = (1 + t) / 2 + u (1 - t^2) (a + 3 b u^2) / 2, t = tanh(a u + b u^3)"""
-    u2 = ctx.square(u)
-    t = ctx.op("Tanh", ctx.mul(u, ctx.add(ctx.mul(u2, _FAST_GELU_B), _FAST_GELU_A)))
-    du = ctx.add(ctx.mul(u2, 3.0 * _FAST_GELU_B), _FAST_GELU_A)
-    return ctx.mul(ctx.add(t, ctx.add(ctx.mul(ctx.mul(u, ctx.sub(1.0, ctx.square(t))), du), 1.0)), 0.5)
-
-
 def _biased(ctx: RuleContext, index: int) -> str:
     """``x + bias`` when the bias input ``index`` is present, else ``x``."""
     return ctx.add(ctx.inputs[0], ctx.inputs[index]) if ctx.has_input(index) else ctx.inputs[0]
@@ -312,13 +304,13 @@ def _biased(ctx: RuleContext, index: int) -> str:
 @_rule("Gelu", domain=MS, inputs=(0,))
 def gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g (Phi(x) + x phi(x))"""
-    return [ctx.mul(grads[0], elementwise.gelu(ctx, ctx.inputs[0], ctx.outputs[0]))]  # type: ignore[arg-type]
+    return [ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, ctx.inputs[0], ctx.outputs[0]))]  # type: ignore[arg-type]
 
 
 @_rule("BiasGelu", domain=MS, inputs=(0, 1), broadcasting=True)
 def bias_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dA = dB = g (Phi(u) + u phi(u)), u = A + B"""
-    d = ctx.mul(grads[0], elementwise.gelu(ctx, _biased(ctx, 1), ctx.outputs[0]))  # type: ignore[arg-type]
+    d = ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, _biased(ctx, 1), ctx.outputs[0]))  # type: ignore[arg-type]
     return [d, d]
 
 
@@ -339,19 +331,21 @@ def bias_split_gelu(ctx: RuleContext, grads: Grads) -> Result:
 
 @_rule("FastGelu", domain=MS, inputs=(0, 1), broadcasting=True)
 def fast_gelu(ctx: RuleContext, grads: Grads) -> Result:
-    """dX = dbias = g ((1 + t) / 2 + u (1 - t^2) (a + 3 b u^2) / 2), t = tanh(a u + b u^3), u = X + bias, a = 0.797885, b = 0.035677"""  # noqa: E501
-    # ONNX Runtime's constants, rounded: a = sqrt(2 / pi), b = 0.044715 a to six digits
-    d = ctx.mul(grads[0], _fast_gelu_derivative(ctx, _biased(ctx, 1)))  # type: ignore[arg-type]
+    """dX = dbias = g s (1 + u (1 - s) (2a + 6 b u^2)), s = sigmoid(2 (a u + b u^3)), u = X + bias, a = 0.797885, b = 0.035677"""  # noqa: E501
+    # u (1 + tanh(a u + b u^3)) / 2 = u s; ONNX Runtime's constants, rounded: a = sqrt(2 / pi), b = 0.044715 a
+    derivative = activations.gelu_tanh_derivative(
+        ctx, _biased(ctx, 1), ctx.outputs[0], 2.0 * _FAST_GELU_A, 2.0 * _FAST_GELU_B
+    )
+    d = ctx.mul(grads[0], derivative)  # type: ignore[arg-type]
     return [d, d if ctx.has_input(1) else None][: len(ctx.inputs)]
 
 
 @_rule("QuickGelu", domain=MS, inputs=(0,))
 def quick_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g (s + alpha y (1 - s)), s = sigmoid(alpha x)"""
-    x, y = ctx.inputs[0], ctx.outputs[0]
     alpha = float(ctx.attr("alpha", _QUICK_GELU_ALPHA))
-    s = ctx.op("Sigmoid", ctx.mul(x, alpha))
-    return [ctx.mul(grads[0], ctx.add(s, ctx.mul(ctx.mul(y, alpha), ctx.sub(1.0, s))))]  # type: ignore[arg-type]
+    derivative = activations.sigmoid_gated_derivative(ctx, ctx.inputs[0], ctx.outputs[0], alpha)
+    return [ctx.mul(grads[0], derivative)]  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ FusedMatMul

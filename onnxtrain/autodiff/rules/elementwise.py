@@ -26,6 +26,7 @@ from onnx import TensorProto
 from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
+from onnxtrain.autodiff.rules import activation_chains, activations
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import data_only
 
@@ -47,8 +48,11 @@ def sub(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("Mul", broadcasting=True)
 def mul(ctx: RuleContext, grads: Grads) -> Result:
-    """da = g * b, db = g * a"""
+    """da = g * b, db = g * a; the last node of an exported activation (a GELU's chain) differentiates the chain"""
     (g,) = grads
+    assert g is not None  # the engine calls a rule only when its output has a gradient
+    if activation_chains.fuse_activation_chain(ctx, g):
+        return [None, None]
     a, b = ctx.inputs
     return [ctx.mul(g, b), ctx.mul(g, a)]
 
@@ -370,30 +374,19 @@ def mish(ctx: RuleContext, x: str, y: str) -> str:
     return ctx.add(t, ctx.mul(ctx.mul(x, ctx.op("Sigmoid", x)), ctx.sub(1.0, ctx.square(t))))
 
 
-_GELU_K = math.sqrt(2.0 / math.pi)
-_GELU_C = 0.044715
-
-
 @registry.derivative("Gelu", opsets=(20, None))
 def gelu(ctx: RuleContext, x: str, y: str) -> str:
-    """d/dx x * Phi(x) = Phi(x) + x * phi(x); tanh form: (1 + t) / 2 + x (1 - t**2) k (1 + 3 c x**2) / 2"""
-    x2 = ctx.square(x)
+    """d/dx x * Phi(x) = Phi(x) + x * phi(x); tanh form: s (1 + x (1 - s) (a + 3 b x**2)), s = sigmoid(x (a + b x**2))
+    (:func:`~onnxtrain.autodiff.rules.activations.gelu_tanh_derivative`)"""
     if ctx.attr("approximate", "none") == "tanh":
-        # y = x / 2 * (1 + t), t = tanh(k * (x + c * x**3))
-        t = ctx.op("Tanh", ctx.mul(ctx.mul(x, ctx.add(ctx.mul(x2, _GELU_C), 1.0)), _GELU_K))
-        du = ctx.add(ctx.mul(x2, 3.0 * _GELU_C * _GELU_K), _GELU_K)
-        return ctx.mul(ctx.add(t, ctx.add(ctx.mul(ctx.mul(x, ctx.sub(1.0, ctx.square(t))), du), 1.0)), 0.5)
-    cdf = ctx.mul(ctx.add(ctx.op("Erf", ctx.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
-    pdf = ctx.mul(ctx.op("Exp", ctx.mul(x2, -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
-    return ctx.add(cdf, ctx.mul(x, pdf))
+        return activations.gelu_tanh_derivative(ctx, x, y)
+    return activations.gelu_erf_derivative(ctx, x, y)
 
 
 @registry.derivative("Swish", opsets=(24, None))
 def swish(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x * sigmoid(alpha x) = s + alpha * y * (1 - s), s = sigmoid(alpha x)"""
-    alpha = float(ctx.attr("alpha", 1.0))
-    s = ctx.op("Sigmoid", ctx.mul(x, alpha) if alpha != 1.0 else x)
-    return ctx.add(s, ctx.mul(ctx.mul(y, alpha), ctx.sub(1.0, s)))
+    return activations.sigmoid_gated_derivative(ctx, x, y, float(ctx.attr("alpha", 1.0)))
 
 
 registry.unary(
