@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,7 +30,7 @@ from onnx.reference.ops._op import OpRunUnaryNum
 
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.graph import GraphBuilder
-from tests.helpers import make_model, run_model
+from tests.helpers import export_for_training, make_model, run_model
 
 DOUBLE = TensorProto.DOUBLE
 K = math.sqrt(2.0 / math.pi)
@@ -302,3 +303,60 @@ def test_output_read_by_a_product_before_the_chain(name: str) -> None:
     y = x * (sigmoid(2 * K * (x + 0.044715 * x**3)) if activation == "tanh" else 0.5 * (1 + erf(x / math.sqrt(2))))
     np.testing.assert_allclose(dW, y.T @ np.ones((4, 2)), rtol=1e-10)
     np.testing.assert_allclose(dx, np.ones((4, 2)) @ W.T * DERIVATIVES[activation](x), rtol=1e-9, atol=1e-12)
+
+
+TORCH_ACTIVATIONS = ("gelu", "gelu-tanh", "gpt2-new-gelu", "bloom-gelu", "silu")
+
+
+def _torch_activation(name: str) -> Any:
+    import torch
+
+    if name == "gelu":
+        return torch.nn.GELU()
+    if name == "gelu-tanh":
+        return torch.nn.GELU(approximate="tanh")
+    if name == "silu":
+        return torch.nn.SiLU()
+    transformers = pytest.importorskip("transformers")
+    if name == "gpt2-new-gelu":
+        return transformers.activations.NewGELUActivation()
+
+    class BloomGelu(torch.nn.Module):  # transformers' bloom_gelu_forward, written out
+        def forward(self, x: Any) -> Any:
+            return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    return BloomGelu()
+
+
+@pytest.mark.parametrize("name", TORCH_ACTIVATIONS)
+def test_torchs_exports_are_recognised(name: str) -> None:
+    """The chains torch's TorchScript exporter writes (opset 17) are differentiated as one function, and the
+    gradient is torch's: ``nn.GELU`` in both forms, transformers' ``NewGELUActivation`` (GPT-2), BLOOM's GELU
+    (its constant 0.79788456 rounded to eight digits), ``nn.SiLU``."""
+    torch = pytest.importorskip("torch")
+    activation = _torch_activation(name)
+    x = torch.linspace(-6.0, 6.0, 97, dtype=torch.float32).reshape(1, 97)
+    model = export_for_training(activation, (x,), ["x"], ["y"], opset=17)
+    chain = [n.output[0] for n in model.graph.node if n.op_type != "Constant" and n.output[0] != "y"]
+    model.graph.node.extend(
+        [helper.make_node("Mul", ["y", "w"], ["p"]), helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0)]
+    )
+    model.graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [1, 97]))
+    model.graph.output.insert(0, helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    grads = build_gradients(builder, "loss", ["x"])
+    read = {v for node in builder.model.graph.node[before:] for v in node.input} & set(chain)
+    # values the derivative computes as the chain does, shared with it: sigmoid(x), x * x
+    shared = {
+        n.output[0]
+        for n in builder.model.graph.node[:before]
+        if n.op_type in ("Sigmoid", "Mul") and set(n.input) == {"x"}
+    }
+    assert read <= shared, f"{name}: the gradient reads the chain's values {sorted(read - shared)}"
+    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    w = np.cos(np.arange(97.0, dtype=np.float32)).reshape(1, 97)
+    grad = run_model(builder.model, {"x": x.numpy(), "w": w})[-1]
+    xt = x.clone().requires_grad_(True)
+    (activation(xt) * torch.from_numpy(w)).sum().backward()
+    np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=0, atol=5e-6)
