@@ -104,7 +104,8 @@ class GraphView:
 
     Attributes:
         producers: ``{value: node}`` for every node output.
-        readers: ``{value: number of nodes that read it}`` (subgraph reads included).
+        readers: ``{value: number of nodes that read it}`` (subgraph reads included), of the nodes the loss
+            depends on: the others pass it no gradient.
         outputs: the graph outputs.
         forward: the values that depend on a value being differentiated.
     """

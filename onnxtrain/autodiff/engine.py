@@ -486,13 +486,16 @@ def _reading_copies(draft: list[onnx.NodeProto], copies: Mapping[str, str]) -> l
 
 
 def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:
-    """Producers and reader counts of the forward graph, for rules that fuse with a neighbour."""
+    """Producers and reader counts of the forward graph, for rules that fuse with a neighbour: the readers the loss
+    depends on (one whose outputs the loss ignores passes no gradient back: a dead copy half precision left)."""
     producers: dict[str, onnx.NodeProto] = {}
     readers: dict[str, int] = {}
     for node in path.all_nodes:
         for name in node.output:
             if name:
                 producers[name] = node
+        if not any(name in path.backward for name in node.output if name):
+            continue
         for name in {n for n in node.input if n} | subgraph_references(node):
             readers[name] = readers.get(name, 0) + 1
     outputs = frozenset(value.name for value in builder.model.graph.output)

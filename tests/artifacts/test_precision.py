@@ -79,6 +79,17 @@ def _torch_models() -> dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, n
         )
         return model, {"x": x, "labels": np.array([0, 3, 1], np.int64)}
 
+    def gelu_mlp() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+        """torch's tanh GELU, which autocast computes in part in the half type (``x * x * x``, then a cast)."""
+        torch = pytest.importorskip("torch")
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(16, 4))
+        x = np.random.default_rng(3).normal(size=(5, 6)).astype(np.float32)
+        model = export_for_training(
+            net, (torch.from_numpy(x),), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "n"}, "y": {0: "n"}}
+        )
+        return model, {"x": x, "labels": np.array([0, 3, 1, 2, 2], np.int64)}
+
     def transformer(name: str) -> Callable[[], tuple[onnx.ModelProto, dict[str, np.ndarray]]]:
         def make() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
             data = zoo.batch(name, np.random.default_rng(2), 5)
@@ -86,7 +97,7 @@ def _torch_models() -> dict[str, Callable[[], tuple[onnx.ModelProto, dict[str, n
 
         return make
 
-    return {"cnn": cnn, "lstm": lstm, **{name: transformer(name) for name in zoo.NAMES}}
+    return {"cnn": cnn, "lstm": lstm, "gelu_mlp": gelu_mlp, **{name: transformer(name) for name in zoo.NAMES}}
 
 
 MODELS = _torch_models()
@@ -163,6 +174,21 @@ def test_every_gradient_agrees_with_float32_within_the_half_tolerance(name: str,
         # a gradient zero in exact arithmetic (a key bias, under softmax) is rounding noise of the whole backward
         scale = max(float(np.abs(want[param]).max()), 1e-3 * largest)
         np.testing.assert_allclose(grad, want[param], rtol=0, atol=tolerance * scale, err_msg=param)
+
+
+@pytest.mark.parametrize("precision", ["fp32", *sorted(HALF)])
+def test_a_gelu_chain_split_by_casts_is_differentiated_as_one_function(precision: str):
+    """In half precision torch's tanh GELU computes ``x^3`` in the half type between two casts: the chain, casts
+    included, is still the GELU, whose derivative reads none of its links (node by node it read the ``Tanh``)."""
+    model, _ = MODELS["gelu_mlp"]()
+    built = build_artifacts(
+        model, requires_grad=trainable_parameters(model), loss=LossType.CrossEntropyLoss, precision=precision
+    )
+    forward = {name for node in model.graph.node for name in node.output}
+    tanh = {node.output[0] for node in model.graph.node if node.op_type == "Tanh"}
+    backward = [node for node in built.training_model.graph.node if not set(node.output) & forward]
+    assert tanh and not [node.op_type for node in backward if set(node.input) & tanh]
+    assert any(node.op_type == "Sigmoid" for node in backward)
 
 
 def test_a_user_override_moves_an_operator():

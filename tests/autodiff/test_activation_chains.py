@@ -360,3 +360,37 @@ def test_torchs_exports_are_recognised(name: str) -> None:
     xt = x.clone().requires_grad_(True)
     (activation(xt) * torch.from_numpy(w)).sum().backward()
     np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=0, atol=5e-6)
+
+
+def test_a_chain_through_casts_and_a_dead_reader() -> None:
+    """GPT-2's GELU with ``x^3`` computed in float64 between two casts (as half precision's autocast computes it
+    in the half type), and a link also read by a node whose output the loss ignores: one function still, its
+    gradient in the wider type of the input and the output, cast to the input's."""
+    c = Chain(TensorProto.FLOAT, initializers=False)
+    wide = c.op("Cast", "x")
+    c.nodes[-1].attribute.append(helper.make_attribute("to", DOUBLE))
+    cube = c.op("Cast", c.op("Mul", wide, c.op("Mul", wide, wide)))
+    c.nodes[-1].attribute.append(helper.make_attribute("to", TensorProto.FLOAT))
+    half = c.op("Mul", "x", c.const(0.5))
+    inner = c.op("Add", "x", c.op("Mul", cube, c.const(0.044715)))
+    t = c.op("Tanh", c.op("Mul", inner, c.const(K)))
+    c.op("Mul", half, c.op("Add", t, c.const(1.0)), out="y")
+    dead = helper.make_node("Neg", [t], ["unused"])
+    nodes = [
+        *c.nodes,
+        dead,
+        helper.make_node("Mul", ["y", "w"], ["p"]),
+        helper.make_node("ReduceSum", ["p"], ["loss"], keepdims=0),
+    ]
+    model = make_model(
+        {"x": (TensorProto.FLOAT, [9]), "w": (TensorProto.FLOAT, [9])}, nodes, {"loss": (TensorProto.FLOAT, [])}
+    )
+    builder = GraphBuilder(model)
+    before = len(builder.model.graph.node)
+    grads = build_gradients(builder, "loss", ["x"])
+    chain = {n.output[0] for n in c.nodes if n.op_type != "Constant"} - {"y"}
+    assert not {v for node in builder.model.graph.node[before:] for v in node.input} & chain
+    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    x = np.linspace(-4.0, 4.0, 9, dtype=np.float32)
+    grad = run_model(builder.model, {"x": x, "w": np.ones(9, np.float32)})[-1]
+    np.testing.assert_allclose(grad, DERIVATIVES["tanh"](x.astype(np.float64)), rtol=0, atol=5e-6)

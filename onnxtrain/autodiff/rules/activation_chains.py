@@ -10,7 +10,9 @@ layer after it); the function's own derivative
 gradient, and reads the chain's input alone.
 
 A *chain* ends at the ``Mul`` being differentiated and starts at one value
-``x``: its nodes are operators of ONNX's domain that :func:`evaluated` knows,
+``x``: its nodes are operators of ONNX's domain that :data:`EVALUATED` knows
+(casts between float types among them: half precision's autocast computes
+part of a chain in bfloat16),
 each reading ``x``, a constant of one element, or another node of the
 chain; nothing outside the chain reads their values, which are no graph
 outputs. It is recognised by what it computes, whatever form the exporter
@@ -18,8 +20,9 @@ wrote (``Pow(x, 3)`` or ``x * x * x``, the constants first or last): evaluated
 in float64 at :func:`probes`, it equals an activation of :data:`KNOWN`
 within :data:`TOLERANCE` (an export's float32 constants move the function by
 1e-8 at most; GELU's erf and tanh forms differ by up to 5e-4). The ``Mul``'s
-rule then gives ``x`` the gradient ``g f'(x)``, and the chain's other nodes
-get none. Anything else (a constant of more than one element, a link read
+rule then gives ``x`` the gradient ``g f'(x)``, computed in the wider float
+type of ``x`` and the chain's output, and the chain's other nodes get none.
+Anything else (a constant of more than one element, a link read
 elsewhere, a function of no known form) is differentiated node by node, as
 before.
 """
@@ -33,6 +36,7 @@ from types import MappingProxyType
 
 import numpy as np
 import onnx
+from onnx import helper
 
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules import activations
@@ -107,6 +111,7 @@ EVALUATED: Mapping[str, Callable[..., np.ndarray]] = MappingProxyType(
         "Erf": _erf,
         "Sigmoid": _sigmoid,
         "Identity": np.positive,
+        "Cast": np.positive,  # between float types only (_evaluable): the function is the same
     }
 )
 
@@ -137,9 +142,16 @@ def fuse_activation_chain(ctx: RuleContext, g: str) -> bool:
         if activation is not None:
             if not ctx.depends_on_wrt(chain.x):
                 return False
-            ctx.contribute(chain.x, ctx.mul(g, activation.derivative(ctx, chain.x, ctx.outputs[0])))
+            x, y = chain.x, ctx.outputs[0]
+            wide = ctx.cast_like(x, y) if _itemsize(ctx, y) > _itemsize(ctx, x) else x
+            grad = ctx.mul(ctx.cast_like(g, wide), activation.derivative(ctx, wide, y))
+            ctx.contribute(x, ctx.cast_like(grad, x))
             return True
     return False
+
+
+def _itemsize(ctx: RuleContext, name: str) -> int:
+    return int(helper.tensor_dtype_to_np_dtype(ctx.elem_type(name)).itemsize)
 
 
 def chains_ending_here(ctx: RuleContext) -> Iterator[Chain]:
@@ -171,7 +183,12 @@ def recognised(ctx: RuleContext, chain: Chain) -> Activation | None:
 
 
 def _evaluable(node: onnx.NodeProto) -> bool:
-    return is_standard(node) and node.op_type in EVALUATED and len(node.output) == 1 and not node.attribute
+    if not is_standard(node) or node.op_type not in EVALUATED or len(node.output) != 1:
+        return False
+    if node.op_type == "Cast":  # half precision's casts inside a chain (autocast computes x^3 in bfloat16)
+        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        return set(attributes) <= {"to", "saturate"} and dtypes.is_float(attributes.get("to", 0))
+    return not node.attribute
 
 
 def _scalar(ctx: RuleContext, name: str) -> np.ndarray | None:
