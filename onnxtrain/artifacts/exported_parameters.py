@@ -56,7 +56,8 @@ TRAINING_EXPORT = (
 _MEANING: dict[Change, str] = {
     "merged": "parameters of equal values made one, which training ties",
     "dropped": "biases of zeros removed, which cannot be trained",
-    "folded": "weights read as constants computed from them, their transposes, trained under those names and layouts",
+    "folded": "weights read as constants computed from them (their transposes; 1 + w), trained under those names and "
+    "layouts",
 }
 
 
@@ -174,7 +175,7 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
             what = {
                 "merged": f"merged it with parameters of equal values into {instead}",
                 "dropped": "removed it, a bias of zeros",
-                "folded": f"folded it into {instead}, a constant computed from it (its transpose)",
+                "folded": f"folded it into {instead}, a constant computed from it (its transpose, or 1 + it)",
             }[change.change]
             return f" (torch.onnx.export's optimizer {what}. {REMEDY})"
     return ""
@@ -182,7 +183,7 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
 
 def clause(change: ParameterChange) -> str:
     """``change``'s parameters, and what reads them instead."""
-    parameters = ", ".join(change.parameters)
+    parameters = ", ".join(change.parameters) or f"a parameter of {change.module or 'the model'}"
     return f"{parameters} read as {', '.join(change.read_as)}" if change.read_as else parameters
 
 

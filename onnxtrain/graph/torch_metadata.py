@@ -21,7 +21,11 @@ for inference, which changes what the parameters of a training graph are:
   nothing is left to train.
 - **folded**: a weight read through a ``Transpose`` becomes a new constant,
   its transpose (``val_80``): trained as torch would train it (the optimizers
-  are element-wise), under that name and in that layout.
+  are element-wise), under that name and in that layout. A weight offset by a
+  constant (Gemma's RMSNorm reads ``1 + w``) becomes a constant named after
+  the folded FX node (``add_219``), which no ONNX node is left of: found by
+  its readers' FX arguments, and paired with the parameters of their module
+  that no node reads any more.
 
 :func:`parameter_changes` finds them by comparing, for each FX node, the
 parameters torch read with the initializers its ONNX nodes read. An export
@@ -175,8 +179,9 @@ class ParameterChange:
 
 def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     """The FX nodes of a dynamo export whose ONNX nodes do not read, under its name, each parameter that torch
-    read there (see the module docstring), in graph order. Empty for a model without the exporter's metadata,
-    and for one whose initializers are not named as torch's parameters (no placeholder matches any)."""
+    read there (see the module docstring), in graph order, then the constants folded from FX nodes that no ONNX
+    node is left of. Empty for a model without the exporter's metadata; for one whose initializers are not named
+    as torch's parameters (no placeholder matches any), only those constants."""
     graph = model.graph
     floats = [t.name for t in graph.initializer if dtypes.is_float(t.data_type) and t.dims]
     float_names = set(floats)
@@ -190,7 +195,7 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     read_by = {fx: found for fx in groups if (found := _placeholders(fx))}  # the FX nodes that read parameters
     parameters = {stands_for.get(p) for found in read_by.values() for p in found}
     if parameters.isdisjoint(float_names):
-        return []
+        return _folded_away(graph, float_names, [])
     changes = []
     for fx, found in read_by.items():
         nodes = groups[fx]
@@ -211,6 +216,28 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
                 merged=not parameters.isdisjoint(instead),
             )
         )
+    return changes + _folded_away(graph, float_names, changes)
+
+
+def _folded_away(graph: onnx.GraphProto, floats: set[str], found: list[ParameterChange]) -> list[ParameterChange]:
+    """Folds of FX nodes that no ONNX node is left of: a constant named after the FX node (Gemma's RMSNorm weight
+    ``1 + w`` as ``add_219``), which the nodes of its readers read; each paired with the parameters of its reader's
+    module that no node reads any more."""
+    torch_names = set(signature_parameters(graph).values())
+    read = {name for node in graph.node for name in node.input}
+    unread = [name for name in torch_names if name not in read]
+    told = {name for change in found for name in (*change.parameters, *change.read_as)}
+    changes: list[ParameterChange] = []
+    for node in graph.node:
+        fx = _metadata(node, FX_NODE_KEY)
+        arguments = fx.split(" = ", 1)[1] if fx is not None and " = " in fx else ""
+        for name in node.input:
+            if name in floats and name not in torch_names | told and re.search(rf"%{re.escape(name)}\b", arguments):
+                module = module_path(node)
+                parameters = tuple(p for p in unread if p not in told and p.rpartition(".")[0] == module)
+                told.update((name, *parameters))
+                reads = tuple(dict.fromkeys(n for n in node.input if n in floats))
+                changes.append(ParameterChange(node.name, module, parameters, (name,), reads, merged=False))
     return changes
 
 

@@ -134,6 +134,44 @@ def test_the_signature_names_the_parameters_where_the_module_scopes_do_not() -> 
     assert parameter_changes(with_signature(exported_model(kept=True))) == []
 
 
+def offset_weight_model(signed: bool) -> onnx.ModelProto:
+    """Gemma's RMSNorm weight read as ``1 + w``, as ``optimize=True`` writes it: the FX node ``add_3`` folded into
+    an initializer of its name, which the ``Mul`` of the FX node ``mul_5`` reads; ``net.norm.weight`` read by no node.
+    ``signed``: with the exported program's signature."""
+    call = "%{} : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = ({}), kwargs = {{}})"
+    nodes = [_node("Mul", ["x", "add_3"], "y", "net.norm", call.format("mul_5", "%x, %add_3"))]
+    graph = helper.make_graph(
+        nodes,
+        "exported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [_tensor("add_3", np.ones(4) + 0.5)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    if signed:
+        lines = ["", "# inputs", "p_net_norm_weight: PARAMETER target='net.norm.weight'", "x: USER_INPUT"]
+        model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines))
+    return model
+
+
+def test_a_weight_offset_by_a_constant_is_found_folded_into_its_reader() -> None:
+    """The FX node that computed ``1 + w`` has no ONNX node left; its constant is found by the FX arguments of its
+    readers, and paired with the parameter of their module that no node reads."""
+    (change,) = parameter_changes(offset_weight_model(signed=True))
+    assert (change.change, change.parameters, change.read_as, change.module) == (
+        "folded",
+        ("net.norm.weight",),
+        ("add_3",),
+        "net.norm",
+    )
+    with pytest.warns(TorchExportWarning, match=r"net\.norm\.weight read as add_3"):
+        warn_changed_parameters(offset_weight_model(signed=True), ["add_3"])
+    (unsigned,) = parameter_changes(offset_weight_model(signed=False))  # no signature: torch's name unknown
+    assert (unsigned.parameters, unsigned.read_as) == ((), ("add_3",))
+    with pytest.warns(TorchExportWarning, match="a parameter of net.norm read as add_3"):
+        warn_changed_parameters(offset_weight_model(signed=False), ["add_3"])
+
+
 def test_a_model_without_the_exporters_metadata_or_with_other_names_has_no_change() -> None:
     model = exported_model(kept=False)
     for node in model.graph.node:
