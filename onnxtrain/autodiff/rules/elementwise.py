@@ -26,7 +26,7 @@ from onnx import TensorProto
 from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
-from onnxtrain.autodiff.rules import activation_chains, activations
+from onnxtrain.autodiff.rules import activation_chains, activations, norm_chains
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import data_only
 
@@ -48,10 +48,11 @@ def sub(ctx: RuleContext, grads: Grads) -> Result:
 
 @registry.rule("Mul", broadcasting=True)
 def mul(ctx: RuleContext, grads: Grads) -> Result:
-    """da = g * b, db = g * a; the last node of an exported activation (a GELU's chain) differentiates the chain"""
+    """da = g * b, db = g * a; the last node of an exported activation (a GELU's chain) or RMS normalization
+    differentiates the chain"""
     (g,) = grads
     assert g is not None  # the engine calls a rule only when its output has a gradient
-    if activation_chains.fuse_activation_chain(ctx, g):
+    if activation_chains.fuse_activation_chain(ctx, g) or norm_chains.fuse_rms_chain(ctx, g):
         return [None, None]
     a, b = ctx.inputs
     return [ctx.mul(g, b), ctx.mul(g, a)]
