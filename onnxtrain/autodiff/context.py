@@ -152,8 +152,6 @@ class RuleContext:
         self._vjp = vjp
         #: Gradients this rule gives to values that are not its node's inputs (see :meth:`contribute`).
         self.contributed: list[tuple[str, str]] = []
-        #: ``(forward value, its copy)`` pairs this rule computed again (see :meth:`recompute`).
-        self.recomputed: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------ inspection
 
@@ -250,17 +248,6 @@ class RuleContext:
         read (:meth:`captured`) this way too: each is one more use of the value.
         """
         self.contributed.append((value, grad))
-
-    def recompute(self, value: str, copy: str) -> None:
-        """Have the gradient nodes that read the forward value ``value`` read ``copy`` instead, which computes
-        it again, to rounding, from values the backward reads anyway: ``value`` is then neither kept for the
-        backward nor recomputed by copies of its own nodes.
-
-        For a rule whose derivative computes most of its output on the way: GPT-2's GELU output, which the
-        next product's weight gradient reads, is ``x * sigmoid(z)`` from the sigmoid of its derivative, one
-        node where the exported chain is eight (the engine orders the gradient nodes to suit).
-        """
-        self.recomputed.append((value, copy))
 
     @property
     def vjp(self) -> Vjp:

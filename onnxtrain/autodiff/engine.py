@@ -22,11 +22,6 @@ A rule may reuse an optional output its forward node omitted (Dropout's mask,
 MaxPool's indices) through ``ctx.ensure_output``: the output is declared on
 the forward node during the draft and kept only when a surviving gradient
 node reads it; on error, or when unused, the node gets its outputs back.
-A rule whose derivative computes its output again on the way (a GELU's
-sigmoid) may have the other gradient nodes read that copy
-(``ctx.recompute``): the draft's readers of the forward value read the copy,
-and the draft is put back in a topological order that moves only the nodes
-that must wait for it.
 
 Integer and bool values never carry gradients; ``wrt`` values the loss does
 not depend on get zeros.
@@ -62,15 +57,7 @@ from onnxtrain.graph.builder import GraphBuilder, describe_type
 from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.passes import fold_transposes, merge_duplicates, prune_unused_nodes
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import (
-    listed_topological_order,
-    names_read,
-    needed_nodes,
-    node_label,
-    rename_references,
-    subgraph_references,
-    subgraphs,
-)
+from onnxtrain.graph.walk import names_read, node_label, rename_references, subgraph_references, subgraphs
 
 
 def gradient_name(value: str) -> str:
@@ -228,8 +215,6 @@ class _Backward:
         self._indexed = 0
         # optional forward outputs and forward rewrites the rules declared
         self.requests: list[OutputRequest | NodeEdit] = []
-        # forward values the rules computed again: {value: copy} (RuleContext.recompute)
-        self.recomputed: dict[str, str] = {}
         self.view = _graph_view(builder, path)
         # what the rules' context runs on subgraphs: this engine, with these rules
         self.nested_vjp: Vjp = functools.partial(vector_jacobian_product, registry=registry)
@@ -254,7 +239,7 @@ class _Backward:
             for request in reversed(self.requests):
                 request.undo()
             raise
-        nodes = _reading_copies(list(graph.node[mark.lengths["node"] :]), self.recomputed)
+        nodes = list(graph.node[mark.lengths["node"] :])
         inits = list(graph.initializer[mark.lengths["initializer"] :])
         opsets = list(builder.model.opset_import[mark.opsets :])
         builder.rollback(mark)
@@ -405,9 +390,6 @@ class _Backward:
             if name in forward:
                 self._check_gradient(where, f"the upstream value {name!r}", name, grad)
                 self.contributions.setdefault(name, []).append(grad)
-        for value, copy in ctx.recomputed:
-            self._check_gradient(where, f"the copy of {value!r}", value, copy)
-            self.recomputed[value] = copy
 
     def _check_gradient(self, where: str, what: str, value: str, grad: object) -> None:
         """``RuleError`` unless ``grad`` names a value of ``value``'s element type."""
@@ -468,21 +450,6 @@ class _Backward:
         if not rename:
             return results
         return {value: gradient_name(value) for value in results}
-
-
-def _reading_copies(draft: list[onnx.NodeProto], copies: Mapping[str, str]) -> list[onnx.NodeProto]:
-    """The draft's nodes with those that read a value the rules computed again reading its copy instead (but the
-    nodes the copy is made from, and ``Shape`` and ``Size``, which read no element), in
-    :func:`~onnxtrain.graph.walk.listed_topological_order`: a node reading a copy made after it waits for it."""
-    if not copies:
-        return draft
-    for value, copy in copies.items():
-        upstream = {id(node) for node in needed_nodes(draft, [copy])}
-        for node in draft:
-            reads_elements = not (is_standard(node) and node.op_type in ("Shape", "Size"))
-            if value in node.input and reads_elements and id(node) not in upstream:
-                node.input[:] = [copy if name == value else name for name in node.input]
-    return [draft[i] for i in listed_topological_order(draft)]
 
 
 def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:

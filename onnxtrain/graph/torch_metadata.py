@@ -221,23 +221,32 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
 
 def _folded_away(graph: onnx.GraphProto, floats: set[str], found: list[ParameterChange]) -> list[ParameterChange]:
     """Folds of FX nodes that no ONNX node is left of: a constant named after the FX node (Gemma's RMSNorm weight
-    ``1 + w`` as ``add_219``), which the nodes of its readers read; each paired with the parameters of its reader's
-    module that no node reads any more."""
-    torch_names = set(signature_parameters(graph).values())
+    ``1 + w`` as ``add_219``), which the nodes of its readers read, paired with the parameters of its reader's
+    module that no node reads any more. Where that module also has a buffer or constant no node reads, the
+    constant may be computed from it (a rotary table from its frequencies): not said."""
+    kinds = signature_kinds(graph)
     read = {name for node in graph.node for name in node.input}
-    unread = [name for name in torch_names if name not in read]
+    unread = [name for name, kind in kinds.items() if kind == "PARAMETER" and name not in read]
+    unread_others = {
+        name.rpartition(".")[0] for name, kind in kinds.items() if kind != "PARAMETER" and name not in read
+    }
     told = {name for change in found for name in (*change.parameters, *change.read_as)}
     changes: list[ParameterChange] = []
     for node in graph.node:
         fx = _metadata(node, FX_NODE_KEY)
         arguments = fx.split(" = ", 1)[1] if fx is not None and " = " in fx else ""
         for name in node.input:
-            if name in floats and name not in torch_names | told and re.search(rf"%{re.escape(name)}\b", arguments):
-                module = module_path(node)
-                parameters = tuple(p for p in unread if p not in told and p.rpartition(".")[0] == module)
-                told.update((name, *parameters))
-                reads = tuple(dict.fromkeys(n for n in node.input if n in floats))
-                changes.append(ParameterChange(node.name, module, parameters, (name,), reads, merged=False))
+            if name not in floats or name in kinds or name in told:
+                continue
+            if not re.search(rf"%{re.escape(name)}\b", arguments):
+                continue
+            module = module_path(node)
+            parameters = tuple(p for p in unread if p not in told and p.rpartition(".")[0] == module)
+            if not parameters or module in unread_others:
+                continue
+            told.update((name, *parameters))
+            reads = tuple(dict.fromkeys(n for n in node.input if n in floats))
+            changes.append(ParameterChange(node.name, module, parameters, (name,), reads, merged=False))
     return changes
 
 

@@ -8,7 +8,6 @@ subgraph reads without defining it is always a value of an enclosing scope.
 from __future__ import annotations
 
 import collections
-import heapq
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import onnx
@@ -132,65 +131,36 @@ def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> lis
     return kept
 
 
-def _dependencies(nodes: Sequence[onnx.NodeProto]) -> tuple[list[list[int]], list[int]]:
-    """For each node, the nodes that read its outputs (ascending), and how many nodes it reads from."""
+def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
+    """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
+    deps: list[set[int]] = []
     users: list[list[int]] = [[] for _ in nodes]
-    remaining: list[int] = []
     for i, node in enumerate(nodes):
         before = {producer[n] for n in names_read(node) if n in producer and producer[n] != i}
-        remaining.append(len(before))
+        deps.append(before)
         for j in before:
             users[j].append(i)
-    return users, remaining
-
-
-def _acyclic(nodes: Sequence[onnx.NodeProto], order: list[int], remaining: list[int]) -> list[int]:
-    """``order``, when it holds every node; else the ``ValueError`` of a cycle."""
+    remaining = [len(d) for d in deps]
+    ready = collections.deque(i for i, r in enumerate(remaining) if r == 0)
+    order: list[int] = []
+    while ready:
+        i = ready.popleft()
+        order.append(i)
+        for j in sorted(users[i]):
+            remaining[j] -= 1
+            if remaining[j] == 0:
+                ready.append(j)
     if len(order) != len(nodes):
         stuck = [node_label(nodes[i], i) for i, r in enumerate(remaining) if r > 0][:5]
         raise ValueError(f"the graph has a cycle (nodes {stuck} wait on each other); an ONNX graph must be acyclic")
     return order
 
 
-def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
-    """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
-    users, remaining = _dependencies(nodes)
-    ready = collections.deque(i for i, r in enumerate(remaining) if r == 0)
-    order: list[int] = []
-    while ready:
-        i = ready.popleft()
-        order.append(i)
-        for j in users[i]:
-            remaining[j] -= 1
-            if remaining[j] == 0:
-                ready.append(j)
-    return _acyclic(nodes, order, remaining)
-
-
-def listed_topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
-    """Indices of ``nodes`` in the topological order that, of the nodes whose inputs are made, always runs the one
-    listed first: the listed order where it is topological already, and otherwise each node that reads a value
-    listed after it waits for that value, and only it."""
-    users, remaining = _dependencies(nodes)
-    ready = [i for i, r in enumerate(remaining) if r == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for j in users[i]:
-            remaining[j] -= 1
-            if remaining[j] == 0:
-                heapq.heappush(ready, j)
-    return _acyclic(nodes, order, remaining)
-
-
 __all__ = [
     "all_nodes",
     "constant_tensors",
     "inputs_read",
-    "listed_topological_order",
     "names_read",
     "needed_nodes",
     "node_label",

@@ -3,17 +3,9 @@
 from __future__ import annotations
 
 import onnx
-import pytest
 from onnx import helper
 
-from onnxtrain.graph.walk import (
-    all_nodes,
-    inputs_read,
-    listed_topological_order,
-    names_read,
-    readers_of,
-    topological_order,
-)
+from onnxtrain.graph.walk import all_nodes, inputs_read, names_read, readers_of
 from tests.helpers import FLOAT, make_model
 
 
@@ -48,27 +40,3 @@ def test_what_subgraphs_read_is_read_by_their_node_or_by_the_inner_node():
     graph = _model().graph
     assert [node.name for node in readers_of(graph.node, names_read)["c"]] == ["branching"]
     assert [node.name for node in readers_of(all_nodes(graph))["c"]] == ["inner", "inner"]  # both branches
-
-
-def _chain(*edges: tuple[str, list[str]]) -> list[onnx.NodeProto]:
-    """Nodes named after their output, each reading the listed values."""
-    return [helper.make_node("Sum", inputs, [output], name=output) for output, inputs in edges]
-
-
-def test_listed_topological_order_keeps_a_topological_listing() -> None:
-    nodes = _chain(("a", ["x"]), ("b", ["a"]), ("c", ["x"]), ("d", ["b", "c"]))
-    assert listed_topological_order(nodes) == [0, 1, 2, 3]  # first-in first-out: [0, 2, 1, 3]
-
-
-def test_listed_topological_order_moves_only_what_waits() -> None:
-    """``w`` reads ``late``, listed after it: ``w`` and what reads it wait for ``late``; the rest keeps its place
-    (the first-in first-out order would move every node that reads only inputs to the front)."""
-    nodes = _chain(("a", ["x"]), ("w", ["a", "late"]), ("b", ["a"]), ("r", ["w"]), ("c", ["b"]), ("late", ["x"]))
-    order = [nodes[i].name for i in listed_topological_order(nodes)]
-    assert order == ["a", "b", "c", "late", "w", "r"]
-    assert [nodes[i].name for i in topological_order(nodes)] == ["a", "late", "b", "w", "c", "r"]
-
-
-def test_listed_topological_order_refuses_a_cycle() -> None:
-    with pytest.raises(ValueError, match="cycle"):
-        listed_topological_order(_chain(("a", ["b"]), ("b", ["a"])))

@@ -58,8 +58,7 @@ class Activation:
     Attributes:
         name: what the documentation calls it.
         value: the function in float64.
-        derivative: ``f'(x)``, emitted from ``x`` and ``y = f(x)`` (the GELUs' also give the backward a copy of
-            ``y``: :mod:`~onnxtrain.autodiff.rules.activations`).
+        derivative: ``f'(x)``, emitted from ``x`` and ``y = f(x)``.
     """
 
     name: str
@@ -80,12 +79,12 @@ KNOWN: tuple[Activation, ...] = (
     Activation(
         "GELU, tanh approximation",
         lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
-        activations.gelu_tanh_derivative,
+        lambda ctx, x, y: activations.gelu_tanh_derivative(ctx, x),
     ),
     Activation(
         "GELU",
         lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
-        activations.gelu_erf_derivative,
+        lambda ctx, x, y: activations.gelu_erf_derivative(ctx, x),
     ),
     Activation("SiLU", lambda x: x * _sigmoid(x), activations.sigmoid_gated_derivative),
     Activation(
@@ -144,8 +143,8 @@ def fuse_activation_chain(ctx: RuleContext, g: str) -> bool:
                 return False
             x, y = chain.x, ctx.outputs[0]
             wide = ctx.cast_like(x, y) if _itemsize(ctx, y) > _itemsize(ctx, x) else x
-            grad = ctx.mul(ctx.cast_like(g, wide), activation.derivative(ctx, wide, y))
-            ctx.contribute(x, ctx.cast_like(grad, x))
+            derivative = activation.derivative(ctx, wide, ctx.cast_like(y, wide))
+            ctx.contribute(x, ctx.cast_like(ctx.mul(ctx.cast_like(g, wide), derivative), x))
             return True
     return False
 
@@ -221,19 +220,24 @@ def _closed_chain(ctx: RuleContext, final: onnx.NodeProto, x: str) -> list[onnx.
     """The nodes from ``x`` to ``final``, each after those it reads, when they form a chain (module docstring)."""
     order: list[onnx.NodeProto] = []
     placed: set[str] = set()
+    visits = [0]  # nodes entered: the search stops at MAX_NODES, whatever lies above a branch that misses x
     rank = ctx.rank(x)
 
     def visit(node: onnx.NodeProto) -> bool:
+        visits[0] += 1
+        if visits[0] > MAX_NODES:
+            return False
         for name in node.input:
             if name == x or name in placed:
                 continue
-            constant = ctx.constant_value(name) if name else None
+            # a value being differentiated (a trainable scale) is no constant, though an initializer of one element
+            constant = ctx.constant_value(name) if name and not ctx.depends_on_wrt(name) else None
             if constant is not None:
                 if _scalar(ctx, name) is None or (constant.ndim > 0 and (rank is None or constant.ndim > rank)):
                     return False
                 continue
             producer = ctx.producer(name)
-            if producer is None or not _evaluable(producer) or len(order) >= MAX_NODES or not visit(producer):
+            if producer is None or not _evaluable(producer) or not visit(producer):
                 return False
         placed.add(node.output[0])
         order.append(node)

@@ -10,10 +10,6 @@ On a GPU each node is a kernel launch and a pass over the activation's size
 (GPT-2 small at 16 x 256: 48 MiB per layer, 12 layers), so the count matters:
 the tanh GELU's derivative is 12 nodes, written with the sigmoid that its
 tanh is (``(1 + tanh(z / 2)) / 2 = sigmoid(z)``), against 15 for the tanh form.
-The GELUs' derivatives compute the gate ``f(x) / x`` on the way, and give the
-backward ``f(x)`` again as ``x * gate`` (``RuleContext.recompute``): the next
-product's weight gradient reads that copy, one node, and the output itself is
-neither kept for the backward nor recomputed by the export's own nodes.
 """
 
 from __future__ import annotations
@@ -27,18 +23,15 @@ TANH_GELU_A = 2.0 * math.sqrt(2.0 / math.pi)
 TANH_GELU_B = 0.044715 * TANH_GELU_A
 
 
-def gelu_erf_derivative(ctx: RuleContext, x: str, y: str) -> str:
-    """d/dx x Phi(x) = Phi(x) + x phi(x): ``(1 + erf(x / sqrt 2)) / 2 + x exp(-x^2 / 2) / sqrt(2 pi)`` (10 nodes);
-    the backward's reads of the output ``y`` read ``x Phi(x)``."""
+def gelu_erf_derivative(ctx: RuleContext, x: str) -> str:
+    """d/dx x Phi(x) = Phi(x) + x phi(x): ``(1 + erf(x / sqrt 2)) / 2 + x exp(-x^2 / 2) / sqrt(2 pi)`` (10 nodes)"""
     cdf = ctx.mul(ctx.add(ctx.op("Erf", ctx.mul(x, 1.0 / math.sqrt(2.0))), 1.0), 0.5)
-    ctx.recompute(y, ctx.mul(x, cdf))
     pdf = ctx.mul(ctx.op("Exp", ctx.mul(ctx.square(x), -0.5)), 1.0 / math.sqrt(2.0 * math.pi))
     return ctx.add(cdf, ctx.mul(x, pdf))
 
 
-def gelu_tanh_derivative(ctx: RuleContext, x: str, y: str, a: float = TANH_GELU_A, b: float = TANH_GELU_B) -> str:
-    """d/dx x s = s (1 + x (1 - s) (a + 3 b x^2)), ``s = sigmoid(x (a + b x^2))`` (12 nodes); the backward's reads
-    of the output ``y`` read ``x s``.
+def gelu_tanh_derivative(ctx: RuleContext, x: str, a: float = TANH_GELU_A, b: float = TANH_GELU_B) -> str:
+    """d/dx x s = s (1 + x (1 - s) (a + 3 b x^2)), ``s = sigmoid(x (a + b x^2))`` (12 nodes).
 
     ``x s`` is the tanh GELU ``x (1 + tanh(z / 2)) / 2`` with ``z = x (a + b x^2)``;
     ``a`` and ``b`` are twice the tanh's constants (ONNX Runtime's ``FastGelu``
@@ -48,7 +41,6 @@ def gelu_tanh_derivative(ctx: RuleContext, x: str, y: str, a: float = TANH_GELU_
     """
     x2 = ctx.square(x)
     s = ctx.op("Sigmoid", ctx.mul(x, ctx.add(ctx.mul(x2, b), a)))
-    ctx.recompute(y, ctx.mul(x, s))
     slope = ctx.add(ctx.mul(x2, 3.0 * b), a)
     return ctx.mul(s, ctx.add(ctx.mul(ctx.mul(x, ctx.sub(1.0, s)), slope), 1.0))
 

@@ -304,13 +304,13 @@ def _biased(ctx: RuleContext, index: int) -> str:
 @_rule("Gelu", domain=MS, inputs=(0,))
 def gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dx = g (Phi(x) + x phi(x))"""
-    return [ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, ctx.inputs[0], ctx.outputs[0]))]  # type: ignore[arg-type]
+    return [ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, ctx.inputs[0]))]  # type: ignore[arg-type]
 
 
 @_rule("BiasGelu", domain=MS, inputs=(0, 1), broadcasting=True)
 def bias_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dA = dB = g (Phi(u) + u phi(u)), u = A + B"""
-    d = ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, _biased(ctx, 1), ctx.outputs[0]))  # type: ignore[arg-type]
+    d = ctx.mul(grads[0], activations.gelu_erf_derivative(ctx, _biased(ctx, 1)))  # type: ignore[arg-type]
     return [d, d]
 
 
@@ -333,9 +333,7 @@ def bias_split_gelu(ctx: RuleContext, grads: Grads) -> Result:
 def fast_gelu(ctx: RuleContext, grads: Grads) -> Result:
     """dX = dbias = g s (1 + u (1 - s) (2a + 6 b u^2)), s = sigmoid(2 (a u + b u^3)), u = X + bias, a = 0.797885, b = 0.035677"""  # noqa: E501
     # u (1 + tanh(a u + b u^3)) / 2 = u s; ONNX Runtime's constants, rounded: a = sqrt(2 / pi), b = 0.044715 a
-    derivative = activations.gelu_tanh_derivative(
-        ctx, _biased(ctx, 1), ctx.outputs[0], 2.0 * _FAST_GELU_A, 2.0 * _FAST_GELU_B
-    )
+    derivative = activations.gelu_tanh_derivative(ctx, _biased(ctx, 1), 2.0 * _FAST_GELU_A, 2.0 * _FAST_GELU_B)
     d = ctx.mul(grads[0], derivative)  # type: ignore[arg-type]
     return [d, d if ctx.has_input(1) else None][: len(ctx.inputs)]
 

@@ -380,8 +380,8 @@ def gelu(ctx: RuleContext, x: str, y: str) -> str:
     """d/dx x * Phi(x) = Phi(x) + x * phi(x); tanh form: s (1 + x (1 - s) (a + 3 b x**2)), s = sigmoid(x (a + b x**2))
     (:func:`~onnxtrain.autodiff.rules.activations.gelu_tanh_derivative`)"""
     if ctx.attr("approximate", "none") == "tanh":
-        return activations.gelu_tanh_derivative(ctx, x, y)
-    return activations.gelu_erf_derivative(ctx, x, y)
+        return activations.gelu_tanh_derivative(ctx, x)
+    return activations.gelu_erf_derivative(ctx, x)
 
 
 @registry.derivative("Swish", opsets=(24, None))

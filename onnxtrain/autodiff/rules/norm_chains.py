@@ -104,7 +104,7 @@ def _producer(ctx: RuleContext, value: str, *op_types: str) -> onnx.NodeProto | 
 
 def _is_constant(ctx: RuleContext, name: str, value: float | None = None) -> bool:
     """Whether ``name`` is a float constant of one element (equal to ``value`` when given)."""
-    array = ctx.constant_value(name)
+    array = ctx.constant_value(name) if not ctx.depends_on_wrt(name) else None
     if array is None or array.size != 1 or not np.issubdtype(array.dtype, np.floating):
         return False
     return value is None or float(array.reshape(())) == value
@@ -114,7 +114,7 @@ def _squared(ctx: RuleContext, node: onnx.NodeProto) -> str | None:
     """The value ``node`` squares (``v * v``, ``Pow(v, 2)``), or ``None``."""
     if node.op_type == "Mul":
         return node.input[0] if node.input[0] == node.input[1] else None
-    exponent = ctx.constant_value(node.input[1])
+    exponent = ctx.constant_value(node.input[1]) if not ctx.depends_on_wrt(node.input[1]) else None
     return node.input[0] if exponent is not None and exponent.size == 1 and float(exponent.reshape(())) == 2 else None
 
 
