@@ -5,7 +5,8 @@ The forms are those torch's exporters write for Llama's, Gemma's and T5's
 RMSNorm: ``Pow(x, 2)`` or ``x * x``, ``ReduceMean`` with its axes as an
 attribute (opset 17) or an input (opset 18), ``Div(1, .)`` or
 ``Reciprocal``, the operands in either order, T5's square of ``x`` cast to
-float. Each gradient is checked against central finite differences in
+float (and its input cast twice, once for the square and once for the
+product). Each gradient is checked against central finite differences in
 float64 (onnx's reference evaluator) and against the node-by-node gradient
 of the same chain; chains that are no RMS normalization are left to the node
 rules.
@@ -39,7 +40,7 @@ def rms_nodes(
     axes: Sequence[int] = (-1,),
     opset: int = 17,
     x_first: bool = True,
-    cast: bool = False,
+    cast: bool | str = False,
     exponent: float = 2.0,
     numerator: float = 1.0,
 ) -> tuple[list[onnx.NodeProto], list[tuple[str, np.ndarray]]]:
@@ -47,7 +48,13 @@ def rms_nodes(
     nodes: list[onnx.NodeProto] = []
     constants = [("two", np.array(exponent)), ("eps", np.array(EPS)), ("one", np.array(numerator))]
     source = "x"
-    if cast:
+    if cast == "twice":  # T5 with bfloat16 weights: the input cast once for the square, once for the product
+        nodes += [
+            helper.make_node("Cast", ["x"], ["xc"], to=DOUBLE),
+            helper.make_node("Cast", ["x"], ["xm"], to=DOUBLE),
+        ]
+        source = "xc"
+    elif cast:
         nodes.append(helper.make_node("Cast", ["x"], ["xc"], to=DOUBLE))
         source = "xc"
     if square == "Pow":
@@ -65,7 +72,8 @@ def rms_nodes(
         nodes.append(helper.make_node("Div", ["one", "root"], ["r"]))
     else:
         nodes.append(helper.make_node("Reciprocal", ["root"], ["r"]))
-    nodes.append(helper.make_node("Mul", ["x", "r"] if x_first else ["r", "x"], ["y"]))
+    scaled = "xm" if cast == "twice" else "x"
+    nodes.append(helper.make_node("Mul", [scaled, "r"] if x_first else ["r", scaled], ["y"]))
     return nodes, constants
 
 
@@ -78,6 +86,7 @@ FORMS: dict[str, dict[str, object]] = {
     "opset-18": {"opset": 18},
     "two-axes": {"axes": (-2, -1)},
     "t5-cast": {"cast": True},
+    "t5-cast-twice": {"cast": "twice"},
 }
 
 

@@ -4,11 +4,14 @@ Llama, Mistral, Gemma, T5 and Qwen write their RMSNorm as
 ``x * rsqrt(mean(x^2) + eps)``, which torch's exporters write out:
 ``Pow(x, 2)`` (or ``x * x``), ``ReduceMean`` over the last axes with the
 axes kept, ``Add(eps)``, ``Sqrt``, ``Div(1, .)`` (or ``Reciprocal``), and the
-``Mul`` by ``x`` (T5 squares ``x`` cast to float32). Node by node its backward is 14 nodes (at known shapes),
-an ``Expand`` of the mean's gradient to the activation's size among them; as
-one function, ``y = x r`` with ``r = (mean(x^2) + eps)^(-1/2)``, it is
-``dx = r (g - y mean(g y))`` (:func:`~onnxtrain.autodiff.rules.backward_helpers.rms_scale_grad`),
-five nodes reading the output ``y`` and the per-row ``r``, whatever ``eps``.
+``Mul`` by ``x`` (T5 squares ``x`` cast to float32; with bfloat16 weights it
+casts its input twice, once for the square and once for the product). Node
+by node its backward is 14 nodes (at known shapes), an ``Expand`` of the
+mean's gradient to the activation's size among them; as one function,
+``y = x r`` with ``r = (mean(x^2) + eps)^(-1/2)``, it is
+``dx = r (g - y mean(g y))``
+(:func:`~onnxtrain.autodiff.rules.backward_helpers.rms_scale_grad`), five
+nodes reading the output ``y`` and the per-row ``r``, whatever ``eps``.
 
 The ``Mul`` rule asks :func:`fuse_rms_chain` first. The chain is matched by
 its structure from the ``Mul``, in either operand order, through exactly
@@ -82,7 +85,7 @@ def _chain(ctx: RuleContext, final: onnx.NodeProto, x: str, r: str) -> RmsChain 
     if square is None or axes is None or squared is None:
         return None
     cast = _producer(ctx, squared, "Cast") if squared != x else None
-    if squared != x and (cast is None or cast.input[0] != x or not _float_cast(cast)):
+    if squared != x and (cast is None or not _float_cast(cast) or not _same_cast(ctx, cast, x)):
         return None
     nodes = (*([cast] if cast else []), square, mean, shifted, root, inverse, final)
     if not all(ctx.read_only_by(node.output[0], nodes) for node in nodes[:-1]):
@@ -118,10 +121,22 @@ def _squared(ctx: RuleContext, node: onnx.NodeProto) -> str | None:
     return node.input[0] if exponent is not None and exponent.size == 1 and float(exponent.reshape(())) == 2 else None
 
 
+def _same_cast(ctx: RuleContext, cast: onnx.NodeProto, x: str) -> bool:
+    """Whether ``cast`` makes ``x``'s values: it casts ``x``, or it casts what ``x`` is cast from, to the same type
+    (T5 with bfloat16 weights casts its input to float32 twice, once for the square, once for the product)."""
+    if cast.input[0] == x:
+        return True
+    twin = _producer(ctx, x, "Cast")
+    return twin is not None and twin.input[0] == cast.input[0] and _cast_to(twin) == _cast_to(cast)
+
+
+def _cast_to(node: onnx.NodeProto) -> int:
+    return int(next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), 0))
+
+
 def _float_cast(node: onnx.NodeProto) -> bool:
     """Whether ``Cast`` ``node`` casts to a float type (T5 squares ``x`` cast to float32, and scales ``x``)."""
-    to = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), 0)
-    return dtypes.is_float(to)
+    return dtypes.is_float(_cast_to(node))
 
 
 def _kept_axes(ctx: RuleContext, node: onnx.NodeProto) -> tuple[int, ...] | None:
