@@ -77,7 +77,7 @@ def _chain(ctx: RuleContext, final: onnx.NodeProto, x: str, r: str) -> RmsChain 
     shifted = root and _producer(ctx, root.input[0], "Add")
     if shifted is None:
         return None
-    mean_value = next((v for v in shifted.input if _is_constant(ctx, other(shifted, v))), None)
+    mean_value = next((v for v in shifted.input if _is_constant(ctx, _other(shifted, v))), None)
     mean = mean_value and _producer(ctx, mean_value, "ReduceMean")
     axes = mean and _kept_axes(ctx, mean)
     square = mean and _producer(ctx, mean.input[0], "Pow", "Mul")
@@ -93,7 +93,7 @@ def _chain(ctx: RuleContext, final: onnx.NodeProto, x: str, r: str) -> RmsChain 
     return RmsChain(x, r, axes, nodes)
 
 
-def other(node: onnx.NodeProto, value: str) -> str:
+def _other(node: onnx.NodeProto, value: str) -> str:
     """The input of a two-input ``node`` that is not ``value``."""
     return node.input[1] if node.input[0] == value else node.input[0]
 
