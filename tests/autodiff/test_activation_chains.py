@@ -15,7 +15,7 @@ constant of several elements) are differentiated node by node, correctly.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -150,12 +150,13 @@ def chain_model(
     return make_model(inputs, nodes, outputs, c.initializers), inner
 
 
-def with_gradient(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
-    """``model`` with ``d loss / d x`` as an output, and the gradient's nodes."""
+def with_gradient(model: onnx.ModelProto, wrt: Sequence[str] = ("x",)) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
+    """``model`` with ``d loss / d v`` for each ``v`` of ``wrt`` as its last outputs, and the gradient's nodes."""
     builder = GraphBuilder(model)
     before = len(builder.model.graph.node)
-    grads = build_gradients(builder, "loss", ["x"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], DOUBLE, None))
+    grads = build_gradients(builder, "loss", list(wrt))
+    for name in wrt:
+        builder.model.graph.output.append(helper.make_tensor_value_info(grads[name], builder.elem_type(name), None))
     return builder.model, list(builder.model.graph.node[before:])
 
 
@@ -222,13 +223,10 @@ def test_float32_in_onnxruntime() -> None:
     against 2.4e-6 node by node and 1.0e-6 for PyTorch's ``gelu_backward``; 0 where ``x < -5.3`` and the
     derivative is below 4e-7, as PyTorch's is.
     """
-    model, _ = chain_model(gpt2_gelu, TensorProto.FLOAT)
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["x"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    model, _ = with_gradient(chain_model(gpt2_gelu, TensorProto.FLOAT)[0])
     x = np.linspace(-8.0, 8.0, 1601, dtype=np.float32)
     w = np.ones_like(x)
-    grad = run_model(builder.model, {"x": x, "w": w})[-1]
+    grad = run_model(model, {"x": x, "w": w})[-1]
     np.testing.assert_allclose(grad, DERIVATIVES["tanh"](x.astype(np.float64)), rtol=0, atol=5e-6)
 
 
@@ -272,11 +270,9 @@ def test_chain_after_a_scaling() -> None:
     model = make_model(
         {"z": (DOUBLE, [4]), "w": (DOUBLE, [4])}, nodes, {"loss": (DOUBLE, [])}, [("two", np.array(2.0))]
     )
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["z"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["z"], DOUBLE, None))
+    model, _ = with_gradient(model, ["z"])
     z = np.array([-1.5, -0.2, 0.3, 2.5])
-    grad = ReferenceEvaluator(builder.model, new_ops=[Erf]).run(None, {"z": z, "w": np.ones(4)})[-1]
+    grad = ReferenceEvaluator(model, new_ops=[Erf]).run(None, {"z": z, "w": np.ones(4)})[-1]
     np.testing.assert_allclose(grad, 2.0 * DERIVATIVES["tanh"](2.0 * z), rtol=1e-10)
 
 
@@ -288,13 +284,10 @@ def test_output_read_by_a_product_before_the_chain(name: str) -> None:
     FORMS[name][0](c)
     nodes = [*c.nodes, helper.make_node("MatMul", ["y", "W"], ["p"]), helper.make_node("ReduceSum", ["p"], ["loss"])]
     model = make_model({"x": (DOUBLE, ["n", 3]), "W": (DOUBLE, [3, 2])}, nodes, {"loss": (DOUBLE, [1, 1])}, opset=17)
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["x", "W"])
-    for name_ in ("x", "W"):
-        builder.model.graph.output.append(helper.make_tensor_value_info(grads[name_], DOUBLE, None))
+    model, _ = with_gradient(model, ["x", "W"])
     x = np.linspace(-3.0, 3.0, 12).reshape(4, 3)
     W = np.arange(6.0).reshape(3, 2) / 6.0
-    dx, dW = ReferenceEvaluator(builder.model, new_ops=[Erf]).run(None, {"x": x, "W": W})[-2:]
+    dx, dW = ReferenceEvaluator(model, new_ops=[Erf]).run(None, {"x": x, "W": W})[-2:]
     activation = FORMS[name][1]
     y = x * (sigmoid(2 * K * (x + 0.044715 * x**3)) if activation == "tanh" else 0.5 * (1 + erf(x / math.sqrt(2))))
     np.testing.assert_allclose(dW, y.T @ np.ones((4, 2)), rtol=1e-10)
@@ -381,14 +374,11 @@ def test_a_chain_through_casts_and_a_dead_reader() -> None:
     model = make_model(
         {"x": (TensorProto.FLOAT, [9]), "w": (TensorProto.FLOAT, [9])}, nodes, {"loss": (TensorProto.FLOAT, [])}
     )
-    builder = GraphBuilder(model)
-    before = len(builder.model.graph.node)
-    grads = build_gradients(builder, "loss", ["x"])
+    model, backward = with_gradient(model)
     chain = {n.output[0] for n in c.nodes if n.op_type != "Constant"} - {"y"}
-    assert not {v for node in builder.model.graph.node[before:] for v in node.input} & chain
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    assert not {v for node in backward for v in node.input} & chain
     x = np.linspace(-4.0, 4.0, 9, dtype=np.float32)
-    grad = run_model(builder.model, {"x": x, "w": np.ones(9, np.float32)})[-1]
+    grad = run_model(model, {"x": x, "w": np.ones(9, np.float32)})[-1]
     np.testing.assert_allclose(grad, DERIVATIVES["tanh"](x.astype(np.float64)), rtol=0, atol=5e-6)
 
 
@@ -402,12 +392,9 @@ def test_a_trainable_scale_inside_a_chain_is_no_constant() -> None:
         helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
     ]
     model = make_model({"x": (DOUBLE, [5])}, nodes, {"loss": (DOUBLE, [])}, [("beta", np.array(1.0))])
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["x", "beta"])
-    for name in ("x", "beta"):
-        builder.model.graph.output.append(helper.make_tensor_value_info(grads[name], DOUBLE, None))
+    model, _ = with_gradient(model, ["x", "beta"])
     x = np.linspace(-2.0, 2.0, 5)
-    dx, dbeta = ReferenceEvaluator(builder.model).run(None, {"x": x})[-2:]
+    dx, dbeta = ReferenceEvaluator(model).run(None, {"x": x})[-2:]
     s = sigmoid(x)
     np.testing.assert_allclose(dbeta, np.sum(x * x * s * (1 - s)), rtol=1e-12)
     np.testing.assert_allclose(dx, DERIVATIVES["silu"](x), rtol=1e-12)
@@ -429,11 +416,9 @@ def test_a_chain_whose_output_is_narrower_than_its_input(name: str) -> None:
         helper.make_node("ReduceSum", ["y32"], ["loss"], keepdims=0),
     ]
     model = make_model({"x": (TensorProto.FLOAT, [8])}, c.nodes, {"loss": (TensorProto.FLOAT, [])}, c.initializers)
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["x"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    model, _ = with_gradient(model)
     x = np.linspace(-3.0, 3.0, 8, dtype=np.float32)
-    grad = ReferenceEvaluator(builder.model, new_ops=[Erf]).run(None, {"x": x})[-1]
+    grad = ReferenceEvaluator(model, new_ops=[Erf]).run(None, {"x": x})[-1]
     np.testing.assert_allclose(grad, DERIVATIVES[FORMS[name][1]](x.astype(np.float64)), rtol=2e-3, atol=2e-3)
 
 
@@ -460,11 +445,9 @@ def test_a_maximum_over_the_output_compares_the_forward_values() -> None:
     nodes = [*c.nodes, helper.make_node("ReduceMax", ["y"], ["m"], axes=[1], keepdims=0)]
     nodes.append(helper.make_node("ReduceSum", ["m"], ["loss"], keepdims=0))
     model = make_model({"x": (TensorProto.FLOAT, [512, 8])}, nodes, {"loss": (TensorProto.FLOAT, [])}, c.initializers)
-    builder = GraphBuilder(model)
-    grads = build_gradients(builder, "loss", ["x"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], TensorProto.FLOAT, None))
+    model, _ = with_gradient(model)
     x = np.random.default_rng(0).normal(size=(512, 8)).astype(np.float32)
-    grad = run_model(builder.model, {"x": x})[-1]
+    grad = run_model(model, {"x": x})[-1]
     assert np.isfinite(grad).all()
     rows = np.arange(512)
     top = np.argmax(0.5 * x * (1 + np.tanh(K * (x + 0.044715 * x**3))), axis=1)

@@ -23,10 +23,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
-from onnx.reference import ReferenceEvaluator
 
-from onnxtrain.autodiff import build_gradients
-from onnxtrain.graph import GraphBuilder
+from tests.autodiff.test_activation_chains import evaluate, with_gradient
 from tests.helpers import make_model
 
 DOUBLE = TensorProto.DOUBLE
@@ -99,19 +97,6 @@ def rms_model(also_output: bool = False, **form: object) -> onnx.ModelProto:
         outputs["mean"] = (DOUBLE, None)
     opset = int(form.get("opset", 17))  # type: ignore[call-overload]
     return make_model({"x": (DOUBLE, [2, 3, 5]), "w": (DOUBLE, [2, 3, 5])}, nodes, outputs, constants, opset=opset)
-
-
-def with_gradient(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
-    builder = GraphBuilder(model)
-    before = len(builder.model.graph.node)
-    grads = build_gradients(builder, "loss", ["x"])
-    builder.model.graph.output.append(helper.make_tensor_value_info(grads["x"], DOUBLE, None))
-    return builder.model, list(builder.model.graph.node[before:])
-
-
-def evaluate(model: onnx.ModelProto, x: np.ndarray, w: np.ndarray) -> tuple[float, np.ndarray]:
-    outputs = ReferenceEvaluator(model).run(None, {"x": x, "w": w})
-    return float(outputs[0]), outputs[-1]
 
 
 @pytest.mark.parametrize("name", list(FORMS))
