@@ -143,9 +143,11 @@ def export_for_training(
     *,
     opset: int,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    **options: Any,
 ) -> onnx.ModelProto:
     """``module`` as torch's TorchScript exporter writes it for training: ``dynamo=False``,
-    ``training=TrainingMode.TRAINING``, no constant folding, its deprecation notices silenced.
+    ``training=TrainingMode.TRAINING``, no constant folding, its deprecation notices silenced;
+    ``options``: more of ``torch.onnx.export``'s arguments.
 
     The TorchScript exporter honours ``training`` (BatchNormalization and Dropout in training mode)
     and keeps the parameters as initializers named as in ``named_parameters()``; torch 2.13's default
@@ -170,5 +172,6 @@ def export_for_training(
             input_names=list(input_names),
             output_names=list(output_names),
             dynamic_axes=None if dynamic_axes is None else {k: dict(v) for k, v in dynamic_axes.items()},
+            **options,
         )
     return onnx.load_from_string(buffer.getvalue())

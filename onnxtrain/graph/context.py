@@ -19,7 +19,7 @@ from onnx import helper
 
 from onnxtrain.graph import versions
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.io import load_base_model
+from onnxtrain.graph.io import initializers_not_inputs, load_base_model
 
 _CURRENT: ContextVar[GraphBuilder | None] = ContextVar("onnxtrain_current_builder", default=None)
 
@@ -53,9 +53,12 @@ def base(model: onnx.ModelProto | str | os.PathLike[str]) -> Iterator[GraphBuild
     """Make a private copy of ``model`` the model that blocks called inside add to.
 
     ``model`` is a ``ModelProto`` (never modified) or a path, read without its
-    external data. Yields the :class:`GraphBuilder`; ``.model`` is the model.
+    external data. An initializer it also lists as a graph input is an
+    initializer only (:func:`~onnxtrain.graph.io.initializers_not_inputs`).
+    Yields the :class:`GraphBuilder`; ``.model`` is the model.
     """
     proto, base_dir = load_base_model(model)
+    initializers_not_inputs(proto)
     with _activate(GraphBuilder(proto, base_dir)) as builder:
         yield builder
 

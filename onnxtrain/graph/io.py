@@ -97,6 +97,29 @@ def load_light(
     return upgraded(light), external.TensorData(held=tuple(held))
 
 
+def initializers_not_inputs(model: onnx.ModelProto) -> list[str]:
+    """Drop from ``model``'s graph inputs each one that is also an initializer, in place; their names.
+
+    IR 3 lists every initializer among the graph inputs, and exporters may too
+    (torch's ``keep_initializers_as_inputs=True``); from IR 4 on such an input
+    is a default that a caller may override. A training model's gradients
+    are built for the values the initializers hold (the rules fold
+    constants, a parameter's value is the checkpoint's), so each becomes a
+    plain initializer: a constant, or a parameter where ``requires_grad``
+    names it. The IR version is raised to 4 where it was lower, the first
+    that lets an initializer be no input.
+    """
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    dropped = [value.name for value in model.graph.input if value.name in initializers]
+    if not dropped:
+        return []
+    kept = [value for value in model.graph.input if value.name not in initializers]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    model.ir_version = max(model.ir_version, 4)
+    return dropped
+
+
 def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` importing ``ai.onnx`` once, at :data:`~onnxtrain.graph.versions.MIN_OPSET` or later.
 
