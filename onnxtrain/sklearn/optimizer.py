@@ -3,10 +3,11 @@
 One iteration is a pass over the data in shuffled mini-batches. Each batch
 runs one train step and one optimizer step on onnxtrain's runtime
 (``onnxtrain.api.Module`` and ``Optimizer`` over artifacts built in memory).
-The loss output is a sum over the batch (``add_loss_output``'s scores), so
-SGD steps with ``eta / batch size``: ``eta`` is the rate for the mean
-gradient, as in onnxcustom and scikit-learn. Adam, AdamW, Adagrad and RMSprop
-normalise the gradient's scale themselves and step with ``eta``.
+The loss output is a sum over the batch (``add_loss_output``'s scores); the
+training model divides it by the batch's rows, so every optimizer steps on
+the mean gradient with ``eta``: SGD's step is ``eta / batch size`` times the
+summed gradient, as in onnxcustom and scikit-learn, and a momentum or Adam's
+moments average gradients of one scale whatever the size of the last batch.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from onnx import numpy_helper
 from onnxtrain import distributed, optim
 from onnxtrain.artifacts import build_artifacts
 from onnxtrain.autodiff import MissingGradientError
-from onnxtrain.graph import dtypes
+from onnxtrain.blocks import Block
+from onnxtrain.graph import dtypes, ops
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
@@ -99,8 +101,8 @@ class OrtGradientOptimizer:
     and ``random_state`` (initial weights, shuffling, the validation split),
     and ``distributed``: under ``mpiexec``, every rank calls ``fit`` with the
     same data and trains on its part of every batch of ``batch_size`` rows
-    (a multiple of the number of ranks), summing the ranks' gradients of the
-    summed loss (:mod:`onnxtrain.distributed`): the weights of one process's
+    (a multiple of the number of ranks), averaging the ranks' gradients of
+    their parts' mean loss (:mod:`onnxtrain.distributed`): the weights of one process's
     ``fit``. Rank 0's random draws (initial weights,
     shuffling) are used everywhere; the rows beyond a multiple of the number
     of ranks are left out of each iteration (at most ``ranks - 1``, drawn
@@ -265,7 +267,11 @@ class OrtGradientOptimizer:
         try:
             weights = self._weights_to_train()
             built = build_artifacts(
-                model, weights, loss=None, optimizer=block, loss_input_names=[self.loss_output_name]
+                model,
+                weights,
+                loss=_PerRow(inputs.features.name),
+                optimizer=block,
+                loss_input_names=[self.loss_output_name],
             )
         except (MissingGradientError, ValueError, TypeError) as error:
             raise type(error)(with_converter_hints(str(error), model)) from error
@@ -281,9 +287,8 @@ class OrtGradientOptimizer:
         optimizer: Any = Optimizer(built.optimizer_model, module)
         if comm is not None:
             distributed.broadcast_parameters(state, comm=comm)
-            optimizer = distributed.DistributedOptimizer(optimizer, comm, op="sum")  # the loss sums over rows
-        per_sample = isinstance(block, optim.SGD)
-        self._loop(module, optimizer, state, learning_rate, per_sample, data, validation, rng, comm)
+            optimizer = distributed.DistributedOptimizer(optimizer, comm)  # the ranks' equal parts' mean
+        self._loop(module, optimizer, state, learning_rate, data, validation, rng, comm)
         self.learning_rate_ = learning_rate
         return self
 
@@ -293,7 +298,6 @@ class OrtGradientOptimizer:
         optimizer: Optimizer,
         state: TrainingState,
         learning_rate: BaseLearningRate,
-        per_sample: bool,
         data: list[np.ndarray],
         validation: list[np.ndarray] | None,
         rng: np.random.Generator,
@@ -317,11 +321,10 @@ class OrtGradientOptimizer:
                 eta = learning_rate.value
                 rows = len(order)
                 sizes = np.minimum(batch_size, rows - np.arange(0, rows, batch_size))
-                global_sizes = sizes if comm is None else sizes * comm.Get_size()  # each rank has an equal part
-                rates = eta / global_sizes if per_sample else np.full(len(sizes), eta)
                 # the whole iteration in one onnxruntime call (Module.train_epoch), the per-step loop's results
+                rates = np.full(len(sizes), eta)
                 batch_losses = module.train_epoch(optimizer, shuffled, None, batch_size, learning_rates=rates)
-                total, seen = float(np.sum(batch_losses)), rows
+                total, seen = float(np.dot(batch_losses, sizes)), rows  # each batch's mean over its rows
                 if comm is not None:  # the same figures on every rank
                     summed = sum_over_ranks([total, seen], comm)
                     total, seen = float(summed[0]), int(summed[1])
@@ -557,14 +560,31 @@ def _split(
     return [a[order[held:]] for a in data], [a[order[:held]] for a in data]
 
 
+class _PerRow(Block):
+    """``loss / N``: a loss summed over the batch as its mean over the ``N`` rows of input ``rows_of``
+    (``Shape``, ``Gather`` of its first dimension, ``Cast``, ``Div``)."""
+
+    def __init__(self, rows_of: str) -> None:
+        super().__init__()
+        self._rows_of = rows_of
+
+    def build(self, loss: str) -> str:
+        b = self.builder
+        shape = b.add_node("Shape", [self._rows_of], hint="shape")[0]
+        rows = b.add_node("Gather", [shape, ops.constant(b, 0, onnx.TensorProto.INT64, "first")], hint="rows")[0]
+        rows = b.add_node("Cast", [rows], hint="rows", to=b.elem_type(loss))[0]
+        return b.add_node("Div", [loss, rows], hint="loss_per_row")[0]
+
+
 def _evaluate(module: Module, data: list[np.ndarray]) -> float:
-    """The loss per sample of ``data`` in eval mode."""
+    """The loss per sample of ``data`` in eval mode (the eval model's loss is the mean over a run's rows)."""
     module.eval()
     try:
         n = len(data[0])
         total = 0.0
         for start in range(0, n, VALIDATION_CHUNK):
-            total += float(np.asarray(module(*(array[start : start + VALIDATION_CHUNK] for array in data))))
+            chunk = [array[start : start + VALIDATION_CHUNK] for array in data]
+            total += float(np.asarray(module(*chunk))) * len(chunk[0])
         return total / n
     finally:
         module.train()

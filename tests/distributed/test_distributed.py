@@ -197,7 +197,7 @@ def test_batchnorm_running_statistics_are_the_ranks_average(mpiexec: str, tmp_pa
 
 def test_fit_on_two_ranks_gives_the_weights_and_losses_of_one_process(mpiexec: str, tmp_path: Path) -> None:
     """``OrtGradientOptimizer(distributed=True)``: each rank on half of every batch (the last batch of 2 rows
-    too), SGD and AdamW on the summed loss."""
+    too), SGD and AdamW on each batch's mean loss, the ranks' mean gradients averaged."""
     from tests.distributed.batches import fit_setup
 
     done = run_ranks(mpiexec, "fit", str(tmp_path))

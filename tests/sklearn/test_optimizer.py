@@ -52,17 +52,36 @@ def least_squares(x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> 
     return np.linalg.lstsq(design * root[:, None], y * root, rcond=None)[0]
 
 
-def numpy_fit(x: np.ndarray, y: np.ndarray, iterations: int, rates: list[float], update: Any) -> dict[str, np.ndarray]:
-    """Full-batch training of :func:`linear` on the summed squared error, with ``update(p, g, states, lr, step)``."""
+def numpy_fit(
+    x: np.ndarray,
+    y: np.ndarray,
+    iterations: int,
+    rates: list[float],
+    update: Any,
+    batch_size: int = N,
+    random_state: int | None = None,
+) -> tuple[dict[str, np.ndarray], list[float]]:
+    """Training of :func:`linear` on the squared error's mean over each batch, with ``update(p, g, states, lr,
+    step)``: one batch per iteration, or ``batch_size`` rows at a time in the order ``fit`` draws from
+    ``random_state`` (a permutation per iteration), the last batch shorter. The parameters, and each
+    iteration's squared error per row, each batch's before its step."""
     params = {"coef": np.zeros((D, 1)), "intercept": np.zeros(1)}
     states: dict[str, list[np.ndarray]] = {name: [] for name in params}
-    for step in range(1, iterations + 1):
-        residual = x @ params["coef"] + params["intercept"] - y[:, None]
-        grads = {"coef": 2 * x.T @ residual, "intercept": 2 * residual.sum(axis=0)}
-        lr = float(np.float32(rates[step - 1]))  # the optimizer model's learning rate is a float32 input
-        for name in params:
-            params[name], states[name] = update(params[name], grads[name], states[name], lr, step)
-    return params
+    rng = np.random.default_rng(random_state)
+    step, losses = 0, []
+    for iteration in range(iterations):
+        order = rng.permutation(len(x))
+        lr = float(np.float32(rates[iteration]))  # the optimizer model's learning rate is a float32 input
+        losses.append(0.0)
+        for start in range(0, len(x), batch_size):
+            rows = order[start : start + batch_size]
+            residual = x[rows] @ params["coef"] + params["intercept"] - y[rows, None]
+            losses[-1] += float(np.sum(residual**2)) / len(x)
+            grads = {"coef": 2 * x[rows].T @ residual / len(rows), "intercept": 2 * residual.mean(axis=0)}
+            step += 1
+            for name in params:
+                params[name], states[name] = update(params[name], grads[name], states[name], lr, step)
+    return params, losses
 
 
 def sgd(momentum: float = 0.0, nesterov: bool = False) -> Any:
@@ -77,35 +96,56 @@ def adam(p: np.ndarray, g: np.ndarray, s: list[np.ndarray], lr: float, step: int
     return reference.adam_step(p, g, s or [np.zeros_like(p), np.zeros_like(p)], lr=lr, step=step)
 
 
-@pytest.mark.parametrize(
-    ("optimizer_name", "learning_rate", "update", "per_sample"),
+OPTIMIZERS = pytest.mark.parametrize(
+    ("optimizer_name", "learning_rate", "update"),
     [
-        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="constant"), sgd(), True),
-        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="invscaling", power_t=0.5), sgd(), True),
-        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="optimal", alpha=0.01), sgd(), True),
-        ("SGDOptimizer", LearningRateSGDNesterov(0.02, learning_rate="constant"), sgd(0.9, True), True),
-        ("SGDOptimizer", LearningRateSGDNesterov(0.02, nesterov=False, momentum=0.5), sgd(0.5), True),
-        ("Adam", LearningRateSGD(0.05, learning_rate="invscaling"), adam, False),
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="constant"), sgd()),
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="invscaling", power_t=0.5), sgd()),
+        ("SGDOptimizer", LearningRateSGD(0.05, learning_rate="optimal", alpha=0.01), sgd()),
+        ("SGDOptimizer", LearningRateSGDNesterov(0.02, learning_rate="constant"), sgd(0.9, True)),
+        ("SGDOptimizer", LearningRateSGDNesterov(0.02, nesterov=False, momentum=0.5), sgd(0.5)),
+        ("Adam", LearningRateSGD(0.05, learning_rate="invscaling"), adam),
     ],
     ids=["sgd-constant", "sgd-invscaling", "sgd-optimal", "nesterov", "momentum", "adam"],
 )
-def test_full_batch_trajectory_equals_numpy(
-    optimizer_name: str, learning_rate: Any, update: Any, per_sample: bool
-) -> None:
-    """With one batch per iteration, fit is full-batch descent on the summed loss; SGD steps with eta / n."""
+
+
+@OPTIMIZERS
+def test_full_batch_trajectory_equals_numpy(optimizer_name: str, learning_rate: Any, update: Any) -> None:
+    """With one batch per iteration, fit is full-batch descent on the mean loss: SGD steps with eta / n on the
+    summed loss."""
     x, y = data()
     iterations = 12
     fit = OrtGradientOptimizer(
         add_loss_output(linear()), ["coef", "intercept"], max_iter=iterations, batch_size=N,
         training_optimizer_name=optimizer_name, learning_rate=learning_rate, warm_start=True,
     ).fit(x, y)  # fmt: skip
-    rates = [learning_rate.rate_at(t) / (N if per_sample else 1) for t in range(iterations)]
-    expected = numpy_fit(x, y, iterations, rates, update)
+    expected, _ = numpy_fit(x, y, iterations, [learning_rate.rate_at(t) for t in range(iterations)], update)
     state = fit.get_state()
     for name, value in expected.items():
         np.testing.assert_allclose(state[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
     assert fit.n_iter_ == iterations and len(fit.train_losses_) == iterations
     assert fit.learning_rate_ is learning_rate
+
+
+@OPTIMIZERS
+def test_mini_batches_with_a_short_last_one_step_on_each_batchs_mean_gradient(
+    optimizer_name: str, learning_rate: Any, update: Any
+) -> None:
+    """27 rows in batches of 8: the last batch of 3 weighs its rows as the others do, so a momentum or Adam's
+    moments average gradients of one scale (a summed gradient stepped with eta / 3 would not)."""
+    x, y = data(27)
+    iterations = 4
+    fit = OrtGradientOptimizer(
+        add_loss_output(linear()), ["coef", "intercept"], max_iter=iterations, batch_size=8,
+        training_optimizer_name=optimizer_name, learning_rate=learning_rate, warm_start=True, random_state=5,
+    ).fit(x, y)  # fmt: skip
+    rates = [learning_rate.rate_at(t) for t in range(iterations)]
+    expected, losses = numpy_fit(x, y, iterations, rates, update, batch_size=8, random_state=5)
+    state = fit.get_state()
+    for name, value in expected.items():
+        np.testing.assert_allclose(state[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+    np.testing.assert_allclose(fit.train_losses_, losses, rtol=1e-9)
 
 
 @pytest.mark.parametrize("hidden", [4, 5_000], ids=["small", "over-SMALL_TENSOR"])
