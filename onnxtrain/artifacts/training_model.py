@@ -29,7 +29,7 @@ from onnxtrain.artifacts.exported_parameters import (
 )
 from onnxtrain.artifacts.running_variance import from_torch, torch_running_variance
 from onnxtrain.autodiff import GradientRegistry, build_gradients
-from onnxtrain.graph import dtypes
+from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in, unknown_name_hint
 from onnxtrain.graph.passes import (
@@ -124,18 +124,27 @@ def statistics_as_parameters(
             "updated as torch updates its buffers). Leave them out of requires_grad",
             RunningStatisticsWarning,
         )
-    updated = {name for node in model.graph.node if _trains_statistics(node) for name in node.input[3:5]}
+    opset = _opset(model)
+    updated = {name for node in model.graph.node if _trains_statistics(node, opset) for name in node.input[3:5]}
     requires = [name for name in requires_grad if name not in set(trained)]
     added = [name for name in statistics if (name in updated or name in trained) and name not in set(frozen)]
     return requires, [*frozen, *added]
 
 
-def _trains_statistics(node: onnx.NodeProto) -> bool:
+def _opset(model: onnx.ModelProto) -> int:
+    """``model``'s ``ai.onnx`` opset."""
+    return versions.opset_version(model, "") or versions.DEFAULT_OPSET
+
+
+def _trains_statistics(node: onnx.NodeProto, opset: int) -> bool:
     """Whether ``node`` is a training-mode BatchNormalization, which outputs new running statistics: by its
     ``training_mode``, or where torch's dynamo exporter wrote in inference mode a call that torch ran in training
-    mode (:func:`~onnxtrain.graph.torch_metadata.batch_norm_training`)."""
+    mode (:func:`~onnxtrain.graph.torch_metadata.batch_norm_training`); before opset 14, which has no
+    ``training_mode``, by its optional outputs (torch's TorchScript exports for training at opsets 9-13)."""
     if node.op_type != "BatchNormalization" or not is_standard(node):
         return False
+    if opset < 14:
+        return sum(1 for name in node.output if name) > 1
     return bool(_attribute(node, "training_mode", 0)) or bool(batch_norm_training(node))
 
 
@@ -186,14 +195,17 @@ def _set_attribute(node: onnx.NodeProto, name: str, value: int) -> None:
 
 
 def set_inference_mode(model: onnx.ModelProto) -> None:
-    """Dropout without its training flag, BatchNormalization with ``training_mode=0`` and one output."""
+    """Dropout without its training flag, BatchNormalization with ``training_mode=0`` (before opset 14: without
+    the optional outputs that switch training on) and one output."""
+    opset = _opset(model)
     for node in model.graph.node:
         if not is_standard(node):
             continue
         if node.op_type == "Dropout" and len(node.input) > 2:
             node.input[2] = ""
-        elif node.op_type == "BatchNormalization" and _attribute(node, "training_mode", 0):
-            _set_attribute(node, "training_mode", 0)
+        elif node.op_type == "BatchNormalization" and (_attribute(node, "training_mode", 0) or opset < 14):
+            if opset >= 14:
+                _set_attribute(node, "training_mode", 0)
             del node.output[1:]
 
 
@@ -211,10 +223,12 @@ def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[
     as_torch = from_torch(model)
     elem_types = {tensor.name: tensor.data_type for tensor in model.graph.initializer}
     elem_types.update((v.name, v.type.tensor_type.elem_type) for v in model.graph.input)
+    opset = _opset(model)
     for index, node in enumerate(model.graph.node):
-        if not _trains_statistics(node):
+        if not _trains_statistics(node, opset):
             continue
-        _set_attribute(node, "training_mode", 1)  # where torch's exporter wrote it in inference mode
+        if opset >= 14:
+            _set_attribute(node, "training_mode", 1)  # where torch's exporter wrote it in inference mode
         stats = (node.input[3], node.input[4])  # input_mean -> output 1, input_var -> output 2
         if not all(stat in parameters and stat not in exposed for stat in stats):
             continue

@@ -6,6 +6,8 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 
 from onnxtrain import api, optim
@@ -95,11 +97,13 @@ def test_statistics_named_in_requires_grad_are_updated_not_trained_with_a_warnin
     _assert_as_torch(ours, _torch_run(torch, net, batches, 0.5))
 
 
-def test_statistics_no_list_names_are_parameters_updated_at_each_step(tmp_path):
+@pytest.mark.parametrize("opset", [9, 11, 13, 17])
+def test_statistics_no_list_names_are_parameters_updated_at_each_step(tmp_path, opset: int):
     """The README's pattern: requires_grad lists the parameters, frozen_params=[]; the statistics (in neither)
-    were constants and never changed."""
+    were constants and never changed. Before opset 14 the normalization has no ``training_mode``: its optional
+    outputs switch training on (converted to opset 13 from 9 and 11), and were not taken for it."""
     torch, net = _torch_net()
-    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17)
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=opset, dynamic_axes={"x": {0: "n"}})
     parameters = [name for name, _ in net.named_parameters()]
     batches = _batches(3)
     with warnings.catch_warnings():
@@ -107,6 +111,19 @@ def test_statistics_no_list_names_are_parameters_updated_at_each_step(tmp_path):
         ours, info = _our_run(tmp_path, model, parameters, [], batches, 0.0)
     assert info["trainable"] == set(parameters)
     _assert_as_torch(ours, _torch_run(torch, net, batches, 0.0))
+    # the eval model normalizes with the running statistics: a row alone gives what it gives in a batch
+    eval_model = onnx.load(tmp_path / "eval_model.onnx")
+    assert [len(n.output) for n in eval_model.graph.node if n.op_type == "BatchNormalization"] == [1]
+    session = ort.InferenceSession(eval_model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x, target = batches[0]
+    feeds = {"target": target, **{name: value for name, value in ours.items() if name in _inputs(eval_model)}}
+    whole = session.run(None, {**feeds, "x": x})[0]  # the mean squared error over the batch
+    rows = [session.run(None, {**feeds, "x": x[i : i + 1], "target": target[i : i + 1]})[0] for i in range(len(x))]
+    np.testing.assert_allclose(np.mean(rows), whole, rtol=1e-5)
+
+
+def _inputs(model) -> set[str]:
+    return {value.name for value in model.graph.input}
 
 
 def test_statistics_in_frozen_params_are_updated_too(tmp_path):
