@@ -9,8 +9,9 @@ from pathlib import Path
 import onnx
 from onnx import shape_inference, version_converter
 
-from onnxtrain.graph import dtypes, external, versions, wire
+from onnxtrain.graph import dtypes, external, versions, walk, wire
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
+from onnxtrain.graph.naming import first_free
 from onnxtrain.graph.passes.constants import fold_constants
 
 #: Initializers with more elements than this are not handed to shape inference
@@ -140,13 +141,36 @@ def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
     if model.ir_version < 7:
         model.ir_version = 7
     try:
-        return version_converter.convert_version(model, versions.MIN_OPSET)
+        return _converted(model, versions.MIN_OPSET)
     except Exception as error:  # onnx's ConvertError and the like
         raise ValueError(
             f"the base model uses ai.onnx opset {version}, older than the gradient rules need ({versions.MIN_OPSET}), "
             f"and onnx's version converter cannot convert it: {error}; export the model with opset "
             f">= {versions.MIN_OPSET}"
         ) from error
+
+
+def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model`` converted to ``ai.onnx`` ``opset`` by onnx's version converter, each node keeping its
+    ``metadata_props`` (which the converter drops: ``set_embedding``'s marks, say) where the converted model
+    has a node of its name; unnamed nodes that hold some are named for the conversion only."""
+    marks: dict[str, list[onnx.StringStringEntryProto]] = {}
+    named: list[str] = []
+    taken = {node.name for node in walk.all_nodes(model.graph)}
+    for node in walk.all_nodes(model.graph):
+        if node.metadata_props:
+            if not node.name:
+                node.name = first_free("onnxtrain.converted", taken)
+                taken.add(node.name)
+                named.append(node.name)
+            marks[node.name] = list(node.metadata_props)
+    converted = version_converter.convert_version(model, opset)
+    for node in walk.all_nodes(converted.graph):
+        if node.name in marks and not node.metadata_props:
+            node.metadata_props.extend(marks[node.name])
+        if node.name in named:
+            node.name = ""
+    return converted
 
 
 def _check_not_empty(model: onnx.ModelProto, what: str) -> None:

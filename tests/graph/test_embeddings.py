@@ -9,6 +9,8 @@ exports against torch's gradients.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -16,6 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import helper
 
+from onnxtrain import api
+from onnxtrain.artifacts import LossType, generate_artifacts
 from onnxtrain.autodiff import build_gradients
 from onnxtrain.graph import GraphBuilder
 from onnxtrain.graph.embeddings import (
@@ -158,3 +162,25 @@ def test_the_lookup_follows_torchs_rules(
         if row != rule.padding_idx:
             expected[row] += grad_seed[position] / (counts[row] if scale else 1)
     np.testing.assert_allclose(_gradient(table, ids, grad_seed, rule, opset), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13])
+def test_set_embedding_outlives_the_conversion_of_an_older_opset(tmp_path: Path, opset: int) -> None:
+    """onnx's version converter drops the nodes' ``metadata_props``; the lookup still leaves its padding row
+    out once the model is converted to opset 13 (a named lookup, as torch names them, and an unnamed one)."""
+    model = lookup_model(reads=2)
+    model.opset_import[0].version = opset
+    model.graph.node[0].name = "/embed/Gather"
+    model.graph.node.append(helper.make_node("Add", ["r0", "r1"], ["y"]))
+    del model.graph.output[:]
+    model.graph.output.append(helper.make_tensor_value_info("y", FLOAT, None))
+    set_embedding(model, "table", padding_idx=2)
+    generate_artifacts(model, requires_grad=["table"], loss=LossType.L1Loss, artifact_directory=tmp_path)
+    training = onnx.load(tmp_path / "training_model.onnx")
+    assert [n.name for n in training.graph.node if n.op_type == "Gather"][:2] == ["/embed/Gather", ""]
+    state = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = api.Module(tmp_path / "training_model.onnx", state)
+    ids = np.array([2, 0, 2, 5])
+    module(ids, np.full((4, 3), -1.0, np.float32))
+    grad = state.parameters["table"].grad
+    assert np.all(grad[2] == 0) and np.all(grad[[0, 5]] != 0)
