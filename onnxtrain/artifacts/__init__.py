@@ -22,6 +22,7 @@ from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, 
 from onnxtrain.artifacts.kinds import LossType, OptimType
 from onnxtrain.artifacts.training_model import RunningStatisticsWarning
 from onnxtrain.graph.embeddings import set_embedding
+from onnxtrain.graph.io import OpsetConversionWarning
 from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
 from onnxtrain.losses.classification import ClassAxisWarning
 
@@ -34,6 +35,7 @@ __all__ = [
     "FusedModel",
     "FusionError",
     "LossType",
+    "OpsetConversionWarning",
     "OptimType",
     "ResetTrainingModel",
     "Role",

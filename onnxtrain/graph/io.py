@@ -9,6 +9,7 @@ from pathlib import Path
 import onnx
 from onnx import shape_inference, version_converter
 
+from onnxtrain import caller
 from onnxtrain.graph import dtypes, external, versions, walk, wire
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
 from onnxtrain.graph.naming import first_free
@@ -140,6 +141,7 @@ def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     if model.ir_version < 7:
         model.ir_version = 7
+    _warn_of_inert_dropouts(model, version)
     try:
         return _converted(model, versions.MIN_OPSET)
     except Exception as error:  # onnx's ConvertError and the like
@@ -148,6 +150,33 @@ def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
             f"and onnx's version converter cannot convert it: {error}; export the model with opset "
             f">= {versions.MIN_OPSET}"
         ) from error
+
+
+class OpsetConversionWarning(UserWarning):
+    """A base model older than the gradient rules need was converted, and computes differently in training."""
+
+
+def _warn_of_inert_dropouts(model: onnx.ModelProto, version: int) -> None:
+    """:class:`OpsetConversionWarning` where ``model`` (of ``ai.onnx`` ``version``) has Dropout nodes that would
+    drop in training: before opset 12 Dropout has no training mode, and converted it passes its input through."""
+    dropping = [
+        node.name or f"Dropout #{index}"
+        for index, node in enumerate(walk.all_nodes(model.graph))
+        if node.op_type == "Dropout"
+        and versions.is_standard(node)
+        and version < 12
+        and next((a.f for a in node.attribute if a.name == "ratio"), 0.5) > 0
+        and not next((a.i for a in node.attribute if a.name == "is_test"), 0)
+    ]
+    if dropping:
+        shown = ", ".join(map(repr, dropping[:3])) + (f" and {len(dropping) - 3} more" if len(dropping) > 3 else "")
+        caller.warn(
+            f"the base model's ai.onnx opset {version} is converted to {versions.MIN_OPSET}: ONNX's Dropout has "
+            f"no training mode before opset 12, so its {len(dropping)} Dropout node(s) ({shown}) pass their input "
+            "through in training too; to train with dropout, export the model at opset 12 or later in training "
+            "mode (torch.onnx.export(..., opset_version=17, training=torch.onnx.TrainingMode.TRAINING))",
+            OpsetConversionWarning,
+        )
 
 
 def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:

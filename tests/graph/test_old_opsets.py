@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -87,3 +88,32 @@ def test_a_model_the_converter_cannot_convert_is_a_clear_error(tmp_path: Path):
     with pytest.raises(ValueError, match=r"opset 7, older than the gradient rules need \(13\).*version converter"):
         artifacts.generate_artifacts(model, None, artifact_directory=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def _with_dropout(opset: int, **attributes: object) -> onnx.ModelProto:
+    """:func:`_mlp` with a Dropout (and its mask, as torch's exporter writes it in training mode) after the Relu."""
+    model = _mlp(opset, custom_domain=False)
+    model.graph.node[-1].output[0] = "a"
+    model.graph.node.append(helper.make_node("Dropout", ["a"], ["y", "mask"], name="/drop/Dropout", **attributes))
+    return model
+
+
+@pytest.mark.parametrize(("opset", "attributes", "warned"), [
+    (11, {"ratio": 0.3}, True),
+    (9, {}, True),  # ratio 0.5 by default
+    (11, {"ratio": 0.0}, False),
+    (12, {}, False),  # from opset 12 on Dropout takes a training flag: no conversion, and dropout drops
+])  # fmt: skip
+def test_dropout_before_opset_12_is_said_to_pass_its_input_through(
+    tmp_path: Path, opset: int, attributes: dict, warned: bool
+) -> None:
+    model = _with_dropout(opset, **attributes)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        artifacts.generate_artifacts(model, ["W", "B"], loss="MSELoss", artifact_directory=tmp_path)
+    said = [w for w in caught if issubclass(w.category, artifacts.OpsetConversionWarning)]
+    assert len(said) == warned
+    if warned:
+        message = str(said[0].message)
+        assert f"opset {opset} is converted to 13" in message and "'/drop/Dropout'" in message
+        assert said[0].filename == __file__  # attributed to the caller's line
