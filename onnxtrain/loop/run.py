@@ -140,6 +140,9 @@ def train(
     state = TrainingState(saved)
     options = None if comm is None else session_options(comm)  # the machine's cores shared among its ranks
     module = Module(files.training_model, state, files.eval_model, device=device, session_options=options)
+    module.check_labels(arrays, "the data")  # every row before any step or checkpoint: errors name the row
+    if val_data is not None:
+        module.check_labels(validation.arrays, "the validation data")
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

@@ -284,6 +284,9 @@ class OrtGradientOptimizer:
             state.parameters[name] = array
         options = None if comm is None else distributed.session_options(comm)  # the cores shared among the ranks
         module = Module(built.training_model, state, built.eval_model, device=self.device, session_options=options)
+        module.check_labels(data, "fit")  # every row before shuffling: errors name the caller's row
+        if validation is not None:
+            module.check_labels(validation, "fit's validation data")
         optimizer: Any = Optimizer(built.optimizer_model, module)
         if comm is not None:
             distributed.broadcast_parameters(state, comm=comm)

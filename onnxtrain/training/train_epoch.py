@@ -150,9 +150,11 @@ class EpochTrainer:
         if labels is not None:
             given.append(labels)
         if len(given) != len(names):
+            rows = not isinstance(inputs, np.ndarray) and any(not isinstance(v, np.ndarray) for v in inputs)
+            hint = ": inputs holds rows, not arrays; pass one numpy.ndarray per input (np.asarray(x))" if rows else ""
             raise TypeError(
                 f"train_epoch: the training model takes {len(names)} user input(s) {list(names)}; got {len(given)} "
-                "array(s) (inputs, then labels)"
+                f"array(s) (inputs, then labels){hint}"
             )
         arrays = []
         for name, value in zip(names, given, strict=True):

@@ -135,6 +135,25 @@ def test_labels_that_are_not_whole_numbers(capsys, artifacts: Path, tmp_path: Pa
     assert_error(err, "train", "array 'y'", "input 'labels'", "whole number")
 
 
+@pytest.mark.parametrize(("option", "what"), [("--data", "the data"), ("--val-data", "the validation data")])
+def test_a_label_out_of_range_is_named_by_its_row_before_any_step(
+    capsys, artifacts: Path, tmp_path: Path, option: str, what: str
+):
+    """Every row is checked before the first step: the error names the file's row (not a position in a shuffled
+    batch), and no trained checkpoint is left for a corrected run to need --restart."""
+    x, y = classification()
+    bad = y.copy()
+    bad[7] = -1
+    np.savez(tmp_path / "good.npz", X=x, y=y)
+    np.savez(tmp_path / "bad.npz", X=x, y=bad)
+    data, validation = ("bad", "good") if option == "--data" else ("good", "bad")
+    files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
+    status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
+    assert status == 1
+    assert_error(err, "train", f"{what}: 1 label is out of range", "-1 at [7]")
+    assert not (artifacts / "trained_checkpoint").exists()
+
+
 def test_arrays_of_different_lengths(capsys, artifacts: Path, tmp_path: Path):
     x, y = classification()
     np.savez(tmp_path / "bad.npz", X=x, y=y[:-5])

@@ -463,3 +463,26 @@ def test_bad_data_is_refused_naming_the_array() -> None:
     two_inputs.graph.input.append(helper.make_tensor_value_info("extra", DOUBLE, [1]))
     with pytest.raises(ValueError, match=r"two inputs.*\['X', 'label', 'extra'\]"):
         OrtGradientOptimizer(two_inputs, ["coef"]).fit(x, y)
+
+
+def test_a_label_out_of_range_is_named_by_the_callers_row() -> None:
+    """Every label is checked before the first (shuffled) batch: the error names the row of ``y`` or ``y_val``."""
+    rng = np.random.default_rng(0)
+    classes = 3
+    model = make_model(
+        {"X": (FLOAT, ["batch", D])},
+        [helper.make_node("MatMul", ["X", "coef"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"])],
+        {"p": (FLOAT, ["batch", classes])},
+        [("coef", rng.normal(size=(D, classes)).astype(np.float32))],
+    )
+    fit = OrtGradientOptimizer(add_loss_output(model, score_name="log"), ["coef"], max_iter=1, batch_size=8,
+                               random_state=0)  # fmt: skip
+    x = rng.normal(size=(40, D)).astype(np.float32)
+    y = rng.integers(0, classes, size=40)
+    bad = y.copy()
+    bad[7] = classes
+    with pytest.raises(ValueError, match=r"^fit: 1 label is out of range .*: 3 at \[7\]"):
+        fit.fit(x, bad)
+    with pytest.raises(ValueError, match=r"^fit's validation data: 1 label is out of range .*: 3 at \[7\]"):
+        fit.fit(x, y, X_val=x, y_val=bad)
+    assert fit.fit(x, y).n_iter_ == 1
