@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from onnxtrain import onnxblock
 from onnxtrain.sessions import inference_session
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -175,3 +176,14 @@ def export_for_training(
             **options,
         )
     return onnx.load_from_string(buffer.getvalue())
+
+
+class MSETraining(onnxblock.TrainingBlock):
+    """The mean squared error of the base model's output against a new input ``target``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loss = onnxblock.loss.MSELoss()
+
+    def build(self, output_name: str) -> str:
+        return self.loss(output_name)

@@ -31,6 +31,7 @@ from onnxtrain.artifacts.running_variance import from_torch, torch_running_varia
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph.io import constants_as_initializers, copy_model
 from onnxtrain.graph.naming import first_free, names_in, unknown_name_hint
 from onnxtrain.graph.passes import (
     fuse_pads_into_convs,
@@ -331,6 +332,10 @@ def build_training_models(
     """
     if not outputs:
         raise ValueError("a training model needs a loss: pass its name first in outputs")
+    named = {*requires_grad, *frozen_params}
+    if any(node.op_type == "Constant" and node.output[0] in named for node in forward.graph.node):
+        forward = copy_model(forward)  # its weights held in Constant nodes made initializers, on a copy
+        constants_as_initializers(forward, list(named))
     check_parameters(forward, requires_grad, frozen_params)
     warn_changed_parameters(forward, requires_grad)
     warn_folded_convolutions(forward, requires_grad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -120,6 +121,32 @@ def initializers_not_inputs(model: onnx.ModelProto) -> list[str]:
     model.graph.input.extend(kept)
     model.ir_version = max(model.ir_version, 4)
     return dropped
+
+
+def constants_as_initializers(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
+    """Make each of ``names`` that a ``Constant`` node of ``model``'s graph computes from a tensor (its ``value``)
+    an initializer of that value, removing the node, in place; the names made so.
+
+    Some converters and hand-written models hold weights in ``Constant`` nodes:
+    named for training, they become the initializers a parameter is.
+    """
+    wanted = set(names)
+    made: list[str] = []
+    kept: list[onnx.NodeProto] = []
+    for node in model.graph.node:
+        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        if value is not None and versions.is_standard(node) and node.output[0] in wanted:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(value)
+            tensor.name = node.output[0]
+            model.graph.initializer.append(tensor)
+            made.append(tensor.name)
+        else:
+            kept.append(node)
+    if made:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return made
 
 
 def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:

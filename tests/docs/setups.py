@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tests.helpers import FLOAT, INT64, make_model
+from tests.helpers import FLOAT, INT64, MSETraining, make_model
 
 Namespace = dict[str, Any]
 
@@ -174,14 +174,6 @@ def training_block(folder: Path) -> Namespace:
     """``training_block``: a built TrainingBlock (an MSE loss over :func:`mlp_model`'s MLP), as docs/artifacts.md's
     optimizer snippet receives it."""
     import onnxtrain.onnxblock as onnxblock
-
-    class MSETraining(onnxblock.TrainingBlock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.loss = onnxblock.loss.MSELoss()
-
-        def build(self, output: str) -> str:
-            return self.loss(output)
 
     block = MSETraining()
     model = _mlp(("fc1", "fc2"))

@@ -14,7 +14,7 @@ import onnxtrain.onnxblock as onnxblock
 from onnxtrain import api, artifacts
 from onnxtrain.graph import versions
 from onnxtrain.graph.io import upgraded
-from tests.helpers import FLOAT, make_model
+from tests.helpers import FLOAT, MSETraining, make_model
 
 RNG = np.random.default_rng(11)
 WEIGHT, BIAS = RNG.normal(size=(4, 3)).astype(np.float32), RNG.normal(size=4).astype(np.float32)
@@ -65,15 +65,7 @@ def test_an_import_appended_inside_the_with_block_is_merged(tmp_path: Path):
     merged = upgraded(model)
     assert [(o.domain, o.version) for o in merged.opset_import] == [("", 14), ("com.example.custom", 1)]
 
-    class MSE(onnxblock.TrainingBlock):
-        def __init__(self) -> None:
-            super().__init__()
-            self.loss = onnxblock.loss.MSELoss()
-
-        def build(self, output: str) -> str:
-            return self.loss(output)
-
-    block = MSE()
+    block = MSETraining()
     block.requires_grad("W")
     with onnxblock.base(_mlp(7)) as builder:
         builder.model.opset_import.append(helper.make_opsetid("", 14))

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import checkpoint
-from tests.helpers import DOUBLE, make_model, run_model
+from tests.helpers import DOUBLE, MSETraining, make_model, run_model
 
 RNG = np.random.default_rng(3)
 W, B, SCALE = RNG.normal(size=(3, 4)), RNG.normal(size=(4,)), RNG.normal(size=(4,))
@@ -28,15 +28,6 @@ def _forward() -> onnx.ModelProto:
     return make_model(
         {"x": (DOUBLE, ["batch", 3])}, nodes, {"y": (DOUBLE, ["batch", 4])}, [("W", W), ("B", B), ("SCALE", SCALE)]
     )
-
-
-class MSETraining(onnxblock.TrainingBlock):
-    def __init__(self) -> None:
-        super().__init__()
-        self.loss = onnxblock.loss.MSELoss()
-
-    def build(self, output_name: str) -> str:
-        return self.loss(output_name)
 
 
 def _built() -> MSETraining:

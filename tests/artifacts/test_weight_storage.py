@@ -1,10 +1,13 @@
-"""Initializers a model also lists as graph inputs (IR 3; torch's ``keep_initializers_as_inputs=True``).
+"""Weights stored other than as plain initializers: initializers also listed as graph inputs (IR 3; torch's
+``keep_initializers_as_inputs=True``), and weights held in ``Constant`` nodes.
 
-From IR 4 on such an input is a default a caller may override; the
-gradients are built for the initializer's value (the rules fold constants),
-so the artifacts take each as an initializer only: a parameter where
-``requires_grad`` names it, else a constant, and the training model's inputs
-are the user's, then the parameters, as for any model.
+From IR 4 on an initializer listed as an input is a default a caller may
+override; the gradients are built for the initializer's value (the rules
+fold constants), so the artifacts take each as an initializer only: a
+parameter where ``requires_grad`` names it, else a constant, and the training
+model's inputs are the user's, then the parameters, as for any model. A
+``Constant`` node's value named in ``requires_grad`` becomes an initializer,
+trained as one.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from onnxtrain import api, onnxblock
 from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
 from onnxtrain.graph.io import initializers_not_inputs
 from tests.artifacts.models import FROZEN, PARAMETERS, REQUIRES_GRAD, TRAINABLE, dense, flag, run, session
-from tests.helpers import FLOAT, export_for_training
+from tests.helpers import FLOAT, MSETraining, export_for_training
 
 
 def _listed(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
@@ -136,3 +139,54 @@ def test_a_torch_export_keeping_initializers_as_inputs_trains_with_torchs_gradie
     np.testing.assert_allclose(next(iter(out.values())), loss.item(), rtol=1e-6)
     for name, p in net.named_parameters():  # every parameter's gradient
         np.testing.assert_allclose(out[f"{name}_grad.accumulation.out"], p.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def _gemm(in_constant_node: bool) -> onnx.ModelProto:
+    """``y = x @ W^T + B``, ``W`` an initializer or a ``Constant`` node's value (as some converters write weights)."""
+    rng = np.random.default_rng(3)
+    w, b = rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=4).astype(np.float32)
+    nodes = [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)]
+    initializers = [numpy_helper.from_array(b, "B")]
+    if in_constant_node:
+        nodes.insert(0, helper.make_node("Constant", [], ["W"], value=numpy_helper.from_array(w)))
+    else:
+        initializers.insert(0, numpy_helper.from_array(w, "W"))
+    graph = helper.make_graph(
+        nodes,
+        "gemm",
+        [helper.make_tensor_value_info("x", FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", FLOAT, ["n", 4])],
+        initializers,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("path", ["generate_artifacts", "onnxblock"])
+def test_a_weight_held_in_a_constant_node_trains_when_named(tmp_path: Path, path: str) -> None:
+    trainings = []
+    for in_constant_node in (False, True):
+        model = _gemm(in_constant_node)
+        if path == "generate_artifacts":
+            folder = tmp_path / str(in_constant_node)
+            generate_artifacts(model, requires_grad=["W", "B"], loss=LossType.MSELoss, artifact_directory=folder)
+            trainings.append(onnx.load(folder / "training_model.onnx"))
+        else:
+            block = MSETraining()
+            with onnxblock.base(model):
+                block.requires_grad("W")
+                block.requires_grad("B")
+                block("y")
+            trainings.append(block.to_model_proto()[0])
+    expected, got = trainings
+    assert sorted(i.name for i in got.graph.input) == sorted(i.name for i in expected.graph.input)
+    assert not any(node.op_type == "Constant" and node.output[0] == "W" for node in got.graph.node)
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.normal(size=(5, 3)).astype(np.float32), "target": rng.normal(size=(5, 4)).astype(np.float32)}
+    feeds["lazy_reset_grad"] = flag(True)
+    for tensor in _gemm(False).graph.initializer:
+        feeds[tensor.name] = numpy_helper.to_array(tensor)
+        feeds[f"{tensor.name}_grad.accumulation.buffer"] = np.zeros_like(feeds[tensor.name])
+    want, have = (run(session(model), feeds) for model in (expected, got))
+    assert len(want) == 3  # the loss and both gradients
+    for name, value in want.items():
+        np.testing.assert_array_equal(have[name], value, err_msg=name)
