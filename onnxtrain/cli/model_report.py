@@ -13,17 +13,21 @@ import onnx
 
 from onnxtrain.cli.common import size_text
 from onnxtrain.cli.table import elements, number, shape_text, table
+from onnxtrain.graph import versions
 from onnxtrain.graph.walk import all_nodes
 
 
 def model_report(path: Path) -> list[str]:
     """The lines ``inspect`` prints for the model at ``path``."""
-    from onnxtrain.graph.io import load_base_model
+    from onnxtrain.graph.io import load_base_model, upgraded
 
-    model, _ = load_base_model(path, check_data=False, in_file=True)
+    model, _ = load_base_model(path, check_data=False, in_file=True, upgrade=False)
+    lines = [f"{path}: ONNX model, IR version {model.ir_version}, opsets {_opsets(model) or 'none'}"]
+    written = versions.opset_version(model, "")
+    model = upgraded(model)
+    if versions.opset_version(model, "") != written:
+        lines.append(f"  converted to {_opsets(model)} for training by onnx's version converter, as described below")
     graph = model.graph
-    opsets = ", ".join(f"{entry.domain or 'ai.onnx'} {entry.version}" for entry in model.opset_import)
-    lines = [f"{path}: ONNX model, IR version {model.ir_version}, opsets {opsets or 'none'}"]
     initialized = {tensor.name for tensor in graph.initializer}
     lines.append("inputs:")
     lines += [f"  {value.name}: {value_text(value)}" for value in graph.input if value.name not in initialized]
@@ -34,6 +38,11 @@ def model_report(path: Path) -> list[str]:
     lines += _embedding_rules(graph)
     lines += _operators(model)
     return lines
+
+
+def _opsets(model: onnx.ModelProto) -> str:
+    """``ai.onnx 17, com.microsoft 1``: the domains ``model`` imports and their versions."""
+    return ", ".join(f"{entry.domain or 'ai.onnx'} {entry.version}" for entry in model.opset_import)
 
 
 def value_text(value: onnx.ValueInfoProto) -> str:

@@ -22,7 +22,11 @@ SMALL_TENSOR_ELEMENTS = 1024
 
 
 def load_base_model(
-    model: onnx.ModelProto | str | os.PathLike[str], *, check_data: bool = True, in_file: bool = False
+    model: onnx.ModelProto | str | os.PathLike[str],
+    *,
+    check_data: bool = True,
+    in_file: bool = False,
+    upgrade: bool = True,
 ) -> tuple[onnx.ModelProto, Path | None]:
     """A private copy of ``model`` and the folder its external data lives in.
 
@@ -40,14 +44,17 @@ def load_base_model(
     (:func:`onnxtrain.graph.wire.load_light`), for callers that read or
     write the weights themselves and hand no model holding those references
     to the user (generation, reports); others get them inside the model.
+    ``upgrade=False``: the model as written, not :func:`upgraded` (a report of
+    the file's own versions).
     """
+    prepare = upgraded if upgrade else _as_written
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
         _check_not_empty(copy, "the ModelProto")
         if check_data:
             external.check_model_data(copy, None)
-        return upgraded(copy), None
+        return prepare(copy), None
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.is_file():
@@ -64,7 +71,7 @@ def load_base_model(
         _check_not_empty(loaded, repr(str(path)))
         if check_data:
             external.check_model_data(loaded, folder)
-        return upgraded(loaded), folder
+        return prepare(loaded), folder
     raise TypeError(f"model must be an onnx.ModelProto or a path to an .onnx file, not {type(model).__name__}")
 
 
@@ -147,6 +154,10 @@ def constants_as_initializers(model: onnx.ModelProto, names: Sequence[str]) -> l
         del model.graph.node[:]
         model.graph.node.extend(kept)
     return made
+
+
+def _as_written(model: onnx.ModelProto) -> onnx.ModelProto:
+    return model
 
 
 def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -163,3 +163,26 @@ def test_a_model_whose_embedding_follows_torchs_rules(capsys, tmp_path: Path):
     assert status == 0
     heading = "embedding lookups with torch's gradient rules (nn.Embedding's padding_idx, scale_grad_by_freq):"
     assert f"{heading}\n  table: padding row 3, gradient scaled by frequency" in out
+
+
+def test_an_old_model_shows_its_own_versions_and_the_conversion(capsys, tmp_path: Path):
+    """IR 3 at opset 8 (every initializer also a graph input): the file's versions, then the opset training
+    converts it to; the inputs are the user's alone."""
+    weight = numpy_helper.from_array(np.ones((4, 3), np.float32), "W")
+    bias = numpy_helper.from_array(np.ones(4, np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1)],
+        "old",
+        [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape) for name, shape in
+         (("x", ["n", 3]), ("W", [4, 3]), ("B", [4]))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])],
+        [weight, bias],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 8)], ir_version=3)
+    onnx.save(model, tmp_path / "old.onnx")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "old.onnx")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0].endswith("old.onnx: ONNX model, IR version 3, opsets ai.onnx 8")
+    assert lines[1] == "  converted to ai.onnx 13 for training by onnx's version converter, as described below"
+    assert lines[2:6] == ["inputs:", "  x: float32[n, 3]", "outputs:", "  y: float32[n, 4]"]
