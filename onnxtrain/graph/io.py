@@ -186,8 +186,23 @@ def upgraded(model: onnx.ModelProto) -> onnx.ModelProto:
         raise ValueError(
             f"the base model uses ai.onnx opset {version}, older than the gradient rules need ({versions.MIN_OPSET}), "
             f"and onnx's version converter cannot convert it: {error}; export the model with opset "
-            f">= {versions.MIN_OPSET}"
+            f">= {versions.MIN_OPSET}{_fixed_dims_hint(model)}"
         ) from error
+
+
+def _fixed_dims_hint(model: onnx.ModelProto) -> str:
+    """What may let onnx's converter convert ``model``, whose conversion failed: numbers for its inputs' symbolic
+    dimensions, which some of its steps need (Gemm's ``broadcast`` before opset 7); ``""`` where all are numbers."""
+    initializers = {tensor.name for tensor in model.graph.initializer}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim if value.type.HasField("tensor_type") else []
+        if value.name not in initializers and any(not dim.HasField("dim_value") for dim in dims):
+            return (
+                ", or, for a model you cannot export again, give the inputs' symbolic dimensions numbers "
+                f"({value.name!r} has one), which some of the converter's steps need: "
+                "onnx.tools.update_model_dims.update_inputs_outputs_dims(model, {input: [sizes]}, {output: [sizes]})"
+            )
+    return ""
 
 
 class OpsetConversionWarning(UserWarning):

@@ -109,3 +109,27 @@ def test_dropout_before_opset_12_is_said_to_pass_its_input_through(
         message = str(said[0].message)
         assert f"opset {opset} is converted to 13" in message and "'/drop/Dropout'" in message
         assert said[0].filename == __file__  # attributed to the caller's line
+
+
+@pytest.mark.parametrize("batch", ["N", 5])
+def test_a_conversion_that_needs_numbers_for_symbolic_dimensions_says_so(tmp_path: Path, batch: str | int) -> None:
+    """Opset 6's Gemm with ``broadcast=1`` (IR 3, its initializers listed as inputs, as in the oldest model-zoo
+    models): onnx's converter needs the batch as a number; given one, the model trains."""
+    model = make_model(
+        {"x": (FLOAT, [batch, 3]), "W": (FLOAT, [4, 3]), "B": (FLOAT, [4])},
+        [helper.make_node("Gemm", ["x", "W", "B"], ["y"], transB=1, broadcast=1)],
+        {"y": (FLOAT, [batch, 4])},
+        [("W", WEIGHT), ("B", BIAS)],
+        opset=6,
+        ir_version=3,
+    )
+    if isinstance(batch, str):
+        with pytest.raises(ValueError, match=r"opset 6.*'x' has one.*update_inputs_outputs_dims"):
+            artifacts.generate_artifacts(model, ["W", "B"], loss="MSELoss", artifact_directory=tmp_path)
+        return
+    paths = artifacts.generate_artifacts(model, ["W", "B"], loss="MSELoss", artifact_directory=tmp_path)
+    x, target = RNG.normal(size=(5, 3)).astype(np.float32), RNG.normal(size=(5, 4)).astype(np.float32)
+    loss, grads = _train_step(paths, x, target)
+    residual = x @ WEIGHT.T + BIAS - target
+    assert loss == pytest.approx(float(np.mean(residual**2)), rel=1e-5)
+    np.testing.assert_allclose(grads["B"], 2 * residual.sum(axis=0) / residual.size, rtol=1e-5, atol=1e-6)
