@@ -139,7 +139,9 @@ def train(
     load_model(files.optimizer_model, "optimizer model")
     state = TrainingState(saved)
     options = None if comm is None else session_options(comm)  # the machine's cores shared among its ranks
-    module = Module(files.training_model, state, files.eval_model, device=device, session_options=options)
+    module = Module(
+        files.training_model, state, files.eval_model, device=device, session_options=options, seed=settings.seed
+    )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     module.check_labels(arrays, "the data")  # every row before any step or checkpoint: errors name the row
     if val_data is not None:
         module.check_labels(validation.arrays, "the validation data")

@@ -98,7 +98,8 @@ class OrtGradientOptimizer:
     validation loss has not improved by ``tol`` for ``n_iter_no_change``
     iterations, validating every iteration, on ``X_val`` or on a
     ``validation_fraction`` of the training data, and keep the best weights),
-    and ``random_state`` (initial weights, shuffling, the validation split),
+    and ``random_state`` (initial weights, shuffling, the validation split,
+    Dropout's masks),
     and ``distributed``: under ``mpiexec``, every rank calls ``fit`` with the
     same data and trains on its part of every batch of ``batch_size`` rows
     (a multiple of the number of ranks), averaging the ranks' gradients of
@@ -283,7 +284,9 @@ class OrtGradientOptimizer:
         for name, array in start.items():
             state.parameters[name] = array
         options = None if comm is None else distributed.session_options(comm)  # the cores shared among the ranks
-        module = Module(built.training_model, state, built.eval_model, device=self.device, session_options=options)
+        module = Module(
+            built.training_model, state, built.eval_model, device=self.device, session_options=options, seed=seed
+        )  # random draws (Dropout) from random_state too
         module.check_labels(data, "fit")  # every row before shuffling: errors name the caller's row
         if validation is not None:
             module.check_labels(validation, "fit's validation data")

@@ -90,6 +90,7 @@ from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
+from onnxtrain.training.random_draws import StepSeeds
 from onnxtrain.training.reset import ResetStep
 from onnxtrain.training.state import TrainingState
 from onnxtrain.training.train_epoch import EpochOptimizer, EpochTrainer
@@ -114,6 +115,11 @@ class Module:
         providers: onnxruntime execution providers, instead of ``device``.
         check_finite: raise ``FloatingPointError`` when a train step's loss is
             NaN or infinite (one host sync per step), discarding that step.
+        seed: where the training model draws at random (Dropout in training
+            mode), each train step's draws are a function of it and the step
+            (:mod:`onnxtrain.training.random_draws`; ``onnxruntime.set_seed`` is
+            set before each step): a run resumed from a checkpoint draws what
+            the uninterrupted run drew. ``None``: onnxruntime's own draws.
     """
 
     training: bool
@@ -128,6 +134,7 @@ class Module:
         *,
         providers: Sequence[ProviderSpec] | None = None,
         check_finite: bool = False,
+        seed: int | None = None,
     ) -> None:
         if not isinstance(state, TrainingState):
             hint = (
@@ -169,6 +176,8 @@ class Module:
         eval_run = self._eval_model
         if eval_run is not None and self._eval_io is not None:
             eval_run, self._eval_label_checks = HostLabelChecks.taken_from(eval_run, self._eval_io.inputs.names)
+        # random draws of each train step from the seed and the step (training.random_draws)
+        train, self._seeds = StepSeeds.for_model(train, seed)
         self._train_model = train
         # the training model's sessions run its nodes in its order (open_session): the loss where it is written
         in_node_order = functools.partial(self.open_session, in_node_order=True)
@@ -190,6 +199,7 @@ class Module:
         self._check_finite = bool(check_finite)
         self._accumulate = False
         self._train_steps = 0
+        self._since_reset = 0  # train steps since the gradients were last reset (the seeds' micro-step)
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
         # (and whether its user inputs are bound to the staged buffers)
@@ -333,6 +343,8 @@ class Module:
         )
         host_outputs = None if on_device else self._host_outputs
         self._bind_train_step(session, feeds, on_device, host_outputs, fused, reset)
+        if self._seeds is not None:
+            self._seeds.before_step(store.step, self._since_reset if self._accumulate else 0)
         try:
             session.run()
         except Exception as error:  # onnxruntime's own exception types
@@ -350,6 +362,7 @@ class Module:
                 grad.swap()
         for _, tensor in self._stat_slots:
             tensor.swap()
+        self._since_reset = self._since_reset + 1 if self._accumulate else 1
         self._accumulate = True
         store.gradient_status = "ready"
         self._train_steps = step
@@ -432,6 +445,8 @@ class Module:
         assert unbound is not None
         store.settle()
         step = self._train_steps + 1
+        if self._seeds is not None:
+            self._seeds.before_step(store.step, self._since_reset if self._accumulate else 0)
         try:
             results = unbound.run(feeds, self._accumulate)
         except Exception as error:  # onnxruntime's own exception types
@@ -441,6 +456,7 @@ class Module:
         if self._check_finite and user:
             raise_if_not_finite(results[0], step, store.step)
         unbound.commit(results)
+        self._since_reset = self._since_reset + 1 if self._accumulate else 1
         self._accumulate = True
         store.gradient_status = "ready"
         self._train_steps = step
@@ -651,6 +667,12 @@ class Module:
         range of a loss whose check this module runs on the host (:mod:`onnxtrain.training.labels`); ``step``
         names the step in the message."""
         self._label_checks.raise_if_out_of_range(feeds, step)
+
+    @property
+    def seeds_each_step(self) -> bool:
+        """Whether each train step seeds the random draws of the training model (``seed``): ``train_epoch`` then
+        runs a step at a time."""
+        return self._seeds is not None
 
     @property
     def runs_unbound(self) -> bool:

@@ -174,9 +174,9 @@ class EpochTrainer:
 
     def _epoch_step(self, fused: FusedStep | None, shapes: Sequence[tuple[int, ...]]) -> EpochStep | None:
         """The epoch step over ``fused`` for batches of ``shapes`` (one per user input; made on first use);
-        ``None`` without a fused step."""
+        ``None`` without a fused step, and for a module that seeds each step's random draws."""
         module = self.module
-        if fused is None or module.runs_unbound:
+        if fused is None or module.runs_unbound or module.seeds_each_step:
             return None
         key = (fused, tuple(shapes))
         epoch = self.steps.get(key)

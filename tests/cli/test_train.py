@@ -327,6 +327,34 @@ def test_resume_after_a_crash_equals_an_uninterrupted_run(
     _assert_same_run(_trained(whole), _trained(crashed))
 
 
+def test_a_model_with_dropout_resumes_after_a_crash_as_if_uninterrupted(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Dropout's masks come from the seed and the step (Module's ``seed``): the resumed run draws what the
+    uninterrupted one drew, and a second run from scratch equals the first."""
+    from onnxtrain.artifacts import LossType, OptimType, generate_artifacts
+    from tests.training.test_random_draws import _dropout_mlp
+
+    rng = np.random.default_rng(2)
+    np.savez(tmp_path / "data.npz", X=rng.normal(size=(45, 5)).astype(np.float32),
+             y=rng.normal(size=(45, 3)).astype(np.float32))  # fmt: skip
+    folders = [tmp_path / name for name in ("whole", "again", "crashed")]
+    for folder in folders:
+        generate_artifacts(_dropout_mlp(), requires_grad=["W1", "W2"], loss=LossType.MSELoss,
+                           optimizer=OptimType.AdamW, artifact_directory=folder)  # fmt: skip
+    run = [*RUN, "--checkpoint-every", "4"]
+    whole, again, crashed = folders
+    assert _train(capsys, whole, tmp_path / "data.npz", *run)[0] == 0
+    assert _train(capsys, again, tmp_path / "data.npz", *run)[0] == 0
+    with monkeypatch.context() as patch:
+        _fail_at(patch, 7, RuntimeError("the machine went away"))
+        with pytest.raises(RuntimeError, match="went away"):
+            _train(capsys, crashed, tmp_path / "data.npz", *run)
+    assert _train(capsys, crashed, tmp_path / "data.npz", *run, "--resume")[0] == 0
+    _assert_same_run(_trained(whole), _trained(again))
+    _assert_same_run(_trained(whole), _trained(crashed))
+
+
 def test_ctrl_c_saves_the_last_step_and_resumes_exactly(
     capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
 ):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from onnxtrain import optim
 from onnxtrain.optim import reference
@@ -486,3 +486,24 @@ def test_a_label_out_of_range_is_named_by_the_callers_row() -> None:
     with pytest.raises(ValueError, match=r"^fit's validation data: 1 label is out of range .*: 3 at \[7\]"):
         fit.fit(x, y, X_val=x, y_val=bad)
     assert fit.fit(x, y).n_iter_ == 1
+
+
+def test_a_model_with_dropout_fits_alike_from_the_same_random_state() -> None:
+    """random_state seeds the Dropout masks too (Module's ``seed``): two fits from it give the same weights."""
+    model = linear()
+    model.graph.node[0].output[0] = "xw_kept"
+    model.graph.node.insert(1, helper.make_node("Dropout", ["xw_kept", "ratio", "training"], ["xw"]))
+    model.graph.initializer.extend(
+        [numpy_helper.from_array(np.array(0.5), "ratio"), numpy_helper.from_array(np.array(True), "training")]
+    )
+    x, y = data()
+    fits = [
+        OrtGradientOptimizer(add_loss_output(model), ["coef", "intercept"], max_iter=3, batch_size=16,
+                             learning_rate=LearningRateSGD(0.01, learning_rate="constant"), random_state=seed).fit(x, y)
+        for seed in (4, 4, 5)
+    ]  # fmt: skip
+    same, other = (
+        all(np.array_equal(a.trained_coef_[k], b.trained_coef_[k]) for k in a.trained_coef_)
+        for a, b in ((fits[0], fits[1]), (fits[0], fits[2]))
+    )
+    assert same and not other
