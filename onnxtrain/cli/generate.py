@@ -29,6 +29,8 @@ LOSSES: dict[str, str | None] = {
 }
 #: Losses on class scores: the training and eval models also output the scores, for the accuracy.
 SCORED = ("ce", "nll", "bce", "bce-probs")
+#: Losses that take ``--ignore-index``.
+IGNORING = ("ce", "nll")
 #: The library's argument names in its errors, and the options that set them.
 LIBRARY_ARGUMENTS = {
     "requires_grad": "--requires-grad",
@@ -70,6 +72,11 @@ def add_parser(subcommands: Any) -> None:
         help=f"{', '.join(LOSSES)}, or a loss Block of yours as module:Class or path/to/loss.py:Class "
         "(docs/cli.md). ce: cross-entropy on class scores; bce: binary cross-entropy on logits, bce-probs: on "
         "probabilities; none: the model's first output already is the loss",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ignore-index", type=int, metavar="LABEL",
+        help="for ce and nll: the label that counts for nothing (a padded position's, as torch's -100), left out of "
+        "the loss, its mean and the accuracy",
     )  # fmt: skip
     parser.add_argument("--optimizer", choices=list(OPTIMIZERS), default="adamw", help="default: adamw")
     parser.add_argument(
@@ -143,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay)
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
-    loss = loss_of(args.loss)
+    loss = loss_of(args.loss, args.ignore_index)
     with speaking_options(LIBRARY_ARGUMENTS):
         requires = trainable_names(args.model, args.requires_grad, args.frozen)
         built = artifacts.build_artifacts(
@@ -176,8 +183,15 @@ def checkpoints_of(values: list[str] | None) -> str | list[str] | None:
     return values or "auto"
 
 
-def loss_of(option: str) -> Block | str | None:
-    """The loss for ``--loss``: a ``LossType`` name, ``None`` (the model's first output), or a custom block."""
+def loss_of(option: str, ignore_index: int | None = None) -> Block | str | None:
+    """The loss for ``--loss``: a ``LossType`` name, ``None`` (the model's first output), or a custom block;
+    with ``ignore_index`` (``ce`` and ``nll`` only), the loss block that ignores that label."""
+    if ignore_index is not None:
+        if option not in IGNORING:
+            raise UsageError(f"--ignore-index is for --loss {' or '.join(IGNORING)}, not {option}")
+        from onnxtrain import losses
+
+        return getattr(losses, str(LOSSES[option]))(ignore_index=ignore_index)
     if option in LOSSES:
         return LOSSES[option]
     from onnxtrain.cli.custom_loss import custom_loss

@@ -6,7 +6,8 @@ outputs that value (``onnxtrain generate`` adds it for its classification
 losses), each step's scores give the accuracy:
 
 - ``CrossEntropyLoss``, ``NLLLoss`` with integer labels: ``argmax`` of the
-  scores over the class axis (axis 1, as in PyTorch) equals the label;
+  scores over the class axis (axis 1, as in PyTorch) equals the label, among
+  the labels that are classes (not the loss's ``ignore_index``);
 - ``BCEWithLogitsLoss``: ``logit > 0`` agrees with ``target > 0.5``, per element;
 - ``BCELoss``: ``probability > 0.5`` agrees with ``target > 0.5``, per element.
 
@@ -51,10 +52,12 @@ class Accuracy:
             if scores.ndim != target.ndim + 1:
                 return 0, 0
             predicted = scores.argmax(axis=1)
-            truth = target
-        else:
-            predicted = scores > (0.0 if self.prediction == "logits" else 0.5)
-            truth = target > 0.5
+            if predicted.shape != target.shape:
+                return 0, 0
+            counted = (target >= 0) & (target < scores.shape[1])  # not the ignored label (a padded position's)
+            return int(np.count_nonzero((predicted == target) & counted)), int(np.count_nonzero(counted))
+        predicted = scores > (0.0 if self.prediction == "logits" else 0.5)
+        truth = target > 0.5
         if predicted.shape != truth.shape:
             return 0, 0
         return int(np.count_nonzero(predicted == truth)), int(truth.size)

@@ -61,8 +61,9 @@ def _class_axis_rank(b: GraphBuilder, loss: str, name: str, weight: np.ndarray |
             f"{shape}: its axis 1 has no fixed size and its last axis {dims[-1]}, as a [batch, seq, classes] output "
             f"(a language model's logits) has, and the labels would be shaped without axis 1. Flatten the scores to "
             f"[batch * seq, {dims[-1]}] and feed labels [batch * seq]: export the model returning "
-            "logits.flatten(0, 1), or build the loss on blocks.Flatten(axis=2) of the scores "
-            '(docs/artifacts.md, "A language model\'s logits")',
+            "logits.flatten(0, 1), or build the loss on blocks.Flatten(axis=2) of the scores; or put the classes on "
+            "axis 1, logits.transpose(1, 2), whose labels stay [batch, seq], a row per sample as onnxtrain train's "
+            'data files need (docs/artifacts.md, "A language model\'s logits")',
             ClassAxisWarning,
         )
     return len(dims)

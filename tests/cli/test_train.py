@@ -16,7 +16,7 @@ import pytest
 import onnxtrain.onnxblock as onnxblock
 from onnxtrain import checkpoint
 from onnxtrain.loop import RunRecord
-from onnxtrain.training import Module
+from onnxtrain.training import Module, TrainingState
 from tests.cli.helpers import FEATURES, TinyMLP, assert_error, assert_no_progress_bar, classification, cli, corrupt
 
 RUN = ["--epochs", "4", "--batch-size", "16", "--val-split", "0.2", "--seed", "3"]
@@ -450,3 +450,62 @@ def test_a_corrupt_eval_or_optimizer_model_is_named_as_a_file(capsys, artifacts:
     assert status == 1
     assert_error(err, "train", f"{what}: ", name, "not a readable ONNX model")
     assert "_uri" not in err
+
+
+def _token_model(vocabulary: int = 11, width: int = 4) -> onnx.ModelProto:
+    """``input_ids [batch, seq] -> Gather(embedding) -> MatMul(head) -> logits.transpose(1, 2)``: a language
+    model's scores with the classes on axis 1, ``[batch, vocabulary, seq]``."""
+    from onnx import helper
+
+    from tests.helpers import FLOAT, INT64, make_model
+
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("Gather", ["embedding.weight", "input_ids"], ["h"]),
+        helper.make_node("MatMul", ["h", "head.weight"], ["logits"]),
+        helper.make_node("Transpose", ["logits"], ["scores"], perm=[0, 2, 1]),
+    ]
+    return make_model(
+        {"input_ids": (INT64, ["batch", "seq"])},
+        nodes,
+        {"scores": (FLOAT, ["batch", vocabulary, "seq"])},
+        [
+            ("embedding.weight", rng.normal(size=(vocabulary, width)).astype(np.float32)),
+            ("head.weight", rng.normal(size=(width, vocabulary)).astype(np.float32)),
+        ],
+    )
+
+
+def _cross_entropy(scores: np.ndarray, labels: np.ndarray, ignore: int) -> float:
+    """torch's cross-entropy with ``ignore_index``: the mean of ``-log softmax`` over the counted labels."""
+    log_p = scores - scores.max(axis=1, keepdims=True)
+    log_p = log_p - np.log(np.exp(log_p).sum(axis=1, keepdims=True))
+    counted = labels != ignore
+    picked = np.take_along_axis(log_p, np.where(counted, labels, 0)[:, None], axis=1)[:, 0]
+    return float(-picked[counted].mean())
+
+
+def test_a_language_model_trains_from_the_command_line_with_padded_labels(capsys, tmp_path: Path):
+    """Token labels ``[batch, seq]`` (a row per sample, 37 of them in batches of 8), padding as ``-100``:
+    ``--ignore-index -100`` leaves those positions out of the loss and the accuracy."""
+    onnx.save(_token_model(), tmp_path / "lm.onnx")
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(0, 11, size=(37, 6))
+    labels = np.concatenate([tokens[:, 1:], np.full((37, 1), -100)], axis=1)  # the next token; none after the last
+    labels[::3, 3:] = -100  # padded samples
+    np.savez(tmp_path / "tokens.npz", input_ids=tokens, labels=labels)
+    generate = ["generate", tmp_path / "lm.onnx", "--requires-grad", "weights", "--loss", "ce", "--ignore-index",
+                "-100", "-o", tmp_path / "lm"]  # fmt: skip
+    assert cli(capsys, *generate)[0] == 0
+    status, out, err = _train(capsys, tmp_path / "lm", tmp_path / "tokens.npz", "--epochs", "2", "--batch-size", "8")
+    assert (status, err) == (0, ""), err
+    assert "epoch 2/2: train loss" in out and "accuracy" in out
+    # the loss of the generated model, at its initial weights, is torch's with ignore_index
+    state = checkpoint.load(tmp_path / "lm" / "checkpoint")
+    module = Module(tmp_path / "lm" / "training_model.onnx", TrainingState(state))
+    loss = float(np.asarray(module(tokens[:8], labels[:8])[0]))
+    scores = state.trainable["embedding.weight"][tokens[:8]] @ state.trainable["head.weight"]  # [8, seq, classes]
+    expected = _cross_entropy(scores.reshape(-1, 11), labels[:8].reshape(-1), -100)
+    assert loss == pytest.approx(expected, rel=1e-5)
+    status, _, err = cli(capsys, *generate[:5], "mse", "--ignore-index", "-100", "-o", tmp_path / "other")
+    assert status == 2 and "--ignore-index is for --loss ce or nll, not mse" in err

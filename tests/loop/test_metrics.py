@@ -20,6 +20,13 @@ def test_class_accuracy_from_the_class_axis():
     assert Accuracy("classes", 1, 1).count((np.float32(0.5), scores), [np.zeros(2), labels]) == (2, 4)
 
 
+def test_class_accuracy_counts_only_the_labels_that_are_classes():
+    """An ignored label (-100, a padded position's) is neither right nor wrong."""
+    scores = np.array([[[0.1, 0.9], [0.8, 0.2]], [[0.3, 0.3], [0.1, 0.0]]], np.float32)  # argmax [[1, 0], [0, 0]]
+    labels = np.array([[0, -100], [0, -100]])
+    assert Accuracy("classes", 1, 1).count((np.float32(0.5), scores), [np.zeros(2), labels]) == (1, 2)
+
+
 def test_binary_accuracy_of_logits_and_probabilities():
     target = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
     logits = np.array([[2.0, -1.0], [0.5, -0.5]], np.float32)
