@@ -2,7 +2,8 @@
 
 Each subcommand is a module with ``add_parser(subcommands)`` and ``run(args)``;
 the library does the work. Expected errors are one line on standard error
-(:mod:`onnxtrain.cli.common`). When the reader of standard output goes away
+(:mod:`onnxtrain.cli.common`), and so is each warning (``onnxtrain train:
+warning: ...``, without the source line Python would show). When the reader of standard output goes away
 (``onnxtrain inspect DIR | head -3``), the command ends quietly with status
 ``BROKEN_PIPE`` (141), as a command that SIGPIPE ends.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any, TextIO
 
 from onnxtrain.cli import demo, export, generate, inspect, train
 from onnxtrain.cli.common import BROKEN_PIPE, INTERRUPTED, Parser, expected_errors, report
@@ -67,7 +70,25 @@ def _reader_gone() -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the parsed subcommand; expected errors become one line on standard error."""
+    """Run the parsed subcommand; expected errors and warnings become one line each on standard error."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line(args.prog)
+        return _run(args)
+
+
+def _warning_line(prog: str) -> Any:
+    """A ``warnings.showwarning`` that writes ``PROG: warning: MESSAGE (Category)`` on standard error."""
+
+    def show(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:  # fmt: skip
+        print(f"{prog}: warning: {message} ({category.__name__})", file=sys.stderr if file is None else file)
+
+    return show
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader went away: main() ends quietly

@@ -188,7 +188,9 @@ class BoundSession:
     (:mod:`onnxtrain.training.constants`); the session takes them as external
     initializers where ``own_options`` (``options`` serve this session alone)
     and the constants allow it, else as inputs, bound in every binding
-    (:attr:`constants` lists those).
+    (:attr:`constants` lists those). ``half_warned``: the half-precision
+    operators already warned of as run in float32 (a module's sessions share
+    it, so that each is named once; :func:`~onnxtrain.training.half_kernels.open_session`).
     """
 
     def __init__(
@@ -202,6 +204,7 @@ class BoundSession:
         native: bool = True,
         constants: SharedConstants | None = None,
         own_options: bool = False,
+        half_warned: set[str] | None = None,
     ) -> None:
         #: The shared constants the session takes as inputs, by name (bound already: feed them to a plain run).
         self.constants: dict[str, ort.OrtValue] = {}
@@ -218,6 +221,7 @@ class BoundSession:
                     loaded.source, options, providers, disabled_optimizers=transformers_to_disable(loaded.proto)
                 ),
                 self.widened,
+                half_warned,
             )
         except Exception as error:  # onnxruntime raises its own exception types
             raise ValueError(f"onnxruntime cannot load the {what}: {error}{_custom_op_hint(model)}") from error

@@ -38,15 +38,22 @@ class HalfPrecisionFallbackWarning(UserWarning):
 
 
 def open_session(
-    model: LoadedModel, what: str, make: Callable[[LoadedModel], Session], widened: list[str] | None = None
+    model: LoadedModel,
+    what: str,
+    make: Callable[[LoadedModel], Session],
+    widened: list[str] | None = None,
+    warned: set[str] | None = None,
 ) -> Session:
     """``make(model)``, or, where it fails for a missing kernel of a half-precision operator, ``make`` of the
-    model with that operator computing in float32, once per operator that lacks one (each warned of, and appended
-    to ``widened``)."""
+    model with that operator computing in float32, once per operator that lacks one (each appended to
+    ``widened``); one warning names those not in ``warned`` (the operators a module's other sessions warned of),
+    which it then holds."""
     widened = [] if widened is None else widened
+    warned = set() if warned is None else warned
+    described: dict[str, str] = {}  # the operators this call widened, as the warning names them
     while True:
         try:
-            return make(model)
+            session = make(model)
         except ort_errors.NotImplemented as error:
             found = MISSING_KERNEL.search(str(error))
             if found is None or found.group(1) in widened:
@@ -62,14 +69,20 @@ def open_session(
                 op_type = f"{op_type} (in the definition of {', '.join(defining)})" if changed else op_type
             if changed == 0:
                 raise
+            widened.append(found.group(1))
+            described[found.group(1)] = op_type
+            model = LoadedModel(copy, copy.SerializeToString())
+            continue
+        news = [text for op, text in described.items() if op not in warned]
+        if news:
             caller.warn(
-                f"the {what} computes {op_type} in a half type that this execution provider has no kernel for; "
-                f"it runs in float32 (casts added around each {op_type}). Generate the artifacts with "
+                f"the {what} computes {', '.join(news)} in a half type that this execution provider has no kernel "
+                "for; they run in float32 (casts added around each). Generate the artifacts with "
                 "precision='fp32', or use a provider with half kernels (CUDA), to avoid the casts",
                 HalfPrecisionFallbackWarning,
             )
-            widened.append(found.group(1))
-            model = LoadedModel(copy, copy.SerializeToString())
+        warned.update(described)
+        return session
 
 
 def warn_of_a_half_export(model: onnx.ModelProto, computes: str | None, widened: Sequence[str]) -> None:

@@ -165,6 +165,7 @@ class Module:
             self._eval_io = eval_io(self._eval_model.proto, infos)
         # the large constants (a LoRA model's frozen base), held once for every session (training.constants)
         self._constants = SharedConstants(self._device)
+        self._half_warned: set[str] = set()  # operators warned of as run in float32, once for all the sessions
         train = self._constants.share(train, "train_model_uri")
         if self._eval_model is not None:
             self._eval_model = self._constants.share(self._eval_model, "eval_model_uri")
@@ -275,8 +276,9 @@ class Module:
             )
         own = self._session_options is None  # options made for this session alone (shared ones must not change)
         return BoundSession(
-            model, what, options, self._providers, self._device, constants=self._constants, own_options=own
-        )
+            model, what, options, self._providers, self._device, constants=self._constants, own_options=own,
+            half_warned=self._half_warned,
+        )  # fmt: skip
 
     # --------------------------------------------------------------- steps
 

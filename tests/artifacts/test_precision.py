@@ -382,3 +382,23 @@ def test_an_export_the_modules_provider_cannot_run_says_so(export_as: str | None
         assert "in bf16" in str(said[0].message) and "precision='fp32'" in str(said[0].message)
     if export_as in ("fp32", "fp16"):
         assert loads
+
+
+def test_a_modules_sessions_name_each_operator_run_in_float32_once() -> None:
+    """bfloat16 on the CPU: every session of the module (training, reset, fused, eval) widens the same operators;
+    one warning names several of them, and no operator is named twice."""
+    model, x, y = _digits()
+    built = build_artifacts(model, requires_grad=trainable_parameters(model), precision="bf16",
+                            loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW)  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = api.Module(built.training_model, api.CheckpointState(built.checkpoint), built.eval_model)
+        optimizer = api.Optimizer(built.optimizer_model, module)
+        for _ in range(2):
+            module(x[:32], y[:32])
+            optimizer.step()
+            module.lazy_reset_grad()
+        module.eval()(x[:32], y[:32])
+    said = [str(w.message) for w in caught if w.category is half_kernels.HalfPrecisionFallbackWarning]
+    named = [op for message in said for op in message.split(" computes ")[1].split(" in a half type")[0].split(", ")]
+    assert said and len(named) == len(set(named)) and len(named) > len(said), said

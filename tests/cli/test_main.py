@@ -105,3 +105,26 @@ def test_a_reader_that_closes_early_ends_the_command_quietly(model_path: Path):
     err = process.stderr.read().decode()
     assert process.wait(timeout=60) == BROKEN_PIPE == 141
     assert err == ""
+
+
+def test_a_warning_is_one_line_naming_the_command_and_its_category(capsys):
+    """Not Python's two lines (the message, then the source line it is attributed to: the console script's
+    ``sys.exit(main())``); the filters still apply, and the process's own ``showwarning`` is kept."""
+    import argparse
+    import warnings
+
+    from onnxtrain.cli import run
+
+    def warns(args: argparse.Namespace) -> int:
+        warnings.warn("the training model computes Gemm in float32", UserWarning, stacklevel=1)
+        warnings.warn("an ignored one", DeprecationWarning, stacklevel=1)
+        return 0
+
+    before = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert run(argparse.Namespace(run=warns, prog="onnxtrain train")) == 0
+    assert warnings.showwarning is before
+    err = capsys.readouterr().err
+    assert err == "onnxtrain train: warning: the training model computes Gemm in float32 (UserWarning)\n"
