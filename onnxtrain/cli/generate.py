@@ -49,6 +49,8 @@ TARGETS = ("onnxruntime", "onnxruntime-training")
 WEIGHTS = "weights"
 #: An older name of ``weights``, kept for the command lines that use it.
 ALL_FLOAT = "all-float"
+#: ``--requires-grad`` value that selects the LoRA adapters ``add_adapters`` added.
+ADAPTERS = "adapters"
 
 
 def add_parser(subcommands: Any) -> None:
@@ -64,7 +66,8 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--requires-grad", nargs="+", required=True, metavar="NAME",
         help=f"the initializers to train; {WEIGHTS} (or {ALL_FLOAT}): every weight, as `onnxtrain inspect MODEL` "
-        "lists them (not constants nor BatchNorm running statistics), but those --frozen",
+        f"lists them (not constants nor BatchNorm running statistics), but those --frozen; {ADAPTERS}: the LoRA "
+        "adapters (onnxtrain.lora.add_adapters); a glob ('*lora_A*') names the float initializers it matches",
     )  # fmt: skip
     parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
     parser.add_argument(
@@ -242,25 +245,57 @@ def optimizer_block(
 
 
 def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> list[str]:
-    """``requested``, with ``weights`` (or ``all-float``) replaced by every weight of ``model`` not frozen
-    (``onnxtrain.artifacts.trainable_parameters``: constants and running statistics are not weights)."""
-    if WEIGHTS not in requested and ALL_FLOAT not in requested:
+    """``requested``, each as named, or expanded: ``weights`` (or ``all-float``) to every weight of ``model`` not
+    frozen (``onnxtrain.artifacts.trainable_parameters``: constants and running statistics are not weights),
+    ``adapters`` to the LoRA adapters ``add_adapters`` added, a glob (``*lora_A*``) to the float initializers it
+    matches; in that order, each name once."""
+    if not any(name in (WEIGHTS, ALL_FLOAT, ADAPTERS) or _is_glob(name) for name in requested):
         return requested
+    import fnmatch
+
     from onnxtrain.artifacts import trainable_parameters
+    from onnxtrain.graph import dtypes
     from onnxtrain.graph.io import load_base_model
+    from onnxtrain.lora.record import adapters_of
 
     proto, _ = load_base_model(model, check_data=False, in_file=True)  # no weight read: names and types
-    found = [name for name in trainable_parameters(proto) if name not in frozen]
-    if not found:
-        raise ValueError(
-            f"{model} has no weights to train (besides those --frozen); `onnxtrain inspect {model}` lists its "
-            "initializers and their roles: name the ones to train"
-        )
-    named = [name for name in requested if name not in (WEIGHTS, ALL_FLOAT)]
-    return list(dict.fromkeys([*found, *named]))
+    names: list[str] = []
+    for name in requested:
+        if name in (WEIGHTS, ALL_FLOAT):
+            found = [weight for weight in trainable_parameters(proto) if weight not in frozen]
+            if not found:
+                raise ValueError(
+                    f"{model} has no weights to train (besides those --frozen); `onnxtrain inspect {model}` lists "
+                    "its initializers and their roles: name the ones to train"
+                )
+        elif name == ADAPTERS:
+            found = [tensor for adapter in adapters_of(proto) for tensor in (adapter.a, adapter.b)]
+            if not found:
+                raise ValueError(
+                    f"{model} has no LoRA adapters to train: onnxtrain.lora.add_adapters adds them "
+                    "(docs/lora.md); name the initializers to train, or pass weights"
+                )
+        elif _is_glob(name):
+            floats = [t.name for t in proto.graph.initializer if dtypes.is_float(t.data_type) and t.name not in frozen]
+            found = fnmatch.filter(floats, name)
+            if not found:
+                raise ValueError(
+                    f"--requires-grad {name!r} matches no float initializer of {model} (besides those --frozen); "
+                    f"its float initializers include {floats[:6]}"
+                )
+        else:
+            found = [name]
+        names += found
+    return list(dict.fromkeys(names))
+
+
+def _is_glob(name: str) -> bool:
+    """Whether ``name`` is a pattern (``*``, ``?``, ``[``): initializer names hold none of those characters."""
+    return any(character in name for character in "*?[")
 
 
 __all__ = [
+    "ADAPTERS",
     "ALL_FLOAT",
     "LIBRARY_ARGUMENTS",
     "LOSSES",

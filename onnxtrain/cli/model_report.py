@@ -34,10 +34,27 @@ def model_report(path: Path) -> list[str]:
     lines.append("outputs:")
     lines += [f"  {value.name}: {value_text(value)}" for value in graph.output]
     lines += _initializers(graph)
+    lines += _adapters(model)
     lines += _exporter_changes(model)
     lines += _embedding_rules(graph)
     lines += _operators(model)
     return lines
+
+
+def _adapters(model: onnx.ModelProto) -> list[str]:
+    """The LoRA adapters ``add_adapters`` recorded, with what trains them (none: no lines)."""
+    from onnxtrain.lora.record import adapters_of
+
+    adapters = adapters_of(model)
+    if not adapters:
+        return []
+    ranks = sorted({adapter.rank for adapter in adapters})
+    return [
+        f"LoRA adapters: {len(adapters)} (rank {', '.join(map(str, ranks))}), on "
+        + ", ".join(adapter.weight for adapter in adapters[:4])
+        + (f" and {len(adapters) - 4} more" if len(adapters) > 4 else ""),
+        "  --requires-grad adapters trains them (their A and B initializers)",
+    ]
 
 
 def _opsets(model: onnx.ModelProto) -> str:

@@ -28,11 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxtrain import caller
 from onnxtrain.training.tensor_spec import TensorSpec
 
 #: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
 FEATURE_NAMES = ("X", "x")
 TARGET_NAMES = ("y",)
+
+
+class UnusedDataWarning(UserWarning):
+    """A data file holds arrays that no input of the training model takes (a tokenizer's ``token_type_ids``)."""
 
 
 def load_data(
@@ -99,6 +104,7 @@ def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.
             ) from None
         raise ValueError(f"{file.name} is not a readable .npz archive ({error})") from None
     chosen = []
+    used: set[str] = set()
     for k, spec in enumerate(inputs):
         # an input's own name; else X (or x) for the first input and y for the last, the target
         aliases = (spec.name, *(FEATURE_NAMES if k == 0 else ()), *(TARGET_NAMES if k == len(inputs) - 1 > 0 else ()))
@@ -110,6 +116,14 @@ def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.
                 "last, the target)"
             )
         chosen.append((f"array {found!r}", arrays[found]))
+        used.add(found)
+    unused = [name for name in arrays if name not in used]
+    if unused:
+        caller.warn(
+            f"{file.name} holds arrays {unused} that no input of the training model takes ({_signature(inputs)}): "
+            "they are left out",
+            UnusedDataWarning,
+        )
     return chosen
 
 
@@ -288,4 +302,4 @@ def _layouts(axes: tuple[int, ...]) -> str:
     return "its axes have the input's sizes in another order"
 
 
-__all__ = ["FEATURE_NAMES", "TARGET_NAMES", "fit_to_inputs", "load_data"]
+__all__ = ["FEATURE_NAMES", "TARGET_NAMES", "UnusedDataWarning", "fit_to_inputs", "load_data"]

@@ -336,3 +336,34 @@ def test_export_writes_the_precision_asked_for(capsys, model_path: Path, tmp_pat
     kinds = {t.data_type for t in exported.graph.initializer}
     half = {"fp32": None, "fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[precision]
     assert (half in kinds) if half else kinds == {onnx.TensorProto.FLOAT}
+
+
+def test_requires_grad_takes_adapters_and_globs(capsys, tmp_path: Path):
+    """``adapters``: the LoRA adapters add_adapters added; a glob: the float initializers it matches; both
+    refused where they name nothing, with what there is."""
+    from onnxtrain.lora import add_adapters
+    from tests.cli.helpers import tiny_mlp
+
+    adapted, adapters = add_adapters(tiny_mlp(), targets=["linear.weight_*"], rank=2, alpha=4)
+    onnx.save(adapted, tmp_path / "adapted.onnx")
+    onnx.save(tiny_mlp(), tmp_path / "plain.onnx")
+    loss = ["--loss", "ce"]
+    for request, expected in (
+        (["adapters"], adapters),
+        (["*lora_A*"], [name for name in adapters if "lora_A" in name]),
+        (["adapters", "linear.bias_?"], [*adapters, "linear.bias_1", "linear.bias_7"]),
+    ):
+        out = tmp_path / "-".join(request).replace("*", "x").replace("?", "q")
+        argv = ["generate", tmp_path / "adapted.onnx", "--requires-grad", *request, *loss, "-o", out]
+        status, _, err = cli(capsys, *argv)
+        assert (status, err) == (0, ""), err
+        assert sorted(checkpoint.load(out / "checkpoint").trainable) == sorted(expected), request
+    status, _, err = cli(capsys, "generate", tmp_path / "plain.onnx", "--requires-grad", "adapters", *loss, "-o",
+                         tmp_path / "none")  # fmt: skip
+    assert_error(err, "generate", "has no LoRA adapters to train", "add_adapters")
+    status, _, err = cli(capsys, "generate", tmp_path / "plain.onnx", "--requires-grad", "*lora*", *loss, "-o",
+                         tmp_path / "none")  # fmt: skip
+    assert_error(err, "generate", "'*lora*' matches no float initializer", "linear.weight_0")
+    status, out, _ = cli(capsys, "inspect", tmp_path / "adapted.onnx")
+    assert "LoRA adapters: 2 (rank 2), on linear.weight_0, linear.weight_6" in out
+    assert "--requires-grad adapters trains them" in out

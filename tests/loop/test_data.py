@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from onnxtrain.loop import fit_to_inputs, load_data
+from onnxtrain.loop.data import UnusedDataWarning
 from onnxtrain.training.tensor_spec import TensorSpec
 
 X = TensorSpec("pixels", np.dtype(np.float32), ("batch", 3))
@@ -17,7 +18,8 @@ TARGET = TensorSpec("target", np.dtype(np.float32), ("batch", 1))
 
 def test_npz_arrays_named_after_the_inputs(tmp_path: Path):
     np.savez(tmp_path / "d.npz", labels=np.array([1, 0]), pixels=np.ones((2, 3)), extra=np.zeros(1))
-    pixels, labels = load_data(tmp_path / "d.npz", [X, LABELS])
+    with pytest.warns(UnusedDataWarning, match="'extra'"):
+        pixels, labels = load_data(tmp_path / "d.npz", [X, LABELS])
     assert (pixels.dtype, pixels.shape, labels.dtype) == (np.float32, (2, 3), np.int64)
 
 
@@ -26,6 +28,15 @@ def test_npz_x_and_y(tmp_path: Path, name: str):
     np.savez(tmp_path / "d.npz", **{name: np.ones((2, 3)), "y": np.array([0.0, 1.0])})
     _, labels = load_data(tmp_path / "d.npz", [X, LABELS])
     assert labels.tolist() == [0, 1] and labels.dtype == np.int64
+
+
+def test_npz_arrays_no_input_takes_are_said_to_be_left_out(tmp_path: Path):
+    """A tokenizer's ``token_type_ids`` beside the inputs' arrays: a warning names it; the others are used."""
+    x, labels = np.zeros((4, 3), np.float32), np.arange(4)
+    np.savez(tmp_path / "d.npz", pixels=x, labels=labels, token_type_ids=np.zeros((4, 3), np.int64))
+    with pytest.warns(UnusedDataWarning, match=r"d.npz holds arrays \['token_type_ids'\] that no input"):
+        arrays = load_data(tmp_path / "d.npz", [X, LABELS])
+    np.testing.assert_array_equal(arrays[1], labels)
 
 
 def test_the_target_takes_the_inputs_rank():
