@@ -101,6 +101,11 @@ def find_sites(graph: onnx.GraphProto) -> tuple[dict[str, list[Site]], dict[str,
                 found.append(site)
             else:
                 problems.append(site)
+        if found and problems:  # a product's weight that something else reads too
+            problems.append(
+                f"it is also the weight of {_describe(graph, found[0].node, 1)}: an adapter there would leave its "
+                "other readers on the base weight (an embedding tied to the output head, say), so none goes beside it"
+            )
         orientations = {site.transposed: site for site in found}
         if len(orientations) > 1:
             problems.append(

@@ -34,8 +34,11 @@ def test_a_weight_also_read_elsewhere_is_refused() -> None:
     model = small_model()
     model.graph.node.append(helper.make_node("Identity", ["W1"], ["w1_copy"]))
     model.graph.output.append(helper.make_tensor_value_info("w1_copy", TensorProto.FLOAT, [4, 3]))
-    with pytest.raises(ValueError, match=re.escape("'W1': read by Identity node '#3' as input 0")):
+    with pytest.raises(ValueError, match=re.escape("'W1': read by Identity node '#3' as input 0")) as error:
         add_adapters(model, "W1", 2, 4)
+    assert "it is also the weight of MatMul node '#1' as input 1: an adapter there would leave its other readers" in (
+        str(error.value)
+    )
 
 
 @pytest.mark.parametrize("rank", [0, -1, 1.5, True])
