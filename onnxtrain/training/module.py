@@ -87,7 +87,7 @@ from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.half_kernels import warn_of_a_half_export
 from onnxtrain.training.labels import HostLabelChecks
-from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, training_io
+from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, static_input_shapes, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
 from onnxtrain.training.random_draws import StepSeeds
@@ -155,8 +155,9 @@ class Module:
         self._shared_arena = self._device if shares_arena(self._providers) else None
         self._session_options = session_options  # the user's, for every session; else per session (open_session)
         store = state.store
-        infos = store.parameter_infos()
         train = load_model(train_model_uri, "train_model_uri")
+        store.adopt_declared_shapes(static_input_shapes(train.proto))  # ONNX Runtime's nominal checkpoints keep none
+        infos = store.parameter_infos()
         self._io = training_io(train.proto, infos)
         self._eval_model: LoadedModel | None = None
         self._eval_io: EvalModelIO | None = None

@@ -14,7 +14,7 @@ reads and writes what is in :mod:`onnxtrain.training.module`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -184,6 +184,19 @@ class StateStore:
         if self.recorded_update is not None:
             self.recorded_update.apply()
             self.recorded_update = None
+
+    def adopt_declared_shapes(self, declared: Mapping[str, tuple[int, ...]]) -> list[str]:
+        """Give each parameter of a nominal state that holds no value and whose checkpoint kept no dimensions
+        (ONNX Runtime's nominal checkpoints, written without the data: rank 0) the shape ``declared`` gives it
+        (a model's inputs, of rank 1 or more); the names given one."""
+        adopted = []
+        for name, shape in declared.items():
+            tensor = self.tensors.get(name)
+            if tensor is None or name not in self.unloaded or tensor.shape or tensor.value is not None or not shape:
+                continue
+            self.tensors[name] = StateTensor(placeholder(tensor.dtype, shape))
+            adopted.append(name)
+        return adopted
 
     def parameter_infos(self) -> dict[str, ParameterInfo]:
         """Per parameter: trainable or not, dtype, shape (what the models' inputs are checked against)."""

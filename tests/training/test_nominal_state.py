@@ -195,3 +195,24 @@ def test_a_nominal_checkpoint_from_onnxblock_and_the_cpp_names(artifacts, tmp_pa
         session.lazy_reset_grad()
         reference.lazy_reset_grad()
     np.testing.assert_array_equal(session.to_buffer(False).numpy(), reference.to_buffer(False).numpy())
+
+
+def test_onnx_runtimes_nominal_checkpoint_without_shapes_takes_the_models(artifacts, tmp_path, rng):
+    """ONNX Runtime 1.19.2's ``generate_artifacts(nominal_checkpoint=True)`` writes no dimensions (every tensor
+    rank 0): the module takes each parameter's shape from the training model, the buffer fills it, and it trains
+    as the full checkpoint."""
+    full, full_module, full_optimizer = _open(artifacts, "checkpoint")
+    nominal = checkpoint.load(artifacts["nominal_checkpoint"])
+    shapeless = checkpoint.CheckpointState(
+        *({name: checkpoint.state.placeholder(array.dtype, ()) for name, array in group.items()}
+          for group in (nominal.trainable, nominal.frozen)),
+        is_nominal=True,
+    )  # fmt: skip
+    checkpoint.save(shapeless, tmp_path / "ort_nominal")
+    state, module, optimizer = _open({**artifacts, "ort": tmp_path / "ort_nominal"}, "ort")
+    assert module.get_parameters_size(False) == full_module.get_parameters_size(False)
+    module.copy_buffer_to_parameters(full_module.get_contiguous_parameters(), trainable_only=False)
+    for name, value in parameters(full).items():
+        np.testing.assert_array_equal(state.parameters[name].data, value, err_msg=name)
+    batches = [regression_batch(rng) for _ in range(3)]
+    np.testing.assert_array_equal(_train(module, optimizer, batches), _train(full_module, full_optimizer, batches))
