@@ -159,8 +159,31 @@ class _Layout:
 _BUILTIN_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training", "com.microsoft"})
 
 
+#: ``com.microsoft`` operators only onnxruntime's training build has: its optimizers and gradient accumulation
+#: (its gradient kernels are the others, named ``...Grad``).
+_TRAINING_BUILD_OPS = frozenset(
+    {"InPlaceAccumulatorV2", "InPlaceAccumulator", "AdamWOptimizer", "AdamOptimizer", "SGDOptimizerV2"}
+    | {"SGDOptimizer", "LambOptimizer", "ZeroGradient", "PassThrough", "YieldOp"}
+)
+
+
 def _custom_op_hint(model: LoadedModel) -> str:
-    """What to do when ``model`` uses operator domains onnxruntime has no kernels for (a custom op library)."""
+    """What to do when ``model`` uses operators onnxruntime has no kernels for: onnxruntime-training's own (its
+    artifacts, to generate again), or operator domains of a custom op library."""
+    training_build = sorted(
+        {
+            node.op_type
+            for node in model.proto.graph.node
+            if node.domain == "com.microsoft" and (node.op_type.endswith("Grad") or node.op_type in _TRAINING_BUILD_OPS)
+        }
+    )
+    if training_build:
+        return (
+            f". The model uses operators of ONNX Runtime's training build (com.microsoft {training_build[:4]}), which "
+            "stock onnxruntime has no kernels for: these are artifacts onnxruntime.training.artifacts wrote. "
+            "Generate them again from the forward model with onnxtrain.artifacts.generate_artifacts (the same "
+            "arguments); its checkpoints carry over (docs/migration.md)"
+        )
     used = {node.domain for node in model.proto.graph.node}
     custom = sorted(used - _BUILTIN_DOMAINS)
     if not custom:

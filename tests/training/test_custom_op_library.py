@@ -129,3 +129,20 @@ def test_a_parameter_behind_a_custom_operator_is_refused_naming_it(tmp_path):
             custom_op_library=ortx.get_library_path(),
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_onnxruntime_trainings_own_artifacts_are_told_to_be_generated_again(tmp_path):
+    """A training model with ONNX Runtime training's kernels (``com.microsoft`` ``...Grad``, as its
+    ``generate_artifacts`` writes them): the error says to generate the artifacts again with onnxtrain."""
+    from tests.training import models
+
+    paths = models.generate(tmp_path, models.mlp((3, 4, 2), seed=0), requires_grad=["fc0.weight"], loss="MSELoss")
+    training = onnx.load(paths["training_model"])
+    first = training.graph.node[0].output[0]
+    training.graph.node.append(helper.make_node("ReluGrad", [first, first], ["relu_grad"], domain="com.microsoft"))
+    training.graph.output.append(helper.make_tensor_value_info("relu_grad", TensorProto.FLOAT, None))
+    training.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    with pytest.raises(ValueError, match=r"ONNX Runtime's training build \(com\.microsoft \['ReluGrad'\]\)") as error:
+        api.Module(training, state)
+    assert "Generate them again from the forward model with onnxtrain.artifacts.generate_artifacts" in str(error.value)
