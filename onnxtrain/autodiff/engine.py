@@ -457,6 +457,7 @@ def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:
     depends on (one whose outputs the loss ignores passes no gradient back: a dead copy half precision left)."""
     producers: dict[str, onnx.NodeProto] = {}
     readers: dict[str, int] = {}
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in path.all_nodes:
         for name in node.output:
             if name:
@@ -465,8 +466,11 @@ def _graph_view(builder: GraphBuilder, path: Path) -> GraphView:
             continue
         for name in {n for n in node.input if n} | subgraph_references(node):
             readers[name] = readers.get(name, 0) + 1
+        for position, name in enumerate(node.input):
+            if name:
+                consumers.setdefault(name, []).append((node, position))
     outputs = frozenset(value.name for value in builder.model.graph.output)
-    return GraphView(producers, readers, outputs, frozenset(path.forward))
+    return GraphView(producers, readers, outputs, frozenset(path.forward), consumers)
 
 
 def _simplified(

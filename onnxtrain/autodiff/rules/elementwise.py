@@ -120,9 +120,12 @@ def _extremum(ctx: RuleContext, grads: Grads) -> Result:
     if len(ctx.inputs) == 1:
         return [g]
     y = ctx.outputs[0]
-    masks = [ctx.cast_like(ctx.compare("Equal", x, y), y) for x in ctx.inputs]
+    chosen = [ctx.compare("Equal", x, y) for x in ctx.inputs]
+    masks = [ctx.cast_like(mask, y) for mask in chosen]
     count = masks[0] if len(masks) == 1 else ctx.op("Sum", *masks)
     share = ctx.div(g, count)
+    if ctx.feeds_a_singularity(y):  # g may be infinite where an input is not chosen: 0 there, not NaN
+        return [ctx.where(mask, share, 0.0) if ctx.needs(i) else None for i, mask in enumerate(chosen)]
     return [ctx.mul(share, mask) if ctx.needs(i) else None for i, mask in enumerate(masks)]
 
 
@@ -268,7 +271,15 @@ def softsign(ctx: RuleContext, x: str, y: str) -> str:
 # y > 0 exactly where x > 0: reading the output, kept anyway where the next layer's weight gradient reads it,
 # lets the input die in the forward (as PyTorch's ReLU saves its result). y >= 0, so sign(y) is the mask itself:
 # two nodes, as Greater and Where, and about 4x faster than Where on onnxruntime's CPU (RuleContext.keep)
-registry.unary("Relu", "dx = g * sign(y): g where y > 0, else 0", lambda ctx, g, x, y: ctx.mul(g, ctx.op("Sign", y)))
+def _relu(ctx: RuleContext, g: str, x: str, y: str) -> str:
+    """``g * sign(y)``, its own mask in two nodes; ``Where(y > 0, g, 0)`` where ``g`` may be infinite
+    (:meth:`~onnxtrain.autodiff.context.RuleContext.feeds_a_singularity`: ``sqrt(relu(x))``)."""
+    if ctx.feeds_a_singularity(y):
+        return ctx.where(ctx.compare("Greater", y, 0.0), g, 0.0)
+    return ctx.mul(g, ctx.op("Sign", y))
+
+
+registry.unary("Relu", "dx = g where y > 0, else 0 (g * sign(y))", _relu)
 
 
 def _leaky_relu(ctx: RuleContext, g: str, x: str, y: str) -> str:

@@ -103,11 +103,17 @@ def reduce_prod(ctx: RuleContext, grads: Grads) -> Result:
 
 registry.unary("ReduceSumSquare", "dx = 2 * x * keep(g)", lambda ctx, g, x, y: ctx.mul(ctx.mul(x, 2.0), keep(ctx, g)))
 registry.unary("ReduceL1", "dx = sign(x) * keep(g)", lambda ctx, g, x, y: ctx.mul(ctx.op("Sign", x), keep(ctx, g)))
-registry.unary(
-    "ReduceL2",
-    "dx = x * keep(g) / keep(y)  (y != 0)",
-    lambda ctx, g, x, y: ctx.mul(x, ctx.div(keep(ctx, g), keep(ctx, y))),
-)
+
+
+def _l2(ctx: RuleContext, g: str, x: str, y: str) -> str:
+    """``x * q``, ``q = keep(g) / keep(y)``, 0 where the norm is 0 (as torch's: ``x`` is all zeros there, and
+    ``x / max(norm, eps)``, ``F.normalize``, must not make it NaN); the ``Where`` is over the reduced shape."""
+    norm = keep(ctx, y)
+    quotient = ctx.div(keep(ctx, g), norm)
+    return ctx.mul(x, ctx.where(ctx.compare("Equal", norm, 0.0), 0.0, quotient))
+
+
+registry.unary("ReduceL2", "dx = x * keep(g) / keep(y), 0 where y = 0", _l2)
 registry.unary(
     "ReduceLogSum",
     "dx = expand(keep(g) / exp(keep(y)))",
