@@ -12,6 +12,7 @@ from onnxtrain.artifacts.accumulation import add_gradient_accumulation
 from onnxtrain.artifacts.training_model import TrainingModels, build_training_models
 from onnxtrain.autodiff import GradientRegistry
 from onnxtrain.blocks.block import Block, output_names
+from onnxtrain.graph.builder import GraphBuilder
 
 
 class TrainingBlock(Block):
@@ -113,6 +114,14 @@ class TrainingBlock(Block):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         builder = self.builder
+        outer = builder.gradient_registry
+        builder.gradient_registry = self._registry  # for Gradient blocks of the loss (blocks.Gradient)
+        try:
+            return self._build_training(builder, *args, **kwargs)
+        finally:
+            builder.gradient_registry = outer
+
+    def _build_training(self, builder: GraphBuilder, *args: Any, **kwargs: Any) -> Any:
         with builder.transaction():
             output = super().__call__(*args, **kwargs)
             names = output_names(self, output)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onnxtrain import caller
-from onnxtrain.autodiff import build_vjp
+from onnxtrain.autodiff import GradientRegistry, build_vjp
 from onnxtrain.blocks.block import Block
 from onnxtrain.graph import ops
 
@@ -31,6 +31,9 @@ class Gradient(Block):
             differentiate with respect to, or a list of them.
         grad_output: the name of the cotangent ``v``, a value of ``y``'s type
             and shape; ``None``: ones (the gradient of ``sum(y)``).
+        registry: the gradient rules; ``None``: those of the training block
+            being built (its ``registry``, ``generate_artifacts``' too), else
+            the built-in ones.
 
     Returns the name of the gradient (a tuple of names when ``wrt`` is a
     list), of the shape and type of its ``wrt`` value. A ``wrt`` value that
@@ -39,8 +42,11 @@ class Gradient(Block):
     and a warning says so.
     """
 
-    def __init__(self, wrt: str | Sequence[str], grad_output: str | None = None) -> None:
+    def __init__(
+        self, wrt: str | Sequence[str], grad_output: str | None = None, *, registry: GradientRegistry | None = None
+    ) -> None:
         super().__init__()
+        self._registry = registry
         if isinstance(wrt, str):
             self._wrt, self._single = [wrt], True
         else:
@@ -53,7 +59,7 @@ class Gradient(Block):
         b = self.builder
         b.require(output_name, role="value to differentiate")
         seed = self._grad_output if self._grad_output is not None else ops.filled_like(b, output_name, 1.0, "ones")
-        found = build_vjp(b, {output_name: seed}, self._wrt)
+        found = build_vjp(b, {output_name: seed}, self._wrt, self._registry or b.gradient_registry)
         names = []
         for name in self._wrt:
             gradient = found[name]

@@ -95,6 +95,9 @@ class GraphBuilder:
         self._values: dict[str, onnx.TypeProto | None] = {}
         self._constants: dict[str, onnx.TensorProto] = {}
         self._seen = (0, 0, 0, 0)
+        #: The gradient rules of the training block being built (a ``GradientRegistry``; ``None``: the built-in
+        #: ones), for the ``Gradient`` blocks of its loss.
+        self.gradient_registry: Any = None
         self._seed_types()
 
     # ------------------------------------------------------------------ types

@@ -123,3 +123,43 @@ def test_bad_arguments_say_what_to_pass() -> None:
         blocks.Gradient(wrt="nothing")("y")
     with onnxblock.base(networks.mlp([2, 3, 1])), pytest.raises(ValueError, match=r"'nothing'"):
         blocks.Gradient(wrt="x")("nothing")
+
+
+def test_a_gradient_in_a_loss_uses_the_training_blocks_rules() -> None:
+    """``loss = sum(Gradient(wrt=x)(y)^2)`` for ``y = Cube(x * w)``, ``test.custom::Cube`` with a rule on a copy of
+    the registry given to the TrainingBlock alone: the Gradient block differentiates with it too (it refused the
+    custom operator), and ``d loss / d w = 54 x^4 w^5`` (``dy/dx = 3 x^2 w^3``)."""
+    from onnx.reference import ReferenceEvaluator
+
+    from tests.helpers import DOUBLE, make_model
+
+    registry = autodiff.builtin_registry().copy()
+
+    @registry.rule("Cube", domain="test.custom")
+    def cube(ctx: autodiff.RuleContext, grads: Sequence[str | None]) -> list[str | None]:
+        """dx = 3 g x^2"""
+        (g,) = grads
+        return [ctx.mul(ctx.mul(g, 3.0), ctx.square(ctx.inputs[0]))]
+
+    nodes = [helper.make_node("Mul", ["x", "w"], ["t"]), helper.make_node("Cube", ["t"], ["y"], domain="test.custom")]
+    model = make_model({"x": (DOUBLE, [3])}, nodes, {"y": (DOUBLE, [3])}, [("w", np.array([0.5, -1.5, 2.0]))])
+    model.opset_import.append(helper.make_opsetid("test.custom", 1))
+
+    class GradientPenalty(onnxblock.TrainingBlock):
+        def build(self, y: str) -> str:
+            dx = blocks.Gradient("x")(y)
+            return blocks.ReduceSum(keepdims=False)(blocks.Mul()(dx, dx))
+
+    block = GradientPenalty(registry=registry)
+    block.requires_grad("w")
+    with onnxblock.base(model):
+        block("y")
+    training = block.gradient_models.training
+    for node in training.graph.node:  # Cube written out, for onnx's reference evaluator
+        if node.op_type == "Cube":
+            node.CopyFrom(helper.make_node("Pow", [node.input[0], "three"], list(node.output)))
+    training.graph.initializer.append(onnx.numpy_helper.from_array(np.array(3.0), "three"))
+    x, w = np.array([0.3, -1.2, 0.7]), np.array([0.5, -1.5, 2.0])
+    outputs = ReferenceEvaluator(training).run(None, {"x": x, "w": w})
+    np.testing.assert_allclose(outputs[0], np.sum(9 * x**4 * w**6), rtol=1e-12)
+    np.testing.assert_allclose(outputs[-1], 54 * x**4 * w**5, rtol=1e-12)
