@@ -385,6 +385,8 @@ class _Backward:
             self._check_gradient(where, f"input {k} ({name!r})", name, grad)
             if rule.broadcasting:
                 grad = unbroadcast(ctx, grad, name, shaped_like=node.output[0])
+            else:
+                self._check_shape(where, f"input {k} ({name!r})", name, grad)
             self.contributions.setdefault(name, []).append(grad)
         for name, grad in ctx.contributed:  # a fused rule's gradients for values upstream of its inputs
             if name in forward:
@@ -401,6 +403,22 @@ class _Backward:
                 f"{where} returned a {dtypes.dtype_name(have)} gradient for {what}, which is "
                 f"{dtypes.dtype_name(want)}; gradients have their value's element type"
             )
+
+    def _check_shape(self, where: str, what: str, value: str, grad: str) -> None:
+        """``RuleError`` where ``grad``'s shape is known to differ from ``value``'s (ranks, or numbered sizes): a
+        rule of an operator that broadcasts its inputs is registered with ``broadcasting=True``."""
+        have, want = self.builder.shape_if_known(grad), self.builder.shape_if_known(value)
+        if have is None or want is None:
+            return
+        if len(have) == len(want) and all(
+            not (isinstance(a, int) and isinstance(b, int)) or a == b for a, b in zip(have, want, strict=True)
+        ):
+            return
+        raise RuleError(
+            f"{where} returned a gradient of shape {_shape_text(have)} for {what}, of shape {_shape_text(want)}; a "
+            "gradient has its value's shape: register the rule of an operator that broadcasts its inputs with "
+            "broadcasting=True (the engine then sums over the broadcast axes), or reduce it in the rule"
+        )
 
     # -- commit: only what the results need, under their final names
 
@@ -491,6 +509,11 @@ def _simplified(
     prune_unused_nodes(model, fixed=fixed)
     renamed = {value: None if grad is None else aliases[grad] for value, grad in results.items()}
     return list(model.graph.node[fixed:]), renamed
+
+
+def _shape_text(dims: Sequence[object]) -> str:
+    """``[N, 4]``: a shape's dimensions, ``?`` where unknown."""
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
 
 
 __all__ = ["backward", "gradient_name", "vector_jacobian_product"]

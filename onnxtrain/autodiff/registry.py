@@ -208,11 +208,20 @@ class GradientRegistry:
 
     # ------------------------------------------------------------ rule families
 
-    def unary(self, op_type: str, formula: str, gradient: UnaryGradient, *, opsets: OpsetRange | None = None) -> RuleFn:
+    def unary(
+        self,
+        op_type: str,
+        formula: str,
+        gradient: UnaryGradient,
+        *,
+        domain: str = "",
+        opsets: OpsetRange | None = None,
+    ) -> RuleFn:
         """Register ``dx = gradient(ctx, g, x, y)`` for an operator of one output whose only differentiable input is
         the first, ``x`` (element-wise functions, reductions; the other inputs, such as axes, get no gradient).
 
-        ``formula`` is the rule's math, as its docstring's first line would give it.
+        ``formula`` is the rule's math, as its docstring's first line would give it; ``domain``: the operator's
+        (``""``: ``ai.onnx``; a custom operator's own).
         """
 
         def rule(ctx: RuleContext, grads: Grads) -> Result:
@@ -220,26 +229,38 @@ class GradientRegistry:
             assert g is not None  # the engine calls a rule only when its output has a gradient
             return [gradient(ctx, g, ctx.inputs[0], ctx.outputs[0])] + [None] * (len(ctx.inputs) - 1)
 
-        return self._register_family(op_type, opsets, rule, gradient, formula)
+        return self._register_family(op_type, domain, opsets, rule, gradient, formula)
 
-    def derivative(self, op_type: str, *, opsets: OpsetRange | None = None) -> Callable[[Derivative], Derivative]:
+    def derivative(
+        self, op_type: str, *, domain: str = "", opsets: OpsetRange | None = None
+    ) -> Callable[[Derivative], Derivative]:
         """Decorator registering ``dx = g * f'(x)`` for an element-wise operator of one input from ``f'(ctx, x, y)``,
-        whose docstring gives the formula; it returns ``f'`` unchanged, for rules that reuse it."""
+        whose docstring gives the formula; it returns ``f'`` unchanged, for rules that reuse it. ``domain``: as for
+        :meth:`unary`."""
 
         def register(derivative: Derivative) -> Derivative:
             def rule(ctx: RuleContext, grads: Grads) -> Result:
                 return [ctx.mul(grads[0], derivative(ctx, ctx.inputs[0], ctx.outputs[0]))]  # type: ignore[arg-type]
 
-            self._register_family(op_type, opsets, rule, derivative, derivative.__doc__ or "")
+            self._register_family(op_type, domain, opsets, rule, derivative, derivative.__doc__ or "")
             return derivative
 
         return register
 
-    def linear(self, op_type: str, formula: str, adjoint: Adjoint, *, opsets: OpsetRange | None = None) -> RuleFn:
+    def linear(
+        self,
+        op_type: str,
+        formula: str,
+        adjoint: Adjoint,
+        *,
+        domain: str = "",
+        opsets: OpsetRange | None = None,
+    ) -> RuleFn:
         """Register ``dx = adjoint(ctx, g)`` for an operator linear in its first input, whose other inputs (shapes,
         axes, indices) carry no gradient: often the same data movement applied backwards (Reshape, Transpose).
 
-        ``formula`` is the rule's math, as its docstring's first line would give it.
+        ``formula`` is the rule's math, as its docstring's first line would give it; ``domain``: as for
+        :meth:`unary`.
         """
 
         def rule(ctx: RuleContext, grads: Grads) -> Result:
@@ -247,17 +268,23 @@ class GradientRegistry:
             assert g is not None  # the engine calls a rule only when its output has a gradient
             return [adjoint(ctx, g)] + [None] * (len(ctx.inputs) - 1)
 
-        return self._register_family(op_type, opsets, rule, adjoint, formula)
+        return self._register_family(op_type, domain, opsets, rule, adjoint, formula)
 
     def _register_family(
-        self, op_type: str, opsets: OpsetRange | None, rule: RuleFn, source: Callable[..., str], formula: str
+        self,
+        op_type: str,
+        domain: str,
+        opsets: OpsetRange | None,
+        rule: RuleFn,
+        source: Callable[..., str],
+        formula: str,
     ) -> RuleFn:
         """Register ``rule`` (made by a family helper from ``source``) for input 0, named and documented as a rule."""
         rule.__doc__ = formula
         rule.__module__ = source.__module__
         name = source.__name__ if source.__name__ != "<lambda>" else _python_name(op_type)
         rule.__name__ = rule.__qualname__ = name
-        return self.rule(op_type, opsets=opsets, inputs=(0,))(rule)
+        return self.rule(op_type, domain=domain, opsets=opsets, inputs=(0,))(rule)
 
     def copy(self) -> GradientRegistry:
         """A mutable copy: register custom rules on it without touching this registry."""

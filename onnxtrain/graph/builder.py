@@ -192,10 +192,16 @@ class GraphBuilder:
             )
         except (shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as error:
             inputs = ", ".join(f"{name!r}: {describe_type(input_types[name])}" for name in node.input if name)
+            reason = str(error).strip()
+            hint = (
+                "Cast the inputs to the types the operator accepts (blocks.Cast) or choose another block."
+                if "type" in reason.lower()
+                else f"Give the node the inputs and attributes {node.op_type}'s schema at opset {version} asks for "
+                "(onnx.defs.get_schema)."
+            )
+            reason = reason.rstrip(".")
             raise TypeError(
-                f"{node.op_type} (opset {version}) cannot take the inputs {{{inputs}}}: "
-                f"{str(error).strip()}. Cast the inputs to the types the operator accepts "
-                "(blocks.Cast) or choose another block."
+                f"{node.op_type} (opset {version}) cannot take the inputs {{{inputs}}}: {reason}. {hint}"
             ) from error
 
     def has(self, name: str) -> bool:

@@ -155,6 +155,54 @@ def test_custom_rule_on_a_registry_copy() -> None:
         builtin_registry().rule("Cube", domain=CUSTOM)(cube)
 
 
+def test_the_family_helpers_register_a_custom_domains_operator() -> None:
+    """``unary``, ``derivative`` and ``linear`` take ``domain=`` as ``rule`` does: test.custom::Cube in one line."""
+    for register in ("unary", "derivative"):
+        registry = builtin_registry().copy()
+        if register == "unary":
+            registry.unary("Cube", "dx = 3 g x^2", lambda c, g, x, y: c.mul(c.mul(g, 3.0), c.square(x)), domain=CUSTOM)
+        else:
+
+            @registry.derivative("Cube", domain=CUSTOM)
+            def cube(ctx: RuleContext, x: str, y: str) -> str:
+                """dx = g * 3 x^2"""
+                return ctx.mul(ctx.square(x), 3.0)
+
+        model = _cube_model("w")
+        model.graph.node[1].input[:] = ["c", "x"]
+        _, grad = run_model(
+            _train(GraphBuilder(model), "loss", ["w"], registry=registry), {"x": np.array([0.5, 1.5, -2.0])}
+        )
+        np.testing.assert_allclose(grad, 3 * np.array([1.0, -2.0, 0.5]) ** 2 * np.array([0.5, 1.5, -2.0]))
+        assert registry.lookup("Cube", CUSTOM) is not None and builtin_registry().lookup("Cube", CUSTOM) is None
+    linear = builtin_registry().copy()
+    linear.linear("Twice", "dx = 2 g", lambda c, g: c.mul(g, 2.0), domain=CUSTOM)
+    assert linear.lookup("Twice", CUSTOM) is not None and linear.lookup("Twice", "") is None
+
+
+def test_a_rule_that_returns_a_gradient_of_another_shape_is_named() -> None:
+    """A custom rule for a broadcasting operator registered without ``broadcasting=True`` returns the output's
+    shape for a smaller input: the engine says so, naming the rule, instead of a failure at the first run."""
+    registry = builtin_registry().copy()
+
+    @registry.rule("Scale", domain=CUSTOM)
+    def scale(ctx: RuleContext, grads: Sequence[str | None]) -> list[str | None]:
+        """dx = g * w, dw = g * x (not reduced over the broadcast axis)"""
+        (g,) = grads
+        return [ctx.mul(g, ctx.inputs[1]), ctx.mul(g, ctx.inputs[0])]
+
+    nodes = [
+        helper.make_node("Scale", ["x", "w"], ["y"], domain=CUSTOM),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    model = make_model({"x": (DOUBLE, [5, 4])}, nodes, {"loss": (DOUBLE, [])}, initializers=[_init("w", np.ones(4))])
+    model.opset_import.append(helper.make_opsetid(CUSTOM, 1))
+    model.graph.value_info.append(helper.make_tensor_value_info("y", DOUBLE, [5, 4]))  # no schema says it
+    with pytest.raises(RuleError, match=r"Scale rule .*scale returned a gradient of shape \[5, 4\] for input 1 "
+                       r"\('w'\), of shape \[4\].*broadcasting=True"):  # fmt: skip
+        _train(GraphBuilder(model), "loss", ["w"], registry=registry)
+
+
 def test_non_differentiable_operator_stops_the_gradient() -> None:
     """loss = sum(floor(w) * x) + sum(w): Floor contributes nothing, d loss / d w = 1."""
     nodes = [

@@ -169,6 +169,15 @@ def test_dtype_mismatch_names_op_and_inputs() -> None:
     assert describe_type(b.type_of("yd")) == "double[batch,3]"
 
 
+def test_a_node_of_the_wrong_arity_is_told_to_follow_the_schema_not_to_cast() -> None:
+    """``ReduceLogSumExp`` given its axes as an input at opset 17, whose schema takes them as an attribute."""
+    with onnxblock.base(base_model()) as b, pytest.raises(TypeError) as info:
+        b.add_node("ReduceLogSumExp", ["y", "y"])
+    message = str(info.value)
+    assert message.startswith("ReduceLogSumExp (opset 17)") and "input size 2" in message
+    assert "ReduceLogSumExp's schema at opset 17" in message and "Cast" not in message
+
+
 def test_hand_appended_nodes_are_picked_up() -> None:
     """Nodes and initializers appended to self.base.graph get types and can feed later blocks."""
     model = base_model()
