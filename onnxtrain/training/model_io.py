@@ -125,6 +125,15 @@ def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> T
             f"the checkpoint has parameter(s) {extra} that the {what} does not take; it takes the parameters "
             f"{taken} and the inputs {others}: the checkpoint does not belong to this model"
         )
+    inputs = {spec.name for spec in users}
+    gradients_of_inputs = [param for param in buffers if param in inputs]
+    if gradients_of_inputs:
+        raise ValueError(
+            f"the {what} outputs the gradients of its input(s) {gradients_of_inputs} (requires_grad on a graph input): "
+            "Module trains parameters and takes no such model; run the training model in onnxruntime directly for "
+            "them (feed each <input>_grad.accumulation.buffer and lazy_reset_grad), or build the artifacts without "
+            "requires_grad on inputs"
+        )
     for param in buffers:
         if param not in state:
             raise ValueError(

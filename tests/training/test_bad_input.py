@@ -160,3 +160,22 @@ def test_a_checkpoint_of_another_model_is_told_what_the_model_takes(regression, 
     checkpoint.save(checkpoint.from_tensors(other), path)
     with pytest.raises(ValueError, match=r"does not take; it takes the parameters \['fc0.weight', .*the inputs"):
         api.Module(regression["training_model"], api.CheckpointState.load_checkpoint(path))
+
+
+def test_a_training_model_with_input_gradients_is_refused_saying_so(tmp_path):
+    """``requires_grad`` on a graph input outputs its gradient; Module trains parameters and says so."""
+    from onnxtrain import onnxblock
+    from tests.helpers import MSETraining
+    from tests.training import models
+
+    block = MSETraining()
+    forward = models.mlp((3, 4, 2), seed=0)
+    for name in (forward.graph.input[0].name, "fc0.weight"):
+        block.requires_grad(name)
+    with onnxblock.base(forward):
+        block(forward.graph.output[0].name)
+    training, _ = block.to_model_proto()
+    onnxblock.save_checkpoint(block.parameters(), tmp_path / "checkpoint")
+    state = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    with pytest.raises(ValueError, match=r"outputs the gradients of its input\(s\) \['x'\].*Module trains parameters"):
+        api.Module(training, state)
