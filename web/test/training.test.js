@@ -8,6 +8,9 @@ import { before, describe, test } from 'node:test';
 import { TrainingSession as Unbound } from 'onnxtrain-web';
 import { CheckpointState, TrainingSession, ort, saveCheckpoint } from 'onnxtrain-web/node';
 
+import { labelError } from '../src/session/label-error.js';
+import { readModelHeader } from '../src/session/model-proto.js';
+
 import { assertClose, compareRun, loadCase, loadRun, python, referenceDir, temporaryDir } from './helpers.js';
 
 /** @type {string} */
@@ -267,6 +270,29 @@ describe('bad input gets a clear error', () => {
     // nothing ran: the first real step gives Python's first loss
     const out = await session.runTrainStep(good);
     assertClose([Number(out[session.trainingOutputNames[0]].data[0])], [loadRun(c.dir, 'python').losses[0]], 'first loss');
+  });
+
+  test('labels out of range are explained on every backend: the checked labels alone, the ignored one left out', async () => {
+    const c = loadCase(reference, 'mlp');
+    const header = readModelHeader(readFileSync(join(c.artifacts, 'training_model.onnx')));
+    assert.deepEqual(
+      header?.labelChecks.map((check) => [check.labels, check.classes, check.ignoreIndex]),
+      [['labels', 10, null]],
+    );
+    // onnxruntime-web's WebAssembly and WebGPU messages name no node: the model's checks and the [K, C, 2] shape tell it
+    const web = '[WebAssembly] Non-zero status code returned while running Reshape node. Status Message: ' +
+      'reshape_helper.h:40 ReshapeHelper size != 0 && (input_shape_size % size) == 0 was false. The input tensor ' +
+      'cannot be reshaped to the requested shape. Input shape:{4}, requested shape:{2,10,2}';
+    const ids = new ort.Tensor('int64', BigInt64Array.from([10n, 20n, 3n]), [3]);
+    const labels = new ort.Tensor('int64', BigInt64Array.from([-100n, 7n, 12n]), [3]);
+    const checks = [{ loss: 'CrossEntropyLoss', labels: 'labels', classes: 10, ignoreIndex: -100 }];
+    assert.equal(
+      labelError(web, { ids, labels }, 'train step 2', checks),
+      "train step 2: class labels are out of range for the loss (10 classes): 12 at [2] of 'labels'. Labels must be in " +
+        '[0, 10) or equal its ignore_index -100; the state is as before the step',
+    );
+    assert.equal(labelError(web, { ids, labels }, 'train step 2'), null); // no check known, no node named
+    assert.equal(labelError('Status Message: something else', { labels }, 'train step 2', checks), null);
   });
 
   test('missing or wrong models and checkpoints', async () => {

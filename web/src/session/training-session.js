@@ -29,6 +29,7 @@ import * as P from './parameters.js';
 /** @typedef {import('onnxruntime-common').Tensor} Tensor */
 /** @typedef {import('../checkpoint/state.js').StateTensor} StateTensor */
 /** @typedef {import('../checkpoint/state.js').TensorData} TensorData */
+/** @typedef {import('./model-proto.js').LabelCheck} LabelCheck */
 
 /**
  * What onnxtrain-web needs of an onnxruntime package: `import * as ort from 'onnxruntime-web'` (or `-node`).
@@ -97,6 +98,8 @@ export class TrainingSession {
   #trainSteps = 0;
   #busy = false;
   #released = false;
+  /** @type {Map<InferenceSession, LabelCheck[]>} the label checks in each session's model, for their errors */
+  #labelChecks;
 
   /**
    * Not for callers: use `TrainingSession.create`.
@@ -104,9 +107,11 @@ export class TrainingSession {
    * @param {CheckpointState} state
    * @param {{ train: InferenceSession, eval: InferenceSession | null, optimizer: InferenceSession | null }} sessions
    * @param {Map<string, string>} optimizerMetadata
+   * @param {Map<InferenceSession, LabelCheck[]>} [labelChecks] the label checks of each session's model
    */
-  constructor(runtime, state, sessions, optimizerMetadata) {
+  constructor(runtime, state, sessions, optimizerMetadata, labelChecks = new Map()) {
     this.#runtime = runtime;
+    this.#labelChecks = labelChecks;
     this.#state = state;
     this.#train = sessions.train;
     this.#eval = sessions.eval;
@@ -185,8 +190,9 @@ export class TrainingSession {
     const optimizer =
       options.optimizerModel == null ? null : await openModel(runtime, options.optimizerModel, 'the optimizer model', sessionOptions);
     const sessions = { train: train.session, eval: evalModel?.session ?? null, optimizer: optimizer?.session ?? null };
+    const checks = new Map([train, evalModel].filter((m) => m !== null).map((m) => [m.session, m.header.labelChecks]));
     try {
-      return new this(runtime, state, sessions, optimizer?.header.metadata ?? new Map());
+      return new this(runtime, state, sessions, optimizer?.header.metadata ?? new Map(), checks);
     } catch (error) {
       await Promise.all(Object.values(sessions).map((s) => s?.release()));
       throw error;
@@ -489,7 +495,8 @@ export class TrainingSession {
       return await session.run(feeds, options ?? {});
     } catch (error) {
       const message = /** @type {Error} */ (error).message;
-      throw new Error(labelError(message, feeds, what) ?? `${what} failed in onnxruntime (the state is as before it): ${message}`);
+      const explained = labelError(message, feeds, what, this.#labelChecks.get(session));
+      throw new Error(explained ?? `${what} failed in onnxruntime (the state is as before it): ${message}`);
     } finally {
       this.#busy = false;
     }
