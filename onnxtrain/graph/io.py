@@ -349,6 +349,11 @@ def inferred_skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return type_contrib_outputs(infer(light), infer)
 
 
+#: Operators onnx's checker refuses as deprecated at these opsets (first, last), which onnxruntime runs:
+#: GroupNormalization-18 (its scale and bias per group; opset 21 made them per channel).
+DEPRECATED_BUT_RUN: dict[str, tuple[int, int]] = {"GroupNormalization": (18, 20)}
+
+
 def _move_runtime_contrib_nodes(model: onnx.ModelProto) -> None:
     """Move ``model``'s default-domain nodes of ONNX Runtime's contrib operators (where ONNX has no such
     operator at the model's opset) to ``com.microsoft``, importing that domain if needed (in place)."""
@@ -359,6 +364,11 @@ def _move_runtime_contrib_nodes(model: onnx.ModelProto) -> None:
             continue
         defined_since = RUNTIME_DEFAULT_DOMAIN_OPS[node.op_type]
         if defined_since is None or opset < defined_since:
+            node.domain = "com.microsoft"
+            moved = True
+    for node in model.graph.node:  # deprecated by onnx's checker, run by onnxruntime as their schema says
+        first, last = DEPRECATED_BUT_RUN.get(node.op_type, (0, -1))
+        if versions.is_standard(node) and first <= opset <= last:
             node.domain = "com.microsoft"
             moved = True
     if moved and not any(o.domain == "com.microsoft" for o in model.opset_import):
@@ -383,7 +393,9 @@ def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     (``SimplifiedLayerNormalization``, ``LayerNormalization`` before ONNX
     defined it at opset 17), which its transformer optimizer writes; the
     checker knows no such schema, so the copy moves those nodes to
-    ``com.microsoft``, whose operators it does not check.
+    ``com.microsoft``, whose operators it does not check; so it does with the
+    operators the checker refuses as deprecated and onnxruntime runs
+    (:data:`DEPRECATED_BUT_RUN`).
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)

@@ -735,3 +735,42 @@ def test_a_pad_of_zeros_passes_the_gradient_through() -> None:
     c = np.random.default_rng(0).normal(size=(2, 3, 4, 4)).astype(np.float32)
     (dx,) = run_model(built, {"x": np.zeros_like(c), "c": c})
     np.testing.assert_array_equal(dx, c)
+
+
+def test_group_normalization_opset18_generates_artifacts(tmp_path) -> None:
+    """The artifacts of an opset-18 GroupNormalization (which onnx's checker refuses as deprecated and onnxruntime
+    runs) are written, and train: the scale's and bias's gradients those of the loss, by central differences."""
+    from onnxtrain.artifacts import LossType, generate_artifacts
+    from tests.helpers import session
+
+    rng = np.random.default_rng(1)
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=2, epsilon=1e-3)
+    scale, bias = rng.normal(size=2).astype(np.float32), rng.normal(size=2).astype(np.float32)
+    model = make_model(
+        {"x": (FLOAT, ["n", 4, 3])},
+        [node],
+        {"y": (FLOAT, ["n", 4, 3])},
+        initializers=[_init("scale", scale, np.float32), _init("bias", bias, np.float32)],
+        opset=18,
+    )
+    paths = generate_artifacts(
+        model, requires_grad=["scale", "bias"], loss=LossType.MSELoss, artifact_directory=tmp_path
+    )
+    train, evaluate = session(str(paths["training_model"])), session(str(paths["eval_model"]))
+    x, target = rng.normal(size=(5, 4, 3)).astype(np.float32), rng.normal(size=(5, 4, 3)).astype(np.float32)
+    feeds = {"x": x, "target": target, "scale": scale, "bias": bias, "lazy_reset_grad": np.array([True])}
+    feeds |= {f"{p}_grad.accumulation.buffer": np.zeros(2, np.float32) for p in ("scale", "bias")}
+    outputs = dict(zip([o.name for o in train.get_outputs()], train.run(None, feeds), strict=True))
+    for name, value in (("scale", scale), ("bias", bias)):
+        numeric = []
+        for k in range(2):
+            step = np.zeros(2, np.float32)
+            step[k] = 1e-2
+            losses = [
+                evaluate.run(None, {"x": x, "target": target, "scale": scale, "bias": bias, name: value + sign * step})[
+                    0
+                ]
+                for sign in (1, -1)
+            ]
+            numeric.append((float(losses[0]) - float(losses[1])) / 2e-2)
+        np.testing.assert_allclose(outputs[f"{name}_grad.accumulation.out"], numeric, rtol=2e-3, atol=1e-4)
