@@ -212,12 +212,13 @@ class OpsetConversionWarning(UserWarning):
 def _warn_of_inert_dropouts(model: onnx.ModelProto, version: int) -> None:
     """:class:`OpsetConversionWarning` where ``model`` (of ``ai.onnx`` ``version``) has Dropout nodes that would
     drop in training: before opset 12 Dropout has no training mode, and converted it passes its input through."""
+    if version >= 12:
+        return
     dropping = [
         node.name or f"Dropout #{index}"
         for index, node in enumerate(walk.all_nodes(model.graph))
         if node.op_type == "Dropout"
         and versions.is_standard(node)
-        and version < 12
         and next((a.f for a in node.attribute if a.name == "ratio"), 0.5) > 0
         and not next((a.i for a in node.attribute if a.name == "is_test"), 0)
     ]
@@ -237,14 +238,14 @@ def _converted(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     ``metadata_props`` (which the converter drops: ``set_embedding``'s marks, say) where the converted model
     has a node of its name; unnamed nodes that hold some are named for the conversion only."""
     marks: dict[str, list[onnx.StringStringEntryProto]] = {}
-    named: list[str] = []
+    named: set[str] = set()
     taken = {node.name for node in walk.all_nodes(model.graph)}
     for node in walk.all_nodes(model.graph):
         if node.metadata_props:
             if not node.name:
                 node.name = first_free("onnxtrain.converted", taken)
                 taken.add(node.name)
-                named.append(node.name)
+                named.add(node.name)
             marks[node.name] = list(node.metadata_props)
     converted = version_converter.convert_version(model, opset)
     for node in walk.all_nodes(converted.graph):

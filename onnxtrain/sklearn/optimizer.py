@@ -27,7 +27,8 @@ from onnxtrain import distributed, optim
 from onnxtrain.artifacts import build_artifacts
 from onnxtrain.autodiff import MissingGradientError
 from onnxtrain.blocks import Block
-from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph import dtypes
+from onnxtrain.losses._common import dim_size
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
@@ -576,9 +577,9 @@ class _PerRow(Block):
 
     def build(self, loss: str) -> str:
         b = self.builder
-        shape = b.add_node("Shape", [self._rows_of], hint="shape")[0]
-        rows = b.add_node("Gather", [shape, ops.constant(b, 0, onnx.TensorProto.INT64, "first")], hint="rows")[0]
-        rows = b.add_node("Cast", [rows], hint="rows", to=b.elem_type(loss))[0]
+        rows = dim_size(b, self._rows_of, 0)
+        if b.elem_type(rows) != b.elem_type(loss):  # integer features (token ids), or another float type
+            rows = b.add_node("Cast", [rows], hint="rows", to=b.elem_type(loss))[0]
         return b.add_node("Div", [loss, rows], hint="loss_per_row")[0]
 
 

@@ -39,15 +39,10 @@ class ParameterInfo:
 
 
 def static_input_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """The shapes of ``model``'s graph inputs whose every dimension is a number."""
-    shapes = {}
-    for value in model.graph.input:
-        tensor = value.type.tensor_type if value.type.HasField("tensor_type") else None
-        if tensor is not None and tensor.HasField("shape"):
-            dims = tensor.shape.dim
-            if all(dim.HasField("dim_value") for dim in dims):
-                shapes[value.name] = tuple(int(dim.dim_value) for dim in dims)
-    return shapes
+    """The shapes of ``model``'s tensor inputs whose every dimension is a number (:attr:`TensorSpec.static`)."""
+    tensors = (value for value in model.graph.input if value.type.HasField("tensor_type"))
+    specs = (TensorSpec.of(value, "model") for value in tensors)
+    return {spec.name: spec.shape for spec in specs if spec.static}
 
 
 def _check_parameter(spec: TensorSpec, info: ParameterInfo, model: str) -> None:

@@ -199,9 +199,8 @@ class Module:
         self._store = store
         self.training = True
         self._check_finite = bool(check_finite)
-        self._accumulate = False
+        self._since_reset = 0  # train steps since the gradients were last reset: the next one accumulates if any
         self._train_steps = 0
-        self._since_reset = 0  # train steps since the gradients were last reset (the seeds' micro-step)
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
         # (and whether its user inputs are bound to the staged buffers)
@@ -306,9 +305,14 @@ class Module:
 
     def lazy_reset_grad(self) -> None:
         """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
-        self._accumulate = False
+        self._since_reset = 0
         if self._store.gradient_status == "ready":
             self._store.gradient_status = "reset"
+
+    @property
+    def _accumulate(self) -> bool:
+        """Whether the next train step adds to the gradients (a train step since they were last reset)."""
+        return self._since_reset > 0
 
     def _check_loaded(self, sentence: str) -> None:
         """``NominalStateError`` starting with ``sentence`` (ONNX Runtime's) while parameters of a nominal
@@ -347,7 +351,7 @@ class Module:
         host_outputs = None if on_device else self._host_outputs
         self._bind_train_step(session, feeds, on_device, host_outputs, fused, reset)
         if self._seeds is not None:
-            self._seeds.before_step(store.step, self._since_reset if self._accumulate else 0)
+            self._seeds.before_step(store.step, self._since_reset)
         try:
             session.run()
         except Exception as error:  # onnxruntime's own exception types
@@ -365,8 +369,7 @@ class Module:
                 grad.swap()
         for _, tensor in self._stat_slots:
             tensor.swap()
-        self._since_reset = self._since_reset + 1 if self._accumulate else 1
-        self._accumulate = True
+        self._since_reset += 1
         store.gradient_status = "ready"
         self._train_steps = step
         if host_outputs is None:
@@ -449,7 +452,7 @@ class Module:
         store.settle()
         step = self._train_steps + 1
         if self._seeds is not None:
-            self._seeds.before_step(store.step, self._since_reset if self._accumulate else 0)
+            self._seeds.before_step(store.step, self._since_reset)
         try:
             results = unbound.run(feeds, self._accumulate)
         except Exception as error:  # onnxruntime's own exception types
@@ -459,8 +462,7 @@ class Module:
         if self._check_finite and user:
             raise_if_not_finite(results[0], step, store.step)
         unbound.commit(results)
-        self._since_reset = self._since_reset + 1 if self._accumulate else 1
-        self._accumulate = True
+        self._since_reset += 1
         store.gradient_status = "ready"
         self._train_steps = step
         arrays = tuple(results[:user])

@@ -124,9 +124,7 @@ def _extremum(ctx: RuleContext, grads: Grads) -> Result:
     masks = [ctx.cast_like(mask, y) for mask in chosen]
     count = masks[0] if len(masks) == 1 else ctx.op("Sum", *masks)
     share = ctx.div(g, count)
-    if ctx.feeds_a_singularity(y):  # g may be infinite where an input is not chosen: 0 there, not NaN
-        return [ctx.where(mask, share, 0.0) if ctx.needs(i) else None for i, mask in enumerate(chosen)]
-    return [ctx.mul(share, mask) if ctx.needs(i) else None for i, mask in enumerate(masks)]
+    return [ctx.keep(mask, share) if ctx.needs(i) else None for i, mask in enumerate(chosen)]
 
 
 registry.rule("Max", broadcasting=True)(_extremum)
