@@ -64,3 +64,38 @@ def patterns(owner: str, argument: str, value: object) -> tuple[str, ...]:
             f"{owner}: {argument} must be a list of parameter-name patterns (non-empty strings), not {value!r}"
         )
     return tuple(items)
+
+
+#: Keyword arguments of ``torch.optim``'s constructors that an optimizer block does not take.
+_TORCH_ONLY = ("params", "lr", "learning_rate")
+
+
+def torch_habits(
+    owner: str, names: list[str], positional: int, args: tuple[object, ...], kwargs: dict[str, object]
+) -> None:
+    """``TypeError`` for a ``torch.optim`` habit in an optimizer block's arguments: parameters or a learning
+    rate passed in (``SGD(model.parameters(), lr=0.1)``), or more positional arguments than the block takes
+    (``positional`` of its hyper-parameters ``names``), whose order is not torch's."""
+    given = [name for name in _TORCH_ONLY if name in kwargs]
+    first = args[0] if args else None
+    rate = (
+        "lr" in given
+        or "learning_rate" in given
+        or (isinstance(first, numbers.Real) and not isinstance(first, (bool, np.bool_)))
+    )
+    if "params" in given or (args and not isinstance(first, (numbers.Real, bool, np.bool_, tuple, list))):
+        raise TypeError(
+            f"{owner} takes no parameters: the parameters it updates are the artifacts' trainable ones "
+            "(generate_artifacts's requires_grad); pass only its hyper-parameters, by keyword"
+        )
+    if rate:
+        raise TypeError(
+            f"{owner} takes no learning rate: the optimizer model takes the rate at each step; set it when "
+            "training (onnxtrain.api.Optimizer.set_learning_rate(1e-3), a scheduler, or onnxtrain train --lr); "
+            f"pass {owner} only its hyper-parameters, by keyword"
+        )
+    if len(args) > positional:
+        raise TypeError(
+            f"{owner}'s hyper-parameters are keyword arguments, in any order ({', '.join(names)}): "
+            f"{owner}({', '.join(map(repr, args))}) does not say which is which"
+        )

@@ -24,12 +24,12 @@ class Adagrad(Optimizer):
 
     def __init__(
         self,
+        *,
         lr_decay: float = 0.0,
         weight_decay: float = 0.0,
         initial_accumulator_value: float = 0.0,
         eps: float = 1e-10,
         clip_grad: ClipGradNorm | None = None,
-        *,
         no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(clip_grad, no_decay)

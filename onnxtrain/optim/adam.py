@@ -116,13 +116,13 @@ class Adam(_AdamBase):
 
     def __init__(
         self,
+        *,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         bias_correction: bool = True,
         amsgrad: bool = False,
         clip_grad: ClipGradNorm | None = None,
-        *,
         no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(

@@ -26,6 +26,8 @@ together before the update.
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ import onnx
 from onnxtrain.blocks.block import ForwardBlock
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
-from onnxtrain.graph.naming import matches
+from onnxtrain.graph.naming import matches, unknown_name_hint
 from onnxtrain.optim import _checks
 from onnxtrain.optim.clip import ClipGradNorm
 from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
@@ -112,29 +114,32 @@ class ParameterSpec:
 ParameterLike = onnx.TensorProto | onnx.ValueInfoProto | ParameterSpec
 
 
+def _trainable_and_frozen(owner: str, parameters: Any) -> tuple[Sequence[Any], Sequence[Any]]:
+    """The trainable and the frozen parameters of ``parameters``: a ``(trainable, frozen)`` pair, a list of
+    trainable ones or one (none frozen)."""
+    if isinstance(parameters, (onnx.TensorProto, onnx.ValueInfoProto, ParameterSpec)):
+        return [parameters], []
+    if (
+        isinstance(parameters, Sequence)
+        and len(parameters) == 2
+        and all(isinstance(part, Sequence) and not isinstance(part, (str, bytes)) for part in parameters)
+    ):
+        return parameters[0], parameters[1]
+    if isinstance(parameters, Sequence) and not isinstance(parameters, (str, bytes)):
+        return parameters, []
+    raise TypeError(
+        f"{owner}.build() takes the (trainable, frozen) pair of lists that TrainingBlock.parameters() "
+        f"returns (or the list of trainable parameters), not {type(parameters).__name__}"
+    )
+
+
 def trainable_specs(owner: str, parameters: Any) -> list[ParameterSpec]:
     """The trainable parameters of ``parameters``: a ``(trainable, frozen)`` pair or a list.
 
     Checks that there is at least one, that each is a float tensor and that
     the names are unique.
     """
-    protos = (onnx.TensorProto, onnx.ValueInfoProto, ParameterSpec)
-    if isinstance(parameters, protos):
-        trainable: Any = [parameters]
-    elif (
-        isinstance(parameters, Sequence)
-        and len(parameters) == 2
-        and all(isinstance(part, Sequence) and not isinstance(part, (str, bytes)) for part in parameters)
-    ):
-        trainable = parameters[0]
-    elif isinstance(parameters, Sequence) and not isinstance(parameters, (str, bytes)):
-        trainable = parameters
-    else:
-        raise TypeError(
-            f"{owner}.build() takes the (trainable, frozen) pair of lists that TrainingBlock.parameters() "
-            f"returns (or the list of trainable parameters), not {type(parameters).__name__}"
-        )
-    specs = [ParameterSpec.of(p) for p in trainable]
+    specs = [ParameterSpec.of(p) for p in _trainable_and_frozen(owner, parameters)[0]]
     if not specs:
         raise ValueError(
             f"{owner}.build() got no trainable parameters, so there is nothing to optimize: mark some "
@@ -182,6 +187,10 @@ class Update:
     states: tuple[str, ...] = ()
 
 
+class NoDecayPatternWarning(UserWarning):
+    """A ``no_decay`` pattern matches no parameter of the model being built (a typo, or a substring habit)."""
+
+
 class Optimizer(ForwardBlock):
     """Base class of the optimizer blocks; see the module docstring for the model they build.
 
@@ -191,6 +200,14 @@ class Optimizer(ForwardBlock):
     """
 
     reference_update: Callable[..., tuple[np.ndarray, list[np.ndarray]]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Optimizer:
+        """Refuse ``torch.optim``'s arguments (parameters, a learning rate, its positional order) with a hint."""
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+        positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+        names = [p.name for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        _checks.torch_habits(cls.__name__, names, positional, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, clip_grad: ClipGradNorm | None = None, no_decay: Sequence[str] = ()) -> None:
         super().__init__()
@@ -234,6 +251,20 @@ class Optimizer(ForwardBlock):
     def weight_decay_of(self, name: str, weight_decay: float) -> float:
         """``weight_decay`` for parameter ``name``, 0 where :meth:`decays` says it is left alone."""
         return weight_decay if self.decays(name) else 0.0
+
+    def _warn_unmatched_no_decay(self, names: Sequence[str]) -> None:
+        """A :class:`NoDecayPatternWarning` for each pattern of ``no_decay`` that matches none of ``names``."""
+        for pattern in self._no_decay:
+            if not any(matches(pattern, name) for name in names):
+                warnings.warn(
+                    f"{type(self).__name__}: the no_decay pattern {pattern!r} matches none of the "
+                    f"{len(names)} parameters, so weight decay applies as if it were not given (a pattern is a "
+                    "glob on a whole name or on the part after one of its dots, not a substring as Hugging Face's "
+                    f"list: {pattern + '.*'!r} or {'*' + pattern + '*'!r} match inside names); "
+                    + unknown_name_hint(pattern, names),
+                    NoDecayPatternWarning,
+                    stacklevel=3,
+                )
 
     def with_no_decay(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         """``hyperparameters`` and ``no_decay``, where it names patterns (as a constructor argument)."""
@@ -313,6 +344,8 @@ class Optimizer(ForwardBlock):
         specs = trainable_specs(owner, parameters)
         b = self.builder
         params = [spec.name for spec in specs]
+        frozen = [ParameterSpec.of(p).name for p in _trainable_and_frozen(owner, parameters)[1]]
+        self._warn_unmatched_no_decay(params + frozen)
         inputs, outputs = self.model_input_names(params), self.model_output_names(params)
         _check_names(owner, b, inputs + outputs, params)
         for name in outputs:

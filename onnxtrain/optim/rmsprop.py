@@ -26,13 +26,13 @@ class RMSprop(Optimizer):
 
     def __init__(
         self,
+        *,
         alpha: float = 0.99,
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         momentum: float = 0.0,
         centered: bool = False,
         clip_grad: ClipGradNorm | None = None,
-        *,
         no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(clip_grad, no_decay)

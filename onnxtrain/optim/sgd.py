@@ -26,12 +26,12 @@ class SGD(Optimizer):
 
     def __init__(
         self,
+        *,
         momentum: float = 0.0,
         dampening: float = 0.0,
         nesterov: bool = False,
         weight_decay: float = 0.0,
         clip_grad: ClipGradNorm | None = None,
-        *,
         no_decay: Sequence[str] = (),
     ) -> None:
         super().__init__(clip_grad, no_decay)

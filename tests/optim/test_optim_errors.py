@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -157,3 +158,40 @@ def test_no_decay_has_no_counterpart_in_onnx_runtimes_on_device_optimizer() -> N
         ort_node(AdamW(weight_decay=0.01, no_decay=["bias"]))
     assert ort_node(AdamW(no_decay=["bias"])) is ADAMW_NODE
     assert AdamW(weight_decay=0.01, no_decay="bias").no_decay == ("bias",)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SGD(0.01), "SGD takes no learning rate.*set_learning_rate"),
+        (lambda: AdamW(lr=1e-3), "AdamW takes no learning rate"),
+        (lambda: AdamW(1e-3), "AdamW takes no learning rate"),  # ONNX Runtime's order: bias_correction first
+        (lambda: Adagrad(learning_rate=0.1), "Adagrad takes no learning rate"),
+        (lambda: Adam(iter([np.zeros(2)])), "Adam takes no parameters.*requires_grad"),
+        (lambda: RMSprop(params=[np.zeros(2)]), "RMSprop takes no parameters"),
+        (lambda: Adam((0.9, 0.99)), r"Adam's hyper-parameters are keyword arguments.*\(betas, eps"),
+        (lambda: SGD(True), r"SGD's hyper-parameters are keyword arguments"),
+    ],
+)
+def test_torch_optim_habits_are_refused_with_what_to_do(make: Callable[[], Any], message: str) -> None:
+    """torch.optim's constructors take the parameters and the rate first, and an order of their own: a float
+    given positionally would silently be another hyper-parameter (``SGD(0.01)``: a momentum of 0.01)."""
+    with pytest.raises(TypeError, match=message):
+        make()
+    assert AdamW(True, (0.9, 0.99), 1e-8, 0.01).hyperparameters()["eps"] == 1e-8  # ONNX Runtime's positional order
+
+
+def test_no_decay_pattern_that_matches_no_parameter_warns() -> None:
+    """Hugging Face's list tests substrings (``"LayerNorm" in name``); these patterns are globs on a whole name
+    or its part after a dot, so ``"LayerNorm"`` matches no ``encoder.LayerNorm.weight`` and decay would apply."""
+    from onnxtrain.optim import NoDecayPatternWarning
+
+    trainable = tensors({"encoder.LayerNorm.weight": np.ones(2, np.float32), "fc.bias": np.ones(2, np.float32)})
+    frozen = tensors({"embed.layer_norm.weight": np.ones(2, np.float32)})
+    warned = r"'LayerNorm' matches none of the 3 parameters.*'LayerNorm\.\*'"
+    with pytest.warns(NoDecayPatternWarning, match=warned), onnxblock.empty_base():
+        AdamW(weight_decay=0.1, no_decay=["bias", "LayerNorm", "layer_norm.weight"])((trainable, frozen))
+    with warnings.catch_warnings():  # a pattern matching a frozen parameter only is no typo: no warning
+        warnings.simplefilter("error", NoDecayPatternWarning)
+        with onnxblock.empty_base():
+            AdamW(weight_decay=0.1, no_decay=["bias", "LayerNorm.*", "layer_norm.weight"])((trainable, frozen))

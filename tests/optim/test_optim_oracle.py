@@ -42,14 +42,18 @@ def sgds(draw: st.DrawFn) -> SGD:
     momentum = draw(st.one_of(st.just(0.0), st.floats(0.1, 0.95)))
     nesterov = momentum > 0 and draw(st.booleans())
     dampening = 0.0 if nesterov else draw(st.one_of(st.just(0.0), st.floats(0.0, 0.5)))
-    return SGD(momentum, dampening, nesterov, draw(weight_decays), clip_grad=draw(clips))
+    decay, clip = draw(weight_decays), draw(clips)
+    return SGD(momentum=momentum, dampening=dampening, nesterov=nesterov, weight_decay=decay, clip_grad=clip)
 
 
 @st.composite
 def adams(draw: st.DrawFn) -> Adam:
     betas = (draw(unit), draw(st.floats(0.5, 0.9999)))
     eps = draw(st.sampled_from([1e-8, 1e-6, 1e-3]))
-    return Adam(betas, eps, draw(weight_decays), draw(st.booleans()), draw(st.booleans()), clip_grad=draw(clips))
+    return Adam(
+        betas=betas, eps=eps, weight_decay=draw(weight_decays), bias_correction=draw(st.booleans()),
+        amsgrad=draw(st.booleans()), clip_grad=draw(clips),
+    )  # fmt: skip
 
 
 @st.composite
