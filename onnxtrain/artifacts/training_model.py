@@ -101,7 +101,9 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
 
 
 class RunningStatisticsWarning(UserWarning):
-    """``requires_grad`` named BatchNormalization running statistics, which are updated, not trained."""
+    """BatchNormalization's running statistics are not what the user likely meant: named in ``requires_grad``
+    (they are updated, not trained), or constants of an inference-mode node in a model being trained (an
+    eval-mode export)."""
 
 
 def statistics_as_parameters(
@@ -127,9 +129,31 @@ def statistics_as_parameters(
         )
     opset = _opset(model)
     updated = {name for node in model.graph.node if _trains_statistics(node, opset) for name in node.input[3:5]}
+    inference = [
+        node
+        for node in model.graph.node
+        if node.op_type == "BatchNormalization" and is_standard(node) and not _trains_statistics(node, opset)
+    ]
+    if inference and requires_grad:
+        constants = _first_names([name for node in inference for name in node.input[3:5]])
+        caller.warn(
+            f"{len(inference)} BatchNormalization node(s) are in inference mode (their running statistics "
+            f"{constants} are constants): they normalize every batch with those statistics and never "
+            "update them, as torch's eval() does, where torch's train() normalizes with each batch's own statistics. "
+            "The model was exported in eval mode, torch.onnx.export's default: export it with "
+            "training=torch.onnx.TrainingMode.TRAINING (and dynamo=False, do_constant_folding=False, or dynamo=True "
+            "with optimize=False) to train as torch's train() does; keep it so for frozen statistics",
+            RunningStatisticsWarning,
+        )
     requires = [name for name in requires_grad if name not in set(trained)]
     added = [name for name in statistics if (name in updated or name in trained) and name not in set(frozen)]
     return requires, [*frozen, *added]
+
+
+def _first_names(names: Sequence[str], shown: int = 4) -> str:
+    """The first ``shown`` of ``names``, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(repr(name) for name in names[:shown]) + more
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -170,15 +170,63 @@ def _undeclared(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
-def _inferred(model: onnx.ModelProto, output: str) -> tuple[Dim, ...] | None:
+def _inferred_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...] | None]:
+    """The dimensions onnx's shape inference gives every value of ``model``'s top graph (empty where it fails)."""
     try:
         graph = inferred_skeleton(model).graph
     except (shape_inference.InferenceError, onnx.checker.ValidationError):
-        return None
-    for value in (*graph.output, *graph.value_info):
-        if value.name == output:
-            return _dims_of(value)
-    return None
+        return {}
+    return {value.name: _dims_of(value) for value in (*graph.value_info, *graph.output)}
+
+
+@dataclass(frozen=True)
+class _Passes:
+    """The two passes of the module docstring over a model whose declarations are removed: the dimensions of
+    each value by the graph inputs' names (``symbolic``) and at distinct sizes (``at_sizes``)."""
+
+    symbolic: Mapping[str, tuple[Dim, ...] | None]
+    at_sizes: Mapping[str, tuple[Dim, ...] | None]
+    sizes: Mapping[str, int]
+    bound: frozenset[str]
+
+    @classmethod
+    def of(cls, model: onnx.ModelProto) -> _Passes:
+        light = _undeclared(model)
+        inputs = _graph_inputs(light)
+        bound = frozenset(d.dim_param for value in inputs for d in value.type.tensor_type.shape.dim if d.dim_param)
+        symbolic = _inferred_dims(light)
+        sizes: dict[str, int] = {}
+        at_sizes: dict[str, tuple[Dim, ...] | None] = {}
+        if bound:
+            sizes = dict(zip(sorted(bound), _primes(FIRST_SIZE), strict=False))
+            for value in inputs:
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.dim_param:
+                        dim.dim_value = sizes[dim.dim_param]
+            at_sizes = _inferred_dims(light)
+        return cls(symbolic, at_sizes, sizes, bound)
+
+    def check(self, name: str, declared: tuple[Dim, ...]) -> OutputShapeCheck:
+        """``declared``, the dimensions of value ``name``, against the passes."""
+        inferred, at_sizes = self.symbolic.get(name), self.at_sizes.get(name)
+        if inferred is not None and len(inferred) != len(declared):
+            inferred = None
+        if at_sizes is not None and len(at_sizes) != len(declared):
+            at_sizes = None
+        contradicted = []
+        for axis, d in enumerate(declared):
+            by_name = inferred is not None and _contradicts(d, inferred[axis], self.bound)
+            confirmed = inferred is not None and inferred[axis] == d
+            by_size = (
+                not confirmed  # a size clamped by the graph (Slice of a table) must not outvote a proof by name
+                and at_sizes is not None
+                and at_sizes[axis] is not None
+                and _at(d, self.sizes) is not None
+                and at_sizes[axis] != _at(d, self.sizes)
+            )
+            if by_name or by_size:
+                contradicted.append(axis)
+        return OutputShapeCheck(name, declared, inferred, self.sizes, at_sizes, tuple(contradicted), self.bound)
 
 
 def check_output_shape(model: onnx.ModelProto, output: str) -> OutputShapeCheck | None:
@@ -187,35 +235,27 @@ def check_output_shape(model: onnx.ModelProto, output: str) -> OutputShapeCheck 
     declared = None if declared_value is None else _dims_of(declared_value, keep_generated=True)
     if declared is None:
         return None
-    light = _undeclared(model)
-    inputs = _graph_inputs(light)
-    bound = frozenset(d.dim_param for value in inputs for d in value.type.tensor_type.shape.dim if d.dim_param)
-    inferred = _inferred(light, output)
-    sizes: dict[str, int] = {}
-    at_sizes = None
-    if bound:
-        sizes = dict(zip(sorted(bound), _primes(FIRST_SIZE), strict=False))
-        for value in inputs:
-            for dim in value.type.tensor_type.shape.dim:
-                if dim.dim_param:
-                    dim.dim_value = sizes[dim.dim_param]
-        at_sizes = _inferred(light, output)
-    contradicted = []
-    for axis, d in enumerate(declared):
-        by_name = inferred is not None and len(inferred) == len(declared) and _contradicts(d, inferred[axis], bound)
-        confirmed = inferred is not None and len(inferred) == len(declared) and inferred[axis] == d
-        by_size = (
-            not confirmed  # a size clamped by the graph (Slice of a table) must not outvote a proof by name
-            and at_sizes is not None
-            and len(at_sizes) == len(declared)
-            and at_sizes[axis] is not None
-            and _at(d, sizes) is not None
-            and at_sizes[axis] != _at(d, sizes)
-        )
-        if by_name or by_size:
-            contradicted.append(axis)
-    if inferred is not None and len(inferred) != len(declared):
-        inferred = None
-    if at_sizes is not None and len(at_sizes) != len(declared):
-        at_sizes = None
-    return OutputShapeCheck(output, declared, inferred, sizes, at_sizes, tuple(contradicted), bound)
+    return _Passes.of(model).check(output, declared)
+
+
+def drop_contradicted_value_info(model: onnx.ModelProto) -> list[str]:
+    """Remove from ``model``'s ``value_info`` (its top graph's) each declaration the graph contradicts (module
+    docstring); return their names.
+
+    torch's dynamo exporter declares some intermediate values with the example's size on a dynamic axis (an
+    ``LSTM``'s output, ``[batch, 5, 16]`` for a sequence axis exported at 5): gradients built on that
+    declaration would hold the 5 as a constant, and a step at another length would fail. Removed, the value's
+    shape is inferred from the graph again, or read at run time.
+    """
+    declared = {value.name: _dims_of(value, keep_generated=True) for value in model.graph.value_info}
+    if not declared:
+        return []
+    passes = _Passes.of(model)
+    if not passes.bound:
+        return []  # every input size fixed: the declarations are the sizes of the one shape the model runs
+    wrong = {name for name, dims in declared.items() if dims and passes.check(name, dims).contradicted}
+    if wrong:
+        kept = [value for value in model.graph.value_info if value.name not in wrong]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept)
+    return sorted(wrong)

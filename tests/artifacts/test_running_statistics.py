@@ -182,15 +182,18 @@ def test_a_dynamo_export_in_training_mode_normalizes_and_updates_as_torch(tmp_pa
 
 def test_a_dynamo_export_in_eval_mode_keeps_its_running_statistics(tmp_path):
     """An export of a module in eval mode (``_native_batch_norm_legit_no_training``) normalizes with the running
-    statistics, which stay constants of the graph."""
+    statistics, which stay constants of the graph; torch.onnx.export's default mode, so generation says how the
+    training differs from torch's train() and how to export for it."""
     import onnx
 
     torch, net = _torch_net()
     model = _dynamo_export(torch, net.eval())
-    paths = generate_artifacts(
-        model, requires_grad=[name for name, _ in net.named_parameters()], loss=LossType.MSELoss,
-        optimizer=optim.SGD(), artifact_directory=tmp_path,
-    )  # fmt: skip
+    warned = r"1 BatchNormalization node\(s\) are in inference mode.*'bn\.running_mean'.*TrainingMode\.TRAINING"
+    with pytest.warns(RunningStatisticsWarning, match=warned):
+        paths = generate_artifacts(
+            model, requires_grad=[name for name, _ in net.named_parameters()], loss=LossType.MSELoss,
+            optimizer=optim.SGD(), artifact_directory=tmp_path,
+        )  # fmt: skip
     training = onnx.load(str(paths["training_model"]))
     norms = [node for node in training.graph.node if node.op_type == "BatchNormalization"]
     assert len(norms) == 1 and len(norms[0].output) == 1
