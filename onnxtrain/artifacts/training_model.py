@@ -39,6 +39,7 @@ from onnxtrain.graph.passes import (
     read_shapes_early,
     recompute_elementwise,
     recompute_from_checkpoints,
+    replace_dropout_masks,
     replace_identity_dropouts,
     replace_zero_pads,
 )
@@ -221,7 +222,9 @@ def _set_attribute(node: onnx.NodeProto, name: str, value: int) -> None:
 
 def set_inference_mode(model: onnx.ModelProto) -> None:
     """Dropout without its training flag, BatchNormalization with ``training_mode=0`` (before opset 14: without
-    the optional outputs that switch training on) and one output."""
+    the optional outputs that switch training on) and one output, a torch dropout module written as its random
+    mask's operators an identity (:func:`~onnxtrain.graph.passes.identities.replace_dropout_masks`)."""
+    replace_dropout_masks(model)
     opset = _opset(model)
     for node in model.graph.node:
         if not is_standard(node):

@@ -47,6 +47,8 @@ from onnxtrain.graph import dtypes
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 #: The ``metadata_props`` key where torch's dynamo exporter writes the FX node a node came from.
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+#: The ``metadata_props`` key where torch's dynamo exporter writes the classes of a node's module scopes.
+CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"
 #: The graph's ``metadata_props`` key where torch's dynamo exporter writes the exported program's signature.
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 
@@ -78,6 +80,34 @@ def module_path(node: onnx.NodeProto) -> str:
             return parsed[-2]
     parts = node.name.lstrip("/").split("/")
     return ".".join(parts[:-1]) if len(parts) > 1 else ""
+
+
+#: torch's dropout modules whose output is their input times a random mask scaled by ``1 / (1 - p)`` (inverted
+#: dropout): their input itself in eval mode.
+_INVERTED_DROPOUTS = frozenset(
+    f"torch.nn.modules.dropout.{name}" for name in ("Dropout", "Dropout1d", "Dropout2d", "Dropout3d")
+)
+
+
+def dropout_call(node: onnx.NodeProto) -> tuple[str, ...] | None:
+    """The scopes of the call of a torch inverted-dropout module (``nn.Dropout2d``...) that made ``node``, one
+    per call; ``None`` where another module made it. The dynamo exporter writes ``nn.Dropout`` as a ``Dropout``
+    node, but ``Dropout1d/2d/3d`` as the random mask's operators (``RandomUniformLike``, ``Less``, ``Div``) and
+    the ``Mul`` by it."""
+    scopes, classes = _listed(node, NAME_SCOPES_KEY), _listed(node, CLASS_HIERARCHY_KEY)
+    if scopes is None or classes is None or len(scopes) != len(classes) or len(scopes) < 2:
+        return None
+    return tuple(scopes[:-1]) if classes[-2] in _INVERTED_DROPOUTS else None
+
+
+def _listed(node: onnx.NodeProto, key: str) -> list[str] | None:
+    """The list of strings ``node``'s metadata ``key`` holds, or ``None``."""
+    text = _metadata(node, key)
+    try:
+        parsed = ast.literal_eval(text) if text is not None else None
+    except (ValueError, SyntaxError):
+        return None
+    return parsed if isinstance(parsed, list) and all(isinstance(item, str) for item in parsed) else None
 
 
 def placeholder(name: str) -> str:
@@ -282,11 +312,13 @@ def _metadata(node: onnx.NodeProto, key: str) -> str | None:
 
 
 __all__ = [
+    "CLASS_HIERARCHY_KEY",
     "FX_NODE_KEY",
     "NAME_SCOPES_KEY",
     "SIGNATURE_KEY",
     "ParameterChange",
     "batch_norm_training",
+    "dropout_call",
     "embedding_arguments",
     "instance_norm_statistics",
     "module_path",

@@ -13,6 +13,8 @@ need the model as it was copy it first.
 - :func:`~onnxtrain.graph.passes.static_shapes.fold_static_shapes`: fixed input shapes, shape computations folded;
 - :func:`~onnxtrain.graph.passes.constants.fold_constants`: nodes of small constants made ``Constant`` nodes;
 - :func:`~onnxtrain.graph.passes.shapes_early.read_shapes_early`: shapes read right after their values are made;
+- :func:`~onnxtrain.graph.passes.identities.replace_dropout_masks`: in an eval model, a torch dropout module's
+  product by its random mask made an identity;
 - :func:`~onnxtrain.graph.passes.identities.replace_identity_dropouts`: dropouts that drop nothing made identities,
   and :func:`~onnxtrain.graph.passes.identities.replace_zero_pads`: pads of zeros;
 - :func:`~onnxtrain.graph.passes.pad_fusion.fuse_pads_into_convs`: pads of zeros before convolutions made their pads;
@@ -40,7 +42,7 @@ from __future__ import annotations
 from onnxtrain.graph.passes.constants import fold_constants
 from onnxtrain.graph.passes.duplicates import merge_duplicates
 from onnxtrain.graph.passes.functions import expand_loss_functions
-from onnxtrain.graph.passes.identities import replace_identity_dropouts, replace_zero_pads
+from onnxtrain.graph.passes.identities import replace_dropout_masks, replace_identity_dropouts, replace_zero_pads
 from onnxtrain.graph.passes.pad_fusion import fuse_pads_into_convs
 from onnxtrain.graph.passes.recompute import recompute_elementwise, recompute_from_checkpoints
 from onnxtrain.graph.passes.retie import tie_transposed_copies
@@ -62,6 +64,7 @@ __all__ = [
     "read_shapes_early",
     "recompute_elementwise",
     "recompute_from_checkpoints",
+    "replace_dropout_masks",
     "replace_identity_dropouts",
     "replace_zero_pads",
     "tie_transposed_copies",

@@ -4,6 +4,10 @@
   and models configured without dropout so), or that is not in training mode:
   onnxruntime still copies its input and makes a mask of its size, which a
   training graph keeps for the backward (:func:`replace_identity_dropouts`).
+- In an eval model, the ``Mul`` by the random mask that ends a torch
+  ``nn.Dropout1d/2d/3d`` exported by the dynamo exporter, which writes the
+  mask's operators rather than a ``Dropout`` node: its input, as torch's
+  ``eval()`` computes (:func:`replace_dropout_masks`).
 - A ``Pad`` by constant zeros (transformers' MobileNetV2 pads each
   convolution's input as TensorFlow does, by amounts computed from the sizes,
   which fold to 0 before every 1x1 convolution): onnxruntime copies its input
@@ -16,8 +20,14 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.graph.torch_metadata import dropout_call
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import constant_tensors, names_read
+
+#: The operators that draw random values.
+RANDOM_OPERATORS = frozenset(
+    {"RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
+)
 
 #: ONNX's default ratio, where the node has no ratio input.
 DEFAULT_RATIO = 0.5
@@ -39,6 +49,49 @@ def replace_identity_dropouts(model: onnx.ModelProto) -> onnx.ModelProto:
         if ratio is None or training is None or (ratio != 0.0 and training != 0.0):
             continue
         _make_identity(graph, position)
+    return model
+
+
+def replace_dropout_masks(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the ``Mul`` that ends each call of a torch inverted-dropout module made of random operators
+    (:func:`~onnxtrain.graph.torch_metadata.dropout_call`) an ``Identity`` of its other input, in place: the call
+    in eval mode. A call is changed only where one value leaves it, made by a ``Mul`` of exactly one value drawn
+    from its random operators."""
+    graph = model.graph
+    calls: dict[tuple[str, ...], list[int]] = {}
+    for position, node in enumerate(graph.node):
+        scopes = dropout_call(node)
+        if scopes is not None:
+            calls.setdefault(scopes, []).append(position)
+    if not calls:
+        return model
+    readers: dict[str, set[int]] = {}
+    for position, node in enumerate(graph.node):
+        for name in names_read(node):
+            readers.setdefault(name, set()).add(position)
+    outputs = {value.name for value in graph.output}
+    for positions in calls.values():
+        inside = set(positions)
+        drawn: set[str] = set()  # the values computed from the random operators, within the call
+        for position in positions:  # in graph order, which is topological
+            node = graph.node[position]
+            if node.op_type in RANDOM_OPERATORS or any(name in drawn for name in node.input):
+                drawn.update(name for name in node.output if name)
+        leaving = [
+            (position, name)
+            for position in positions
+            for name in graph.node[position].output
+            if name and (name in outputs or readers.get(name, set()) - inside)
+        ]
+        if not drawn or len(leaving) != 1:
+            continue
+        position = leaving[0][0]
+        node = graph.node[position]
+        masks = [k for k, name in enumerate(node.input) if name in drawn]
+        if node.op_type != "Mul" or len(node.input) != 2 or len(masks) != 1:
+            continue
+        kept = node.input[1 - masks[0]]
+        graph.node[position].CopyFrom(helper.make_node("Identity", [kept], [node.output[0]], name=node.name))
     return model
 
 
@@ -75,4 +128,10 @@ def _scalar(node: onnx.NodeProto, position: int, constants: dict[str, onnx.Tenso
     return float(numpy_helper.to_array(tensor).reshape(()))
 
 
-__all__ = ["DEFAULT_RATIO", "replace_identity_dropouts", "replace_zero_pads"]
+__all__ = [
+    "DEFAULT_RATIO",
+    "RANDOM_OPERATORS",
+    "replace_dropout_masks",
+    "replace_identity_dropouts",
+    "replace_zero_pads",
+]
