@@ -158,7 +158,8 @@ def train(
         optimizer.set_learning_rate(rate)
     record = replace(record, learning_rate=optimizer.initial_learning_rate)
     if echo is not None:
-        echo(_start_line(record, source, len(train_rows), len(validation.rows), optimizer.step_count, earlier))
+        ranks = 1 if comm is None else comm.Get_size()
+        echo(_start_line(record, source, len(train_rows), len(validation.rows), optimizer.step_count, earlier, ranks))
         if settings.schedule is not None:
             echo(f"learning rate: {settings.schedule.describe(total_steps)}")
     if earlier is None and files.best_checkpoint.exists() and (comm is None or comm.Get_rank() == 0):
@@ -225,9 +226,17 @@ def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> P
     return files.checkpoint
 
 
-def _start_line(record: RunRecord, source: Path, train: int, val: int, step: int, earlier: RunRecord | None) -> str:
-    """What the run is about to do."""
+def _start_line(
+    record: RunRecord, source: Path, train: int, val: int, step: int, earlier: RunRecord | None, ranks: int = 1
+) -> str:
+    """What the run is about to do (on ``ranks`` ranks, each taking an equal part of every batch)."""
     held_out = f" ({val} more {'for' if record.val_data else 'held out for'} validation)" if val else ""
+    if train % ranks:  # batch_shares leaves them out, drawn anew each epoch
+        left = train % ranks
+        held_out += (
+            f" ({left} left out of each epoch, drawn anew each time: the {ranks} ranks take equal parts; "
+            f"{train - left} or {train - left + ranks} training samples train as one process does)"
+        )
     count = batch_count(train, record.batch_size)
     batches = f"{count} batches of {record.batch_size}" if count > 1 else f"1 batch of {min(train, record.batch_size)}"
     what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
