@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from onnxtrain import caller
 from onnxtrain.training.tensor_spec import TensorSpec
@@ -86,6 +87,31 @@ def fit_to_inputs(
     if arrays and len(arrays[0]) == 0:
         raise ValueError(f"{source} holds no samples")
     return arrays
+
+
+#: Operators through which a model reads NaN as a value of its own: a missing value it imputes.
+NAN_READERS = frozenset({"IsNaN", "Imputer"})
+
+
+def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], what: str, model: onnx.ModelProto) -> None:
+    """``ValueError`` naming the rows of ``arrays`` (one per input of ``inputs``) that hold a NaN or an infinity
+    in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers write).
+
+    One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs."""
+    if any(node.op_type in NAN_READERS for node in model.graph.node):
+        return
+    for array, spec in zip(arrays, inputs, strict=True):
+        if array.dtype.kind != "f" or len(array) == 0:
+            continue
+        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+        if finite.all():
+            continue
+        rows = np.flatnonzero(~finite)
+        shown = ", ".join(str(row) for row in rows[:5]) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+        raise ValueError(
+            f"{what}: input {spec.name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
+            "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
+        )
 
 
 def _signature(inputs: Sequence[TensorSpec]) -> str:
@@ -302,4 +328,12 @@ def _layouts(axes: tuple[int, ...]) -> str:
     return "its axes have the input's sizes in another order"
 
 
-__all__ = ["FEATURE_NAMES", "TARGET_NAMES", "UnusedDataWarning", "fit_to_inputs", "load_data"]
+__all__ = [
+    "FEATURE_NAMES",
+    "NAN_READERS",
+    "TARGET_NAMES",
+    "UnusedDataWarning",
+    "check_finite",
+    "fit_to_inputs",
+    "load_data",
+]

@@ -27,7 +27,7 @@ from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
-from onnxtrain.loop.data import fit_to_inputs, load_data
+from onnxtrain.loop.data import check_finite, fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles, remove_checkpoint
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import RunRecord, stored_learning_rate
@@ -143,8 +143,10 @@ def train(
         files.training_model, state, files.eval_model, device=device, session_options=options, seed=settings.seed
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     module.check_labels(arrays, "the data")  # every row before any step or checkpoint: errors name the row
+    check_finite(arrays, inputs, "the data", eval_model)
     if val_data is not None:
         module.check_labels(validation.arrays, "the validation data")
+        check_finite(validation.arrays, inputs, "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

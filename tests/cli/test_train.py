@@ -154,6 +154,38 @@ def test_a_label_out_of_range_is_named_by_its_row_before_any_step(
     assert not (artifacts / "trained_checkpoint").exists()
 
 
+@pytest.mark.parametrize(("option", "what"), [("--data", "the data"), ("--val-data", "the validation data")])
+def test_rows_with_nan_or_infinite_values_are_named_before_any_step(
+    capsys, artifacts: Path, tmp_path: Path, option: str, what: str
+):
+    """One NaN made the loss NaN, then every parameter: the run ended with exit 0 and a checkpoint of NaNs."""
+    x, y = classification()
+    bad = x.copy()
+    bad[17, 2], bad[40, 0] = np.nan, np.inf
+    np.savez(tmp_path / "good.npz", X=x, y=y)
+    np.savez(tmp_path / "bad.npz", X=bad, y=y)
+    data, validation = ("bad", "good") if option == "--data" else ("good", "bad")
+    files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
+    status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
+    assert status == 1
+    assert_error(err, "train", f"{what}: input 'x' has NaN or infinite values in 2 row(s) (17, 40;", "impute")
+    assert not (artifacts / "trained_checkpoint").exists()
+
+
+def test_a_model_that_imputes_nan_takes_them(tmp_path: Path):
+    """A model reading NaN itself (an ``IsNaN``, as skl2onnx's imputers write) is given its rows as they are."""
+    from onnxtrain.loop.data import check_finite
+    from onnxtrain.training.tensor_spec import TensorSpec
+
+    spec = TensorSpec("x", np.dtype(np.float32), ("N", 2))
+    data = [np.array([[1.0, np.nan]], np.float32)]
+    is_nan = onnx.helper.make_node("IsNaN", ["x"], ["m"])
+    imputer = onnx.helper.make_model(onnx.helper.make_graph([is_nan], "g", [], []))
+    check_finite(data, [spec], "the data", imputer)
+    with pytest.raises(ValueError, match=r"input 'x' has NaN or infinite values in 1 row\(s\) \(0;"):
+        check_finite(data, [spec], "the data", onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])))
+
+
 def test_arrays_of_different_lengths(capsys, artifacts: Path, tmp_path: Path):
     x, y = classification()
     np.savez(tmp_path / "bad.npz", X=x, y=y[:-5])
