@@ -358,7 +358,7 @@ def _properties(properties: Mapping[str, Any]) -> dict[str, PropertyValue]:
         elif isinstance(value, (float, np.floating)):
             out[name] = _float32(value, f"property {name!r}")
         elif isinstance(value, str):
-            out[name] = value
+            out[name] = _utf8(value, f"property {name!r}")
         else:
             raise TypeError(f"property {name!r} is a {type(value).__name__}; properties are int, float or str")
     return out
@@ -369,6 +369,20 @@ def _check_name(name: Any, what: str) -> None:
         raise TypeError(f"{what} names must be str, not {type(name).__name__} ({name!r})")
     if not name:
         raise ValueError(f"{what} names must not be empty")
+    _utf8(name, f"the {what} name {name!r}")
+
+
+def _utf8(text: str, what: str) -> str:
+    """``text``, checked to be encodable in UTF-8, as the checkpoint stores strings."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{what} holds {text[error.start]!r} at position {error.start}, which UTF-8 cannot encode (a lone "
+            "surrogate, as os.fsdecode gives for a file name that is not UTF-8); the checkpoint stores UTF-8: "
+            "store text.encode('utf-8', 'surrogateescape').decode('utf-8', 'backslashreplace') instead"
+        ) from None
+    return text
 
 
 def _int64(value: Any, what: str, *, minimum: int = _INT64_MIN) -> int:

@@ -51,6 +51,11 @@ def test_properties(regression, tmp_path):
         state.properties["flag"] = True
     with pytest.raises(TypeError):
         state.properties["list"] = [1, 2]
+    # a lone surrogate (os.fsdecode of a file name that is not UTF-8) was taken, then failed every later save
+    with pytest.raises(ValueError, match=r"property 'file' holds '\\udcff' at position 3, which UTF-8 cannot"):
+        state.properties["file"] = "run\udcff.npz"
+    with pytest.raises(ValueError, match="the property name"):
+        state.properties["\udcff"] = 1
     path = tmp_path / "ckpt"
     api.CheckpointState.save_checkpoint(state, path)
     loaded = api.CheckpointState.load_checkpoint(path)
