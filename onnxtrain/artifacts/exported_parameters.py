@@ -56,8 +56,9 @@ TRAINING_EXPORT = (
 _MEANING: dict[Change, str] = {
     "merged": "parameters of equal values made one, which training ties",
     "dropped": "biases of zeros removed, which cannot be trained",
-    "folded": "weights read as constants computed from them (their transposes; 1 + w), trained under those names and "
-    "layouts",
+    "folded": "weights read as constants computed from them (a weight's transpose; 1 + w; a normalization merged "
+    "into the convolution before it, which then normalizes nothing), trained under those names and layouts as plain "
+    "weights, without the layers they were computed from",
 }
 
 

@@ -112,8 +112,9 @@ def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str, wanted: int
     axes = ", ".join(str(axis) for axis in undecided)
     note = (
         f"shape copied from model output {like!r}, declared {declared}; shape inference could not check "
-        f"axis {axes} of that declaration: if the sizes disagree at run time, the output's declared shape is "
-        "probably wrong (correct it in the model, or give the loss a target input of the right shape)"
+        f"axis {axes} of that declaration: first check the data given (as many samples in every input); if the "
+        "sizes disagree at run time with data that is right, the output's declared shape is probably wrong "
+        "(correct it in the model, or give the loss a target input of the right shape)"
     )
     return dims, note
 

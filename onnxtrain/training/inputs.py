@@ -8,7 +8,9 @@ onnxruntime reads. Errors name the input and list what the model takes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import ast
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,6 +98,37 @@ def _string_array(value: np.ndarray, what: str) -> np.ndarray:
     return converted.reshape(value.shape)
 
 
+_OPERATORS: dict[type, Callable[[int, int], int]] = {
+    ast.Mult: operator.mul,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.FloorDiv: operator.floordiv,
+}
+
+
+def _evaluate(expression: str, sizes: Mapping[str, int]) -> int | None:
+    """The value of a dimension ``expression`` of named sizes and integers (``batch*seq``, ``2*seq + 1``);
+    ``None`` where it is no such expression or names a size not in ``sizes``."""
+    try:
+        tree = ast.parse(expression, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def value(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Name):
+            return sizes.get(node.id)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            left, right = value(node.left), value(node.right)
+            if left is None or right is None or (isinstance(node.op, ast.FloorDiv) and right == 0):
+                return None
+            return _OPERATORS[type(node.op)](left, right)
+        return None
+
+    return value(tree)
+
+
 class UserInputs:
     """The user inputs of a model: checks what the caller passes, in one place, before anything runs."""
 
@@ -133,9 +166,26 @@ class UserInputs:
             signature, values = None, self._arrange(args, kwargs)
         sizes: dict[str, tuple[int, str]] = {}
         checked = [self._check(i, value, sizes) for i, value in enumerate(values)]
+        self._check_expressions(sizes)
         if signature is not None and not self.strings:
             self._passed = signature
         return checked
+
+    def _check_expressions(self, sizes: Mapping[str, tuple[int, str]]) -> None:
+        """``ValueError`` where a dimension named by an expression of others (torch's ``batch*seq`` for a
+        flattened output's labels) has another size than the expression gives with the others' sizes."""
+        for dim, (size, name) in sizes.items():
+            if dim.isidentifier():
+                continue
+            expected = _evaluate(dim, {d: known for d, (known, _) in sizes.items() if d.isidentifier()})
+            if expected is not None and expected != size:
+                given = ", ".join(
+                    f"{d} = {known} (input {where!r})" for d, (known, where) in sizes.items() if d.isidentifier()
+                )
+                raise ValueError(
+                    f"input {name!r} of the {self._model} has {dim} = {size}, but {given} make it {expected} "
+                    f"({self.signature()})"
+                )
 
     def _arrange(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any]:
         if len(args) > len(self.specs):

@@ -179,3 +179,36 @@ def test_a_training_model_with_input_gradients_is_refused_saying_so(tmp_path):
     state = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
     with pytest.raises(ValueError, match=r"outputs the gradients of its input\(s\) \['x'\].*Module trains parameters"):
         api.Module(training, state)
+
+
+def test_a_size_named_by_an_expression_of_others_is_checked_against_them(tmp_path):
+    """torch's dynamo exporter names a flattened output's size ``batch*seq``, and the labels of a loss over it
+    take that name: 20 labels for 4 x 6 tokens failed in onnxruntime (``Mul_35 ... 20 by 24``), naming no input."""
+    from onnx import helper
+
+    from onnxtrain import artifacts
+    from onnxtrain.training.inputs import _evaluate
+    from tests.helpers import FLOAT, make_model
+
+    assert _evaluate("batch*seq", {"batch": 4, "seq": 6}) == 24
+    assert _evaluate("2*seq + 1", {"seq": 6}) == 13
+    assert _evaluate("seq//2 - 1", {"seq": 6}) == 2
+    assert _evaluate("batch*seq", {"batch": 4}) is None  # an unknown name
+    assert _evaluate("seq ** 2", {"seq": 6}) is None  # not a dimension expression
+    assert _evaluate("seq//0", {"seq": 6}) is None
+
+    flatten = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    model = make_model(
+        {"x": (FLOAT, ["batch", "seq", 3])}, [flatten], {"y": (FLOAT, ["batch*seq", 3])},
+        initializers=[("shape", np.array([-1, 3], np.int64)), ("w", np.ones(3, np.float32))],
+    )  # fmt: skip
+    model.graph.node.append(helper.make_node("Mul", ["y", "w"], ["z"]))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("z", FLOAT, ["batch*seq", 3]))
+    paths = artifacts.generate_artifacts(
+        model, requires_grad=["w"], loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=tmp_path
+    )
+    module = api.Module(paths["training_model"], api.CheckpointState.load_checkpoint(paths["checkpoint"]))
+    x = np.ones((4, 6, 3), np.float32)
+    module(x, np.zeros(24, np.int64))
+    with pytest.raises(ValueError, match=r"input 'labels' .* has batch\*seq = 20, but batch = 4 \(input 'x'\), "):
+        module(x, np.zeros(20, np.int64))
