@@ -41,7 +41,7 @@ from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
-from onnxtrain.graph.declared import drop_contradicted_value_info
+from onnxtrain.graph.declared import correct_declared_shapes
 from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light
 from onnxtrain.graph.passes import autocast
 from onnxtrain.graph.passes.cast_like import cast_like_to_cast
@@ -208,7 +208,7 @@ def _build(
     additional = _names("additional_output_names", additional_output_names)
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
     initializers_not_inputs(proto)  # a default a caller could override: gradients hold for its value alone
-    drop_contradicted_value_info(proto)  # an intermediate value declared at the export's size of a dynamic axis
+    correct_declared_shapes(proto)  # a value or output declared at the export's size of a dynamic axis
     constants_as_initializers(proto, [*requires, *frozen])  # weights a converter held in Constant nodes
     # parameters the exporter stored once for their equal values, each its own; a tied weight's transpose that it
     # folded, read as computed again (in initializer_roles' order, so that both see the same parameters)

@@ -19,7 +19,7 @@ from onnx import helper
 
 from onnxtrain.graph import versions
 from onnxtrain.graph.builder import GraphBuilder
-from onnxtrain.graph.declared import drop_contradicted_value_info
+from onnxtrain.graph.declared import correct_declared_shapes
 from onnxtrain.graph.io import initializers_not_inputs, load_base_model
 
 _CURRENT: ContextVar[GraphBuilder | None] = ContextVar("onnxtrain_current_builder", default=None)
@@ -55,13 +55,13 @@ def base(model: onnx.ModelProto | str | os.PathLike[str]) -> Iterator[GraphBuild
 
     ``model`` is a ``ModelProto`` (never modified) or a path, read without its
     external data. An initializer it also lists as a graph input is an
-    initializer only (:func:`~onnxtrain.graph.io.initializers_not_inputs`), and an intermediate value's declared
-    shape that its graph contradicts is dropped (:func:`~onnxtrain.graph.declared.drop_contradicted_value_info`).
+    initializer only (:func:`~onnxtrain.graph.io.initializers_not_inputs`), and a declared shape that its graph
+    contradicts is dropped or corrected (:func:`~onnxtrain.graph.declared.correct_declared_shapes`).
     Yields the :class:`GraphBuilder`; ``.model`` is the model.
     """
     proto, base_dir = load_base_model(model)
     initializers_not_inputs(proto)
-    drop_contradicted_value_info(proto)
+    correct_declared_shapes(proto)
     with _activate(GraphBuilder(proto, base_dir)) as builder:
         yield builder
 

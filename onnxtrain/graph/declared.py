@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import onnx
 from onnx import shape_inference
 
+from onnxtrain import caller
+from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import Dim
 from onnxtrain.graph.io import inferred_skeleton, skeleton
 
@@ -238,17 +240,19 @@ def check_output_shape(model: onnx.ModelProto, output: str) -> OutputShapeCheck 
     return _Passes.of(model).check(output, declared)
 
 
-def drop_contradicted_value_info(model: onnx.ModelProto) -> list[str]:
+def correct_declared_shapes(model: onnx.ModelProto) -> list[str]:
     """Remove from ``model``'s ``value_info`` (its top graph's) each declaration the graph contradicts (module
-    docstring); return their names.
+    docstring), and correct each graph output's contradicted axes (the symbolic pass's value, or unknown) with a
+    :class:`DeclaredShapeWarning` naming the output; return the names changed.
 
-    torch's dynamo exporter declares some intermediate values with the example's size on a dynamic axis (an
-    ``LSTM``'s output, ``[batch, 5, 16]`` for a sequence axis exported at 5): gradients built on that
-    declaration would hold the 5 as a constant, and a step at another length would fail. Removed, the value's
-    shape is inferred from the graph again, or read at run time.
+    torch's dynamo exporter declares some values with the example's size on a dynamic axis (an ``LSTM``'s
+    output, ``[batch, 5, 16]`` for a sequence axis exported at 5, and the model's output after it): gradients
+    built on that declaration would hold the 5 as a constant, and a step at another length would fail. Removed,
+    the value's shape is inferred from the graph again, or read at run time.
     """
     declared = {value.name: _dims_of(value, keep_generated=True) for value in model.graph.value_info}
-    if not declared:
+    outputs = {value.name: _dims_of(value, keep_generated=True) for value in model.graph.output}
+    if not any(declared.values()) and not any(outputs.values()):
         return []
     passes = _Passes.of(model)
     if not passes.bound:
@@ -258,4 +262,35 @@ def drop_contradicted_value_info(model: onnx.ModelProto) -> list[str]:
         kept = [value for value in model.graph.value_info if value.name not in wrong]
         del model.graph.value_info[:]
         model.graph.value_info.extend(kept)
+    for value in model.graph.output:
+        dims = outputs[value.name]
+        check = passes.check(value.name, dims) if dims else None
+        if check is None or not check.contradicted:
+            continue
+        corrected = check.corrected(dims)
+        elem_type = dtypes.dtype_name(value.type.tensor_type.elem_type)
+        caller.warn(
+            DeclaredShapeWarning(
+                f"{check.message(elem_type)}. It is read as {_shape(elem_type, corrected)} instead (a loss's target "
+                "takes that shape); correct the output's shape in the model to silence this (torch.onnx.export's "
+                "dynamic_axes: one name per meaning, a new name for an axis whose size is its own; its dynamo "
+                "exporter declares some outputs at the example's sizes)"
+            )
+        )
+        for dim, size in zip(value.type.tensor_type.shape.dim, corrected, strict=True):
+            if size == _dims_of_dim(dim):
+                continue
+            dim.Clear()
+            if isinstance(size, int):
+                dim.dim_value = size
+            elif isinstance(size, str):
+                dim.dim_param = size
+        wrong.add(value.name)
     return sorted(wrong)
+
+
+def _dims_of_dim(dim: onnx.TensorShapeProto.Dimension) -> Dim:
+    """One dimension as :func:`_dims_of` reads it (onnx's made-up names kept)."""
+    if dim.HasField("dim_value"):
+        return dim.dim_value
+    return dim.dim_param or None

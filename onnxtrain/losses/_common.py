@@ -12,7 +12,7 @@ from onnxtrain import caller
 from onnxtrain.blocks import ReduceMean, ReduceSum
 from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
-from onnxtrain.graph.declared import DeclaredShapeWarning, check_output_shape
+from onnxtrain.graph.declared import GENERATED_PREFIX, DeclaredShapeWarning, check_output_shape
 
 Reduction = Literal["mean", "sum", "none"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
@@ -77,7 +77,7 @@ def target_input(
                 f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
             )
         return name
-    dims, note = _checked_shape(b, loss, name, like, wanted)
+    dims, note = _checked_shape(b, loss, name, like)
     if dims is not None and drop_axis is not None:
         dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
     added = b.add_input(name, tensor_type(wanted, dims))
@@ -87,9 +87,11 @@ def target_input(
     return added
 
 
-def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str, wanted: int) -> tuple[list[Dim] | None, str]:
+def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str) -> tuple[list[Dim] | None, str]:
     """``like``'s shape, its declaration checked against the graph when it is a graph output; and the note."""
     dims: list[Dim] | None = b.shape(like)
+    if dims is not None:  # a name onnx's inference made up for an unknown size claims nothing
+        dims = [None if isinstance(d, str) and d.startswith(GENERATED_PREFIX) else d for d in dims]
     check = check_output_shape(b.model, like) if dims is not None else None
     if dims is None or check is None or len(check.declared) != len(dims):
         return dims, ""
@@ -98,9 +100,9 @@ def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str, wanted: int
         corrected = check.corrected(dims)
         caller.warn(
             DeclaredShapeWarning(
-                f"{check.message(source)}. {loss} gives its target {name!r} the shape "
-                f"{describe_type(tensor_type(wanted, corrected))} instead; correct the output's shape in the "
-                "model to silence this (torch.onnx.export: one dynamic_axes name per meaning, a new name for "
+                f"{check.message(source)}. {loss} shapes its target {name!r} after "
+                f"{describe_type(tensor_type(b.elem_type(like), corrected))} instead; correct the output's shape in "
+                "the model to silence this (torch.onnx.export: one dynamic_axes name per meaning, a new name for "
                 "an axis whose size is its own)"
             ),
         )

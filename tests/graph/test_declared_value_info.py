@@ -7,7 +7,7 @@ declaration held the 5 (the gradient of ``y[:, -1]`` as zeros of 5 rows), and
 a train step at another length failed in onnxruntime (``Reshape_57 ... Input
 shape:{5,4,16}, requested shape:{7,4,2,8}``). Generation now drops each
 declaration that the graph contradicts
-(:func:`onnxtrain.graph.declared.drop_contradicted_value_info`).
+(:func:`onnxtrain.graph.declared.correct_declared_shapes`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 from onnx import helper
 
 from onnxtrain import api, artifacts
-from onnxtrain.graph.declared import drop_contradicted_value_info
+from onnxtrain.graph.declared import DeclaredShapeWarning, correct_declared_shapes
 from tests.helpers import FLOAT, INT64, make_model
 
 W = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
@@ -53,7 +53,7 @@ def test_a_declaration_the_graph_contradicts_is_dropped(
     declared: list[int | str], inputs: list[int | str] | None, dropped: list[str]
 ) -> None:
     model = _last_step_model(declared, inputs)
-    assert drop_contradicted_value_info(model) == dropped
+    assert correct_declared_shapes(model) == dropped
     assert [value.name for value in model.graph.value_info] == ([] if dropped else ["h"])
 
 
@@ -77,6 +77,31 @@ def test_steps_at_another_length_than_the_declared_one_train_exactly(tmp_path: P
     y = x[:, -1] @ W
     np.testing.assert_allclose(loss, np.mean((y - target) ** 2), rtol=1e-6)
     np.testing.assert_allclose(grad, 2 / y.size * x[:, -1].T @ (y - target), rtol=1e-5, atol=1e-7)
+
+
+def test_an_output_declared_at_the_example_length_is_corrected_with_a_warning(tmp_path: Path) -> None:
+    """The model's output declared ``[N, 5, 3]`` (the LSTM tagger's logits as torch's dynamo exporter declares
+    them): its steps at length 7 failed in the session for fixed shapes (``Mul ... Incompatible dimensions``)."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    model = make_model({"x": (FLOAT, ["N", "T", 4])}, nodes, {"y": (FLOAT, ["N", 5, 3])}, initializers=[("w", W)])
+    with pytest.warns(
+        DeclaredShapeWarning, match=r"output 'y' .* declared float\[N, 5, 3\].* read as float\[N, T, 3\]"
+    ):
+        paths = artifacts.generate_artifacts(
+            model, requires_grad=["w"], loss=artifacts.LossType.MSELoss, optimizer=artifacts.OptimType.SGD,
+            artifact_directory=tmp_path,
+        )  # fmt: skip
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    optimizer = api.Optimizer(paths["optimizer_model"], module)
+    rng = np.random.default_rng(1)
+    for length in (5, 7, 7):  # the fused step's session for fixed shapes at 7
+        x = rng.standard_normal((2, length, 4)).astype(np.float32)
+        target = rng.standard_normal((2, length, 3)).astype(np.float32)
+        expected = np.mean((x @ np.asarray(state.parameters["w"].data) - target) ** 2)
+        np.testing.assert_allclose(float(module(x, target)), expected, rtol=1e-5)
+        optimizer.step()
+        module.lazy_reset_grad()
 
 
 def test_a_dynamo_exported_lstm_trains_at_another_length_as_torch(tmp_path: Path) -> None:
