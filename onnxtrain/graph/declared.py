@@ -1,4 +1,4 @@
-"""A graph output's declared shape, checked against the graph that computes it.
+"""A graph output's (or an intermediate value's) declared shape, checked against the graph that computes it.
 
 Exporters can declare an output's shape wrongly. torch's TorchScript exporter
 names each axis listed in ``dynamic_axes`` as told, so one name reused for two
@@ -27,6 +27,12 @@ that no pass can decide keep the declaration. A graph that clamps a size
 (``Slice`` of a table shorter than the size given to its input) can show the
 counterexample pass a contradiction that is none; the target then merely
 loses that axis's name, and a warning says so.
+
+:func:`correct_declared_shapes` applies the same check to every intermediate
+``value_info`` (a contradicted one is dropped) and every graph output (its
+contradicted axes corrected, with a warning) before gradients are built on
+them: torch's dynamo exporter declares some at the example's size of an axis
+exported as dynamic.
 """
 
 from __future__ import annotations
