@@ -158,7 +158,10 @@ class Module:
         train = load_model(train_model_uri, "train_model_uri")
         store.adopt_declared_shapes(static_input_shapes(train.proto))  # ONNX Runtime's nominal checkpoints keep none
         infos = store.parameter_infos()
-        self._io = training_io(train.proto, infos)
+        try:
+            self._io = training_io(train.proto, infos)
+        except ValueError as error:  # the model and the checkpoint disagree: name both files
+            raise ValueError(f"{error} ({_files(train_model_uri, state)})") from None
         self._eval_model: LoadedModel | None = None
         self._eval_io: EvalModelIO | None = None
         if eval_model_uri is not None:
@@ -714,6 +717,13 @@ class Module:
     def checks_finite(self) -> bool:
         """Whether a train step whose loss is not finite raises (``check_finite``)."""
         return self._check_finite
+
+
+def _files(model: object, state: TrainingState) -> str:
+    """The training model's file and the checkpoint's, where known, for an error about the two."""
+    named = [f"training model {os.fspath(model)!r}"] if isinstance(model, (str, os.PathLike)) else []
+    named += [f"checkpoint {state.source!r}"] if state.source is not None else []
+    return ", ".join(named) or "a training model and a checkpoint given in memory"
 
 
 def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:

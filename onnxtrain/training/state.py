@@ -172,13 +172,17 @@ class TrainingState:
         self._properties: dict[str, ckpt.PropertyValue] = dict(state.properties)
         #: The names of the properties the checkpoint held (not those set since).
         self.loaded_properties = frozenset(state.properties)
+        #: The file it was read from (``load_checkpoint``), for errors; ``None`` for a state made in memory.
+        self.source: str | None = None
 
     # ----------------------------------------------------------- ORT's API
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: str | os.PathLike[str]) -> TrainingState:
         """Read a checkpoint file (ORT's on-device format): parameters, optimizer state if any, properties."""
-        return cls(ckpt.load(checkpoint_uri))
+        state = cls(ckpt.load(checkpoint_uri))
+        state.source = os.fspath(checkpoint_uri)
+        return state
 
     @classmethod
     def save_checkpoint(

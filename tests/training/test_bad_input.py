@@ -158,8 +158,12 @@ def test_a_checkpoint_of_another_model_is_told_what_the_model_takes(regression, 
     other = [numpy_helper.from_array(value, f"other.{name}") for name, value in loaded.parameters.items()]
     path = tmp_path / "other.ckpt"
     checkpoint.save(checkpoint.from_tensors(other), path)
-    with pytest.raises(ValueError, match=r"does not take; it takes the parameters \['fc0.weight', .*the inputs"):
+    with pytest.raises(
+        ValueError, match=r"does not take; it takes the parameters \['fc0.weight', .*the inputs"
+    ) as error:
         api.Module(regression["training_model"], api.CheckpointState.load_checkpoint(path))
+    # both files named, for the user who mixed them up
+    assert f"(training model {str(regression['training_model'])!r}, checkpoint {str(path)!r})" in str(error.value)
 
 
 def test_a_training_model_with_input_gradients_is_refused_saying_so(tmp_path):
