@@ -97,6 +97,13 @@ class TrainingModelIO:
         return self.inputs.strings or any(spec.is_string for spec in self.output_specs)
 
 
+#: The end of the errors about a trainable set that differs between the checkpoint and the training model.
+_UNFREEZE = (
+    "the artifacts were regenerated to train other parameters: then set state.parameters[name].requires_grad = "
+    "{value} for {names} before making the Module"
+)
+
+
 def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> TrainingModelIO:
     """Classify the training model's inputs and outputs; ``ValueError`` where model and checkpoint disagree."""
     what = "training model"
@@ -137,14 +144,15 @@ def training_io(model: onnx.ModelProto, state: Mapping[str, ParameterInfo]) -> T
         if not state[param].requires_grad:
             raise ValueError(
                 f"the {what} trains {param!r}, but the checkpoint has it frozen: the checkpoint does not belong "
-                "to this model"
+                f"to this model, or {_UNFREEZE.format(names=[param], value=True)}"
             )
     trainable = tuple(spec.name for spec in params if spec.name in buffers)
     untrained = [name for name, info in state.items() if info.requires_grad and name not in buffers]
     if untrained:
+        freeze = _UNFREEZE.format(names=untrained, value=False)
         raise ValueError(
             f"the checkpoint has {untrained} trainable, but the {what} computes no gradient for them (they are "
-            "frozen there): the checkpoint does not belong to this model"
+            f"frozen there): the checkpoint does not belong to this model, or {freeze}"
         )
     outputs = [value.name for value in model.graph.output]
     gradients = {p: accumulated_name(p) for p in trainable}

@@ -73,7 +73,14 @@ class Parameter:
 
     @property
     def requires_grad(self) -> bool:
+        """Whether it trains. Assignable before a ``Module`` holds the state, to continue a checkpoint with
+        artifacts that train other parameters (frozen: its optimizer moments are dropped; made trainable: it
+        starts from the optimizer's initial moments)."""
         return self._state.store.requires_grad[self._name]
+
+    @requires_grad.setter
+    def requires_grad(self, trainable: bool) -> None:
+        self._state.store.set_requires_grad(self._name, trainable)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -198,6 +198,28 @@ class StateStore:
             adopted.append(name)
         return adopted
 
+    def set_requires_grad(self, name: str, trainable: object) -> None:
+        """Make parameter ``name`` trainable or frozen, before a ``Module`` holds the state (its training model
+        decides which parameters train): frozen, its optimizer moments are dropped; made trainable, the optimizer
+        gives it its initial moments (:meth:`ensure_optimizer`), the step count staying the state's."""
+        self.tensor(name)
+        if not isinstance(trainable, (bool, np.bool_)):
+            raise TypeError(f"requires_grad of {name!r} must be True or False, not {trainable!r}")
+        if self.device is not None:
+            raise RuntimeError(
+                f"cannot change whether {name!r} trains while a Module holds the state: its training model decides "
+                "which parameters train. Save the checkpoint (include_optimizer_state=True), regenerate the "
+                "artifacts with the new requires_grad, load the checkpoint, set requires_grad there, then make the "
+                "Module of the new artifacts"
+            )
+        if self.requires_grad[name] == bool(trainable):
+            return
+        self.requires_grad[name] = bool(trainable)
+        if not trainable and self.optimizer is not None:
+            self.optimizer.moments.pop(name, None)
+        order = sorted(self.tensors, key=lambda n: not self.requires_grad[n])  # trainable first, else in order
+        self.tensors = {n: self.tensors[n] for n in order}
+
     def parameter_infos(self) -> dict[str, ParameterInfo]:
         """Per parameter: trainable or not, dtype, shape (what the models' inputs are checked against)."""
         return {n: ParameterInfo(self.requires_grad[n], t.dtype, t.shape) for n, t in self.tensors.items()}
@@ -305,7 +327,12 @@ class StateStore:
         if not initial_values and _unread_sgd_moments(record, trainable):
             record.moments = {name: [] for name in trainable}
         for name in trainable:
-            moments = record.moments.get(name, [])
+            if name not in record.moments:  # made trainable since the moments were saved (set_requires_grad)
+                tensor = self.tensors[name]
+                record.moments[name] = [StateTensor(np.full(tensor.shape, v, tensor.dtype)) for v in initial_values]
+                for moment in record.moments[name]:
+                    moment.place(self.device)
+            moments = record.moments[name]
             if len(moments) != len(initial_values):
                 raise ValueError(
                     f"the checkpoint's optimizer state has {len(moments)} moment(s) for {name!r}, but the optimizer "
