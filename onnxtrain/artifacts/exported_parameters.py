@@ -78,6 +78,14 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
         of_kind = [change for change in changes if change.change == kind]
         if of_kind:
             lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {_listed([clause(c) for c in of_kind])}.")
+    untied = _untied_copies(changes)
+    if untied:
+        lines.append(
+            "Untied, each folded again for every use (a layer applied more than once, as ALBERT's shared layer): "
+            "the copies train apart, each on its use's gradient, where torch trains one parameter on their sum: "
+            + _listed([f"{name} as {', '.join(copies)}" for name, copies in untied.items()])
+            + "."
+        )
     caller.warn(
         "torch.onnx.export's optimizer (dynamo=True, optimize=True: its default) changed parameters of this model "
         "for inference: training it does not train torch's parameters as torch does.\n"
@@ -180,6 +188,16 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
             }[change.change]
             return f" (torch.onnx.export's optimizer {what}. {REMEDY})"
     return ""
+
+
+def _untied_copies(changes: Sequence[ParameterChange]) -> dict[str, list[str]]:
+    """``{parameter: constants}`` for each torch parameter folded into more than one constant."""
+    copies: dict[str, list[str]] = {}
+    for change in changes:
+        if change.change == "folded" and len(change.parameters) == 1:
+            found = copies.setdefault(change.parameters[0], [])
+            found += [name for name in change.read_as if name not in found]
+    return {name: found for name, found in copies.items() if len(found) > 1}
 
 
 def clause(change: ParameterChange) -> str:

@@ -242,3 +242,30 @@ def test_a_batch_norm_says_whether_torch_ran_it_in_training_mode(call: str, trai
     other = "%r : [num_users=1] = call_function[target=torch.ops.aten.relu.default](args = (%x,), kwargs = {})"
     assert batch_norm_training(_node("Relu", ["x"], "y", "net.act", other)) is None
     assert batch_norm_training(helper.make_node("BatchNormalization", ["x", "w", "b", "m", "v"], ["y"])) is None
+
+
+def test_a_weight_folded_again_for_each_use_is_said_to_train_untied() -> None:
+    """ALBERT's shared layer, exported with ``optimize=True``: the transpose of its weight is folded once per
+    use of the layer (``val_123``, ``val_197``, ``val_268``), and each copy trains on its use's gradient alone."""
+    call = (
+        "%{} : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = (%{}, %p_ffn_weight, "
+        "%p_ffn_bias), kwargs = {{}})"
+    )
+    weight = np.arange(16.0).reshape(4, 4)
+    nodes = [
+        _node("MatMul", ["x", "val_1"], "m1", "ffn", call.format("linear", "x")),
+        _node("Add", ["m1", "ffn.bias"], "h1", "ffn", call.format("linear", "x")),
+        _node("MatMul", ["h1", "val_2"], "m2", "ffn", call.format("linear_1", "linear")),
+        _node("Add", ["m2", "ffn.bias"], "y", "ffn", call.format("linear_1", "linear")),
+    ]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [_tensor("val_1", weight.T), _tensor("val_2", weight.T), _tensor("ffn.bias", np.ones(4))],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    lines = ["", "# inputs", *(f"{placeholder(n)}: PARAMETER target='{n}'" for n in ("ffn.weight", "ffn.bias"))]
+    lines += ["x: USER_INPUT"]
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines))
+    with pytest.warns(TorchExportWarning, match=r"Untied, .*train apart.*: ffn\.weight as val_1, val_2\."):
+        warn_changed_parameters(model, ["val_1", "val_2"])
