@@ -18,7 +18,7 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
 - **weight**: a float tensor in a parameter slot: either input of ``MatMul``,
   ``Gemm``'s ``A``, ``B`` and ``C``, an ``Einsum``'s operands, a convolution's weight and bias, a
   normalization's scale and bias, a recurrent layer's ``W``, ``R`` and ``B``,
-  an embedding table (``Gather``'s data), ``PRelu``'s slope, the fused layers
+  an embedding table (``Gather``'s or ``GatherND``'s data), ``PRelu``'s slope, the fused layers
   of ONNX Runtime's transformer optimizer; or an operand of an element-wise
   ``Add`` or ``Mul`` (the second of a ``Sub`` or ``Div``) whose other operand
   is computed from weights: a bias after ``MatMul`` (of one element too, for a
@@ -105,6 +105,7 @@ WEIGHT_SLOTS: Mapping[tuple[str, str], frozenset[int]] = {
     ("", "GRU"): frozenset({1, 2, 3}),
     ("", "LSTM"): frozenset({1, 2, 3, 7}),
     ("", "Gather"): frozenset({0}),
+    ("", "GatherND"): frozenset({0}),  # a table looked up by index tuples (Whisper's positions, optimized)
     ("", "Einsum"): frozenset(range(16)),  # its operands, each of them (Funnel's relative-position kernels)
     ("", "PRelu"): frozenset({1}),
     ("com.microsoft", "FusedMatMul"): frozenset({0, 1}),

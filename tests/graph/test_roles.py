@@ -104,6 +104,15 @@ def test_an_initializer_used_both_as_weight_and_otherwise_is_a_weight():
     assert initializer_roles(model) == {"w": "weight"}
 
 
+def test_a_table_looked_up_by_gather_nd_is_a_weight():
+    """torch's dynamo exporter, optimizing Whisper, reads the decoder's position table through ``GatherND``; as
+    a constant it was left out of the trainable parameters, frozen where torch trains it."""
+    nodes = [helper.make_node("GatherND", ["table", "positions"], ["y"])]
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    model = make_model({"positions": (INT64, ["n", 1])}, nodes, {"y": (FLOAT, ["n", 2])}, [("table", table)])
+    assert initializer_roles(model) == {"table": "weight"}
+
+
 def test_integer_tensors_are_never_weights():
     nodes = [helper.make_node("Gather", ["table", "x"], ["y"])]
     model = make_model({"x": (INT64, ["n"])}, nodes, {"y": (INT64, ["n"])}, [("table", np.arange(5, dtype=np.int64))])
