@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 
 from onnxtrain import caller
-from onnxtrain.training.tensor_spec import TensorSpec
+from onnxtrain.training.tensor_spec import TensorSpec, axes_permutation, layout_hint
 
 #: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
 FEATURE_NAMES = ("X", "x")
@@ -284,10 +284,10 @@ def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, vari
     wanted = _shape(rest)
     said = f"{what}: shape {list(array.shape)}, which does not fit: the input takes {wanted} per sample"
     known = all(isinstance(d, int) for d in rest)
-    order = _permutation(sample, tuple(int(d) for d in rest if d is not None)) if known else None
+    order = axes_permutation(sample, tuple(int(d) for d in rest if d is not None)) if known else None
     if order is not None:
         axes = (0, *(axis + 1 for axis in order))
-        return f"{said}; {_layouts(axes)}: transpose it, numpy.transpose({variable}, {axes})"
+        return f"{said}; {layout_hint(axes)}: transpose it, numpy.transpose({variable}, {axes})"
     if known and array.ndim == 2:
         values, size = sample[0], math.prod(int(d) for d in rest if d is not None)
         if values != size:
@@ -304,28 +304,6 @@ def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, vari
 
 def _shape(dims: Sequence[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
-def _permutation(sample: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The order of ``sample``'s axes that gives ``wanted`` (equal sizes keep their order); None if there is none."""
-    if len(sample) != len(wanted) or sorted(sample) != sorted(wanted) or sample == wanted:
-        return None
-    free = list(range(len(sample)))
-    order = []
-    for size in wanted:
-        axis = next(axis for axis in free if sample[axis] == size)
-        free.remove(axis)
-        order.append(axis)
-    return tuple(order)
-
-
-def _layouts(axes: tuple[int, ...]) -> str:
-    """``channels last (NHWC) where the input takes channels first (NCHW)``, or what the order of axes says."""
-    if axes == (0, 3, 1, 2):
-        return "its samples look channels last (NHWC) where the input takes channels first (NCHW)"
-    if axes == (0, 2, 3, 1):
-        return "its samples look channels first (NCHW) where the input takes channels last (NHWC)"
-    return "its axes have the input's sizes in another order"
 
 
 __all__ = [

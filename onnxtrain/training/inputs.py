@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxtrain.graph import dtypes
-from onnxtrain.training.tensor_spec import TensorSpec, shape_text
+from onnxtrain.training.tensor_spec import TensorSpec, axes_permutation, layout_hint, shape_text
 from onnxtrain.training.values import cast_hint, dtype_text
 
 
@@ -96,6 +96,21 @@ def _string_array(value: np.ndarray, what: str) -> np.ndarray:
                 f"is {type(element).__name__} ({element!r}): convert the array with .astype(str)"
             )
     return converted.reshape(value.shape)
+
+
+def _transpose_hint(spec: TensorSpec, shape: Sequence[int]) -> str:
+    """How to transpose an array of ``shape`` whose samples have ``spec``'s fixed sizes in another order (images
+    channels last for an input that takes them first); ``""`` where they do not."""
+    if spec.dims is None or len(shape) != len(spec.dims) or len(shape) < 2:
+        return ""
+    rest = spec.dims[1:]
+    if not all(isinstance(d, int) for d in rest):
+        return ""
+    order = axes_permutation(tuple(shape[1:]), tuple(int(d) for d in rest))  # type: ignore[arg-type]
+    if order is None:
+        return ""
+    axes = (0, *(axis + 1 for axis in order))
+    return f"; {layout_hint(axes)}: pass numpy.transpose(array, {axes})"
 
 
 _OPERATORS: dict[type, Callable[[int, int], int]] = {
@@ -242,7 +257,7 @@ class UserInputs:
                 )
             else:
                 hint = f": cast it with .astype({cast_hint(spec.dtype)})"
-            hint = hint if dtype != spec.dtype else ""
+            hint = hint if dtype != spec.dtype else _transpose_hint(spec, shape)
             raise (TypeError if dtype != spec.dtype else ValueError)(
                 f"input {spec.name!r} of the {self._model} is {spec.describe()}; got "
                 f"{dtype_text(dtype)}{shape_text(shape)}{hint}"

@@ -79,4 +79,26 @@ def shape_text(shape: Sequence[int]) -> str:
     return f"[{', '.join(str(d) for d in shape)}]"
 
 
-__all__ = ["Dim", "TensorSpec", "shape_text"]
+def axes_permutation(sample: tuple[int, ...], wanted: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The order of ``sample``'s axes that gives ``wanted`` (equal sizes keep their order); None if there is none."""
+    if len(sample) != len(wanted) or sorted(sample) != sorted(wanted) or sample == wanted:
+        return None
+    free = list(range(len(sample)))
+    order = []
+    for size in wanted:
+        axis = next(axis for axis in free if sample[axis] == size)
+        free.remove(axis)
+        order.append(axis)
+    return tuple(order)
+
+
+def layout_hint(axes: tuple[int, ...]) -> str:
+    """``channels last (NHWC) where the input takes channels first (NCHW)``, or what the order of axes says."""
+    if axes == (0, 3, 1, 2):
+        return "its samples look channels last (NHWC) where the input takes channels first (NCHW)"
+    if axes == (0, 2, 3, 1):
+        return "its samples look channels first (NCHW) where the input takes channels last (NHWC)"
+    return "its axes have the input's sizes in another order"
+
+
+__all__ = ["Dim", "TensorSpec", "axes_permutation", "layout_hint", "shape_text"]

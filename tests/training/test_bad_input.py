@@ -216,3 +216,16 @@ def test_a_size_named_by_an_expression_of_others_is_checked_against_them(tmp_pat
     module(x, np.zeros(24, np.int64))
     with pytest.raises(ValueError, match=r"input 'labels' .* has batch\*seq = 20, but batch = 4 \(input 'x'\), "):
         module(x, np.zeros(20, np.int64))
+
+
+def test_images_channels_last_are_told_the_transposition() -> None:
+    """The command said so already; the module's step said only the two shapes."""
+    from onnxtrain.training.inputs import UserInputs
+    from onnxtrain.training.tensor_spec import TensorSpec
+
+    inputs = UserInputs([TensorSpec("x", np.dtype(np.float32), ("batch", 3, 12, 12))], "training model")
+    said = r"\[8, 12, 12, 3\]; its samples look channels last \(NHWC\).*numpy\.transpose\(array, \(0, 3, 1, 2\)\)"
+    with pytest.raises(ValueError, match=said):
+        inputs.collect([np.zeros((8, 12, 12, 3), np.float32)], {})
+    with pytest.raises(ValueError, match=r"got float32\[8, 12, 12, 4\]$"):  # no order of its axes fits
+        inputs.collect([np.zeros((8, 12, 12, 4), np.float32)], {})
