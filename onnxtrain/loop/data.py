@@ -75,9 +75,12 @@ def fit_to_inputs(
     with ``reshape`` (``onnxtrain train --reshape``): flattened data of another
     layout would be scrambled silently.
     """
-    arrays = [
-        _fit(np.asarray(array), spec, name, source, reshape) for (name, array), spec in zip(named, inputs, strict=True)
-    ]
+    arrays = []
+    for (name, array), spec in zip(named, inputs, strict=True):
+        try:
+            arrays.append(_fit(np.asarray(array), spec, name, source, reshape))
+        except ValueError as error:
+            raise ValueError(f"{error}{_rows_hint(spec, inputs)}") from None
     for (name, array), spec in zip(named[1:], inputs[1:], strict=True):
         if len(array) != len(arrays[0]):
             raise ValueError(
@@ -112,6 +115,22 @@ def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], wha
             f"{what}: input {spec.name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
             "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
         )
+
+
+def _rows_hint(spec: TensorSpec, inputs: Sequence[TensorSpec]) -> str:
+    """Why an array for ``spec`` cannot have one row per sample: its first axis is not the other inputs' (labels
+    ``[batch * seq]`` for a loss over flattened tokens, or ``[rows, classes]`` of one over ``[batch, seq,
+    classes]`` scores); ``""`` where it is theirs."""
+    first = spec.dims[0] if spec.dims else None
+    others = {other.dims[0] for other in inputs if other is not spec and other.dims}
+    if not isinstance(first, str) or not others or first in others:
+        return ""
+    return (
+        f". Its first axis ({first}) is not the other inputs' ({', '.join(sorted(map(str, others)))}), and the data "
+        "gives each input one row per sample: a loss over a sequence's tokens takes its labels [batch, seq] when "
+        "the model outputs the scores [batch, classes, seq] (export logits.transpose(1, 2)), not flattened to "
+        "[batch * seq, classes] nor [batch, seq, classes]"
+    )
 
 
 def _signature(inputs: Sequence[TensorSpec]) -> str:

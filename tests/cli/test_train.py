@@ -541,3 +541,22 @@ def test_a_language_model_trains_from_the_command_line_with_padded_labels(capsys
     assert loss == pytest.approx(expected, rel=1e-5)
     status, _, err = cli(capsys, *generate[:5], "mse", "--ignore-index", "-100", "-o", tmp_path / "other")
     assert status == 2 and "--ignore-index is for --loss ce or nll, not mse" in err
+
+
+def test_token_labels_for_flattened_scores_are_told_the_layout_the_command_trains(capsys, tmp_path: Path):
+    """Scores flattened to ``[rows, classes]`` take labels ``[rows]``: the data's labels ``[N, seq]`` cannot be
+    split by samples. The error said only that ``[23, 9]`` does not fit ``[]`` per sample."""
+    from onnx import helper
+
+    model = _token_model()
+    model.graph.node[-1].CopyFrom(helper.make_node("Reshape", ["logits", "flat"], ["scores"]))
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([-1, 11], np.int64), "flat"))
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("scores", onnx.TensorProto.FLOAT, ["rows", 11]))
+    onnx.save(model, tmp_path / "flat.onnx")
+    tokens = np.random.default_rng(6).integers(0, 11, size=(23, 9))
+    np.savez(tmp_path / "tokens.npz", input_ids=tokens, labels=tokens)
+    generate = ["generate", tmp_path / "flat.onnx", "--requires-grad", "weights", "--loss", "ce", "-o", tmp_path / "f"]
+    assert cli(capsys, *generate)[0] == 0
+    status, _, err = _train(capsys, tmp_path / "f", tmp_path / "tokens.npz", "--epochs", "1", "--batch-size", "4")
+    assert status == 1
+    assert_error(err, "train", "Its first axis (rows) is not the other inputs' (batch)", "logits.transpose(1, 2)")
