@@ -142,10 +142,10 @@ def train(
     module = Module(
         files.training_model, state, files.eval_model, device=device, session_options=options, seed=settings.seed
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
-    module.check_labels(arrays, "the data")  # every row before any step or checkpoint: errors name the row
+    _check_labels(module, arrays, "the data")  # every row before any step or checkpoint: errors name the row
     check_finite(arrays, inputs, "the data", eval_model)
     if val_data is not None:
-        module.check_labels(validation.arrays, "the validation data")
+        _check_labels(module, validation.arrays, "the validation data")
         check_finite(validation.arrays, inputs, "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
@@ -226,6 +226,16 @@ def _starting_checkpoint(files: ArtifactFiles, resume: bool, restart: bool) -> P
             f"{files.checkpoint} (a new run replaces it), or move it elsewhere to keep it"
         )
     return files.checkpoint
+
+
+def _check_labels(module: Module, arrays: Sequence[np.ndarray], what: str) -> None:
+    """The module's label check, its error saying the command's option for a label to skip."""
+    try:
+        module.check_labels(arrays, what)
+    except ValueError as error:
+        raise ValueError(
+            f"{error}; with this command, regenerate the artifacts with onnxtrain generate ... --ignore-index LABEL"
+        ) from None
 
 
 def _start_line(

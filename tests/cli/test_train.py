@@ -150,7 +150,7 @@ def test_a_label_out_of_range_is_named_by_its_row_before_any_step(
     files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
     status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
     assert status == 1
-    assert_error(err, "train", f"{what}: 1 label is out of range", "-1 at [7]")
+    assert_error(err, "train", f"{what}: 1 label is out of range", "-1 at [7]", "--ignore-index LABEL")
     assert not (artifacts / "trained_checkpoint").exists()
 
 
