@@ -61,6 +61,19 @@ def save(
         raise FileNotFoundError(f"cannot save checkpoint {target}: directory {directory} does not exist")
     if target.is_dir():
         raise IsADirectoryError(f"cannot save checkpoint {target}: it is a directory")
+    try:
+        return _save(state, target, include_optimizer_state, external_data_threshold)
+    except OSError as error:  # a full disk, a folder not writable: the error named a temporary file
+        if error.errno is None:
+            raise
+        raise type(error)(
+            error.errno, f"cannot save checkpoint {target}: {error.strerror}; the previous checkpoint is unchanged"
+        ) from error
+
+
+def _save(state: CheckpointState, target: Path, include_optimizer_state: bool, external_data_threshold: int) -> Path:
+    """:func:`save`, its arguments checked."""
+    directory = target.parent
     group = checkpoint_files(target)
     if tensor_bytes(state, include_optimizer_state) > external_data_threshold or os.path.lexists(
         external_data_path(target)

@@ -118,3 +118,21 @@ def test_external_save_replaces_both_files(tmp_path):
     assert visible_names(tmp_path) == ["ckpt", "ckpt.data"]
     assert leftovers(tmp_path) == []
     assert external_data_path(path) == tmp_path / "ckpt.data"
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["inline", "external"])
+def test_an_os_error_names_the_checkpoint_not_its_temporary_file(tmp_path, monkeypatch, external):
+    """A full disk said ``[Errno 28] No space left on device: 'ro/.ckpt.<random>.tmp'``: a file the user never
+    named. The error keeps its type and errno, names the checkpoint, and the previous one stands."""
+    import errno
+
+    path = tmp_path / "ckpt"
+    save(state(1.0), path)
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".ckpt.0123.tmp"))
+    writer = "write_files" if external else "_write_one_file"
+    monkeypatch.setattr(files_module, writer, fail_on_call(getattr(files_module, writer), 1, full))
+    with pytest.raises(OSError, match=rf"cannot save checkpoint {path}: No space left on device; the previous") as e:
+        save(state(2.0), path, external_data_threshold=0 if external else 10**9)
+    assert e.value.errno == errno.ENOSPC and ".tmp" not in str(e.value)
+    monkeypatch.undo()
+    assert load(path) == state(1.0)
