@@ -101,7 +101,14 @@ def train(
         echo, progress = None, False
     files.require(files.training_model, files.eval_model, files.optimizer_model, files.checkpoint)
     source = _starting_checkpoint(files, resume, restart)
-    saved = checkpoint.load(source)
+    try:
+        saved = checkpoint.load(source)
+    except checkpoint.CheckpointError as error:
+        if source == files.checkpoint:
+            raise
+        raise checkpoint.CheckpointError(
+            f"{error}; the run cannot be resumed from it: pass --restart to start again from {files.checkpoint}"
+        ) from None
     earlier = RunRecord.from_properties(saved.properties) if resume else None
     if resume and earlier is None:
         raise ValueError(f"{source} holds no training run to resume; pass --restart to start from {files.checkpoint}")

@@ -285,7 +285,7 @@ def test_resume_from_a_corrupt_trained_checkpoint(capsys, artifacts: Path, data_
     corrupt(artifacts / "trained_checkpoint")
     status, _, err = _train(capsys, artifacts, data_path, *RUN, "--resume")
     assert status == 1
-    assert_error(err, "train", "trained_checkpoint")
+    assert_error(err, "train", "trained_checkpoint", "pass --restart to start again from")
 
 
 def test_resume_with_other_settings_is_refused(capsys, artifacts: Path, data_path: Path, tmp_path: Path):
