@@ -76,7 +76,7 @@ import onnxruntime as ort
 from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
-from onnxtrain.artifacts.metadata import PRECISION_KEY, read_metadata
+from onnxtrain.artifacts.metadata import LOSS_INPUTS_KEY, LOSS_KEY, PRECISION_KEY, read_metadata
 from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
@@ -166,6 +166,7 @@ class Module:
         self._eval_io: EvalModelIO | None = None
         if eval_model_uri is not None:
             self._eval_model = load_model(eval_model_uri, "eval_model_uri")
+            _check_same_loss(train.proto, self._eval_model.proto, train_model_uri, eval_model_uri)
             self._eval_io = eval_io(self._eval_model.proto, infos)
         # the large constants (a LoRA model's frozen base), held once for every session (training.constants)
         self._constants = SharedConstants(self._device)
@@ -717,6 +718,22 @@ class Module:
     def checks_finite(self) -> bool:
         """Whether a train step whose loss is not finite raises (``check_finite``)."""
         return self._check_finite
+
+
+def _check_same_loss(train: onnx.ModelProto, eval_model: onnx.ModelProto, train_uri: object, eval_uri: object) -> None:
+    """``ValueError`` where the training and eval models' metadata name another loss or other loss inputs: two
+    ``generate_artifacts`` runs (a set's files mixed), whose eval step would compute another loss."""
+    trained, evaluated = read_metadata(train), read_metadata(eval_model)
+    for key in (LOSS_KEY, LOSS_INPUTS_KEY):
+        if key in trained and key in evaluated and trained[key] != evaluated[key]:
+            names = [
+                f"{os.fspath(u)!r}" if isinstance(u, (str, os.PathLike)) else "given" for u in (train_uri, eval_uri)
+            ]
+            raise ValueError(
+                f"the training model {names[0]} computes {trained[LOSS_KEY]} on {trained.get(LOSS_INPUTS_KEY)}, the "
+                f"eval model {names[1]} {evaluated[LOSS_KEY]} on {evaluated.get(LOSS_INPUTS_KEY)}: they come from "
+                "two generate_artifacts runs; pass the eval model written with this training model"
+            )
 
 
 def _files(model: object, state: TrainingState) -> str:

@@ -229,3 +229,18 @@ def test_images_channels_last_are_told_the_transposition() -> None:
         inputs.collect([np.zeros((8, 12, 12, 3), np.float32)], {})
     with pytest.raises(ValueError, match=r"got float32\[8, 12, 12, 4\]$"):  # no order of its axes fits
         inputs.collect([np.zeros((8, 12, 12, 4), np.float32)], {})
+
+
+def test_an_eval_model_of_another_artifact_set_is_refused_naming_both(tmp_path):
+    """Files of two generate_artifacts runs mixed: the eval step computed another loss without a word."""
+    from onnxtrain.artifacts import LossType
+    from tests.training import models
+
+    model = models.mlp((4, 8, 3), seed=2)
+    ce = models.generate(tmp_path / "ce", model, loss=LossType.CrossEntropyLoss)
+    mse = models.generate(tmp_path / "mse", model, loss=LossType.MSELoss)
+    state = api.CheckpointState.load_checkpoint(ce["checkpoint"])
+    said = r"computes CrossEntropyLoss on \[.y.\], the eval model .*mse.* MSELoss on .*two generate_artifacts runs"
+    with pytest.raises(ValueError, match=said):
+        api.Module(ce["training_model"], state, mse["eval_model"])
+    api.Module(ce["training_model"], state, ce["eval_model"])
