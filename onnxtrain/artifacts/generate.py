@@ -64,7 +64,7 @@ PROTOBUF_LIMIT = 2**31 - 1
 
 
 class _Training(TrainingBlock):
-    """The loss on the chosen outputs, then the additional outputs."""
+    """The loss on the chosen outputs (and anything else the loss block returns), then the additional outputs."""
 
     def __init__(self, loss: Block, additional: Sequence[str], registry: GradientRegistry | None) -> None:
         super().__init__(registry=registry)
@@ -79,7 +79,9 @@ class _Training(TrainingBlock):
                 f"the loss block {type(self._loss).__name__} returned {output!r}; its build() must return "
                 "the name of the loss value"
             )
-        return [names[0], *self._additional]
+        # the loss first, then what else the loss block returns (ONNX Runtime's artifacts keep every output of it:
+        # a loss=None over a model's outputs [loss, scores] outputs both), then the additional outputs
+        return list(dict.fromkeys([*names, *self._additional]))
 
 
 def _names(argument: str, values: Sequence[str] | None) -> list[str]:

@@ -169,12 +169,14 @@ def _model_with_loss_output() -> onnx.ModelProto:
 
 
 def test_loss_none_takes_the_first_output_as_the_loss(tmp_path: Path):
+    """The model's other outputs follow the loss, as ONNX Runtime's artifacts keep every output of the loss
+    block (its ``PassThrough`` over all the model's outputs)."""
     paths = artifacts.generate_artifacts(_model_with_loss_output(), REQUIRES_GRAD, FROZEN, artifact_directory=tmp_path)
     training, eval_model = load(paths["training_model"]), load(paths["eval_model"])
     assert signature(training.graph.input) == [X, W, S, B, *BUFFERS, LAZY]  # no target input
-    assert signature(training.graph.output) == [("loss", FLOAT, ()), *ACCUMULATED]
+    assert signature(training.graph.output) == [("loss", FLOAT, ()), ("y", FLOAT, ("batch", 4)), *ACCUMULATED]
     assert signature(eval_model.graph.input) == [X, W, S, B]
-    assert signature(eval_model.graph.output) == [("loss", FLOAT, ())]
+    assert signature(eval_model.graph.output) == [("loss", FLOAT, ()), ("y", FLOAT, ("batch", 4))]
     x = np.random.default_rng(3).normal(size=(5, 3)).astype(np.float32)
     params = {k: v for k, v in dense_values().items() if k != CONSTANT}
     y = 1 / (1 + np.exp(-((x @ params["W"]) * params["S"] + params["B"] + dense_values()["C"])))

@@ -82,3 +82,33 @@ def test_exported_models_drop_the_training_entries(tmp_path: Path):
     exported = artifacts.export_model_for_inferencing(eval_model, state, ["y"])
     assert read_metadata(exported) == {"author": "me"}
     assert not set(read_metadata(exported)) & set(TRAINING_KEYS)
+
+
+def test_every_output_of_the_loss_block_is_kept_after_the_loss_as_onnx_runtime_keeps_them(tmp_path: Path):
+    """A loss block returning ``(loss, scores)`` kept only the loss; ``loss=None`` over a model whose outputs are
+    ``[loss, y, h]`` kept only ``loss``. ONNX Runtime's artifacts output every one, the loss first."""
+    import onnxtrain.onnxblock as onnxblock
+    from onnxtrain import api
+
+    class LossAndScores(onnxblock.Block):
+        def __init__(self) -> None:
+            super().__init__()
+            self._loss = onnxblock.loss.MSELoss()
+
+        def build(self, output: str) -> tuple[str, str]:
+            return self._loss(output), onnxblock.blocks.Sigmoid()(output)
+
+    paths = artifacts.generate_artifacts(
+        dense(), requires_grad=REQUIRES_GRAD, loss=LossAndScores(), artifact_directory=tmp_path / "block"
+    )
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    assert len(module.output_names()) == 2 and "sigmoid" in module.output_names()[1].lower()
+    module.eval()
+    assert len(module.output_names()) == 2
+    base = dense()
+    base.graph.output.insert(0, onnx.helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, []))
+    base.graph.node.append(onnx.helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0))
+    paths = artifacts.generate_artifacts(base, requires_grad=REQUIRES_GRAD, loss=None, artifact_directory=tmp_path)
+    module = api.Module(paths["training_model"], api.CheckpointState.load_checkpoint(paths["checkpoint"]))
+    assert module.output_names() == ["loss", "y"]
