@@ -99,6 +99,12 @@ def _load_model(source: ModelSource, what: str) -> LoadedModel:
         try:
             proto = wire.load_light(path)  # large inline weights refer to their bytes in the file, unread
         except Exception as error:
+            if _is_ort_format(path):
+                raise ValueError(
+                    f"{what}: {str(path)!r} is in ONNX Runtime's ORT format (generate_artifacts(..., ort_format=True) "
+                    "writes it beside the .onnx, for ONNX Runtime's mobile runtimes), which onnx cannot read: pass "
+                    f"{path.with_suffix('.onnx').name!r}, which this runtime trains"
+                ) from None
             raise ValueError(f"{what}: {str(path)!r} is not a readable ONNX model ({error})") from error
         # the folder the model is opened from, as onnxruntime and onnx resolve its data: not the folder a symbolic
         # link to the file leads to (an artifact set's names link into its version folder; their data's
@@ -110,6 +116,16 @@ def _load_model(source: ModelSource, what: str) -> LoadedModel:
             raise ValueError(f"{what} {str(path)!r}: {error}") from None
         return LoadedModel(proto, os.fspath(path), folder / path.name)
     raise TypeError(f"{what} must be a path, the model's bytes or an onnx.ModelProto, not {type(source).__name__}")
+
+
+#: The file identifier of ONNX Runtime's ORT-format models (a flatbuffer's bytes 4 to 8).
+ORT_FORMAT_IDENTIFIER = b"ORTM"
+
+
+def _is_ort_format(path: Path) -> bool:
+    """Whether the file at ``path`` is an ORT-format model (its flatbuffer identifier)."""
+    with open(path, "rb") as file:
+        return file.read(8)[4:8] == ORT_FORMAT_IDENTIFIER
 
 
 def _check_no_external_data(model: onnx.ModelProto, what: str) -> None:

@@ -314,6 +314,12 @@ def test_ort_format(tmp_path: Path):
     assert [o.name for o in session(paths["optimizer_model_ort"]).get_outputs()] == names(
         load(paths["optimizer_model"]).graph.output
     )
+    # the training API trains the .onnx beside it, and says so to a caller given the .ort (onnx cannot parse it)
+    from onnxtrain import api
+
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    with pytest.raises(ValueError, match=r"is in ONNX Runtime's ORT format .* pass 'training_model\.onnx'"):
+        api.Module(paths["training_model_ort"], state)
 
 
 def _save_with_external_data(model: onnx.ModelProto, folder: Path) -> Path:
