@@ -39,7 +39,7 @@ from onnxtrain.artifacts.training_model import check_parameters
 from onnxtrain.autodiff import GradientRegistry
 from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
-from onnxtrain.graph import empty_base, external, versions
+from onnxtrain.graph import dtypes, empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.declared import correct_declared_shapes
 from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light
@@ -289,8 +289,18 @@ QUANTIZED_KERNELS = frozenset(
 
 
 def _quantized_hint(model: onnx.ModelProto) -> str:
-    """Why a model may hold no trainable parameters: its products are quantized kernels (``""`` otherwise)."""
+    """Why a model may hold no trainable parameters: its products are quantized kernels, or its weights are stored
+    as integers (``""`` otherwise)."""
     kernels = sorted({node.op_type for node in model.graph.node if node.op_type in QUANTIZED_KERNELS})
+    integers = {t.name for t in model.graph.initializer if not dtypes.is_float(t.data_type)}
+    stored = any(node.op_type == "DequantizeLinear" and node.input[0] in integers for node in model.graph.node)
+    if not kernels and stored:
+        return (
+            " (this QDQ model stores its weights as integers that DequantizeLinear reads, quantize_static's "
+            "default, and integers cannot be trained: quantize with extra_options={'AddQDQPairToWeight': True, "
+            "'QuantizeBias': False} to keep float weights for quantization-aware training, or train LoRA adapters "
+            "beside them; docs/artifacts.md)"
+        )
     if not kernels:
         return ""
     return (

@@ -310,14 +310,24 @@ def _checkpoints(
         batch_inputs = [value.name for value in model.graph.input if value.name not in parameters]
         types = {name: _type_of(builder, name) for name in values}
         return choose_checkpoints(model, backward_from=forward_nodes, batch_inputs=batch_inputs, types=types)
-    if not all(isinstance(name, str) for name in checkpoints):
-        raise TypeError(f"activation_checkpoints must be 'auto' or a list of value names, not {checkpoints!r}")
-    known = set(values) | {value.name for value in model.graph.input}
-    unknown = [name for name in checkpoints if name not in known]
-    if unknown:
+    if not isinstance(checkpoints, (list, tuple)) or not all(isinstance(name, str) for name in checkpoints):
+        raise TypeError(
+            f"activation_checkpoints must be 'auto', a list of forward value names or None, not {checkpoints!r} "
+            "(on the command line, --activation-checkpoints alone means 'auto')"
+        )
+    if not checkpoints:
         raise ValueError(
-            f"activation_checkpoints names {unknown}, which the forward does not compute; name outputs of the "
-            "model's nodes (or pass 'auto')"
+            "activation_checkpoints=[] names no value to keep, so nothing would be recomputed (the values after "
+            "the last checkpoint are kept): pass None for no checkpointing, 'auto', or names of the forward's values"
+        )
+    inputs = {value.name for value in model.graph.input}
+    unknown = [name for name in checkpoints if name not in set(values)]
+    if unknown:
+        given = [name for name in unknown if name in inputs]
+        what = f" ({given} are inputs or parameters, which are there anyway)" if given else ""
+        raise ValueError(
+            f"activation_checkpoints names {unknown}, which the forward's nodes do not compute{what}; name outputs "
+            "of the model's nodes (or pass 'auto')"
         )
     return list(checkpoints)
 

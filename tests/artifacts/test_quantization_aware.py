@@ -288,3 +288,17 @@ def test_a_qoperator_model_is_told_to_be_quantized_in_the_qdq_format(tmp_path: P
     names = artifacts.trainable_parameters(path)
     with pytest.raises(ValueError, match=r"needs trainable parameters.*quantized kernels.*QuantFormat\.QDQ"):
         generated(path, names, tmp_path)
+
+
+def test_a_qdq_model_of_integer_weights_is_told_the_options_that_keep_them_float(tmp_path: Path) -> None:
+    """quantize_static's default QDQ model stores each weight as int8 read by ``DequantizeLinear``: no float weight
+    is left, and the error said only that an optimizer needs trainable parameters."""
+    float_path, path = tmp_path / "float.onnx", tmp_path / "qdq.onnx"
+    onnx.save(export_for_training(mlp(), (torch.randn(7, 6),), ["x"], ["logits"], opset=17), float_path)
+    quantization.quantize_static(
+        str(float_path), str(path), Calibration((7, 6)), quant_format=quantization.QuantFormat.QDQ
+    )
+    assert artifacts.trainable_parameters(path) == []  # int8 weights, int32 biases
+    said = r"needs trainable parameters.*stores its weights as integers.*'AddQDQPairToWeight': True.*LoRA"
+    with pytest.raises(ValueError, match=said):
+        generated(path, [], tmp_path)

@@ -243,8 +243,11 @@ def test_a_forward_that_never_narrows_to_one_value_is_refused():
     ("checkpoints", "error", "match"),
     [
         ("all", ValueError, "activation_checkpoints='all': pass 'auto'"),
-        (["h1", "nowhere"], ValueError, r"names \['nowhere'\], which the forward does not compute"),
-        ([1], TypeError, "must be 'auto' or a list of value names"),
+        (["h1", "nowhere"], ValueError, r"names \['nowhere'\], which the forward's nodes do not compute;"),
+        ([1], TypeError, "must be 'auto', a list of forward value names or None"),
+        (True, TypeError, r"not True \(on the command line, --activation-checkpoints alone means 'auto'\)"),
+        ([], ValueError, r"names no value to keep, so nothing would be recomputed.*pass None"),
+        (["x"], ValueError, r"names \['x'\].*\(\['x'\] are inputs or parameters, which are there anyway\)"),
     ],
 )
 def test_bad_checkpoints_are_refused_by_name(checkpoints: object, error: type[Exception], match: str):
