@@ -138,3 +138,84 @@ def test_which_nodes_draw_and_the_mixed_seeds() -> None:
 def test_a_seed_that_is_no_int_is_refused(dropout_artifacts) -> None:
     with pytest.raises(TypeError, match="seed must be an int, not float"):
         open_module(dropout_artifacts, seed=1.5)
+
+
+def _bernoulli_mlp(keep: float = 0.6) -> onnx.ModelProto:
+    """``x [n, 5] -> MatMul -> h * Less(RandomUniformLike(ones [n, 16]), keep) / keep -> MatMul -> y``: a channel
+    dropout as torch's dynamo exporter writes ``nn.Dropout1d/2d/3d`` (its Bernoulli mask from uniform draws)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"]),
+        helper.make_node("Shape", ["h"], ["shape"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=helper.make_tensor("v", FLOAT, [1], [1.0])),
+        helper.make_node("RandomUniformLike", ["ones"], ["rands"], high=1.0, low=0.0),
+        helper.make_node("CastLike", ["p", "rands"], ["p_cast"]),
+        helper.make_node("Less", ["rands", "p_cast"], ["sampled"]),
+        helper.make_node("Cast", ["sampled"], ["bernoulli"], to=FLOAT),
+        helper.make_node("Div", ["bernoulli", "p"], ["scale"]),
+        helper.make_node("Mul", ["h", "scale"], ["d"]),
+        helper.make_node("MatMul", ["d", "W2"], ["y"]),
+    ]
+    return make_model(
+        {"x": (FLOAT, ["n", 5])}, nodes, {"y": (FLOAT, ["n", 3])},
+        [("W1", rng.normal(size=(5, 16)).astype(np.float32)), ("W2", rng.normal(size=(16, 3)).astype(np.float32) / 4),
+         ("p", np.array(keep, np.float32))],
+        opset=18,
+    )  # fmt: skip
+
+
+def test_bernoulli_masks_are_drawn_by_dropout_so_a_resumed_run_draws_them_again(tmp_path: Path) -> None:
+    """``RandomUniformLike`` draws from a generator onnxruntime seeds when the session is made, which the step's
+    seed never reached: resumed after 2 steps, a run drew other masks (a parameter 0.054 away after 4 steps)."""
+    from onnxtrain.training.random_draws import bernoulli_masks_as_dropout
+
+    model = _bernoulli_mlp()
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert bernoulli_masks_as_dropout(rewritten) == 1
+    types = [node.op_type for node in rewritten.graph.node]
+    assert "RandomUniformLike" not in types and "Dropout" in types and "Less" not in types
+    paths = generate_artifacts(
+        model, requires_grad=["W1", "W2"], loss=LossType.MSELoss, optimizer=OptimType.SGD, artifact_directory=tmp_path
+    )
+    batches = _batches()
+    state, module, optimizer = open_module(paths, seed=3)
+    uninterrupted = _train(module, optimizer, batches)
+    state, module, optimizer = open_module(paths, seed=3)
+    first = _train(module, optimizer, batches[:2])
+    api.CheckpointState.save_checkpoint(state, tmp_path / "checkpoint", include_optimizer_state=True)
+    resumed = api.CheckpointState.load_checkpoint(tmp_path / "checkpoint")
+    module = api.Module(paths["training_model"], resumed, seed=3)
+    assert first + _train(module, api.Optimizer(paths["optimizer_model"], module), batches[2:]) == uninterrupted
+
+
+def test_a_bernoulli_mask_drawn_by_dropout_keeps_its_probability() -> None:
+    """The rewritten mask keeps each element with probability ``keep`` (the ``Less`` of a uniform draw did)."""
+    import onnxruntime as ort
+
+    from onnxtrain.training.random_draws import bernoulli_masks_as_dropout
+
+    for keep in (0.6, 0.9, 1.0):
+        model = _bernoulli_mlp(keep)
+        model.graph.output.append(helper.make_tensor_value_info("sampled", onnx.TensorProto.BOOL, ["n", 16]))
+        assert bernoulli_masks_as_dropout(model) == 1
+        session = ort.InferenceSession(model.SerializeToString())
+        mask = session.run(["sampled"], {"x": np.ones((20_000, 5), np.float32)})[0]
+        assert abs(mask.mean() - keep) < 0.005, (keep, mask.mean())
+
+
+def test_a_seeded_module_says_which_random_nodes_its_seed_does_not_reach(tmp_path: Path) -> None:
+    from onnxtrain.training.random_draws import OwnGeneratorWarning
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"]),
+        helper.make_node("RandomNormalLike", ["h"], ["noise"], name="noise", scale=0.1),
+        helper.make_node("Add", ["h", "noise"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 5])}, nodes, {"y": (FLOAT, ["n", 3])}, [("W", rng.normal(size=(5, 3)))])
+    model.graph.initializer[0].CopyFrom(onnx.numpy_helper.from_array(rng.normal(size=(5, 3)).astype(np.float32), "W"))
+    paths = generate_artifacts(model, requires_grad=["W"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    with pytest.warns(OwnGeneratorWarning, match=r"random nodes \['noise'\] draw from generators of their own"):
+        api.Module(paths["training_model"], state, seed=1)
