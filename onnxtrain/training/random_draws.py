@@ -89,9 +89,10 @@ class StepSeeds:
         """``model`` with its Bernoulli masks drawn by ``Dropout`` (:func:`bernoulli_masks_as_dropout`) and, with a
         ``seed``, without its random nodes' ``seed`` attributes, and the seeds to set before each train step
         (``None`` where ``seed`` is ``None`` or nothing in it draws)."""
-        rewritten = copy_model(model.proto)
-        if bernoulli_masks_as_dropout(rewritten):
-            model = LoadedModel(rewritten, rewritten.SerializeToString())
+        if any(node.op_type == "RandomUniformLike" for node in model.proto.graph.node):
+            rewritten = copy_model(model.proto)
+            if bernoulli_masks_as_dropout(rewritten):
+                model = LoadedModel(rewritten, rewritten.SerializeToString())
         if seed is None:
             return model, None
         seeds = cls(seed)
