@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -95,6 +96,15 @@ def add_parser(subcommands: Any) -> None:
         metavar="PATTERN",
         help="parameters left out of weight decay: names or their parts after a dot, globs (bias '*norm.weight')",
     )
+    parser.add_argument(
+        "--lr-scale",
+        nargs="+",
+        default=[],
+        type=_scale,
+        metavar="PATTERN=FACTOR",
+        help="parameters stepped at the learning rate times FACTOR ('classifier.*=10'), the first pattern that "
+        "matches a name deciding; patterns as --no-decay's",
+    )
     parser.add_argument("--max-grad-norm", type=positive, metavar="N", help="clip the gradients' global L2 norm to N")
     parser.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="where the artifacts go")
     parser.add_argument("--target", choices=TARGETS, default="onnxruntime", help="the runtime (default: onnxruntime)")
@@ -150,7 +160,9 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain import artifacts
     from onnxtrain.loop import with_learning_rate
 
-    optimizer = optimizer_block(args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay)
+    optimizer = optimizer_block(
+        args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay, dict(args.lr_scale)
+    )
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
     loss = loss_of(args.loss, args.ignore_index)
@@ -224,6 +236,7 @@ def optimizer_block(
     weight_decay: float | None,
     max_grad_norm: float | None,
     no_decay: Sequence[str] = (),
+    lr_scale: Mapping[str, float] | None = None,
 ) -> optim.Optimizer:
     """The ``onnxtrain.optim`` optimizer for ``--optimizer`` and its options."""
     from onnxtrain import optim
@@ -241,7 +254,21 @@ def optimizer_block(
         if not weight_decay:
             raise UsageError("--no-decay leaves parameters out of weight decay: give --weight-decay too")
         options["no_decay"] = list(no_decay)
+    if lr_scale:
+        options["lr_scale"] = dict(lr_scale)
     return getattr(optim, OPTIMIZERS[name])(**options)
+
+
+def _scale(text: str) -> tuple[str, float]:
+    """``PATTERN=FACTOR`` of ``--lr-scale``: the pattern and a factor > 0."""
+    pattern, sign, factor = text.rpartition("=")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = math.nan
+    if not sign or not pattern or not 0.0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PATTERN=FACTOR with a factor > 0 ('classifier.*=10')")
+    return pattern, value
 
 
 def trainable_names(model: Path, requested: list[str], frozen: list[str]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -64,6 +64,21 @@ def patterns(owner: str, argument: str, value: object) -> tuple[str, ...]:
             f"{owner}: {argument} must be a list of parameter-name patterns (non-empty strings), not {value!r}"
         )
     return tuple(items)
+
+
+def scales(owner: str, argument: str, value: object) -> dict[str, float]:
+    """``{pattern: factor}``: non-empty string patterns, each to a finite number > 0; ``None`` is none."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) and key for key in value):
+        raise TypeError(
+            f"{owner}: {argument} must be a mapping of parameter-name patterns to factors "
+            f"({{'classifier.*': 10.0}}), not {value!r}"
+        )
+    return {
+        pattern: number(owner, f"{argument}[{pattern!r}]", factor, lambda v: 0.0 < v < math.inf, "a finite number > 0")
+        for pattern, factor in value.items()
+    }
 
 
 #: Keyword arguments of ``torch.optim``'s constructors that an optimizer block does not take.

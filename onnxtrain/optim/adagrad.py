@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -31,8 +31,9 @@ class Adagrad(Optimizer):
         eps: float = 1e-10,
         clip_grad: ClipGradNorm | None = None,
         no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(clip_grad, no_decay)
+        super().__init__(clip_grad, no_decay, lr_scale)
         self._lr_decay = _checks.non_negative("Adagrad", "lr_decay", lr_decay)
         self._weight_decay = _checks.non_negative("Adagrad", "weight_decay", weight_decay)
         self._initial = _checks.non_negative("Adagrad", "initial_accumulator_value", initial_accumulator_value)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -26,8 +26,9 @@ class _AdamBase(Optimizer):
         amsgrad: bool,
         clip_grad: ClipGradNorm | None,
         no_decay: Sequence[str],
+        lr_scale: Mapping[str, float] | None,
     ) -> None:
-        super().__init__(clip_grad, no_decay)
+        super().__init__(clip_grad, no_decay, lr_scale)
         owner = type(self).__name__
         self._betas = _checks.betas(owner, betas)
         self._eps = _checks.non_negative(owner, "eps", eps)
@@ -124,10 +125,11 @@ class Adam(_AdamBase):
         amsgrad: bool = False,
         clip_grad: ClipGradNorm | None = None,
         no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
-            clip_grad=clip_grad, no_decay=no_decay,
+            clip_grad=clip_grad, no_decay=no_decay, lr_scale=lr_scale,
         )  # fmt: skip
 
 
@@ -165,10 +167,11 @@ class AdamW(_AdamBase):
         amsgrad: bool = False,
         adam_mode: int = 0,
         no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__(
             betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction, amsgrad=amsgrad,
-            clip_grad=clip_grad, no_decay=no_decay,
+            clip_grad=clip_grad, no_decay=no_decay, lr_scale=lr_scale,
         )  # fmt: skip
         if adam_mode not in (0, 1) or isinstance(adam_mode, bool):
             raise ValueError(f"AdamW: adam_mode must be 0 (torch's math) or 1 (Hugging Face's), not {adam_mode!r}")

@@ -187,8 +187,9 @@ class Update:
     states: tuple[str, ...] = ()
 
 
-class NoDecayPatternWarning(UserWarning):
-    """A ``no_decay`` pattern matches no parameter of the model being built (a typo, or a substring habit)."""
+class UnmatchedPatternWarning(UserWarning):
+    """A ``no_decay`` or ``lr_scale`` pattern matches no parameter of the model being built (a typo, or Hugging
+    Face's substring habit)."""
 
 
 class Optimizer(ForwardBlock):
@@ -209,9 +210,15 @@ class Optimizer(ForwardBlock):
         _checks.torch_habits(cls.__name__, names, positional, args, kwargs)
         return super().__new__(cls)
 
-    def __init__(self, clip_grad: ClipGradNorm | None = None, no_decay: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        clip_grad: ClipGradNorm | None = None,
+        no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
+    ) -> None:
         super().__init__()
         self._no_decay = _checks.patterns(type(self).__name__, "no_decay", no_decay)
+        self._lr_scale = _checks.scales(type(self).__name__, "lr_scale", lr_scale)
         if clip_grad is not None and not isinstance(clip_grad, ClipGradNorm):
             raise TypeError(
                 f"{type(self).__name__}: clip_grad must be None or a ClipGradNorm(max_norm), "
@@ -248,27 +255,45 @@ class Optimizer(ForwardBlock):
         (:func:`~onnxtrain.graph.naming.matches`: the whole name or its part after one of its dots)."""
         return not any(matches(pattern, name) for pattern in self._no_decay)
 
+    @property
+    def lr_scale(self) -> dict[str, float]:
+        """``{pattern: factor}``: the parameters a pattern matches step at the learning rate times its factor
+        (:meth:`lr_scale_of`)."""
+        return dict(self._lr_scale)
+
+    def lr_scale_of(self, name: str) -> float:
+        """The factor of the learning rate for parameter ``name``: the first pattern of ``lr_scale`` that matches
+        it (:func:`~onnxtrain.graph.naming.matches`), else 1."""
+        return next((factor for pattern, factor in self._lr_scale.items() if matches(pattern, name)), 1.0)
+
     def weight_decay_of(self, name: str, weight_decay: float) -> float:
         """``weight_decay`` for parameter ``name``, 0 where :meth:`decays` says it is left alone."""
         return weight_decay if self.decays(name) else 0.0
 
-    def _warn_unmatched_no_decay(self, names: Sequence[str]) -> None:
-        """A :class:`NoDecayPatternWarning` for each pattern of ``no_decay`` that matches none of ``names``."""
-        for pattern in self._no_decay:
-            if not any(matches(pattern, name) for name in names):
-                warnings.warn(
-                    f"{type(self).__name__}: the no_decay pattern {pattern!r} matches none of the "
-                    f"{len(names)} parameters, so weight decay applies as if it were not given (a pattern is a "
-                    "glob on a whole name or on the part after one of its dots, not a substring as Hugging Face's "
-                    f"list: {pattern + '.*'!r} or {'*' + pattern + '*'!r} match inside names); "
-                    + unknown_name_hint(pattern, names),
-                    NoDecayPatternWarning,
-                    stacklevel=3,
-                )
+    def _warn_unmatched_patterns(self, names: Sequence[str]) -> None:
+        """An :class:`UnmatchedPatternWarning` for each pattern of ``no_decay`` or ``lr_scale`` that matches none of
+        ``names``."""
+        for argument, patterns, meaning in (
+            ("no_decay", self._no_decay, "weight decay applies as if it were not given"),
+            ("lr_scale", list(self._lr_scale), "its factor applies to nothing"),
+        ):
+            for pattern in patterns:
+                if not any(matches(pattern, name) for name in names):
+                    warnings.warn(
+                        f"{type(self).__name__}: the {argument} pattern {pattern!r} matches none of the "
+                        f"{len(names)} parameters, so {meaning} (a pattern is a glob on a whole name or on the part "
+                        "after one of its dots, not a substring as Hugging Face's list: "
+                        f"{pattern + '.*'!r} or {'*' + pattern + '*'!r} match inside names); "
+                        + unknown_name_hint(pattern, names),
+                        UnmatchedPatternWarning,
+                        stacklevel=3,
+                    )
 
     def with_no_decay(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
-        """``hyperparameters`` and ``no_decay``, where it names patterns (as a constructor argument)."""
-        return {**hyperparameters, "no_decay": list(self._no_decay)} if self._no_decay else hyperparameters
+        """``hyperparameters``, ``no_decay`` and ``lr_scale``, where they name patterns (as constructor
+        arguments)."""
+        hyper = {**hyperparameters, "no_decay": list(self._no_decay)} if self._no_decay else hyperparameters
+        return {**hyper, "lr_scale": dict(self._lr_scale)} if self._lr_scale else hyper
 
     @abstractmethod
     def hyperparameters(self) -> dict[str, Any]:
@@ -345,7 +370,7 @@ class Optimizer(ForwardBlock):
         b = self.builder
         params = [spec.name for spec in specs]
         frozen = [ParameterSpec.of(p).name for p in _trainable_and_frozen(owner, parameters)[1]]
-        self._warn_unmatched_no_decay(params + frozen)
+        self._warn_unmatched_patterns(params + frozen)
         inputs, outputs = self.model_input_names(params), self.model_output_names(params)
         _check_names(owner, b, inputs + outputs, params)
         for name in outputs:
@@ -376,8 +401,11 @@ class Optimizer(ForwardBlock):
         if self._clip_grad is not None:
             grads = list(self._clip_grad(grads))
         result: list[str] = []
+        scaled: dict[float, Scalars] = {1.0: scalars}  # the scalars of each learning rate's factor
         for spec, grad in zip(specs, grads, strict=True):
-            result += self._emit_update(scalars, spec, grad, keep_if=found_inf)
+            factor = self.lr_scale_of(spec.name)
+            own = scaled.setdefault(factor, scalars.with_lr_scale(factor))
+            result += self._emit_update(own, spec, grad, keep_if=found_inf)
         if scaling is not None and found_inf is not None:
             outputs = [updated_name(name) for name in SCALER_STATE]
             scaling.update_state(scalars.builder, found_inf, step, taken, outputs)
@@ -450,10 +478,12 @@ class Optimizer(ForwardBlock):
         update = type(self).reference_update
         hyper = self.hyperparameters()
         hyper.pop("no_decay", None)
+        hyper.pop("lr_scale", None)
         for name, grad in zip(names, gradients, strict=True):
             own = {**hyper, "weight_decay": self.weight_decay_of(name, hyper["weight_decay"])}
+            rate = float(np.float32(learning_rate) * np.float32(self.lr_scale_of(name)))  # as the model's Mul
             new_params[name], new_states[name] = update(
-                params[name], grad, list(states[name]), lr=learning_rate, step=step, **own
+                params[name], grad, list(states[name]), lr=rate, step=step, **own
             )
         return new_params, new_states
 

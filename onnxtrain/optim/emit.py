@@ -29,9 +29,10 @@ class Scalars:
     Each is emitted once, when first asked for, and reused.
     """
 
-    def __init__(self, builder: GraphBuilder, learning_rate: str, step: str) -> None:
+    def __init__(self, builder: GraphBuilder, learning_rate: str, step: str, lr_scale: float = 1.0) -> None:
         self.builder = builder
         self._inputs = {LEARNING_RATE: learning_rate, STEP: step}
+        self._lr_scale = lr_scale
         self._cache: dict[tuple[Any, ...], Any] = {}
 
     @property
@@ -41,7 +42,12 @@ class Scalars:
 
     def with_step(self, step: str) -> Scalars:
         """These scalars with the step read from ``step`` (int64 ``[1]``) instead."""
-        return Scalars(self.builder, self._inputs[LEARNING_RATE], step)
+        return Scalars(self.builder, self._inputs[LEARNING_RATE], step, self._lr_scale)
+
+    def with_lr_scale(self, factor: float) -> Scalars:
+        """These scalars with the learning rate times ``factor`` (a group's: every scalar made from the rate is
+        made again for it)."""
+        return Scalars(self.builder, self._inputs[LEARNING_RATE], self._inputs[STEP], factor)
 
     def _get(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
         if key not in self._cache:
@@ -60,6 +66,10 @@ class Scalars:
         """The learning rate as a scalar of ``elem_type``."""
         b = self.builder
         scalar = self._get(("lr",), lambda: ops.squeeze(b, self._inputs[LEARNING_RATE], [0], hint="lr"))
+        if self._lr_scale != 1.0:  # float32 as the rate itself: Mul(rate, factor)
+            factor = self.const(self._lr_scale, onnx.TensorProto.FLOAT, "lr_scale")
+            unscaled = scalar
+            scalar = self._get(("lr scaled",), lambda: b.add_node1("Mul", [unscaled, factor], hint="lr"))
         if elem_type == onnx.TensorProto.FLOAT:
             return scalar
         return self._get(("lr", elem_type), lambda: b.add_node1("Cast", [scalar], to=elem_type, hint="lr"))

@@ -72,6 +72,11 @@ def ort_node(optimizer: Optimizer) -> OrtOptimizerNode:
     without amsgrad) and plain SGD (no momentum, no weight decay).
     """
     hyper = optimizer.hyperparameters()
+    if hyper.get("lr_scale"):
+        raise ValueError(
+            f"{optimizer!r} steps some parameters at another learning rate (lr_scale), which ONNX Runtime's on-device "
+            "optimizers, with one learning rate for all, cannot: drop lr_scale, or target='onnxruntime'"
+        )
     if hyper.get("no_decay") and hyper["weight_decay"]:
         raise ValueError(
             f"{optimizer!r} decays some parameters and not others (no_decay), which ONNX Runtime's on-device "

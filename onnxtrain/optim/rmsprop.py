@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -34,8 +34,9 @@ class RMSprop(Optimizer):
         centered: bool = False,
         clip_grad: ClipGradNorm | None = None,
         no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(clip_grad, no_decay)
+        super().__init__(clip_grad, no_decay, lr_scale)
         self._alpha = _checks.unit_interval("RMSprop", "alpha", alpha)
         self._eps = _checks.non_negative("RMSprop", "eps", eps)
         self._weight_decay = _checks.non_negative("RMSprop", "weight_decay", weight_decay)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onnxtrain.optim import _checks, reference
@@ -33,8 +33,9 @@ class SGD(Optimizer):
         weight_decay: float = 0.0,
         clip_grad: ClipGradNorm | None = None,
         no_decay: Sequence[str] = (),
+        lr_scale: Mapping[str, float] | None = None,
     ) -> None:
-        super().__init__(clip_grad, no_decay)
+        super().__init__(clip_grad, no_decay, lr_scale)
         self._momentum = _checks.non_negative("SGD", "momentum", momentum)
         self._dampening = _checks.unit_interval("SGD", "dampening", dampening)
         self._nesterov = _checks.flag("SGD", "nesterov", nesterov)

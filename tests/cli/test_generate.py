@@ -80,6 +80,15 @@ def test_no_decay_leaves_the_parameters_it_names_out_of_weight_decay(capsys, mod
     assert status != 0 and "give --weight-decay too" in err
 
 
+def test_lr_scale_steps_the_parameters_it_names_at_a_scaled_rate(capsys, model_path: Path, tmp_path: Path):
+    status, _, err = _generate(capsys, model_path, tmp_path / "art", "--lr-scale", "*bias*=10", "*weight*=0.5")
+    assert (status, err) == (0, "")
+    description = read_metadata(onnx.load(tmp_path / "art" / "optimizer_model.onnx"))[OPTIMIZER_KEY]
+    assert "lr_scale={'*bias*': 10.0, '*weight*': 0.5}" in description
+    status, _, err = _generate(capsys, model_path, tmp_path / "other", "--lr-scale", "classifier")
+    assert status != 0 and "'classifier' is not PATTERN=FACTOR" in err
+
+
 @pytest.mark.parametrize("loss", [name for name, kind in generate.LOSSES.items() if kind in ("MSELoss", "L1Loss")])
 def test_regression_losses_take_a_float_target(capsys, model_path: Path, tmp_path: Path, loss: str):
     status, _, err = cli(capsys, "generate", model_path, "--requires-grad", "all-float", "--loss", loss, "-o", tmp_path)

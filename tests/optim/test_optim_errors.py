@@ -184,14 +184,14 @@ def test_torch_optim_habits_are_refused_with_what_to_do(make: Callable[[], Any],
 def test_no_decay_pattern_that_matches_no_parameter_warns() -> None:
     """Hugging Face's list tests substrings (``"LayerNorm" in name``); these patterns are globs on a whole name
     or its part after a dot, so ``"LayerNorm"`` matches no ``encoder.LayerNorm.weight`` and decay would apply."""
-    from onnxtrain.optim import NoDecayPatternWarning
+    from onnxtrain.optim import UnmatchedPatternWarning
 
     trainable = tensors({"encoder.LayerNorm.weight": np.ones(2, np.float32), "fc.bias": np.ones(2, np.float32)})
     frozen = tensors({"embed.layer_norm.weight": np.ones(2, np.float32)})
     warned = r"'LayerNorm' matches none of the 3 parameters.*'LayerNorm\.\*'"
-    with pytest.warns(NoDecayPatternWarning, match=warned), onnxblock.empty_base():
+    with pytest.warns(UnmatchedPatternWarning, match=warned), onnxblock.empty_base():
         AdamW(weight_decay=0.1, no_decay=["bias", "LayerNorm", "layer_norm.weight"])((trainable, frozen))
     with warnings.catch_warnings():  # a pattern matching a frozen parameter only is no typo: no warning
-        warnings.simplefilter("error", NoDecayPatternWarning)
+        warnings.simplefilter("error", UnmatchedPatternWarning)
         with onnxblock.empty_base():
             AdamW(weight_decay=0.1, no_decay=["bias", "LayerNorm.*", "layer_norm.weight"])((trainable, frozen))

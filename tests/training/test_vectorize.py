@@ -231,3 +231,22 @@ def test_two_groups_pack_with_the_same_bits(tmp_path: Path) -> None:
     onnx.checker.check_model(packed, full_check=True)
     assert sorted(len(pack.members) for pack in packs) == [3] * 8  # two groups of 3, 4 roles each
     _assert_packed_bits(model, packed, packs, np.random.default_rng(2))
+
+
+def test_parameters_at_another_learning_rate_pack_apart_with_the_same_bits(tmp_path: Path) -> None:
+    """AdamW with ``lr_scale``: the chains stepping at ``lr * 10`` read another rate and form their own group,
+    packed in place or into flat tensors with the bits of the unpacked update."""
+    block = optim.AdamW(weight_decay=0.1, lr_scale={"fc2.*": 10.0})
+    paths = models.generate(tmp_path, models.mlp((8, 16, 24, 8)), loss=LossType.MSELoss, optimizer=block)
+    fused = _fused(paths)
+    model = fused.model.proto
+    packed, packs = pack_in_place(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    groups = {tuple(name for name, _ in pack.members) for pack in packs if pack.role == "parameters"}
+    assert ("fc2.weight",) in groups or any("fc2.weight" in group and "fc0.weight" not in group for group in groups)
+    assert not any("fc2.weight" in group and "fc0.weight" in group for group in groups)
+    feeds = _feeds(model, np.random.default_rng(1))
+    expected, got = _run(model, feeds), _run(packed, _as_rows(packs, feeds))
+    for name, value in got.items():
+        np.testing.assert_array_equal(value.reshape(expected[name].shape), expected[name], err_msg=name)
+    flat, flat_packs = pack_updates(model, fused.updates, keep_or_tag(names_in(model.graph), "test"))
+    _assert_packed_bits(model, flat, flat_packs, np.random.default_rng(2))
