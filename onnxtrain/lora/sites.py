@@ -11,7 +11,9 @@ A *site* is one product reading a weight initializer ``W`` as its right operand:
   initializer (the weight named is the quantized one);
 - ``com.microsoft::MatMulNBits(x, W, scales, ...)``, ``in = K``, ``out = N``.
 
-Only the top-level graph is searched. A weight also read by anything else
+A weight read through ``Identity`` copies (torch's TorchScript exporter writes
+one per use of a shared layer: ALBERT's) has the sites of its copies' readers,
+one adapter for all. Only the top-level graph is searched. A weight also read by anything else
 (a ``Gather`` of tied embeddings, the left operand of a product) has no site:
 an adapter beside it would change one reader and not the others. Which sites
 a target pattern chooses: :func:`select`, by the names of :mod:`onnxtrain.lora.names`.
@@ -95,7 +97,7 @@ def find_sites(graph: onnx.GraphProto) -> tuple[dict[str, list[Site]], dict[str,
         problems: list[str] = []
         if name in outputs:
             problems.append("it is a graph output")
-        for k, j in readers.get(name, []):
+        for k, j in _through_identities(graph, name, readers, outputs):
             site = _site(graph, name, tensor, k, j, readers, outputs)
             if isinstance(site, Site):
                 found.append(site)
@@ -117,6 +119,25 @@ def find_sites(graph: onnx.GraphProto) -> tuple[dict[str, list[Site]], dict[str,
         else:
             reasons[name] = "; ".join(problems) if problems else "no node reads it"
     return sites, reasons
+
+
+def _through_identities(
+    graph: onnx.GraphProto, name: str, readers: dict[str, list[tuple[int, int]]], outputs: set[str]
+) -> list[tuple[int, int]]:
+    """The readers ``(node, input)`` of ``name``, those of an ``Identity`` replaced by its output's: torch's
+    TorchScript exporter reads a layer applied several times (ALBERT's shared layer) through an ``Identity`` per
+    use, and one adapter beside the weight serves every use, as PEFT's does. An ``Identity`` whose output is a
+    graph output stays a reader (no site)."""
+    found: list[tuple[int, int]] = []
+    pending = list(readers.get(name, []))
+    while pending:
+        k, j = pending.pop(0)
+        node = graph.node[k]
+        if node.op_type == "Identity" and is_standard(node) and node.output[0] not in outputs:
+            pending += readers.get(node.output[0], [])
+        else:
+            found.append((k, j))
+    return found
 
 
 def _site(

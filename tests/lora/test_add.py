@@ -82,3 +82,32 @@ def test_initialisation_follows_peft() -> None:
     assert abs(float(gaussian.std()) - 1 / 8) < 0.01
     again, _ = add_adapters(model, "W", 8, 16, init="kaiming", seed=3)
     assert np.array_equal(onnx.numpy_helper.to_array(again.graph.initializer[1]), kaiming)
+
+
+def test_a_weight_read_through_identity_copies_gets_one_adapter_for_every_use() -> None:
+    """torch's TorchScript exporter reads a layer applied twice (ALBERT's shared layer) through an ``Identity``
+    per use: one adapter beside the weight serves both, as PEFT's does (it was refused as read elsewhere)."""
+    rng = np.random.default_rng(0)
+    weight = rng.normal(size=(3, 3)).astype(np.float32)
+    nodes = [
+        onnx.helper.make_node("Identity", ["W"], ["w_use1"]),
+        onnx.helper.make_node("Identity", ["W"], ["w_use2"]),
+        onnx.helper.make_node("MatMul", ["x", "w_use1"], ["h"]),
+        onnx.helper.make_node("MatMul", ["h", "w_use2"], ["y"]),
+    ]
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    graph = onnx.helper.make_graph(nodes, "shared", [x], [y], [onnx.numpy_helper.from_array(weight, "W")])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    adapted, _ = add_adapters(model, "W", 2, 4)
+    (adapter,) = adapters_of(adapted)
+    assert adapter.weight == "W" and len(adapter.placements) == 2
+    values = {t.name: onnx.numpy_helper.to_array(t) for t in adapted.graph.initializer}
+    a, b = values["W.lora_A"], rng.normal(size=(2, 3)).astype(np.float32)
+    for tensor in adapted.graph.initializer:
+        if tensor.name == "W.lora_B":
+            tensor.CopyFrom(onnx.numpy_helper.from_array(b, "W.lora_B"))
+    inputs = rng.normal(size=(2, 3)).astype(np.float32)
+    effective = weight + (4 / 2) * a @ b  # both uses read the adapted weight
+    (got,) = run(adapted, {"x": inputs})
+    np.testing.assert_allclose(got, inputs @ effective @ effective, rtol=1e-5, atol=1e-6)
