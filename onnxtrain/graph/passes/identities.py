@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnxtrain.graph.torch_metadata import dropout_call
+from onnxtrain.graph.torch_metadata import NAME_SCOPES_KEY, dropout_call
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import constant_tensors, names_read
 
@@ -70,8 +70,9 @@ def replace_dropout_masks(model: onnx.ModelProto) -> onnx.ModelProto:
         for name in names_read(node):
             readers.setdefault(name, set()).add(position)
     outputs = {value.name for value in graph.output}
-    for positions in calls.values():
-        inside = set(positions)
+    for found in calls.values():
+        inside = _with_unscoped(graph, set(found), readers)
+        positions = sorted(inside)
         drawn: set[str] = set()  # the values computed from the random operators, within the call
         for position in positions:  # in graph order, which is topological
             node = graph.node[position]
@@ -93,6 +94,26 @@ def replace_dropout_masks(model: onnx.ModelProto) -> onnx.ModelProto:
         kept = node.input[1 - masks[0]]
         graph.node[position].CopyFrom(helper.make_node("Identity", [kept], [node.output[0]], name=node.name))
     return model
+
+
+def _with_unscoped(graph: onnx.GraphProto, inside: set[int], readers: dict[str, set[int]]) -> set[int]:
+    """``inside`` (node positions of one module call) with the nodes that carry no scopes of their own (an
+    optimizer's, such as the ``Cast`` torch's exporter inserts after a mask with ``optimize=True``), read only by
+    nodes inside and reading only what nodes inside make: part of the call."""
+    while True:
+        made = {name for position in inside for name in graph.node[position].output}
+        added = {
+            position
+            for position, node in enumerate(graph.node)
+            if position not in inside
+            and not any(prop.key == NAME_SCOPES_KEY for prop in node.metadata_props)
+            and node.input
+            and all(name in made for name in node.input if name)
+            and all(readers.get(name, set()) <= inside for name in node.output if name)
+        }
+        if not added:
+            return inside
+        inside |= added
 
 
 def replace_zero_pads(model: onnx.ModelProto) -> onnx.ModelProto:
