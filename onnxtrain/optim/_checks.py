@@ -76,7 +76,7 @@ def scales(owner: str, argument: str, value: object) -> dict[str, float]:
             f"({{'classifier.*': 10.0}}), not {value!r}"
         )
     return {
-        pattern: number(owner, f"{argument}[{pattern!r}]", factor, lambda v: 0.0 < v < math.inf, "a finite number > 0")
+        pattern: number(owner, f"{argument}[{pattern!r}]", factor, lambda v: 0.0 < v < math.inf, "> 0 and finite")
         for pattern, factor in value.items()
     }
 

@@ -270,21 +270,26 @@ class Optimizer(ForwardBlock):
         """``weight_decay`` for parameter ``name``, 0 where :meth:`decays` says it is left alone."""
         return weight_decay if self.decays(name) else 0.0
 
-    def _warn_unmatched_patterns(self, names: Sequence[str]) -> None:
-        """An :class:`UnmatchedPatternWarning` for each pattern of ``no_decay`` or ``lr_scale`` that matches none of
-        ``names``."""
-        for argument, patterns, meaning in (
-            ("no_decay", self._no_decay, "weight decay applies as if it were not given"),
-            ("lr_scale", list(self._lr_scale), "its factor applies to nothing"),
+    def _warn_unmatched_patterns(self, trainable: Sequence[str], names: Sequence[str]) -> None:
+        """An :class:`UnmatchedPatternWarning` for each pattern of ``no_decay`` that matches none of ``names`` (a
+        frozen parameter too: no typo), and of ``lr_scale`` that matches none of the ``trainable`` ones."""
+        for argument, patterns, among, meaning in (
+            ("no_decay", self._no_decay, names, "weight decay applies as if it were not given"),
+            ("lr_scale", list(self._lr_scale), trainable, "its factor applies to nothing"),
         ):
             for pattern in patterns:
-                if not any(matches(pattern, name) for name in names):
+                if not any(matches(pattern, name) for name in among):
+                    what = "trainable parameters" if among is trainable else "parameters"
+                    inside = (
+                        ""
+                        if any(char in pattern for char in "*?[")
+                        else f": {pattern + '.*'!r} or {'*' + pattern + '*'!r} match inside names"
+                    )
                     warnings.warn(
                         f"{type(self).__name__}: the {argument} pattern {pattern!r} matches none of the "
-                        f"{len(names)} parameters, so {meaning} (a pattern is a glob on a whole name or on the part "
-                        "after one of its dots, not a substring as Hugging Face's list: "
-                        f"{pattern + '.*'!r} or {'*' + pattern + '*'!r} match inside names); "
-                        + unknown_name_hint(pattern, names),
+                        f"{len(among)} {what}, so {meaning} (a pattern is a glob on a whole name or on the part after "
+                        f"one of its dots, not a substring as Hugging Face's list{inside}); "
+                        + unknown_name_hint(pattern, among),
                         UnmatchedPatternWarning,
                         stacklevel=3,
                     )
@@ -370,7 +375,7 @@ class Optimizer(ForwardBlock):
         b = self.builder
         params = [spec.name for spec in specs]
         frozen = [ParameterSpec.of(p).name for p in _trainable_and_frozen(owner, parameters)[1]]
-        self._warn_unmatched_patterns(params + frozen)
+        self._warn_unmatched_patterns(params, params + frozen)
         inputs, outputs = self.model_input_names(params), self.model_output_names(params)
         _check_names(owner, b, inputs + outputs, params)
         for name in outputs:

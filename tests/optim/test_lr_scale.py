@@ -84,6 +84,8 @@ def test_a_head_at_ten_times_the_rate_trains_as_torchs_parameter_groups(tmp_path
 def test_bad_factors_and_the_targets_that_cannot_take_them() -> None:
     with pytest.raises(ValueError, match=r"lr_scale\['head\.\*'\]=0 is out of range"):
         optim.SGD(lr_scale={"head.*": 0})
+    with pytest.raises(TypeError, match=r"lr_scale\['head\.\*'\] must be a real number > 0 and finite, not str"):
+        optim.SGD(lr_scale={"head.*": "2"})
     with pytest.raises(TypeError, match="mapping of parameter-name patterns to factors"):
         optim.SGD(lr_scale=["head.*"])  # type: ignore[arg-type]
     from onnxtrain.optim.ort_nodes import ort_node
@@ -103,3 +105,9 @@ def test_a_pattern_that_scales_no_parameter_warns() -> None:
     with warnings.catch_warnings(), onnxblock.empty_base():
         warnings.simplefilter("error", UnmatchedPatternWarning)
         optim.AdamW(lr_scale={"head.*": 10.0})((tensors(PARAMS), []))
+    # a glob gets no suggestion of globs made from it; a frozen parameter's factor applies to nothing either
+    frozen = tensors({"frozen.w": np.ones(2, np.float32)})
+    with pytest.warns(UnmatchedPatternWarning) as caught, onnxblock.empty_base():
+        optim.AdamW(lr_scale={"frozen.*": 2.0})((tensors(PARAMS), frozen))
+    message = str(caught[0].message)
+    assert "matches none of the 2 trainable parameters" in message and ".*.*" not in message
