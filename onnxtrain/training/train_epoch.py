@@ -163,14 +163,32 @@ class EpochTrainer:
             arrays.append(np.ascontiguousarray(value))
         counts = {name: len(array) for name, array in zip(names, arrays, strict=True)}
         if len(set(counts.values())) != 1 or not arrays[0].shape[0]:
-            raise ValueError(f"train_epoch: every input needs the same number of rows (at least 1); got {counts}")
+            raise ValueError(
+                f"train_epoch: every input needs the same number of rows (at least 1); got {counts}{self._rows_hint()}"
+            )
         return arrays
+
+    def _rows_hint(self) -> str:
+        """Why the model's inputs cannot be cut into batches of rows: their first axes differ (labels
+        ``[batch*seq]`` of a loss over flattened tokens); ``""`` where they do not."""
+        firsts = {spec.name: spec.dims[0] for spec in self.module.io.inputs.specs if spec.dims}
+        if len(set(firsts.values())) < 2:
+            return ""
+        listed = ", ".join(f"{name}: {first}" for name, first in firsts.items())
+        return (
+            f". The model's inputs do not share their first axis ({listed}), and train_epoch cuts every input into "
+            "batches of rows: train a loss over flattened tokens with a step per batch "
+            "(module(ids, labels.reshape(-1))), or export the scores as [batch, classes, seq] with labels [batch, seq]"
+        )
 
     def _check_epoch_batches(self, data: Sequence[np.ndarray], size: int) -> None:
         """Check a full batch and the last batch against the model's inputs, as a train step would."""
         rows = len(data[0])
         for count in dict.fromkeys((min(size, rows), rows % size or size)):
-            self.module.io.inputs.collect([array[:count] for array in data], {})
+            try:
+                self.module.io.inputs.collect([array[:count] for array in data], {})
+            except ValueError as error:
+                raise ValueError(f"{error}{self._rows_hint()}") from None
 
     def _epoch_step(self, fused: FusedStep | None, shapes: Sequence[tuple[int, ...]]) -> EpochStep | None:
         """The epoch step over ``fused`` for batches of ``shapes`` (one per user input; made on first use);

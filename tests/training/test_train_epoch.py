@@ -382,3 +382,27 @@ def test_small_models_run_alone_on_one_thread(classifier: dict[str, Path]) -> No
     _, module, optimizer = open_module(classifier, session_options=options)  # the user's options: as they are
     module.train_epoch(optimizer, x, labels, BATCH)
     assert next(iter(module._epochs.values())).session.session.get_session_options().intra_op_num_threads == 0
+
+
+def test_labels_of_flattened_tokens_are_told_why_they_cannot_be_cut_into_batches(tmp_path: Path) -> None:
+    """Scores flattened to ``[batch * seq, classes]``, labels ``[batch*seq]``: train_epoch cuts every input by
+    rows, so neither flat labels nor ``[batch, seq]`` ones fit, and its errors said only the counts or shapes."""
+    from tests.helpers import FLOAT, INT64, make_model
+
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Gather", ["table", "ids"], ["h"]),
+        helper.make_node("Reshape", ["h", "flat"], ["scores"]),
+    ]
+    model = make_model(
+        {"ids": (INT64, ["batch", "seq"])}, nodes, {"scores": (FLOAT, ["batch*seq", 5])},
+        [("table", rng.normal(size=(7, 5)).astype(np.float32)), ("flat", np.array([-1, 5], np.int64))],
+    )  # fmt: skip
+    paths = models.generate(tmp_path, model, requires_grad=["table"], loss=LossType.CrossEntropyLoss, optimizer="SGD")
+    _, module, optimizer = open_module(paths)
+    ids = rng.integers(0, 7, (4, 8))
+    hint = r"do not share their first axis \(ids: batch, labels: batch\*seq\).*labels\.reshape\(-1\)"
+    with pytest.raises(ValueError, match=r"same number of rows.*" + hint):
+        module.train_epoch(optimizer, ids, ids.reshape(-1), 2)
+    with pytest.raises(ValueError, match=r"is int64\[batch\*seq\]; got int64\[2, 8\]. The model's inputs " + hint):
+        module.train_epoch(optimizer, ids, ids, 2)
