@@ -128,6 +128,21 @@ def statistics_as_parameters(
             "updated as torch updates its buffers). Leave them out of requires_grad",
             RunningStatisticsWarning,
         )
+    merged = [
+        (node.name or node.output[0], shared)
+        for node in model.graph.node
+        if node.op_type == "BatchNormalization" and is_standard(node)
+        for shared in sorted(set(node.input[1:3]) & set(node.input[3:5]) - {""})
+    ]
+    if merged:
+        listed = ", ".join(f"{name!r} in {node!r}" for node, name in merged[:4])
+        caller.warn(
+            f"BatchNormalization reads one tensor as its scale or bias and as a running statistic ({listed}): "
+            "torch's exporter merged tensors of equal values (torch.onnx.export's optimize=True, its default, on a "
+            "freshly initialized model: the weight and the running variance are all ones). They can neither train "
+            "nor update as torch's: export with optimize=False",
+            RunningStatisticsWarning,
+        )
     opset = _opset(model)
     updated = {name for node in model.graph.node if _trains_statistics(node, opset) for name in node.input[3:5]}
     inference = [

@@ -223,3 +223,23 @@ def test_an_instance_norm_that_tracks_running_statistics_is_said_to_lose_them(tr
     assert len(said) == int(tracked)
     if tracked:
         assert "running_mean" in str(said[0].message) and "track_running_stats=False" in str(said[0].message)
+
+
+def test_a_scale_merged_with_a_running_statistic_by_the_exporter_is_said(tmp_path):
+    """torch.onnx.export's default optimize=True merges tensors of equal values: on a fresh model the weight and
+    the running variance (ones), the bias and the running mean (zeros). BatchNorm's weight and bias were then
+    left out of the trainable parameters without a word."""
+    from onnx import helper
+
+    from tests.helpers import FLOAT, make_model
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("BatchNormalization", ["h", "bn.weight", "bn.bias", "bn.bias", "bn.weight"], ["y"]),
+    ]
+    ones, zeros = np.ones(4, np.float32), np.zeros(4, np.float32)
+    weights = [("w", np.ones((3, 4), np.float32)), ("bn.weight", ones), ("bn.bias", zeros)]
+    model = make_model({"x": (FLOAT, ["N", 3])}, nodes, {"y": (FLOAT, ["N", 4])}, weights)
+    said = r"one tensor as its scale or bias and as a running statistic.*optimize=False"
+    with pytest.warns(RunningStatisticsWarning, match=said):
+        generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
