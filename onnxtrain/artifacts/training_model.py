@@ -32,7 +32,7 @@ from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.io import constants_as_initializers, copy_model
-from onnxtrain.graph.naming import first_free, names_in, unknown_name_hint
+from onnxtrain.graph.naming import first_free, first_names, names_in, unknown_name_hint
 from onnxtrain.graph.passes import (
     fuse_pads_into_convs,
     prune_unused_nodes,
@@ -151,7 +151,7 @@ def statistics_as_parameters(
         if node.op_type == "BatchNormalization" and is_standard(node) and not _trains_statistics(node, opset)
     ]
     if inference and requires_grad:
-        constants = _first_names([name for node in inference for name in node.input[3:5]])
+        constants = first_names([name for node in inference for name in node.input[3:5]], 4)
         caller.warn(
             f"{len(inference)} BatchNormalization node(s) are in inference mode (their running statistics "
             f"{constants} are constants): they normalize every batch with those statistics and never "
@@ -164,12 +164,6 @@ def statistics_as_parameters(
     requires = [name for name in requires_grad if name not in set(trained)]
     added = [name for name in statistics if (name in updated or name in trained) and name not in set(frozen)]
     return requires, [*frozen, *added]
-
-
-def _first_names(names: Sequence[str], shown: int = 4) -> str:
-    """The first ``shown`` of ``names``, then how many more."""
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(repr(name) for name in names[:shown]) + more
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import onnx
 
@@ -121,12 +121,13 @@ def unknown_name_hint(name: object, known: Iterable[str], *, shown: int = 10) ->
     ``shown`` and how many more (a model's 148 parameters are not listed whole)."""
     names = list(known)
     if not isinstance(name, str):
-        return f"names are str, not {type(name).__name__}; the {len(names)} known: " + _first(names, shown)
+        return f"names are str, not {type(name).__name__}; the {len(names)} known: " + first_names(names, shown)
     close = difflib.get_close_matches(name, names, n=3)
     guess = f"did you mean {', '.join(repr(n) for n in close)}? " if close else ""
-    return f"{guess}the {len(names)} known: {_first(names, shown)}"
+    return f"{guess}the {len(names)} known: {first_names(names, shown)}"
 
 
-def _first(names: list[str], shown: int) -> str:
+def first_names(names: Sequence[str], shown: int) -> str:
+    """The first ``shown`` of ``names``, quoted, then how many more there are."""
     listed = ", ".join(repr(n) for n in names[:shown])
     return listed + (f" and {len(names) - shown} more" if len(names) > shown else "")

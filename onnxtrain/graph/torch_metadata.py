@@ -70,14 +70,9 @@ def module_path(node: onnx.NodeProto) -> str:
     TorchScript names a node by its scopes (``/distilbert/transformer/layer.0/attention/q_lin/MatMul`` is
     module ``distilbert.transformer.layer.0.attention.q_lin``); the dynamo exporter lists them in
     :data:`NAME_SCOPES_KEY`, the entry before the last being the module."""
-    scopes = _metadata(node, NAME_SCOPES_KEY)
-    if scopes is not None:
-        try:
-            parsed = ast.literal_eval(scopes)
-        except (ValueError, SyntaxError):
-            parsed = None
-        if isinstance(parsed, list) and len(parsed) >= 2 and isinstance(parsed[-2], str):
-            return parsed[-2]
+    scopes = _listed(node, NAME_SCOPES_KEY)
+    if scopes is not None and len(scopes) >= 2:
+        return scopes[-2]
     parts = node.name.lstrip("/").split("/")
     return ".".join(parts[:-1]) if len(parts) > 1 else ""
 

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from onnxtrain import caller
+from onnxtrain.graph.naming import first_names
 from onnxtrain.training.tensor_spec import TensorSpec, axes_permutation, layout_hint
 
 #: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
@@ -110,7 +111,7 @@ def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], wha
         if finite.all():
             continue
         rows = np.flatnonzero(~finite)
-        shown = ", ".join(str(row) for row in rows[:5]) + (f" and {len(rows) - 5} more" if len(rows) > 5 else "")
+        shown = first_names(rows.tolist(), 5)
         raise ValueError(
             f"{what}: input {spec.name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
             "from 0): the loss and then every parameter would become NaN; drop or impute those rows"

@@ -40,7 +40,7 @@ class Adagrad(Optimizer):
         self._eps = _checks.non_negative("Adagrad", "eps", eps)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return self.with_no_decay(
+        return self.with_patterns(
             {
                 "lr_decay": self._lr_decay,
                 "weight_decay": self._weight_decay,

@@ -37,7 +37,7 @@ class _AdamBase(Optimizer):
         self._amsgrad = _checks.flag(owner, "amsgrad", amsgrad)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return self.with_no_decay(
+        return self.with_patterns(
             {
                 "betas": self._betas,
                 "eps": self._eps,

@@ -294,7 +294,7 @@ class Optimizer(ForwardBlock):
                         stacklevel=3,
                     )
 
-    def with_no_decay(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
+    def with_patterns(self, hyperparameters: dict[str, Any]) -> dict[str, Any]:
         """``hyperparameters``, ``no_decay`` and ``lr_scale``, where they name patterns (as constructor
         arguments)."""
         hyper = {**hyperparameters, "no_decay": list(self._no_decay)} if self._no_decay else hyperparameters
@@ -371,10 +371,11 @@ class Optimizer(ForwardBlock):
         of trainable parameters. Returns the output names.
         """
         owner = type(self).__name__
-        specs = trainable_specs(owner, parameters)
+        trainable, frozen_specs = _trainable_and_frozen(owner, parameters)
+        specs = trainable_specs(owner, trainable)
         b = self.builder
         params = [spec.name for spec in specs]
-        frozen = [ParameterSpec.of(p).name for p in _trainable_and_frozen(owner, parameters)[1]]
+        frozen = [ParameterSpec.of(p).name for p in frozen_specs]
         self._warn_unmatched_patterns(params, params + frozen)
         inputs, outputs = self.model_input_names(params), self.model_output_names(params)
         _check_names(owner, b, inputs + outputs, params)
@@ -409,7 +410,9 @@ class Optimizer(ForwardBlock):
         scaled: dict[float, Scalars] = {1.0: scalars}  # the scalars of each learning rate's factor
         for spec, grad in zip(specs, grads, strict=True):
             factor = self.lr_scale_of(spec.name)
-            own = scaled.setdefault(factor, scalars.with_lr_scale(factor))
+            if factor not in scaled:
+                scaled[factor] = scalars.with_lr_scale(factor)
+            own = scaled[factor]
             result += self._emit_update(own, spec, grad, keep_if=found_inf)
         if scaling is not None and found_inf is not None:
             outputs = [updated_name(name) for name in SCALER_STATE]

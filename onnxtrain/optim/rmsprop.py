@@ -44,7 +44,7 @@ class RMSprop(Optimizer):
         self._centered = _checks.flag("RMSprop", "centered", centered)
 
     def hyperparameters(self) -> dict[str, Any]:
-        return self.with_no_decay(
+        return self.with_patterns(
             {
                 "alpha": self._alpha,
                 "eps": self._eps,

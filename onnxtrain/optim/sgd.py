@@ -47,7 +47,7 @@ class SGD(Optimizer):
             )
 
     def hyperparameters(self) -> dict[str, Any]:
-        return self.with_no_decay(
+        return self.with_patterns(
             {
                 "momentum": self._momentum,
                 "dampening": self._dampening,

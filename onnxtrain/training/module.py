@@ -726,9 +726,7 @@ def _check_same_loss(train: onnx.ModelProto, eval_model: onnx.ModelProto, train_
     trained, evaluated = read_metadata(train), read_metadata(eval_model)
     for key in (LOSS_KEY, LOSS_INPUTS_KEY):
         if key in trained and key in evaluated and trained[key] != evaluated[key]:
-            names = [
-                f"{os.fspath(u)!r}" if isinstance(u, (str, os.PathLike)) else "given" for u in (train_uri, eval_uri)
-            ]
+            names = [repr(path) if (path := _path_of(uri)) is not None else "given" for uri in (train_uri, eval_uri)]
             raise ValueError(
                 f"the training model {names[0]} computes {trained[LOSS_KEY]} on {trained.get(LOSS_INPUTS_KEY)}, the "
                 f"eval model {names[1]} {evaluated[LOSS_KEY]} on {evaluated.get(LOSS_INPUTS_KEY)}: they come from "
@@ -736,9 +734,15 @@ def _check_same_loss(train: onnx.ModelProto, eval_model: onnx.ModelProto, train_
             )
 
 
+def _path_of(uri: object) -> str | None:
+    """The path a model was given as, or ``None`` for a model given in memory."""
+    return os.fspath(uri) if isinstance(uri, (str, os.PathLike)) else None
+
+
 def _files(model: object, state: TrainingState) -> str:
     """The training model's file and the checkpoint's, where known, for an error about the two."""
-    named = [f"training model {os.fspath(model)!r}"] if isinstance(model, (str, os.PathLike)) else []
+    path = _path_of(model)
+    named = [f"training model {path!r}"] if path is not None else []
     named += [f"checkpoint {state.source!r}"] if state.source is not None else []
     return ", ".join(named) or "a training model and a checkpoint given in memory"
 

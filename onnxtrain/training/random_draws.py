@@ -42,16 +42,15 @@ from onnx import helper, numpy_helper
 
 from onnxtrain.graph import versions
 from onnxtrain.graph.io import copy_model
+from onnxtrain.graph.operators import RANDOM_OPERATORS as DRAWING_OPERATORS
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes, constant_tensors
 from onnxtrain.training.models import LoadedModel
 
 FLOAT, BOOL = onnx.TensorProto.FLOAT, onnx.TensorProto.BOOL
 
-#: Operators that draw from onnxruntime's random generators.
-RANDOM_OPERATORS = frozenset(
-    {"Dropout", "RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli", "Multinomial"}
-)
+#: Operators that draw from onnxruntime's random generators: the ones that draw random numbers, and ``Dropout``.
+RANDOM_OPERATORS = frozenset({"Dropout", *DRAWING_OPERATORS})
 
 _MASK = (1 << 64) - 1
 
@@ -89,33 +88,32 @@ class StepSeeds:
         """``model`` with its Bernoulli masks drawn by ``Dropout`` (:func:`bernoulli_masks_as_dropout`) and, with a
         ``seed``, without its random nodes' ``seed`` attributes, and the seeds to set before each train step
         (``None`` where ``seed`` is ``None`` or nothing in it draws)."""
-        if any(node.op_type == "RandomUniformLike" for node in model.proto.graph.node):
-            rewritten = copy_model(model.proto)
+        proto, owned = model.proto, False  # owned: a copy made here, changed, serialized once at the end
+        if any(node.op_type == "RandomUniformLike" for node in proto.graph.node):
+            rewritten = copy_model(proto)
             if bernoulli_masks_as_dropout(rewritten):
-                model = LoadedModel(rewritten, rewritten.SerializeToString())
-        if seed is None:
-            return model, None
-        seeds = cls(seed)
-        if not any(draws_at_random(node) for node in all_nodes(model.proto.graph)):
-            return model, None
-        own = [node.name or node.output[0] for node in all_nodes(model.proto.graph) if _own_generator(node)]
-        if own:
-            warnings.warn(
-                f"random nodes {own[:5]}{' and more' if len(own) > 5 else ''} draw from generators of their own "
-                "that onnxruntime seeds when a session is made: the module's seed does not reach them, so a resumed "
-                "run draws other values there than the uninterrupted one (Dropout's masks are exact)",
-                OwnGeneratorWarning,
-                stacklevel=4,
-            )
-        if not any(attribute.name == "seed" for node in all_nodes(model.proto.graph) for attribute in node.attribute):
-            return model, seeds
-        unseeded = copy_model(model.proto)
-        for node in all_nodes(unseeded.graph):
-            if node.op_type in RANDOM_OPERATORS and is_standard(node):
-                kept = [attribute for attribute in node.attribute if attribute.name != "seed"]
-                del node.attribute[:]
-                node.attribute.extend(kept)
-        return LoadedModel(unseeded, unseeded.SerializeToString()), seeds
+                proto, owned = rewritten, True
+        seeds = None if seed is None else cls(seed)
+        if seeds is not None and not any(draws_at_random(node) for node in all_nodes(proto.graph)):
+            seeds = None
+        if seeds is not None:
+            own = [node.name or node.output[0] for node in all_nodes(proto.graph) if _own_generator(node)]
+            if own:
+                warnings.warn(
+                    f"random nodes {own[:5]}{' and more' if len(own) > 5 else ''} draw from generators of their own "
+                    "that onnxruntime seeds when a session is made: the module's seed does not reach them, so a "
+                    "resumed run draws other values there than the uninterrupted one (Dropout's masks are exact)",
+                    OwnGeneratorWarning,
+                    stacklevel=4,
+                )
+            if any(attribute.name == "seed" for node in all_nodes(proto.graph) for attribute in node.attribute):
+                proto, owned = (proto if owned else copy_model(proto)), True
+                for node in all_nodes(proto.graph):
+                    if node.op_type in RANDOM_OPERATORS and is_standard(node):
+                        kept = [attribute for attribute in node.attribute if attribute.name != "seed"]
+                        del node.attribute[:]
+                        node.attribute.extend(kept)
+        return (LoadedModel(proto, proto.SerializeToString()) if owned else model), seeds
 
     def before_step(self, step: int, micro_step: int) -> None:
         """Seed onnxruntime's default generators for the train step after ``step`` optimizer steps, the
@@ -225,7 +223,7 @@ class OwnGeneratorWarning(UserWarning):
 
 def _own_generator(node: onnx.NodeProto) -> bool:
     """Whether ``node`` draws from a generator of its own (every random operator but ``Dropout``)."""
-    return node.op_type in RANDOM_OPERATORS and node.op_type != "Dropout" and is_standard(node)
+    return node.op_type in DRAWING_OPERATORS and is_standard(node)
 
 
 def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:

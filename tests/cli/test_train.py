@@ -135,6 +135,19 @@ def test_labels_that_are_not_whole_numbers(capsys, artifacts: Path, tmp_path: Pa
     assert_error(err, "train", "array 'y'", "input 'labels'", "whole number")
 
 
+def _train_on_one_bad_file(
+    capsys, artifacts: Path, tmp_path: Path, option: str, good: dict[str, np.ndarray], bad: dict[str, np.ndarray]
+) -> tuple[int, str]:
+    """``onnxtrain train`` on ``good`` and ``bad`` as the data and the validation data, ``bad`` the one ``option``
+    (``--data`` or ``--val-data``) names; its exit status and standard error."""
+    np.savez(tmp_path / "good.npz", **good)
+    np.savez(tmp_path / "bad.npz", **bad)
+    data, validation = ("bad", "good") if option == "--data" else ("good", "bad")
+    files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
+    status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
+    return status, err
+
+
 @pytest.mark.parametrize(("option", "what"), [("--data", "the data"), ("--val-data", "the validation data")])
 def test_a_label_out_of_range_is_named_by_its_row_before_any_step(
     capsys, artifacts: Path, tmp_path: Path, option: str, what: str
@@ -144,11 +157,7 @@ def test_a_label_out_of_range_is_named_by_its_row_before_any_step(
     x, y = classification()
     bad = y.copy()
     bad[7] = -1
-    np.savez(tmp_path / "good.npz", X=x, y=y)
-    np.savez(tmp_path / "bad.npz", X=x, y=bad)
-    data, validation = ("bad", "good") if option == "--data" else ("good", "bad")
-    files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
-    status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
+    status, err = _train_on_one_bad_file(capsys, artifacts, tmp_path, option, {"X": x, "y": y}, {"X": x, "y": bad})
     assert status == 1
     assert_error(err, "train", f"{what}: 1 label is out of range", "-1 at [7]", "--ignore-index LABEL")
     assert not (artifacts / "trained_checkpoint").exists()
@@ -162,11 +171,7 @@ def test_rows_with_nan_or_infinite_values_are_named_before_any_step(
     x, y = classification()
     bad = x.copy()
     bad[17, 2], bad[40, 0] = np.nan, np.inf
-    np.savez(tmp_path / "good.npz", X=x, y=y)
-    np.savez(tmp_path / "bad.npz", X=bad, y=y)
-    data, validation = ("bad", "good") if option == "--data" else ("good", "bad")
-    files = ["--data", tmp_path / f"{data}.npz", "--val-data", tmp_path / f"{validation}.npz"]
-    status, _, err = cli(capsys, "train", artifacts, *files, "--epochs", "1", "--batch-size", "16")
+    status, err = _train_on_one_bad_file(capsys, artifacts, tmp_path, option, {"X": x, "y": y}, {"X": bad, "y": y})
     assert status == 1
     assert_error(err, "train", f"{what}: input 'x' has NaN or infinite values in 2 row(s) (17, 40;", "impute")
     assert not (artifacts / "trained_checkpoint").exists()

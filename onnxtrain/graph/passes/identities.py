@@ -20,14 +20,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.graph.operators import RANDOM_OPERATORS
 from onnxtrain.graph.torch_metadata import NAME_SCOPES_KEY, dropout_call
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import constant_tensors, names_read
-
-#: The operators that draw random values.
-RANDOM_OPERATORS = frozenset(
-    {"RandomUniform", "RandomUniformLike", "RandomNormal", "RandomNormalLike", "Bernoulli", "Multinomial"}
-)
 
 #: ONNX's default ratio, where the node has no ratio input.
 DEFAULT_RATIO = 0.5
@@ -151,7 +147,6 @@ def _scalar(node: onnx.NodeProto, position: int, constants: dict[str, onnx.Tenso
 
 __all__ = [
     "DEFAULT_RATIO",
-    "RANDOM_OPERATORS",
     "replace_dropout_masks",
     "replace_identity_dropouts",
     "replace_zero_pads",
