@@ -97,14 +97,15 @@ def fit_to_inputs(
 NAN_READERS = frozenset({"IsNaN", "Imputer"})
 
 
-def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], what: str, model: onnx.ModelProto) -> None:
-    """``ValueError`` naming the rows of ``arrays`` (one per input of ``inputs``) that hold a NaN or an infinity
-    in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers write).
+def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[str], what: str, model: onnx.ModelProto) -> None:
+    """``ValueError`` naming the rows of ``arrays`` (one per input named in ``inputs``) that hold a NaN or an
+    infinity in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers
+    write).
 
     One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs."""
     if any(node.op_type in NAN_READERS for node in model.graph.node):
         return
-    for array, spec in zip(arrays, inputs, strict=True):
+    for array, name in zip(arrays, inputs, strict=True):
         if array.dtype.kind != "f" or len(array) == 0:
             continue
         finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
@@ -113,7 +114,7 @@ def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], wha
         rows = np.flatnonzero(~finite)
         shown = first_names(rows.tolist(), 5)
         raise ValueError(
-            f"{what}: input {spec.name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
+            f"{what}: input {name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
             "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
         )
 

@@ -150,10 +150,10 @@ def train(
         files.training_model, state, files.eval_model, device=device, session_options=options, seed=settings.seed
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     _check_labels(module, arrays, "the data")  # every row before any step or checkpoint: errors name the row
-    check_finite(arrays, inputs, "the data", eval_model)
+    check_finite(arrays, [spec.name for spec in inputs], "the data", eval_model)
     if val_data is not None:
         _check_labels(module, validation.arrays, "the validation data")
-        check_finite(validation.arrays, inputs, "the validation data", eval_model)
+        check_finite(validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

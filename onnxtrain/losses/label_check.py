@@ -53,6 +53,8 @@ from onnxtrain.graph.passes import drop_unread_initializers
 PREFIX = "onnxtrain label check"
 #: Starts the JSON part of the check ``Reshape``'s ``doc_string``.
 MARKER = "onnxtrain.label_check:"
+#: The advice that ends a label error: what a loss's own caller can do (``fit`` says what its users can).
+LABEL_ADVICE = "Fix the labels, or give the loss ignore_index=<label> for a label to skip"
 _NODE_NAME = re.compile(r"Name:'([^']*)'")
 #: onnxruntime's message for the check's ``Reshape``: ``[K, C, 2]`` (``-1`` for ``K`` where its optimizer rewrote
 #: the shape's 0 with the input's rank known, as it does in a model whose input shapes are fixed)
@@ -206,8 +208,7 @@ def _error(check: LabelCheck, classes: int | None, count: int | None, listed: st
     )
     return ValueError(
         f"{step}: {how_many} out of range in {check.labels!r} for {check.loss} on {check.scores!r} "
-        f"({classes if classes is not None else 'C'} classes){listed}. {allowed}. Fix the labels, or give the "
-        f"loss ignore_index=<label> for a label to skip ({how})"
+        f"({classes if classes is not None else 'C'} classes){listed}. {allowed}. {LABEL_ADVICE} ({how})"
     )
 
 
@@ -279,6 +280,7 @@ def label_checks(models: Iterable[onnx.ModelProto]) -> Mapping[str, LabelCheck]:
 
 
 __all__ = [
+    "LABEL_ADVICE",
     "MARKER",
     "PREFIX",
     "LabelCheck",

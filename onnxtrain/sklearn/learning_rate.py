@@ -15,15 +15,18 @@ does. :class:`LearningRateSGDNesterov` adds momentum to the SGD update.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterator
 from typing import Any, Literal
+
+import numpy as np
 
 Schedule = Literal["constant", "invscaling", "optimal"]
 SCHEDULES: tuple[str, ...] = ("constant", "invscaling", "optimal")
 
 
 def _positive(owner: str, name: str, value: Any, *, zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{owner}: {name} must be a finite number, not {value!r}")
     if value < 0 or (value == 0 and not zero):
         raise ValueError(f"{owner}: {name} must be {'>= 0' if zero else '> 0'}, not {value!r}")
@@ -80,7 +83,7 @@ class BaseLearningRate:
         """
         if isinstance(class_name, BaseLearningRate):
             return class_name
-        if isinstance(class_name, (int, float)) and not isinstance(class_name, bool):
+        if isinstance(class_name, numbers.Real) and not isinstance(class_name, (bool, np.bool_)):
             return LearningRateSGD(float(class_name), **kwargs)
         if class_name in SCHEDULES:
             return LearningRateSGD(learning_rate=class_name, **kwargs)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
 from onnxtrain import distributed, optim
@@ -28,11 +30,14 @@ from onnxtrain.artifacts import build_artifacts
 from onnxtrain.autodiff import MissingGradientError
 from onnxtrain.blocks import Block
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.naming import unknown_name_hint
+from onnxtrain.loop.data import check_finite
 from onnxtrain.losses._common import dim_size
+from onnxtrain.losses.label_check import LABEL_ADVICE
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
-from onnxtrain.sklearn.weights import not_weights
+from onnxtrain.sklearn.weights import not_weights, trainable_weights
 from onnxtrain.training import Module, Optimizer, TrainingState
 from onnxtrain.training.finite import first_non_finite
 from onnxtrain.training.ranks import sum_over_ranks
@@ -179,6 +184,35 @@ class OrtGradientOptimizer:
             setattr(self, name, value)
         return self
 
+    def __sklearn_is_fitted__(self) -> bool:
+        """Whether there are trained weights (``fit`` or ``set_state``): scikit-learn's ``check_is_fitted``."""
+        return getattr(self, "trained_coef_", None) is not None
+
+    def __sklearn_tags__(self) -> Any:
+        """scikit-learn's tags (its model selection asks for them from 1.6 on): an estimator that needs ``y``,
+        neither a classifier nor a regressor (it trains a loss, and scores by it)."""
+        from sklearn.utils import Tags, TargetTags
+
+        return Tags(estimator_type=None, target_tags=TargetTags(required=True))
+
+    def score(self, X: Any, y: Any, sample_weight: Any = None) -> float:
+        """Minus the loss per sample of ``X``, ``y`` at the trained weights (higher is better, as scikit-learn's
+        model selection wants): ``-sum(loss) / len(X)``, the loss output summed over runs of
+        ``VALIDATION_CHUNK`` rows of the model with the trained weights (a penalty counted once per run, as in
+        ``validation_losses_``), ``sample_weight`` weighting the rows where the model takes weights."""
+        if not self.__sklearn_is_fitted__():
+            raise AttributeError("OrtGradientOptimizer has no trained weights yet: call fit() before score()")
+        self._check_params()
+        inputs = self._inputs()
+        data = self._arrays(inputs, X, y, sample_weight, "X", "y", "score")
+        names = [value.name for value in self.model_onnx.graph.input if value.name in _names(inputs)]
+        session = ort.InferenceSession(self.get_trained_onnx().SerializeToString(), providers=["CPUExecutionProvider"])
+        total, rows = 0.0, len(data[0])
+        for start in range(0, rows, VALIDATION_CHUNK):
+            feeds = {name: array[start : start + VALIDATION_CHUNK] for name, array in zip(names, data, strict=True)}
+            total += float(np.sum(session.run([self.loss_output_name], feeds)[0]))
+        return -total / rows
+
     def __repr__(self) -> str:
         defaults = {p.name: p.default for p in inspect.signature(type(self).__init__).parameters.values()}
         shown = []
@@ -254,14 +288,15 @@ class OrtGradientOptimizer:
         comm = self._communicator()
         model = self.model_onnx
         inputs = self._inputs()
-        seed = self.random_state if comm is None else comm.bcast(np.random.SeedSequence(self.random_state).entropy)
+        seed = _seed(self.random_state)
+        seed = seed if comm is None else comm.bcast(np.random.SeedSequence(seed).entropy)
         rng = np.random.default_rng(seed)
         data = self._arrays(inputs, X, y, sample_weight, "X", "y")
         validation = None
         if (X_val is None) != (y_val is None):
             raise ValueError("fit: pass both X_val and y_val, or neither")
         if X_val is not None:
-            validation = self._arrays(inputs, X_val, y_val, None, "X_val", "y_val")
+            validation = self._arrays(inputs, X_val, y_val, None, "X_val", "y_val", "fit's validation data")
         elif self.early_stopping:
             data, validation = _split(data, self.validation_fraction, rng)
         learning_rate = BaseLearningRate.select(self.learning_rate)
@@ -288,9 +323,9 @@ class OrtGradientOptimizer:
         module = Module(
             built.training_model, state, built.eval_model, device=self.device, session_options=options, seed=seed
         )  # random draws (Dropout) from random_state too
-        module.check_labels(data, "fit")  # every row before shuffling: errors name the caller's row
+        _check_labels(module, data, "fit")  # every row before shuffling: errors name the caller's row
         if validation is not None:
-            module.check_labels(validation, "fit's validation data")
+            _check_labels(module, validation, "fit's validation data")
         optimizer: Any = Optimizer(built.optimizer_model, module)
         if comm is not None:
             distributed.broadcast_parameters(state, comm=comm)
@@ -407,9 +442,9 @@ class OrtGradientOptimizer:
         _count("max_iter", self.max_iter)
         _count("batch_size", self.batch_size)
         _count("n_iter_no_change", self.n_iter_no_change)
-        if not isinstance(self.verbose, int) or self.verbose < 0:
+        if not isinstance(self.verbose, numbers.Integral) or self.verbose < 0:
             raise ValueError(f"verbose must be an int >= 0, not {self.verbose!r}")
-        if not isinstance(self.validation_every, (int, float)) or not self.validation_every > 0:
+        if not isinstance(self.validation_every, numbers.Real) or not self.validation_every > 0:
             raise ValueError(
                 f"validation_every must be > 0 (a fraction of max_iter below 1), not {self.validation_every!r}"
             )
@@ -417,6 +452,7 @@ class OrtGradientOptimizer:
             raise ValueError(f"validation_fraction must be in (0, 1), not {self.validation_fraction!r}")
         if not self.tol >= 0:
             raise ValueError(f"tol must be >= 0, not {self.tol!r}")
+        _seed(self.random_state, draw=False)
         outputs = [value.name for value in self.model_onnx.graph.output]
         if self.loss_output_name not in outputs:
             raise ValueError(
@@ -439,11 +475,14 @@ class OrtGradientOptimizer:
         return _Inputs(others[0], others[1], weight)
 
     def _arrays(
-        self, inputs: _Inputs, X: Any, y: Any, sample_weight: Any, x_name: str, y_name: str
+        self, inputs: _Inputs, X: Any, y: Any, sample_weight: Any, x_name: str, y_name: str, what: str = "fit"
     ) -> list[np.ndarray]:
-        """The arrays to feed, in the model's input order, cast and reshaped to the inputs."""
+        """The arrays to feed, in the model's input order, cast and reshaped to the inputs; ``ValueError`` for
+        none, or for a NaN or an infinity (``what`` names the data in errors)."""
         features = _as_input(X, inputs.features, x_name)
         label = _as_input(y, inputs.label, y_name)
+        if not len(features):
+            raise ValueError(f"{what}: {x_name} has no rows")
         arrays = {inputs.features.name: features, inputs.label.name: label}
         if sample_weight is not None and inputs.weight is None:
             raise ValueError(
@@ -458,6 +497,7 @@ class OrtGradientOptimizer:
         if len(set(counts.values())) != 1:
             raise ValueError(f"fit: the arrays have different numbers of samples: {counts}")
         order = [value.name for value in self.model_onnx.graph.input if value.name in arrays]
+        check_finite([arrays[name] for name in order], order, what, self.model_onnx)
         return [arrays[name] for name in order]
 
     def _optimizer_block(self, learning_rate: BaseLearningRate) -> optim.Optimizer:
@@ -487,12 +527,28 @@ class OrtGradientOptimizer:
         return block
 
     def _weights_to_train(self) -> list[str]:
+        """``weights_to_train`` as a list, checked to name float initializers of ``model_onnx``."""
         names = self.weights_to_train
+        if isinstance(names, np.ndarray) and names.ndim == 1:
+            names = names.tolist()
         if isinstance(names, str) or not isinstance(names, Sequence) or not names:
             raise TypeError(
                 f"weights_to_train must be a non-empty list of initializer names, not {names!r}; "
                 "trainable_weights(model) lists the initializers the model reads as weights"
             )
+        floats = {t.name for t in self.model_onnx.graph.initializer if dtypes.is_float(t.data_type)}
+        for name in names:
+            if name not in floats:
+                weights = trainable_weights(self.model_onnx)
+                known = (
+                    f"trainable_weights(model) lists its weights: {unknown_name_hint(name, weights)}"
+                    if weights
+                    else "the model reads no initializer as a weight (trainable_weights(model) is empty): a model "
+                    "of trees or kernels has nothing to train"
+                )
+                raise ValueError(
+                    f"weights_to_train names {name!r}, which is not a float initializer of the model; {known}"
+                )
         return list(names)
 
     def _initial_weights(self) -> dict[str, np.ndarray]:
@@ -523,6 +579,41 @@ def _count(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be an int >= 1, not {value!r}")
 
 
+def _seed(random_state: Any, *, draw: bool = True) -> int | None:
+    """``random_state`` as the seed of a fit: ``None``, an int >= 0 (NumPy's too), or a seed drawn from a
+    ``numpy.random.RandomState`` or ``Generator`` (so that successive fits differ, as in scikit-learn);
+    ``draw=False`` only checks it."""
+    if random_state is None:
+        return None
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, (bool, np.bool_)):
+        if random_state < 0:
+            raise ValueError(f"random_state must be >= 0, not {random_state!r}")
+        return int(random_state)
+    if isinstance(random_state, np.random.RandomState):
+        return int(random_state.randint(np.iinfo(np.int32).max)) if draw else None
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(np.iinfo(np.int64).max)) if draw else None
+    raise TypeError(
+        f"random_state must be None, an int >= 0, a numpy.random.RandomState or a numpy.random.Generator, "
+        f"not {type(random_state).__name__}"
+    )
+
+
+def _check_labels(module: Module, data: Sequence[np.ndarray], what: str) -> None:
+    """``module.check_labels``, its advice said in ``fit``'s terms: a class is its position in the classes."""
+    try:
+        module.check_labels(data, what)
+    except ValueError as error:
+        raise ValueError(str(error).replace(LABEL_ADVICE, _CLASS_POSITIONS)) from None
+
+
+#: How ``y`` names classes for a converted classifier's scores.
+_CLASS_POSITIONS = (
+    "y holds each row's class as its position in the converted classifier's classes_ (0 to C-1): encode the "
+    "labels with numpy.searchsorted(classifier.classes_, y)"
+)
+
+
 def _validation_period(validation_every: float, max_iter: int) -> int:
     """Iterations between validations: ``validation_every``, or that fraction of ``max_iter``."""
     if validation_every < 1:
@@ -534,9 +625,13 @@ def _as_input(value: Any, spec: onnx.ValueInfoProto, what: str) -> np.ndarray:
     """``value`` as an array of the input's element type, reshaped to its rank when only a unit axis differs."""
     tensor = spec.type.tensor_type
     dtype = dtypes.to_numpy_dtype(tensor.elem_type)
+    if hasattr(value, "toarray") and not isinstance(value, np.ndarray):  # a SciPy sparse matrix
+        sparse = type(value).__name__
+        raise TypeError(f"{what} is a sparse {sparse}: pass {what}.toarray() (the model's inputs are dense)")
     array = np.asarray(value)
     if array.dtype.kind not in "biuf":
-        raise TypeError(f"{what} must hold numbers to feed input {spec.name!r}, not {array.dtype}")
+        hint = f"; {_CLASS_POSITIONS}" if array.dtype.kind in "USO" and what.startswith("y") else ""
+        raise TypeError(f"{what} must hold numbers to feed input {spec.name!r}, not {array.dtype}{hint}")
     if dtype.kind in "iu" and array.dtype.kind == "f" and not np.array_equal(array, np.round(array)):
         raise ValueError(f"{what} feeds the integer input {spec.name!r} but holds fractions")
     dims = (
@@ -565,6 +660,11 @@ def _split(
         raise ValueError(f"early stopping holds out {held} of {n} samples, which leaves none to train on")
     order = rng.permutation(n)
     return [a[order[held:]] for a in data], [a[order[:held]] for a in data]
+
+
+def _names(inputs: _Inputs) -> set[str]:
+    """The names of the inputs ``fit`` feeds."""
+    return {value.name for value in (inputs.features, inputs.label, inputs.weight) if value is not None}
 
 
 class _PerRow(Block):

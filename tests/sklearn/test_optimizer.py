@@ -435,7 +435,11 @@ def test_inputs_are_cast_and_reshaped_to_the_model() -> None:
         ({"learning_rate": LearningRateSGDNesterov(), "training_optimizer_name": "Adam"}, ValueError,
          "sets SGD's momentum, but the optimizer is Adam"),
         ({"weights_to_train": "coef"}, TypeError, "weights_to_train must be a non-empty list"),
-        ({"weights_to_train": ["slope"]}, ValueError, "requires_grad names 'slope'"),
+        ({"weights_to_train": ["slope"]}, ValueError,
+         r"weights_to_train names 'slope', which is not a float initializer .* lists its weights: the 2 known"),
+        ({"weights_to_train": ["coeff"]}, ValueError, r"did you mean 'coef'\?"),
+        ({"random_state": -1}, ValueError, "random_state must be >= 0"),
+        ({"random_state": 1.5}, TypeError, "random_state must be None, an int >= 0, a numpy.random.RandomState"),
     ],
 )  # fmt: skip
 def test_bad_parameters_raise_at_fit(params: dict[str, Any], error: type, match: str) -> None:
@@ -507,3 +511,105 @@ def test_a_model_with_dropout_fits_alike_from_the_same_random_state() -> None:
         for a, b in ((fits[0], fits[1]), (fits[0], fits[2]))
     )
     assert same and not other
+
+
+def test_scikit_learns_model_selection_scores_by_minus_the_loss_per_sample() -> None:
+    """``score`` is minus the loss per sample at the trained weights: ``cross_val_score`` and ``GridSearchCV``
+    work with their default scoring, and ``check_is_fitted`` knows a fitted estimator."""
+    model_selection = pytest.importorskip("sklearn.model_selection")
+    validation = pytest.importorskip("sklearn.utils.validation")
+    exceptions = pytest.importorskip("sklearn.exceptions")
+    x, y = data(101)
+    rate = LearningRateSGD(0.05, learning_rate="constant")
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef", "intercept"], max_iter=5, batch_size=16,
+                               learning_rate=rate, random_state=0)  # fmt: skip
+    with pytest.raises(exceptions.NotFittedError):
+        validation.check_is_fitted(fit)
+    with pytest.raises(AttributeError, match=r"call fit\(\) before score\(\)"):
+        fit.score(x, y)
+    fit.fit(x, y)
+    validation.check_is_fitted(fit)
+    state = fit.get_state()
+    residual = x @ state["coef"] + state["intercept"] - y[:, None]
+    np.testing.assert_allclose(fit.score(x, y), -np.mean(residual**2), rtol=1e-12)
+    scores = model_selection.cross_val_score(fit, x, y, cv=3)
+    assert scores.shape == (3,) and np.all(scores < 0)
+    search = model_selection.GridSearchCV(fit, {"learning_rate": [1e-4, 0.05]}, cv=3).fit(x, y)
+    assert search.best_params_ == {"learning_rate": 0.05}  # 5 passes at 1e-4 leave the weights near zero
+    assert search.best_estimator_.n_iter_ == 5
+
+
+def test_sample_weights_weight_the_score() -> None:
+    x, y = data()
+    fit = OrtGradientOptimizer(add_loss_output(linear(), weight_name="weight"), ["coef", "intercept"], max_iter=2)
+    fit.fit(x, y)
+    weights = np.linspace(0.0, 2.0, N)
+    state = fit.get_state()
+    residual = (x @ state["coef"] + state["intercept"]).ravel() - y
+    np.testing.assert_allclose(fit.score(x, y, sample_weight=weights), -np.mean(weights * residual**2), rtol=1e-12)
+    np.testing.assert_allclose(fit.score(x, y), -np.mean(residual**2), rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["X", "y", "X_val"])
+def test_nan_or_infinity_in_the_data_is_refused_before_training_naming_the_rows(bad: str) -> None:
+    x, y = data()
+    arrays = {"X": x.copy(), "y": y.copy(), "X_val": x.copy()}
+    arrays[bad][[3, 40]] = [np.nan, np.inf] if bad == "y" else np.nan
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=1)
+    what = "fit's validation data" if bad == "X_val" else "fit"
+    name = "label" if bad == "y" else "X"
+    with pytest.raises(ValueError, match=rf"^{what}: input '{name}' has NaN or infinite values in 2 row\(s\) \(3, 40;"):
+        fit.fit(arrays["X"], arrays["y"], X_val=arrays["X_val"], y_val=y)
+    assert not hasattr(fit, "trained_coef_")
+
+
+def test_numpy_scalars_and_random_states_are_taken_as_scikit_learn_takes_them() -> None:
+    x, y = data()
+    model = add_loss_output(linear())
+    rate = LearningRateSGD(np.float32(0.05), learning_rate="constant")
+
+    def fitted(**params: Any) -> dict[str, np.ndarray]:
+        return OrtGradientOptimizer(model, np.array(["coef", "intercept"]), max_iter=2, learning_rate=rate,
+                                    **params).fit(x, y).get_state()  # fmt: skip
+
+    plain = fitted(random_state=3)
+    for same in (
+        fitted(random_state=np.int64(3), verbose=np.int64(0), validation_every=np.int64(1)),
+        fitted(random_state=np.uint8(3)),
+    ):
+        assert all(np.array_equal(plain[k], same[k]) for k in plain)
+    # a RandomState or Generator draws each fit's seed, as scikit-learn's estimators use them: fits differ
+    for state in (np.random.RandomState(0), np.random.default_rng(0)):
+        first, second = fitted(random_state=state), fitted(random_state=state)
+        assert not np.array_equal(first["coef"], second["coef"])
+    assert OrtGradientOptimizer(model, ["coef"], max_iter=1, learning_rate=np.float32(0.01)).fit(x, y).n_iter_ == 1
+
+
+def test_bad_data_says_what_to_pass() -> None:
+    sparse = pytest.importorskip("scipy.sparse")
+    x, y = data()
+    fit = OrtGradientOptimizer(add_loss_output(linear()), ["coef"], max_iter=1)
+    with pytest.raises(TypeError, match=r"X is a sparse csr_matrix: pass X.toarray\(\)"):
+        fit.fit(sparse.csr_matrix(x), y)
+    with pytest.raises(ValueError, match=r"^fit: X has no rows"):
+        fit.fit(x[:0], y[:0])
+
+
+def test_class_labels_are_told_to_be_positions_in_the_classes() -> None:
+    """Labels 1..C (not 0..C-1), or strings: the messages say how to encode y for a converted classifier."""
+    rng = np.random.default_rng(0)
+    classes = 3
+    model = make_model(
+        {"X": (FLOAT, ["batch", D])},
+        [helper.make_node("MatMul", ["X", "coef"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"])],
+        {"p": (FLOAT, ["batch", classes])},
+        [("coef", rng.normal(size=(D, classes)).astype(np.float32))],
+    )
+    fit = OrtGradientOptimizer(add_loss_output(model, score_name="log"), ["coef"], max_iter=1)
+    x = rng.normal(size=(30, D)).astype(np.float32)
+    y = rng.integers(1, classes + 1, size=30)
+    with pytest.raises(ValueError, match=r"out of range.*numpy.searchsorted\(classifier.classes_, y\)") as error:
+        fit.fit(x, y)
+    assert "give the loss ignore_index" not in str(error.value)  # add_loss_output has none
+    with pytest.raises(TypeError, match=r"y must hold numbers .*, not <U6; .*numpy.searchsorted"):
+        fit.fit(x, np.array(["setosa", "other"] * 15))
