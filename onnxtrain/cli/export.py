@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxtrain.cli.common import Parser
-from onnxtrain.fileio import temporary_beside
+from onnxtrain.fileio import replacing_model
 
 #: ``--checkpoint`` value that names the best checkpoint of the artifact directory.
 BEST = "best"
@@ -120,23 +119,14 @@ def export_inference_model(
 
 def _check_outputs(eval_model: onnx.ModelProto, names: list[str]) -> None:
     """``ValueError`` naming the model's outputs when the eval model computes none of some of ``names``."""
-    from onnxtrain.artifacts.metadata import inference_outputs
+    from onnxtrain.artifacts.export import unknown_outputs
 
-    graph = eval_model.graph
-    computed = {name for node in graph.node for name in node.output} | {value.name for value in graph.input}
-    unknown = [name for name in names if name not in computed]
-    if not unknown:
-        return
-    try:
-        available = inference_outputs(eval_model)
-    except ValueError:  # artifacts without the metadata: the eval model's outputs but the loss
-        available = [value.name for value in graph.output[1:]]
-    listed = ", ".join(repr(name) for name in available) or "none besides the loss"
-    raise ValueError(
-        f"the model computes no {', '.join(repr(name) for name in unknown)}; its outputs are {listed}: give "
-        "those to --outputs (or the name of any value the eval model computes, or leave --outputs out for the "
-        "model's outputs)"
-    )
+    message = unknown_outputs(eval_model, names)
+    if message:
+        raise ValueError(
+            f"{message}: give those to --outputs (or the name of any value the eval model computes, or leave "
+            "--outputs out for the model's outputs)"
+        )
 
 
 def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[str]]:
@@ -150,16 +140,7 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
     from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
     from onnxtrain.sessions import inference_session
 
-    if out.is_dir():
-        raise IsADirectoryError(f"{out} is a directory; give the path of the .onnx file to write")
-    if not out.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {out}: the directory {out.parent} does not exist")
-    temporary = temporary_beside(out)
-    try:
-        if model.ByteSize() < PROTOBUF_LIMIT:
-            onnx.save_model(model, temporary)
-        else:  # the data file goes straight to its final name, which the model refers to
-            onnx.save_model(model, temporary, save_as_external_data=True, location=f"{out.name}.data")
+    with replacing_model(model, out, PROTOBUF_LIMIT) as temporary:
         try:
             session = inference_session(os.fspath(temporary))
         except ort_errors.NotImplemented as error:  # a kernel this machine's provider lacks (bfloat16 on a CPU)
@@ -170,10 +151,6 @@ def _write_checked(model: onnx.ModelProto, out: Path) -> tuple[list[str], list[s
                 file=sys.stderr,
             )
             session = None
-        os.replace(temporary, out)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            temporary.unlink()
     if session is None:
         graph = model.graph
         return [_describe_value(v) for v in graph.input], [_describe_value(v) for v in graph.output]

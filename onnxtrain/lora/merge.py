@@ -178,10 +178,11 @@ class _Sink:
             return
         try:
             with self.file:
+                written = self.file.tell() > 0
                 if kind is None:
                     self.file.flush()
                     os.fsync(self.file.fileno())
-            if kind is None:
+            if kind is None and written:  # no file where no merged weight reached the threshold
                 os.replace(self.temporary, self.target)
                 sync_directory(self.target.parent)
         finally:

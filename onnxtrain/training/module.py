@@ -67,6 +67,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,6 +78,7 @@ from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.artifacts.metadata import LOSS_INPUTS_KEY, LOSS_KEY, PRECISION_KEY, read_metadata
+from onnxtrain.fileio import replacing_model
 from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
@@ -631,11 +633,8 @@ class Module:
         model = export_model_for_inferencing(eval_model, parameters, names, precision=precision)
         computes = read_metadata(eval_model).get(PRECISION_KEY)
         warn_of_a_half_export(model, computes, [] if self._eval_session is None else self._eval_session.widened)
-        path = os.fspath(inference_model_uri)
-        if model.ByteSize() < PROTOBUF_LIMIT:
-            onnx.save_model(model, path)
-        else:
-            onnx.save_model(model, path, save_as_external_data=True, location=f"{os.path.basename(path)}.data")
+        with replacing_model(model, Path(inference_model_uri), PROTOBUF_LIMIT):
+            pass  # written beside the file, then renamed over it: a failed export leaves the earlier one
 
     # ------------------------------------------------------------------ names
 

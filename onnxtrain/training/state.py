@@ -59,6 +59,10 @@ class Parameter:
         """Write ``value`` (same dtype and shape); a nominal state's parameter then holds it."""
         self._state.store.set_parameter(self._name, value)
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """``numpy.asarray(parameter)``: its value (a copy), as ``data`` gives it."""
+        return np.asarray(self.data, dtype=dtype)
+
     @property
     def grad(self) -> np.ndarray | None:
         """The accumulated gradient (a copy); ``None`` for frozen parameters and before a ``Module`` uses the state.

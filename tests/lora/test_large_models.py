@@ -144,3 +144,13 @@ def test_data_location_errors(base: Path):
     with pytest.raises(ValueError, match="a ModelProto has none"):
         merge_adapters(in_memory, state, data_location="merged.onnx.data")
     assert sorted(p.name for p in base.parent.iterdir()) == ["adapted.onnx", MODEL_FILE, MODEL_FILE + ".data"]
+
+
+def test_a_merge_whose_weights_all_stay_inline_writes_no_data_file(base: Path, monkeypatch):
+    """``data_location`` takes the merged weights of 1 KiB or more; where none is that large, no empty file."""
+    monkeypatch.setattr(merge_module, "EXTERNAL_THRESHOLD", 2**40)  # no weight reaches it
+    adapted, names = add_adapters(base, TARGETS, rank=4, alpha=8)
+    onnx.save(adapted, base.parent / "adapted.onnx")
+    merged = merge_adapters(base.parent / "adapted.onnx", _trained(adapted, names), data_location="merged.onnx.data")
+    assert not (base.parent / "merged.onnx.data").exists()
+    assert all(external.location_of(t) != "merged.onnx.data" for t in merged.graph.initializer if uses_external_data(t))
