@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onnxtrain.cli.common import Parser
-from onnxtrain.fileio import replacing_model
+from onnxtrain.graph.saving import replacing_model
 
 #: ``--checkpoint`` value that names the best checkpoint of the artifact directory.
 BEST = "best"

@@ -27,10 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from onnxtrain import caller
-from onnxtrain.graph.naming import first_names
 from onnxtrain.training.tensor_spec import TensorSpec, axes_permutation, layout_hint
 
 #: Names an .npz may use for the first input and the target, when its arrays are not named after the inputs.
@@ -91,32 +89,6 @@ def fit_to_inputs(
     if arrays and len(arrays[0]) == 0:
         raise ValueError(f"{source} holds no samples")
     return arrays
-
-
-#: Operators through which a model reads NaN as a value of its own: a missing value it imputes.
-NAN_READERS = frozenset({"IsNaN", "Imputer"})
-
-
-def check_finite(arrays: Sequence[np.ndarray], inputs: Sequence[str], what: str, model: onnx.ModelProto) -> None:
-    """``ValueError`` naming the rows of ``arrays`` (one per input named in ``inputs``) that hold a NaN or an
-    infinity in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers
-    write).
-
-    One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs."""
-    if any(node.op_type in NAN_READERS for node in model.graph.node):
-        return
-    for array, name in zip(arrays, inputs, strict=True):
-        if array.dtype.kind != "f" or len(array) == 0:
-            continue
-        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
-        if finite.all():
-            continue
-        rows = np.flatnonzero(~finite)
-        shown = first_names(rows.tolist(), 5)
-        raise ValueError(
-            f"{what}: input {name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
-            "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
-        )
 
 
 def _rows_hint(spec: TensorSpec, inputs: Sequence[TensorSpec]) -> str:
@@ -329,10 +301,8 @@ def _shape(dims: Sequence[int | str | None]) -> str:
 
 __all__ = [
     "FEATURE_NAMES",
-    "NAN_READERS",
     "TARGET_NAMES",
     "UnusedDataWarning",
-    "check_finite",
     "fit_to_inputs",
     "load_data",
 ]

@@ -27,13 +27,14 @@ from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
-from onnxtrain.loop.data import check_finite, fit_to_inputs, load_data
+from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles, remove_checkpoint
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import RunRecord, stored_learning_rate
 from onnxtrain.loop.settings import Settings
 from onnxtrain.loop.steps import Echo, Loop, Measures, Rows, RunResult
 from onnxtrain.training import Module, Optimizer, TrainingState
+from onnxtrain.training.finite import check_finite_rows
 from onnxtrain.training.model_io import ParameterInfo, eval_io, training_io
 from onnxtrain.training.models import load_model
 from onnxtrain.training.tensor_spec import TensorSpec
@@ -150,10 +151,10 @@ def train(
         files.training_model, state, files.eval_model, device=device, session_options=options, seed=settings.seed
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     _check_labels(module, arrays, "the data")  # every row before any step or checkpoint: errors name the row
-    check_finite(arrays, [spec.name for spec in inputs], "the data", eval_model)
+    check_finite_rows(arrays, [spec.name for spec in inputs], "the data", eval_model)
     if val_data is not None:
         _check_labels(module, validation.arrays, "the validation data")
-        check_finite(validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model)
+        check_finite_rows(validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

@@ -31,7 +31,6 @@ from onnxtrain.autodiff import MissingGradientError
 from onnxtrain.blocks import Block
 from onnxtrain.graph import dtypes
 from onnxtrain.graph.naming import unknown_name_hint
-from onnxtrain.loop.data import check_finite
 from onnxtrain.losses._common import dim_size
 from onnxtrain.losses.label_check import LABEL_ADVICE
 from onnxtrain.progress import Progress
@@ -39,7 +38,7 @@ from onnxtrain.sklearn.converted import with_converter_hints
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
 from onnxtrain.sklearn.weights import not_weights, trainable_weights
 from onnxtrain.training import Module, Optimizer, TrainingState
-from onnxtrain.training.finite import first_non_finite
+from onnxtrain.training.finite import check_finite_rows, first_non_finite
 from onnxtrain.training.ranks import sum_over_ranks
 
 #: Names of ``training_optimizer_name`` (onnxruntime-training's first, then short ones) -> optimizer kind.
@@ -497,7 +496,7 @@ class OrtGradientOptimizer:
         if len(set(counts.values())) != 1:
             raise ValueError(f"fit: the arrays have different numbers of samples: {counts}")
         order = [value.name for value in self.model_onnx.graph.input if value.name in arrays]
-        check_finite([arrays[name] for name in order], order, what, self.model_onnx)
+        check_finite_rows([arrays[name] for name in order], order, what, self.model_onnx)
         return [arrays[name] for name in order]
 
     def _optimizer_block(self, learning_rate: BaseLearningRate) -> optim.Optimizer:

@@ -1,4 +1,5 @@
-"""The one check for losses that are NaN or infinite: :func:`first_non_finite`, and the train step's error.
+"""The one check for losses that are NaN or infinite: :func:`first_non_finite`, and the train step's error;
+and :func:`check_finite_rows`, which refuses data that would make them so before any step.
 
 Every place that watches the loss asks :func:`first_non_finite`: a train
 step with ``check_finite`` (:func:`raise_if_not_finite`), ``train_epoch``'s
@@ -9,12 +10,15 @@ together: given a communicator, the answer is the same on every rank.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
+from onnxtrain.graph.naming import first_names
 from onnxtrain.training import values
 from onnxtrain.training.ranks import sum_over_ranks
 
@@ -71,4 +75,30 @@ def raise_if_not_finite(loss: ort.OrtValue | np.ndarray, step: int, optimizer_st
         )
 
 
-__all__ = ["NonFiniteLoss", "first_non_finite", "raise_if_not_finite"]
+#: Operators through which a model reads NaN as a value of its own: a missing value it imputes.
+NAN_READERS = frozenset({"IsNaN", "Imputer"})
+
+
+def check_finite_rows(arrays: Sequence[np.ndarray], inputs: Sequence[str], what: str, model: onnx.ModelProto) -> None:
+    """``ValueError`` naming the rows of ``arrays`` (one per input named in ``inputs``) that hold a NaN or an
+    infinity in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers
+    write).
+
+    One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs."""
+    if any(node.op_type in NAN_READERS for node in model.graph.node):
+        return
+    for array, name in zip(arrays, inputs, strict=True):
+        if array.dtype.kind != "f" or len(array) == 0:
+            continue
+        finite = np.isfinite(array.reshape(len(array), -1)).all(axis=1)
+        if finite.all():
+            continue
+        rows = np.flatnonzero(~finite)
+        shown = first_names(rows.tolist(), 5)
+        raise ValueError(
+            f"{what}: input {name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
+            "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
+        )
+
+
+__all__ = ["NAN_READERS", "NonFiniteLoss", "check_finite_rows", "first_non_finite", "raise_if_not_finite"]

@@ -78,7 +78,7 @@ from onnxtrain import checkpoint
 from onnxtrain.artifacts.export import export_model_for_inferencing
 from onnxtrain.artifacts.generate import PROTOBUF_LIMIT
 from onnxtrain.artifacts.metadata import LOSS_INPUTS_KEY, LOSS_KEY, PRECISION_KEY, read_metadata
-from onnxtrain.fileio import replacing_model
+from onnxtrain.graph.saving import replacing_model
 from onnxtrain.losses.label_check import label_error
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession

@@ -179,14 +179,14 @@ def test_rows_with_nan_or_infinite_values_are_named_before_any_step(
 
 def test_a_model_that_imputes_nan_takes_them(tmp_path: Path):
     """A model reading NaN itself (an ``IsNaN``, as skl2onnx's imputers write) is given its rows as they are."""
-    from onnxtrain.loop.data import check_finite
+    from onnxtrain.training.finite import check_finite_rows
 
     data = [np.array([[1.0, np.nan]], np.float32)]
     is_nan = onnx.helper.make_node("IsNaN", ["x"], ["m"])
     imputer = onnx.helper.make_model(onnx.helper.make_graph([is_nan], "g", [], []))
-    check_finite(data, ["x"], "the data", imputer)
+    check_finite_rows(data, ["x"], "the data", imputer)
     with pytest.raises(ValueError, match=r"input 'x' has NaN or infinite values in 1 row\(s\) \(0;"):
-        check_finite(data, ["x"], "the data", onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])))
+        check_finite_rows(data, ["x"], "the data", onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [])))
 
 
 def test_arrays_of_different_lengths(capsys, artifacts: Path, tmp_path: Path):
