@@ -11,6 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import onnx
 
 from onnxtrain.graph.builder import GraphBuilder
@@ -27,6 +28,18 @@ def output_names(block: Block, output: Any) -> list[str]:
             "value it built (a str) or a non-empty list of names"
         )
     return list(names)
+
+
+def as_axes(axes: int | Sequence[int], owner: str) -> list[int]:
+    """``axes`` as a list of ints: one axis may be given alone (torch's ``dim=1``); ``TypeError`` naming
+    ``owner`` for anything else."""
+    if isinstance(axes, (int, np.integer)) and not isinstance(axes, bool):
+        return [int(axes)]
+    if isinstance(axes, (str, bytes)) or not isinstance(axes, Sequence):
+        raise TypeError(f"{owner} takes axes as an int or a list of ints, not {axes!r}")
+    if not all(isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) for axis in axes):
+        raise TypeError(f"{owner} takes axes as an int or a list of ints, not {axes!r}")
+    return [int(axis) for axis in axes]
 
 
 class Block(ABC):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from onnxtrain.blocks.block import Block
+from onnxtrain.blocks.block import Block, as_axes
 from onnxtrain.graph import ops
 
 
 class _Reduce(Block):
-    """``op(x)`` over ``axes`` (all axes when ``None`` or empty, as in ONNX).
+    """``op(x)`` over ``axes`` (an axis or a list; all axes when ``None`` or empty, as in ONNX).
 
     ``keepdims`` defaults to ``True`` as in ONNX (and in ONNX Runtime's blocks,
     which reduce over all axes and keep them); the axes go in as an attribute or
@@ -18,9 +18,9 @@ class _Reduce(Block):
 
     _op_type: str = ""
 
-    def __init__(self, axes: Sequence[int] | None = None, keepdims: bool = True) -> None:
+    def __init__(self, axes: int | Sequence[int] | None = None, keepdims: bool = True) -> None:
         super().__init__()
-        self._axes = None if axes is None else [int(axis) for axis in axes]
+        self._axes = None if axes is None else as_axes(axes, type(self).__name__)
         self._keepdims = keepdims
 
     def build(self, input_name: str) -> str:

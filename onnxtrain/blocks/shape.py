@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from onnxtrain.blocks.block import Block
+from onnxtrain.blocks.block import Block, as_axes
 from onnxtrain.graph import ops
 
 
@@ -83,9 +83,9 @@ class Flatten(Block):
 class Squeeze(Block):
     """``x`` without its size-1 axes ``axes`` (all size-1 axes when ``None``) (ONNX ``Squeeze``)."""
 
-    def __init__(self, axes: Sequence[int] | None = None) -> None:
+    def __init__(self, axes: int | Sequence[int] | None = None) -> None:
         super().__init__()
-        self._axes = None if axes is None else [int(axis) for axis in axes]
+        self._axes = None if axes is None else as_axes(axes, "Squeeze")
         if self._axes == []:  # onnxruntime then removes all size-1 axes, onnx's shape inference none
             raise ValueError("Squeeze got axes=[]; pass the axes to remove, or None for all size-1 axes")
 
@@ -96,9 +96,9 @@ class Squeeze(Block):
 class Unsqueeze(Block):
     """``x`` with new size-1 axes at ``axes`` (ONNX ``Unsqueeze``)."""
 
-    def __init__(self, axes: Sequence[int]) -> None:
+    def __init__(self, axes: int | Sequence[int]) -> None:
         super().__init__()
-        self._axes = [int(axis) for axis in axes]
+        self._axes = as_axes(axes, "Unsqueeze")
         if not self._axes:
             raise ValueError("Unsqueeze needs at least one axis")
 

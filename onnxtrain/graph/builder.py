@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,20 @@ class BuildMark:
     opsets: int
     names: tuple[int, int]
     tracked: tuple[int, int, tuple[int, int, int, int]]
+
+
+def _integer_constant_hint(node: onnx.NodeProto, constants: dict[str, onnx.TensorProto]) -> str:
+    """Where a node mixing types reads an integer constant of one value (``Constant(2)``, an int64 here where
+    ONNX Runtime's block makes a float), how to write it as a float."""
+    for name in node.input:
+        tensor = constants.get(name)
+        if tensor is None or not dtypes.is_integer(tensor.data_type) or math.prod(tensor.dims) != 1:
+            continue
+        value = numpy_helper.to_array(tensor)
+        if value.size == 1:
+            number = value.reshape(-1)[0].item()
+            return f" {name!r} is the integer constant {number}: for a float, write Constant({float(number)!r})"
+    return ""
 
 
 class GraphBuilder:
@@ -202,6 +217,7 @@ class GraphBuilder:
             reason = reason.rstrip(".")
             raise TypeError(
                 f"{node.op_type} (opset {version}) cannot take the inputs {{{inputs}}}: {reason}. {hint}"
+                f"{_integer_constant_hint(node, input_data)}"
             ) from error
 
     def has(self, name: str) -> bool:

@@ -113,6 +113,18 @@ def _transpose_hint(spec: TensorSpec, shape: Sequence[int]) -> str:
     return f"; {layout_hint(axes)}: pass numpy.transpose(array, {axes})"
 
 
+def _unit_axis_hint(spec: TensorSpec, shape: Sequence[int]) -> str:
+    """How to drop or add the trailing axis of size 1 that is all an array of ``shape`` has more or less than
+    ``spec`` (labels ``[N, 1]`` for an input ``[N]``, as ONNX Runtime's examples shape them); ``""`` otherwise."""
+    if spec.dims is None:
+        return ""
+    if len(shape) == len(spec.dims) + 1 and shape[-1] == 1:
+        return "; its last axis of size 1 is one the input does not have: pass array.squeeze(-1)"
+    if len(shape) == len(spec.dims) - 1 and spec.dims[-1] == 1:
+        return "; the input has a last axis of size 1 that the array does not: pass array[..., None]"
+    return ""
+
+
 _OPERATORS: dict[type, Callable[[int, int], int]] = {
     ast.Mult: operator.mul,
     ast.Add: operator.add,
@@ -257,7 +269,7 @@ class UserInputs:
                 )
             else:
                 hint = f": cast it with .astype({cast_hint(spec.dtype)})"
-            hint = hint if dtype != spec.dtype else _transpose_hint(spec, shape)
+            hint = hint if dtype != spec.dtype else _transpose_hint(spec, shape) or _unit_axis_hint(spec, shape)
             raise (TypeError if dtype != spec.dtype else ValueError)(
                 f"input {spec.name!r} of the {self._model} is {spec.describe()}; got "
                 f"{dtype_text(dtype)}{shape_text(shape)}{hint}"

@@ -201,6 +201,28 @@ def test_bad_axes_and_sizes() -> None:
         blocks.Linear(0, 3)
 
 
+def test_int_axes_are_taken_as_one_axis_and_other_types_refused() -> None:
+    """torch's ``dim=1`` habit: ``ReduceSum(axes=1)``, ``Unsqueeze(2)``."""
+    assert blocks.ReduceSum(axes=1)._axes == [1] and blocks.ReduceMax(np.int64(-1))._axes == [-1]
+    assert blocks.Unsqueeze(2)._axes == [2] and blocks.Squeeze(1)._axes == [1]
+    assert blocks.ReduceMean([0, 1])._axes == [0, 1]
+    for bad in ("1", 1.5, [1.0], True):
+        with pytest.raises(TypeError, match="takes axes as an int or a list of ints"):
+            blocks.ReduceSum(axes=bad)
+
+
+def test_an_integer_constant_mixed_with_floats_is_told_to_be_written_as_a_float() -> None:
+    """``Constant(2)`` is an int64 here: a float loss times it says to write ``Constant(2.0)``; ONNX Runtime's
+    ``onnxblock.blocks.Constant(2)`` is a float32, as there."""
+    with onnxblock.base(base_model()), pytest.raises(TypeError, match="Mul") as error:
+        blocks.Mul()(blocks.Constant(2)(), "x")
+    assert str(error.value).endswith("is the integer constant 2: for a float, write Constant(2.0)")
+    assert onnxblock.blocks.Constant(2)._value.dtype == np.float32 and blocks.Constant(2)._value.dtype == np.int64
+    assert onnxblock.blocks.Constant([1, 2])._value.dtype == np.int64  # a list or an array keeps its type
+    assert onnxblock.blocks.Constant(2, dtype=np.int32)._value.dtype == np.int32
+    assert onnxblock.blocks.Add is blocks.Add
+
+
 def test_constant_of_strings() -> None:
     """Constant holds numbers or booleans."""
     with pytest.raises(TypeError, match="string"):

@@ -231,6 +231,23 @@ def test_images_channels_last_are_told_the_transposition() -> None:
         inputs.collect([np.zeros((8, 12, 12, 4), np.float32)], {})
 
 
+def test_labels_with_a_trailing_unit_axis_too_many_or_too_few_are_told_to_squeeze_or_add_it() -> None:
+    """ONNX Runtime's examples shape labels ``[N, 1]``; a loss here takes ``[N]``."""
+    from onnxtrain.training.inputs import UserInputs
+    from onnxtrain.training.tensor_spec import TensorSpec
+
+    labels = UserInputs([TensorSpec("labels", np.dtype(np.int64), ("batch",))], "training model")
+    with pytest.raises(ValueError, match=r"got int64\[5, 1\]; its last axis of size 1 .*: pass array\.squeeze\(-1\)"):
+        labels.collect([np.zeros((5, 1), np.int64)], {})
+    column = UserInputs([TensorSpec("target", np.dtype(np.float32), ("batch", 1))], "training model")
+    with pytest.raises(
+        ValueError, match=r"got float32\[5\]; the input has a last axis of size 1 .*array\[\.\.\., None\]"
+    ):
+        column.collect([np.zeros(5, np.float32)], {})
+    with pytest.raises(ValueError, match=r"got int64\[5, 2\]$"):  # not a unit axis: nothing to say
+        labels.collect([np.zeros((5, 2), np.int64)], {})
+
+
 def test_an_eval_model_of_another_artifact_set_is_refused_naming_both(tmp_path):
     """Files of two generate_artifacts runs mixed: the eval step computed another loss without a word."""
     from onnxtrain.artifacts import LossType
