@@ -49,6 +49,7 @@ from onnxtrain.graph.passes.functions import expand_loss_functions, function_inp
 from onnxtrain.graph.roles import running_statistics
 from onnxtrain.graph.torch_metadata import batch_norm_training
 from onnxtrain.graph.versions import is_standard
+from onnxtrain.graph.walk import names_read, needed_nodes
 from onnxtrain.optim.loss_scaling import scaled_loss
 
 #: The suffix of the training-model outputs carrying updated running statistics.
@@ -181,6 +182,23 @@ def _trains_statistics(node: onnx.NodeProto, opset: int) -> bool:
     if opset < 14:
         return sum(1 for name in node.output if name) > 1
     return bool(_attribute(node, "training_mode", 0)) or bool(batch_norm_training(node))
+
+
+def _check_loss_reads_a_parameter(model: onnx.ModelProto, loss: str, wrt: Sequence[str]) -> None:
+    """``ValueError`` where ``loss`` depends on none of ``wrt`` (a loss block wired to the targets alone): every
+    gradient would be zero, and training would change nothing (torch: "does not require grad")."""
+    if not wrt:
+        return
+    read = {loss} | {name for node in needed_nodes(list(model.graph.node), [loss]) for name in names_read(node)}
+    if read.intersection(wrt):
+        return
+    inputs = [value.name for value in model.graph.input if value.name in read and value.name not in wrt]
+    reads = f"it reads the inputs {inputs} and no parameter" if inputs else "it reads no input and no parameter"
+    raise ValueError(
+        f"the loss {loss!r} depends on none of the {len(wrt)} values to train ({first_names(list(wrt), 3)}): "
+        f"{reads}, so every gradient would be zero. Check the loss block's wiring (a model output passed to it, "
+        "not only its targets)"
+    )
 
 
 def _check_input_gradients(model: onnx.ModelProto, names: Sequence[str]) -> list[str]:
@@ -411,6 +429,7 @@ def build_training_models(
     running = _expose_running_stats(training_model, parameter_names)
     builder = GraphBuilder(training_model)
     wrt = [*wrt_inputs, *trainable_names]
+    _check_loss_reads_a_parameter(training_model, outputs[0], wrt)
     forward_nodes = len(training_model.graph.node)
     seed = outputs[0] if loss_scale is None else scaled_loss(builder, outputs[0])
     grads = build_gradients(builder, seed, wrt, registry) if wrt else {}

@@ -122,7 +122,8 @@ class NLLLoss(Block):
 
 
 class CrossEntropyLoss(Block):
-    """Softmax cross-entropy of scores ``(N, C, d...)`` against integer labels ``(N, d...)``.
+    """Softmax cross-entropy of scores ``(N, C, d...)`` against integer labels ``(N, d...)``, or against class
+    probabilities ``(N, C, d...)``.
 
     ``torch.nn.CrossEntropyLoss`` semantics, including ``weight`` (an array),
     ``ignore_index`` and ``label_smoothing`` ``eps``:
@@ -134,6 +135,14 @@ class CrossEntropyLoss(Block):
     labels of its oldest releases; PyTorch ignores ``-100`` by default).
     Labels outside ``[0, C)`` that are not ``ignore_index`` make the step fail
     (:mod:`onnxtrain.losses.label_check`).
+
+    ``probabilities=True`` takes the target as the scores' type and shape, a
+    distribution over the classes per sample (mixup, distillation), as torch
+    does for a float target: ``-sum_c w_c t'_c log p_c`` per sample with
+    ``t' = (1 - eps) t + eps / C``, ``"mean"`` over the samples (not the
+    weights). ``None`` (the default) decides by the target: an existing value
+    of the scores' float type is probabilities, anything else labels.
+    ``ignore_index`` applies to labels only.
     """
 
     def __init__(
@@ -144,8 +153,17 @@ class CrossEntropyLoss(Block):
         label_smoothing: float = 0.0,
         *,
         label_dtype: Any = np.int64,
+        probabilities: bool | None = None,
     ) -> None:
         super().__init__()
+        if probabilities not in (None, True, False):
+            raise TypeError(f"CrossEntropyLoss's probabilities must be None, True or False, not {probabilities!r}")
+        if probabilities and ignore_index is not None:
+            raise ValueError(
+                "CrossEntropyLoss ignores a label index (ignore_index) only with integer labels, not with "
+                "probabilities=True: give the samples to skip all-zero targets instead"
+            )
+        self._probabilities = probabilities
         self._weight = class_weights("CrossEntropyLoss", weight)
         self._reduction = check_reduction("CrossEntropyLoss", reduction)
         self._ignore_index = ignore_index
@@ -158,6 +176,15 @@ class CrossEntropyLoss(Block):
         b = self.builder
         require_float(b, "CrossEntropyLoss", scores_input_name)
         rank = _class_axis_rank(b, "CrossEntropyLoss", scores_input_name, self._weight)
+        probabilities = self._probabilities
+        if probabilities is None:  # torch's rule: a float target is probabilities
+            probabilities = (
+                b.has(labels_name)
+                and self._ignore_index is None
+                and b.elem_type(labels_name) == b.elem_type(scores_input_name)
+            )
+        if probabilities:
+            return self._probability_loss(b, scores_input_name, labels_name, rank)
         labels = target_input(
             b, "CrossEntropyLoss", labels_name, scores_input_name, elem_type=self._label_type, drop_axis=1
         )
@@ -171,6 +198,32 @@ class CrossEntropyLoss(Block):
         eps_over_c = Div()(smoothing, dim_size(b, log_probs, 1))
         kept = ops.constant_like(b, 1.0 - self._smoothing, log_probs, "one_minus_smoothing")
         return Add()(Mul()(kept, nll), Mul()(eps_over_c, smooth))
+
+    def _probability_loss(self, b: GraphBuilder, scores: str, targets_name: str, rank: int | None) -> str:
+        """``-sum_c w_c t'_c log p_c`` per sample, reduced over the samples (see the class docstring)."""
+        targets = target_input(b, "CrossEntropyLoss", targets_name, scores)
+        log_probs = LogSoftmax(axis=1)(scores)
+        if self._smoothing:
+            kept = ops.constant_like(b, 1.0 - self._smoothing, log_probs, "one_minus_smoothing")
+            smoothing = ops.constant_like(b, self._smoothing, log_probs, "label_smoothing")
+            targets = Add()(Mul()(kept, targets), Div()(smoothing, dim_size(b, log_probs, 1)))
+        if self._weight is not None:
+            targets = Mul()(targets, self._class_weights(b, log_probs, rank))
+        per_sample = Neg()(ops.reduce(b, "ReduceSum", Mul()(targets, log_probs), [1], keepdims=False))
+        return reduce_loss(per_sample, self._reduction)
+
+    def _class_weights(self, b: GraphBuilder, like: str, rank: int | None) -> str:
+        """The class weights shaped to broadcast along axis 1 of ``like`` (of ``rank`` axes, or unknown)."""
+        assert self._weight is not None
+        if rank is not None:
+            shape = [1, self._weight.size] + [1] * (rank - 2)
+            return ops.constant_like(b, self._weight.reshape(shape), like, "class_weight")
+        weight = ops.constant_like(b, self._weight.reshape(-1), like, "class_weight")
+        trailing = Sub()(b.add_node1("Size", [b.add_node1("Shape", [like])]), ops.int64s(b, [2], "two"))
+        ones = b.add_node1("ConstantOfShape", [b.add_node1("Reshape", [trailing, ops.int64s(b, [1], "one")])],
+                           value=onnx.helper.make_tensor("one", onnx.TensorProto.INT64, [1], [1]))  # fmt: skip
+        shape = b.add_node1("Concat", [ops.int64s(b, [1, self._weight.size], "classes"), ones], axis=0)
+        return b.add_node1("Reshape", [weight, shape])
 
     def _smooth_term(self, b: GraphBuilder, log_probs: str, labels: str, rank: int | None) -> str:
         """``-sum_c w_c log p_c`` per label, zero where ignored, reduced like ``nll``."""

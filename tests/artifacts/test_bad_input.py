@@ -23,6 +23,15 @@ class ReturnsNothing(blocks.Block):
         blocks.ReduceMean(keepdims=False)(output_name)
 
 
+class TargetsOnly(blocks.Block):
+    """A loss block wired to its target alone (``Sub()(t, t)`` where ``Sub()(y, t)`` was meant)."""
+
+    def build(self, output_name: str) -> str:
+        target = blocks.InputLike(output_name)("target")
+        difference = blocks.Sub()(target, target)
+        return blocks.ReduceMean(keepdims=False)(blocks.Mul()(difference, difference))
+
+
 def _with_integer_initializer() -> onnx.ModelProto:
     model = dense()
     model.graph.initializer.append(onnx.numpy_helper.from_array(np.arange(3), "steps"))
@@ -46,6 +55,8 @@ CASES: list[tuple[str, dict[str, Any], type[Exception], tuple[str, ...]]] = [
     ("unknown LossType string", {"requires_grad": ["W"], "loss": "MSE"}, ValueError,
      ("'MSE'", "LossType", "MSELoss", "CrossEntropyLoss", "KLDivLoss")),
     ("loss of another type", {"requires_grad": ["W"], "loss": 3}, ValueError, ("loss=3", "LossType")),
+    ("a loss that reads no parameter", {"requires_grad": ["W", "B"], "loss": TargetsOnly()}, ValueError,
+     ("depends on none of the 2 values to train ('W', 'B')", "reads the inputs ['target']", "wiring")),
     ("unknown OptimType string", {"requires_grad": ["W"], "loss": "MSELoss", "optimizer": "adamw"}, ValueError,
      ("'adamw'", "OptimType", "AdamW", "SGD", "RMSprop")),
     ("a block that is no optimizer", {"requires_grad": ["W"], "loss": "MSELoss", "optimizer": blocks.Add()},

@@ -143,6 +143,23 @@ def cross_entropy(
     return (1.0 - label_smoothing) * nll + label_smoothing / n_classes * smooth_reduced
 
 
+def cross_entropy_with_probabilities(
+    scores: ArrayLike,
+    targets: ArrayLike,
+    weight: ArrayLike | None = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> np.ndarray:
+    """``-sum_c w_c t'_c log_softmax(x)_c`` per sample, ``t' = (1 - eps) t + eps / C``, the mean over the samples
+    (``torch.nn.functional.cross_entropy`` with a float target)."""
+    log_probs = log_softmax(scores, axis=1)
+    n_classes = log_probs.shape[1]
+    t = (1.0 - label_smoothing) * _f64(targets) + label_smoothing / n_classes
+    if weight is not None:
+        t = t * _f64(weight).reshape([1, n_classes] + [1] * (log_probs.ndim - 2))
+    return reduce(-(t * log_probs).sum(axis=1), reduction)
+
+
 def binary_cross_entropy(
     p: ArrayLike, t: ArrayLike, weight: ArrayLike | None = None, reduction: str = "mean"
 ) -> np.ndarray:

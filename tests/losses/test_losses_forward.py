@@ -208,6 +208,10 @@ CASES: list[Case] = [
     Case("MSELoss", "regression", {}, ("batch", 2, N_CLASSES)),
     Case("L1Loss", "regression", {}, ("batch",)),
     *(Case(loss, FAMILY[loss], kw, shape) for loss, kw, shape in CLASSIFICATION),
+    Case("CrossEntropyLoss", "ce_probs", {"probabilities": True}),
+    Case("CrossEntropyLoss", "ce_probs", {"probabilities": True, "weight": W, "label_smoothing": 0.2}),
+    Case("CrossEntropyLoss", "ce_probs", {"probabilities": True, "weight": W}, ("batch", N_CLASSES, "length")),
+    Case("CrossEntropyLoss", "ce_probs", {"probabilities": True, "label_smoothing": 0.1}, ("batch", "classes")),
     Case("KLDivLoss", "kl", {}),
     Case("KLDivLoss", "kl", {"log_target": True}),
     Case("KLDivLoss", "kl", {}, ("batch", 2, N_CLASSES)),
@@ -289,6 +293,12 @@ def draw_inputs(data: st.DataObject, case: Case, dtype: Any) -> tuple[np.ndarray
     elif family == "nll":
         y = data.draw(float_arrays(dtype, shape, -8.0, 0.0), label="log-probabilities")
         target = draw_labels(data, case, shape)
+    elif family == "ce_probs":  # a distribution over the classes (axis 1) per sample, or any weights of them
+        y = data.draw(float_arrays(dtype, shape, -6.0, 6.0), label="scores")
+        target = data.draw(float_arrays(dtype, shape, 0.0, 1.0, special=[0.0]), label="probabilities")
+        if data.draw(st.booleans(), label="normalized"):
+            total = target.sum(axis=1, keepdims=True)
+            target = np.where(total > 0, target / np.where(total > 0, total, 1), target).astype(dtype)
     elif family == "logits":
         y = data.draw(float_arrays(dtype, shape, -15.0, 15.0, special=[0.0]), label="logits")
         target = data.draw(float_arrays(dtype, shape, 0.0, 1.0, special=[0.0, 1.0]), label="target")
@@ -329,6 +339,10 @@ def oracle(case: Case, reduction: str, y: np.ndarray, target: np.ndarray) -> np.
         return oracles.huber_loss(y, target, reduction, **_kwargs(case, "delta"))
     if case.loss == "SmoothL1Loss":
         return oracles.smooth_l1_loss(y, target, reduction, **_kwargs(case, "beta"))
+    if case.family == "ce_probs":
+        return oracles.cross_entropy_with_probabilities(
+            y, target, reduction=reduction, **_kwargs(case, "weight", "label_smoothing")
+        )
     if case.loss == "CrossEntropyLoss":
         return oracles.cross_entropy(
             y,
@@ -410,6 +424,9 @@ def torch_loss_tensor(torch: Any, case: Case, reduction: str, x: Any, target: np
             return functional.nll_loss(x, labels, **common)
         return functional.cross_entropy(x, labels, label_smoothing=case.kwargs.get("label_smoothing", 0.0), **common)
     t = torch.from_numpy(target)
+    if case.family == "ce_probs":
+        smoothing = case.kwargs.get("label_smoothing", 0.0)
+        return functional.cross_entropy(x, t, weight=tensor("weight"), reduction=reduction, label_smoothing=smoothing)
     if case.loss == "MSELoss":
         result = functional.mse_loss(x, t, reduction=reduction)
     elif case.loss == "L1Loss":
@@ -645,6 +662,7 @@ OPSET_CASES = [
     Case("CrossEntropyLoss", "ce", {"weight": W, "label_smoothing": 0.2}),
     Case("CrossEntropyLoss", "ce", {"label_smoothing": 0.2, "ignore_index": 1}, ("batch", "classes", "length")),
     Case("NLLLoss", "nll", {"weight": W}),
+    Case("CrossEntropyLoss", "ce_probs", {"probabilities": True, "weight": W, "label_smoothing": 0.2}),
     Case("BCEWithLogitsLoss", "logits", {"pos_weight": POS_W}),
     Case("BCELoss", "probs"),
     Case("KLDivLoss", "kl"),
@@ -659,7 +677,10 @@ def test_losses_build_and_run_on_every_supported_opset(case: Case, opset: int) -
     rng = np.random.default_rng(opset)
     sizes = {"batch": 4, "classes": 3, "length": 2, "k": 5}
     shape = tuple(sizes[d] if isinstance(d, str) else d for d in case.shape)
-    if case.family in ("ce", "nll"):
+    if case.family == "ce_probs":
+        y = rng.uniform(-5, 0, shape)
+        target = np.moveaxis(rng.dirichlet(np.ones(shape[1]), shape[:1] + shape[2:]), -1, 1)
+    elif case.family in ("ce", "nll"):
         y = rng.uniform(-5, 0, shape)
         target = rng.integers(0, shape[1], shape[:1] + shape[2:]).astype(case.label_dtype)
         ignore = ignore_index_of(case)
@@ -691,6 +712,41 @@ def test_cross_entropy_with_weight_and_smoothing_on_scores_of_unknown_rank(
     (actual,) = single_thread_session(model).run(None, {"x": y / 2, "labels": labels})
     expected = oracles.cross_entropy(y, labels, W, reduction, ignore_index=0, label_smoothing=0.3)
     assert_loss_close(actual, expected, np.float32)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("data_shape", [(4, 3), (2, 3, 5)], ids=["2d", "3d"])
+def test_cross_entropy_with_probabilities_on_scores_of_unknown_rank(
+    reduction: str, data_shape: tuple[int, ...]
+) -> None:
+    """The class weights go on axis 1 of the targets also when the rank is known only at run time."""
+    loss = onnxblock.loss.CrossEntropyLoss(weight=W, reduction=reduction, label_smoothing=0.3, probabilities=True)
+    model = build_loss_model(loss, None, FLOAT)
+    rng = np.random.default_rng(4)
+    y = rng.uniform(-4, 4, data_shape).astype(np.float32)
+    targets = rng.dirichlet(np.ones(3), data_shape[:1] + data_shape[2:]).astype(np.float32)
+    targets = np.moveaxis(targets, -1, 1)
+    (actual,) = single_thread_session(model).run(None, {"x": y / 2, "labels": targets})
+    expected = oracles.cross_entropy_with_probabilities(y, targets, W, reduction, label_smoothing=0.3)
+    assert_loss_close(actual, expected, np.float32)
+
+
+def test_cross_entropy_takes_an_existing_float_target_as_probabilities_as_torch_does() -> None:
+    """A model input of the scores' float type given as the target is a distribution (mixup, distillation); the
+    label's index to skip applies to labels only."""
+    model = scaled_model(["batch", 3], FLOAT)
+    model.graph.input.append(onnx.helper.make_tensor_value_info("soft", FLOAT, ["batch", 3]))
+    with onnxblock.base(model) as builder:
+        builder.set_outputs([onnxblock.loss.CrossEntropyLoss()("y", "soft")])
+        built = builder.finalize()
+    y = np.array([[1.0, -2.0, 0.5], [0.0, 3.0, -1.0]], np.float32)
+    soft = np.array([[0.7, 0.1, 0.2], [0.0, 0.5, 0.5]], np.float32)
+    (actual,) = single_thread_session(built).run(None, {"x": y / 2, "soft": soft})
+    assert_loss_close(actual, oracles.cross_entropy_with_probabilities(y, soft), np.float32)
+    with pytest.raises(ValueError, match=r"ignore_index.* only with integer labels"):
+        onnxblock.loss.CrossEntropyLoss(ignore_index=-100, probabilities=True)
+    with pytest.raises(TypeError, match="probabilities must be None, True or False"):
+        onnxblock.loss.CrossEntropyLoss(probabilities="yes")  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------ edge values
