@@ -33,7 +33,11 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument("directory", metavar="DIR", type=Path, help="the artifacts, from `onnxtrain generate`")
     parser.add_argument("-o", "--out", required=True, type=Path, metavar="MODEL.onnx", help="the model to write")
     parser.add_argument(
-        "--outputs", nargs="+", metavar="NAME", help="the values it outputs (default: the forward model's outputs)"
+        "--outputs",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help="the values it outputs (default: the forward model's outputs)",
     )
     parser.add_argument(
         "--checkpoint", metavar="PATH|best",

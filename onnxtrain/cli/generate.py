@@ -65,12 +65,14 @@ def add_parser(subcommands: Any) -> None:
     )
     parser.add_argument("model", metavar="MODEL", type=Path, help="the forward-only ONNX model (.onnx)")
     parser.add_argument(
-        "--requires-grad", nargs="+", required=True, metavar="NAME",
+        "--requires-grad", nargs="+", action="extend", required=True, metavar="NAME",
         help=f"the initializers to train; {WEIGHTS} (or {ALL_FLOAT}): every weight, as `onnxtrain inspect MODEL` "
         f"lists them (not constants nor BatchNorm running statistics), but those --frozen; {ADAPTERS}: the LoRA "
         "adapters (onnxtrain.lora.add_adapters); a glob ('*lora_A*') names the float initializers it matches",
     )  # fmt: skip
-    parser.add_argument("--frozen", nargs="+", default=[], metavar="NAME", help="initializers kept as they are")
+    parser.add_argument(
+        "--frozen", nargs="+", action="extend", default=[], metavar="NAME", help="initializers kept as they are"
+    )
     parser.add_argument(
         "--loss", required=True, type=loss_option, metavar="LOSS",
         help=f"{', '.join(LOSSES)}, or a loss Block of yours as module:Class or path/to/loss.py:Class "
@@ -92,6 +94,7 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--no-decay",
         nargs="+",
+        action="extend",
         default=[],
         metavar="PATTERN",
         help="parameters left out of weight decay: names or their parts after a dot, globs (bias '*norm.weight')",
@@ -99,6 +102,7 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--lr-scale",
         nargs="+",
+        action="extend",
         default=[],
         type=_scale,
         metavar="PATTERN=FACTOR",
@@ -115,17 +119,21 @@ def add_parser(subcommands: Any) -> None:
         "(docs/artifacts.md, Mixed precision), parameters and optimizer state in float32 (default: fp32)",
     )  # fmt: skip
     parser.add_argument(
-        "--precision-override", nargs="+", default=[], metavar="OP=MODE", type=precision_override,
+        "--precision-override", nargs="+", action="extend", default=[], metavar="OP=MODE", type=precision_override,
         help="move an operator type in the autocast policy: MatMul=float32, Softmax=half",
     )  # fmt: skip
     parser.add_argument(
-        "--activation-checkpoints", nargs="*", metavar="VALUE",
+        "--activation-checkpoints", nargs="*", action="extend", metavar="VALUE",
         help="keep only these forward values for the backward and recompute the others there, one more forward "
         "pass per step for less memory; with no VALUE, the layer boundaries (docs/artifacts.md, Activation "
         "checkpointing)",
     )  # fmt: skip
     parser.add_argument(
-        "--loss-inputs", nargs="+", metavar="NAME", help="the model outputs the loss reads (default: all, in order)"
+        "--loss-inputs",
+        nargs="+",
+        action="extend",
+        metavar="NAME",
+        help="the model outputs the loss reads (default: all, in order)",
     )
     parser.add_argument(
         "--no-scores", action="store_true",
@@ -166,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
     loss = loss_of(args.loss, args.ignore_index)
+    _check_one_output_for_the_loss(args)
     with speaking_options(LIBRARY_ARGUMENTS):
         requires = trainable_names(args.model, args.requires_grad, args.frozen)
         built = artifacts.build_artifacts(
@@ -189,6 +198,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
     print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
     return 0
+
+
+def _check_one_output_for_the_loss(args: argparse.Namespace) -> None:
+    """``UsageError`` where a built-in loss, which reads one output and its target, would read all of a model's
+    outputs (the default): the second output would be the first one's target, and training would pull one toward
+    the other, taking no labels."""
+    if args.loss_inputs or args.loss not in LOSSES or LOSSES[args.loss] is None:
+        return
+    from onnxtrain.graph.io import load_base_model
+
+    proto, _ = load_base_model(args.model, check_data=False, in_file=True)  # no weight read: only the names
+    outputs = [value.name for value in proto.graph.output]
+    if len(outputs) > 1:
+        listed = ", ".join(repr(name) for name in outputs)
+        raise UsageError(
+            f"the model has {len(outputs)} outputs ({listed}), and --loss {args.loss} reads one output and its "
+            f"target (from the data): name the output to train with --loss-inputs {outputs[0]} (the others stay "
+            "outputs of the eval model); for a loss over several outputs, give a loss block of yours (docs/cli.md)"
+        )
 
 
 def checkpoints_of(values: list[str] | None) -> str | list[str] | None:

@@ -35,6 +35,7 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument(
         "--shapes",
         nargs="+",
+        action="extend",
         default=[],
         metavar="NAME=DxD",
         help="with --memory: the user inputs' shapes (input_ids=4x128 labels=512) or symbolic dimensions (batch=4)",

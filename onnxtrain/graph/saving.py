@@ -23,8 +23,9 @@ def replacing_model(model: onnx.ModelProto, target: Path, limit: int) -> Iterato
     A model of ``limit`` bytes or more (protobuf's 2 GiB) keeps its tensors of 1 KiB or more in
     ``<target name>.data`` beside it (``model`` is changed: they then refer to that file; no file where there is
     no such tensor). The data is written anew to a temporary file of its own, not appended to an earlier
-    export's as onnx would; on leaving, the data file is renamed into place first, then the model. ``IsADirectoryError`` or ``FileNotFoundError`` for a
-    ``target`` that is a folder or whose folder does not exist.
+    export's as onnx would; on leaving, the data file is renamed into place first, then the model.
+    ``IsADirectoryError`` or ``FileNotFoundError`` for a ``target`` that is a folder or whose folder does not
+    exist.
     """
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a directory; give the path of the .onnx file to write")

@@ -6,7 +6,7 @@ or labels input it needs, with the right element type and shape.
 
 from __future__ import annotations
 
-from onnxtrain.losses._common import REDUCTIONS, Reduction
+from onnxtrain.losses._common import REDUCTIONS, ComputedTargetWarning, Reduction
 from onnxtrain.losses.classification import BCELoss, BCEWithLogitsLoss, ClassAxisWarning, CrossEntropyLoss, NLLLoss
 from onnxtrain.losses.divergence import KLDivLoss
 from onnxtrain.losses.regression import HuberLoss, L1Loss, MSELoss, SmoothL1Loss
@@ -16,6 +16,7 @@ __all__ = [
     "BCELoss",
     "BCEWithLogitsLoss",
     "ClassAxisWarning",
+    "ComputedTargetWarning",
     "CrossEntropyLoss",
     "HuberLoss",
     "KLDivLoss",

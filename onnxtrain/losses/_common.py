@@ -14,6 +14,12 @@ from onnxtrain.graph import dtypes, ops
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.declared import GENERATED_PREFIX, DeclaredShapeWarning, check_output_shape
 
+
+class ComputedTargetWarning(UserWarning):
+    """A loss's target is a value the model computes (its other output), not data: training pulls one toward the
+    other (ONNX Runtime's default ``loss_input_names``, all the outputs, does this to a model of two outputs)."""
+
+
 Reduction = Literal["mean", "sum", "none"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
 
@@ -75,6 +81,13 @@ def target_input(
             raise TypeError(
                 f"{loss} needs its target {name!r} to be {dtypes.dtype_name(wanted)}, but the model already "
                 f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
+            )
+        if name in {value.name for value in b.model.graph.output}:
+            caller.warn(
+                f"{loss} takes the model's output {name!r} as the target of {like!r}: training pulls {like!r} "
+                f"toward {name!r}, with no labels from the data. To train {like!r} against data, pass "
+                f"loss_input_names=[{like!r}] (generate_artifacts' default gives a loss every output of the model)",
+                ComputedTargetWarning,
             )
         return name
     dims, note = _checked_shape(b, loss, name, like)

@@ -89,6 +89,51 @@ def test_lr_scale_steps_the_parameters_it_names_at_a_scaled_rate(capsys, model_p
     assert status != 0 and "'classifier' is not PATTERN=FACTOR" in err
 
 
+def _two_outputs(path: Path) -> Path:
+    """``a = x @ w`` [batch, 2] and ``b = x @ v`` [batch, 1]: a model of two heads."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import make_model
+
+    rng = np.random.default_rng(0)
+    model = make_model(
+        {"x": (TensorProto.FLOAT, ["batch", 3])},
+        [helper.make_node("MatMul", ["x", "w"], ["a"]), helper.make_node("MatMul", ["x", "v"], ["b"])],
+        {"a": (TensorProto.FLOAT, ["batch", 2]), "b": (TensorProto.FLOAT, ["batch", 1])},
+        [("w", rng.normal(size=(3, 2)).astype(np.float32)), ("v", rng.normal(size=(3, 1)).astype(np.float32))],
+    )
+    onnx.save(model, path)
+    return path
+
+
+def test_a_model_of_two_outputs_names_the_one_a_loss_trains(capsys, tmp_path: Path):
+    """With the library's default (every output to the loss), mse of ('a', 'b') pulled a toward b, with no
+    labels: the command asks which output to train."""
+    model = _two_outputs(tmp_path / "two.onnx")
+    status, _, err = cli(capsys, "generate", model, "--requires-grad", "weights", "--loss", "mse", "-o", tmp_path / "x")
+    assert status == 2
+    assert_error(err, "generate", "2 outputs ('a', 'b')", "--loss mse reads one output and its target",
+                 "--loss-inputs a")  # fmt: skip
+    assert not (tmp_path / "x").exists()
+    status, _, err = cli(capsys, "generate", model, "--requires-grad", "weights", "--loss", "mse",
+                         "--loss-inputs", "b", "-o", tmp_path / "art")  # fmt: skip
+    assert (status, err) == (0, "")
+    inputs = [v.name for v in onnx.load(tmp_path / "art" / "training_model.onnx").graph.input]
+    assert "target" in inputs
+
+
+def test_an_option_given_twice_takes_both_lists(capsys, model_path: Path, tmp_path: Path):
+    """argparse keeps the last of an option given twice; --requires-grad a --requires-grad b froze a silently."""
+    first, second = (t.name for t in onnx.load(model_path).graph.initializer[:2])
+    status, _, err = cli(capsys, "generate", model_path, "--requires-grad", first, "--loss", "ce",
+                         "--requires-grad", second, "--lr-scale", f"{first}=10", "--lr-scale", f"{second}=0.5",
+                         "-o", tmp_path / "art")  # fmt: skip
+    assert (status, err) == (0, "")
+    assert sorted(checkpoint.load(tmp_path / "art" / "checkpoint").trainable) == sorted([first, second])
+    description = read_metadata(onnx.load(tmp_path / "art" / "optimizer_model.onnx"))[OPTIMIZER_KEY]
+    assert f"lr_scale={{'{first}': 10.0, '{second}': 0.5}}" in description
+
+
 @pytest.mark.parametrize("loss", [name for name, kind in generate.LOSSES.items() if kind in ("MSELoss", "L1Loss")])
 def test_regression_losses_take_a_float_target(capsys, model_path: Path, tmp_path: Path, loss: str):
     status, _, err = cli(capsys, "generate", model_path, "--requires-grad", "all-float", "--loss", loss, "-o", tmp_path)

@@ -749,6 +749,19 @@ def test_cross_entropy_takes_an_existing_float_target_as_probabilities_as_torch_
         onnxblock.loss.CrossEntropyLoss(probabilities="yes")  # type: ignore[arg-type]
 
 
+def test_a_target_that_is_another_output_of_the_model_is_said() -> None:
+    """ONNX Runtime's default loss inputs, every output: ``MSELoss(a, b)`` of a model of two heads takes ``b``
+    as the target of ``a``, and training pulls one toward the other with no labels."""
+    model = make_model(
+        {"x": (FLOAT, ["batch", 2])},
+        [helper.make_node("Mul", ["x", "two"], ["a"]), helper.make_node("Neg", ["x"], ["b"])],
+        {"a": (FLOAT, ["batch", 2]), "b": (FLOAT, ["batch", 2])},
+        initializers=[("two", np.array(2, np.float32))],
+    )
+    with onnxblock.base(model), pytest.warns(onnxtrain.losses.ComputedTargetWarning, match=r"loss_input_names=\['a'\]"):
+        onnxblock.loss.MSELoss()("a", "b")
+
+
 # ------------------------------------------------------------ edge values
 
 
