@@ -173,7 +173,12 @@ class FileGroup:
     # ------------------------------------------------------------------ changing the layout
 
     def _clean(self) -> None:
-        """Remove what an interrupted writer left: unused versions, temporary links, dangling members."""
+        """Remove what an interrupted writer left: unused versions, temporary links, dangling members; and a
+        pointer that is a folder, which a copy following the links made (``shutil.copytree``): its members are
+        plain files then, taken in as an earlier save's."""
+        pointer = self.directory / self.pointer
+        if pointer.is_dir() and not pointer.is_symlink():
+            shutil.rmtree(pointer)
         current = self._current()
         for entry in os.scandir(self.directory):
             if not entry.name.startswith(self._prefix):

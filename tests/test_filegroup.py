@@ -57,6 +57,23 @@ def test_plain_files_are_taken_in_with_their_bytes_then_replaced(tmp_path: Path)
     assert leftovers(tmp_path) == []
 
 
+def test_a_copy_that_followed_the_links_is_written_over_as_plain_files(tmp_path: Path):
+    """``shutil.copytree`` follows symbolic links: the pointer becomes a folder and the members plain files. A
+    write there failed with "Is a directory" where the pointer's link goes."""
+    import shutil
+
+    (tmp_path / "original").mkdir()
+    _write(FileGroup(tmp_path / "original", "g", NAMES), {"a": b"1", "b": b"2"})
+    copy = Path(shutil.copytree(tmp_path / "original", tmp_path / "copy"))
+    assert (copy / ".onnxtrain.g.current").is_dir() and not (copy / "a").is_symlink()
+    group = FileGroup(copy, "g", NAMES)
+    _write(group, {"a": b"3", "c": b"4"})
+    assert visible_files(copy) == {"a": b"3", "c": b"4"}
+    assert os.readlink(copy / "a") == ".onnxtrain.g.current/a" and (copy / ".onnxtrain.g.current").is_symlink()
+    assert leftovers(copy) == []
+    assert visible_files(tmp_path / "original") == {"a": b"1", "b": b"2"}
+
+
 def test_an_error_while_writing_changes_nothing(tmp_path: Path):
     group = FileGroup(tmp_path, "g", NAMES)
     _write(group, {"a": b"1"})

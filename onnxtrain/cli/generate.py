@@ -140,6 +140,11 @@ def add_parser(subcommands: Any) -> None:
         help=f"for {', '.join(SCORED)}: leave the class scores out of the training and eval models' outputs "
         "(train then reports no accuracy), for scores too large to copy at every step",
     )  # fmt: skip
+    parser.add_argument(
+        "--discard-run", action="store_true",
+        help="where DIR holds a training run (trained_checkpoint), remove it with the artifacts it belonged to "
+        "(without this option, generate refuses to write there)",
+    )  # fmt: skip
     parser.set_defaults(run=run, prog=parser.prog)
 
 
@@ -166,7 +171,7 @@ def loss_option(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Generate the artifacts; print what was written."""
     from onnxtrain import artifacts
-    from onnxtrain.loop import with_learning_rate
+    from onnxtrain.loop import remove_checkpoint, with_learning_rate
 
     optimizer = optimizer_block(
         args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay, dict(args.lr_scale)
@@ -175,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
     loss = loss_of(args.loss, args.ignore_index)
     _check_one_output_for_the_loss(args)
+    runs = _earlier_runs(args)
     with speaking_options(LIBRARY_ARGUMENTS):
         requires = trainable_names(args.model, args.requires_grad, args.frozen)
         built = artifacts.build_artifacts(
@@ -187,6 +193,9 @@ def run(args: argparse.Namespace) -> int:
     if args.lr is not None:  # in the one checkpoint written, not a second write of it
         built = replace(built, checkpoint=with_learning_rate(built.checkpoint, args.lr))
     paths = artifacts.write_artifacts(built, args.out, args.prefix)
+    for path in runs:  # the new artifacts are in place: the run of the old ones goes
+        remove_checkpoint(path)
+        print(f"removed {path.name}, a training run of the artifacts replaced (--discard-run)")
     print(f"wrote {len(paths)} files to {args.out.resolve()}:")
     for path in paths.values():
         print(f"  {path.name} ({size_text(path.stat().st_size)})")
@@ -198,6 +207,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"learning rate {args.lr:g} (stored in {paths['checkpoint'].name})")
     print(f"next: onnxtrain train {args.out} --data FILE.npz --epochs N --batch-size B")
     return 0
+
+
+def _earlier_runs(args: argparse.Namespace) -> list[Path]:
+    """The checkpoints of a training run in ``--out`` (``trained_checkpoint``, ``best_checkpoint``), which new
+    artifacts would leave belonging to other models: ``UsageError`` unless ``--discard-run``."""
+    from onnxtrain.loop import ArtifactFiles
+
+    files = ArtifactFiles(args.out, args.prefix)
+    runs = [path for path in (files.trained_checkpoint, files.best_checkpoint) if path.exists()]
+    if runs and not args.discard_run:
+        raise UsageError(
+            f"{args.out} holds a training run ({', '.join(path.name for path in runs)}) of the artifacts there, "
+            "which the new ones would leave belonging to other models (its resume, inspect and export would fail "
+            "or mix the two): write the new artifacts to another folder, or pass --discard-run to remove the run"
+        )
+    return runs
 
 
 def _check_one_output_for_the_loss(args: argparse.Namespace) -> None:

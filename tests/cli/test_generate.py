@@ -122,6 +122,26 @@ def test_a_model_of_two_outputs_names_the_one_a_loss_trains(capsys, tmp_path: Pa
     assert "target" in inputs
 
 
+def test_generate_over_a_training_run_refuses_unless_told_to_discard_it(capsys, model_path: Path, artifacts: Path,
+                                                                        data_path: Path):  # fmt: skip
+    """New artifacts over a trained run left its checkpoint belonging to other models: resume, inspect and export
+    failed or mixed the two."""
+    status, _, err = cli(capsys, "train", artifacts, "--data", data_path, "--epochs", "1", "--batch-size", "16")
+    assert (status, err) == (0, "")
+    trained = (artifacts / "trained_checkpoint").read_bytes()
+    before = {name: (artifacts / name).read_bytes() for name in ARTIFACTS}
+    status, _, err = _generate(capsys, model_path, artifacts, "--optimizer", "sgd")
+    assert status == 2
+    assert_error(err, "generate", "holds a training run (trained_checkpoint)", "another folder", "--discard-run")
+    assert {name: (artifacts / name).read_bytes() for name in ARTIFACTS} == before
+    assert (artifacts / "trained_checkpoint").read_bytes() == trained
+    status, out, err = _generate(capsys, model_path, artifacts, "--optimizer", "sgd", "--discard-run")
+    assert (status, err) == (0, "") and "removed trained_checkpoint" in out
+    assert set(visible_names(artifacts)) == ARTIFACTS
+    status, _, err = cli(capsys, "train", artifacts, "--data", data_path, "--epochs", "1", "--batch-size", "16")
+    assert (status, err) == (0, "")
+
+
 def test_an_option_given_twice_takes_both_lists(capsys, model_path: Path, tmp_path: Path):
     """argparse keeps the last of an option given twice; --requires-grad a --requires-grad b froze a silently."""
     first, second = (t.name for t in onnx.load(model_path).graph.initializer[:2])
