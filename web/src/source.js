@@ -11,7 +11,8 @@
  * @returns {Promise<Uint8Array>}
  */
 export async function readSource(source, what) {
-  if (source instanceof Uint8Array) return source;
+  // a Node Buffer is a Uint8Array whose slice() is a view into pooled memory: read it as a plain Uint8Array
+  if (source instanceof Uint8Array) return source.constructor === Uint8Array ? source : new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
   if (source instanceof ArrayBuffer) return new Uint8Array(source);
   if (typeof source !== 'string' && !(source instanceof URL)) {
     throw new TypeError(`${what} must be a path or URL (string) or its bytes (Uint8Array), not ${source === undefined ? 'undefined' : typeof source}`);

@@ -44,6 +44,32 @@ describe("Python's checkpoints", () => {
     assert.deepEqual(state.toBuffer({ includeOptimizerState: true }), withProperties);
   });
 
+  test("a Node Buffer's bytes read as the file's, also where the Buffer is a view into a larger pool", async () => {
+    // readFileSync gives small files in views of a shared pool, whose slice() is a view too: the values came from
+    // the pool's start
+    const bytes = bytesOf(join(reference, 'mlp', 'python-10.ckpt'));
+    const pool = new ArrayBuffer(bytes.length + 48);
+    const view = Buffer.from(pool, 24, bytes.length);
+    view.set(bytes);
+    const expected = CheckpointState.fromBuffer(bytes);
+    for (const state of [CheckpointState.fromBuffer(view), await CheckpointState.loadCheckpoint(view)]) {
+      for (const name of expected.trainable.keys()) assert.deepEqual(state.getParameter(name), expected.getParameter(name), name);
+      assert.deepEqual(state.toBuffer({ includeOptimizerState: true }), bytes);
+    }
+  });
+
+  test("a save without the optimizer state after steps records their count, as Python's; a save with it drops it", () => {
+    const trained = CheckpointState.fromBuffer(bytesOf(join(reference, 'mlp', 'python-10.ckpt')));
+    const dropped = bytesOf(join(reference, 'mlp', 'python-dropped.ckpt'));
+    assert.deepEqual(trained.toBuffer(), dropped, "Python's bytes");
+    const resumed = CheckpointState.fromBuffer(dropped);
+    assert.equal(resumed.properties.get('onnxtrain.optimizer_state_dropped_at_step'), 10n);
+    assert.deepEqual(resumed.toBuffer({ includeOptimizerState: true }), dropped, 'no optimizer state: the record stays');
+    resumed.optimizer = trained.optimizer; // as after optimizer steps in this session
+    const saved = CheckpointState.fromBuffer(resumed.toBuffer({ includeOptimizerState: true }));
+    assert.equal(saved.properties.has('onnxtrain.optimizer_state_dropped_at_step'), false);
+  });
+
   test("Python's checkpoint with external data is refused with the reason", () => {
     assert.throws(
       () => CheckpointState.fromBuffer(bytesOf(join(reference, 'mlp', 'python-external.ckpt'))),

@@ -202,12 +202,16 @@ def prepare_case(case: str, model: onnx.ModelProto, out: Path) -> None:
 def write_checkpoint_variants(source: Path, case_dir: Path) -> None:
     """The checkpoint ``source`` as Python also writes it: nominal (``python-nominal.ckpt``), with its tensors in an
     external data file (``python-external.ckpt`` and ``.data``), with properties of every kind
-    (``python-properties.ckpt``)."""
+    (``python-properties.ckpt``), and the runtime's state saved without its optimizer state
+    (``python-dropped.ckpt``, which records the step count it was dropped at)."""
     from dataclasses import replace
 
     from onnxtrain import checkpoint as ckpt
+    from onnxtrain.training import TrainingState
 
     state = ckpt.load(str(source))
+    dropped = TrainingState(state).to_checkpoint(include_optimizer_state=False)
+    ckpt.save(dropped, str(case_dir / "python-dropped.ckpt"))
     ckpt.save(state.nominal(), str(case_dir / "python-nominal.ckpt"))
     ckpt.save(state, str(case_dir / "python-external.ckpt"), external_data_threshold=1024)
     properties = {"epoch": 3, "best": 0.25, "negative zero": -0.0, "run": "\u03b1", "big": -(2**62)}

@@ -184,6 +184,11 @@ describe('parameter buffers (federated learning)', () => {
     const average = pa.map((v, i) => (v + pb[i]) / 2);
     await a.loadParametersBuffer(new Uint8Array(average.buffer), true); // ONNX Runtime's form: the bytes
     await b.loadParametersBuffer(average); // a Float32Array
+    const pooled = Buffer.from(new ArrayBuffer(average.byteLength + 16), 8, average.byteLength); // a Node Buffer, a view
+    pooled.set(new Uint8Array(average.buffer));
+    const c2 = await open(c);
+    await c2.loadParametersBuffer(pooled);
+    assert.deepEqual((await c2.getContiguousParameters()).data, average);
     assert.deepEqual((await a.getContiguousParameters()).data, average);
     assert.deepEqual((await b.getContiguousParameters()).data, average);
     assert.deepEqual(a.checkpointState.getParameter('linear.bias_7').data, average.subarray(64 * 64 + 64 + 64 * 10));

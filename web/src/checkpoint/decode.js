@@ -121,7 +121,9 @@ function tensor(table, nominal) {
   if (length !== size) {
     throw new CheckpointError(`${where} has ${length} bytes of raw_data; ${type.type}[${dims.join(', ')}] needs ${size}`);
   }
-  const copy = table.buf.bytes.slice(start, start + length);
+  // Uint8Array's own slice copies; a Node Buffer's slice is a view into its (pooled) memory, whose .buffer
+  // starts elsewhere.
+  const copy = Uint8Array.prototype.slice.call(table.buf.bytes, start, start + length);
   if (code === 9 && copy.some((b) => b > 1)) throw new CheckpointError(`${where} is bool but holds bytes other than 0 and 1`);
   return [name, { type: type.type, dims, data: new type.array(copy.buffer, 0, count) }];
 }

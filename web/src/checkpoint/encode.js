@@ -20,6 +20,9 @@ import * as S from './schema.js';
 /** @typedef {import('./state.js').StateTensor} StateTensor */
 /** @typedef {import('./state.js').CheckpointContents} CheckpointContents */
 
+/** The property Python's runtime writes when it saves a state without the optimizer state after optimizer steps. */
+export const OPTIMIZER_STATE_DROPPED = 'onnxtrain.optimizer_state_dropped_at_step';
+
 /**
  * The checkpoint file's bytes.
  * @param {CheckpointContents} contents
@@ -29,8 +32,16 @@ import * as S from './schema.js';
 export function encode(contents, includeOptimizerState) {
   const b = new Builder(1024);
   const moduleState = writeModuleState(b, contents);
-  const groups = includeOptimizerState && contents.optimizer !== null ? [writeOptimizerGroup(b, contents.optimizer)] : [];
-  const bag = contents.properties.size ? writePropertyBag(b, contents.properties) : null;
+  const optimizer = includeOptimizerState ? contents.optimizer : null;
+  const groups = optimizer !== null ? [writeOptimizerGroup(b, optimizer)] : [];
+  const properties = new Map(contents.properties);
+  // as Python's runtime: a save without the optimizer state after optimizer steps records their count, so that a
+  // resume can say its moments restart; a save with it drops that record
+  if (optimizer !== null) properties.delete(OPTIMIZER_STATE_DROPPED);
+  else if (contents.optimizer !== null && contents.optimizer.step > 0) {
+    properties.set(OPTIMIZER_STATE_DROPPED, BigInt(contents.optimizer.step));
+  }
+  const bag = properties.size ? writePropertyBag(b, properties) : null;
   const groupVector = offsets(b, groups);
   b.startObject(S.Checkpoint.COUNT);
   b.addFieldInt32(S.Checkpoint.VERSION, S.VERSION, 0);
