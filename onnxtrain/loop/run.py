@@ -27,8 +27,8 @@ from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
-from onnxtrain.loop.data import fit_to_inputs, load_data
-from onnxtrain.loop.files import ArtifactFiles, remove_checkpoint
+from onnxtrain.loop.data import check_lookup_ids, fit_to_inputs, load_data
+from onnxtrain.loop.files import ArtifactFiles
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import RunRecord, stored_learning_rate
 from onnxtrain.loop.settings import Settings
@@ -152,9 +152,11 @@ def train(
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     _check_labels(module, arrays, "the data")  # every row before any step or checkpoint: errors name the row
     check_finite_rows(arrays, [spec.name for spec in inputs], "the data", eval_model)
+    check_lookup_ids(arrays, inputs, "the data", eval_model)
     if val_data is not None:
         _check_labels(module, validation.arrays, "the validation data")
         check_finite_rows(validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model)
+        check_lookup_ids(validation.arrays, inputs, "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds
@@ -172,8 +174,8 @@ def train(
         echo(_start_line(record, source, len(train_rows), len(validation.rows), optimizer.step_count, earlier, ranks))
         if settings.schedule is not None:
             echo(f"learning rate: {settings.schedule.describe(total_steps)}")
-    if earlier is None and files.best_checkpoint.exists() and (comm is None or comm.Get_rank() == 0):
-        remove_checkpoint(files.best_checkpoint)  # the best state of the run this one replaces
+    # the best state of the run this one replaces, removed when this one first saves
+    replaced = [files.best_checkpoint] if earlier is None and files.best_checkpoint.exists() else []
     if comm is not None:
         broadcast_parameters(state, comm=comm)
         optimizer = DistributedOptimizer(optimizer, comm)  # type: ignore[assignment]
@@ -184,7 +186,7 @@ def train(
     best = files.best_checkpoint if settings.early_stopping is not None else None
     loop = Loop(
         module, optimizer, state, files.trained_checkpoint, record, (Rows(arrays, train_rows), validation), comm,
-        measures=measures, best_path=best,
+        measures=measures, best_path=best, replaced=replaced,
     )  # fmt: skip
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
 

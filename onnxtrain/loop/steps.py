@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ import numpy as np
 
 from onnxtrain.distributed import batch_shares
 from onnxtrain.loop.batches import batch_count, epoch_order
+from onnxtrain.loop.files import remove_checkpoint
 from onnxtrain.loop.interrupts import DeferredInterrupt, ImmediateInterrupt
 from onnxtrain.loop.metrics import Accuracy
 from onnxtrain.loop.record import EpochLosses, RunRecord
@@ -87,6 +88,7 @@ class Loop:
         *,
         measures: Measures | None = None,
         best_path: Path | None = None,
+        replaced: Sequence[Path] = (),
     ) -> None:
         self.module, self.optimizer, self.state, self.path = module, optimizer, state, path
         self.comm = comm  # an MPI communicator: this rank trains on its part of every batch
@@ -94,6 +96,9 @@ class Loop:
         self.training, self.validation = data
         self.measures = measures or Measures()
         self.best_path = best_path  # with early stopping: where the state of the best epoch goes
+        # checkpoints of the earlier run this one replaces, removed when it first saves: a run that fails before
+        # then leaves the earlier run as it was
+        self._replaced = list(replaced)
         # the record of the step under way and the step count it is for: once optimizer.step() has counted
         # that step, it is the current one even if an interrupt came before `record` was updated
         self._next: tuple[RunRecord, int] | None = None
@@ -108,8 +113,6 @@ class Loop:
         self._saved = None if fresh else self.record  # a resumed run starts from what the checkpoint holds
         with self.interrupt:
             try:
-                if fresh:
-                    self.save()
                 for epoch in range(self.record.epoch, settings.epochs):
                     started = time.perf_counter()
                     self._train_epoch(epoch, settings, progress)
@@ -219,7 +222,12 @@ class Loop:
         for name, value in self.record.to_properties().items():
             self.state.properties[name] = value
         if self.comm is None or self.comm.Get_rank() == 0:  # the ranks hold the same state: rank 0 writes it
-            TrainingState.save_checkpoint(self.state, path or self.path, include_optimizer_state=path is None)
+            written = path or self.path
+            TrainingState.save_checkpoint(self.state, written, include_optimizer_state=path is None)
+            for earlier in self._replaced:
+                if earlier != written:  # the one just written over is this run's now
+                    remove_checkpoint(earlier)
+        self._replaced = []
         if path is None:
             self._saved_at, self._saved = where, self.record
 

@@ -344,6 +344,63 @@ def _fail_at(monkeypatch: pytest.MonkeyPatch, step: int, error: BaseException) -
     _at_step(monkeypatch, step, fail)
 
 
+@pytest.mark.parametrize("bad", [7, -1])
+def test_token_ids_outside_the_embedding_are_refused_before_any_step(capsys, tmp_path: Path, bad: int):
+    """An id as large as the table made onnxruntime fail in the middle of the epoch, with a traceback; a negative
+    one read the table's last row without a word. torch refuses both."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import make_model
+
+    rng = np.random.default_rng(0)
+    model = make_model(
+        {"ids": (TensorProto.INT64, ["batch", 3])},
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+         helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["pooled", "head"], ["scores"])],
+        {"scores": (TensorProto.FLOAT, ["batch", 2])},
+        [("table", rng.normal(size=(7, 4)).astype(np.float32)), ("head", rng.normal(size=(4, 2)).astype(np.float32))],
+        opset=13,
+    )  # fmt: skip
+    onnx.save(model, tmp_path / "bag.onnx")
+    argv = ["generate", tmp_path / "bag.onnx", "--requires-grad", "weights", "--loss", "ce", "-o", tmp_path / "art"]
+    assert cli(capsys, *argv)[0] == 0
+    ids = rng.integers(0, 7, size=(41, 3))
+    ids[29, 1] = bad
+    np.savez(tmp_path / "data.npz", X=ids, y=rng.integers(0, 2, size=41))
+    status, _, err = _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size", "8")
+    assert status == 1
+    assert_error(err, "train", "input 'ids' holds 1 id(s) outside the 7 rows of the table 'table'", f"{bad} at [29, 1]")
+    assert not (tmp_path / "art" / "trained_checkpoint").exists()
+    ids[29, 1] = 3
+    np.savez(tmp_path / "data.npz", X=ids, y=rng.integers(0, 2, size=41))
+    status, _, err = _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size", "8")
+    assert (status, err) == (0, "")
+
+
+def test_a_run_that_fails_before_its_first_save_leaves_the_earlier_run_or_nothing(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
+):
+    """The run wrote the starting state as its checkpoint first: a failure at the first step left a run of 0 steps
+    (which the next run had to --resume or --restart) or, with --restart, had already replaced the earlier run and
+    removed its best state."""
+    stopping = ["--epochs", "3", "--batch-size", "16", "--seed", "3", "--val-split", "0.2", "--early-stopping", "2"]
+    earlier, fresh = fresh_artifacts("earlier"), fresh_artifacts("fresh")
+    assert _train(capsys, earlier, data_path, *stopping)[0] == 0
+    before = {name: (earlier / name).read_bytes() for name in ("trained_checkpoint", "best_checkpoint")}
+    for folder, options in ((earlier, [*stopping, "--restart"]), (fresh, RUN)):
+        with monkeypatch.context() as patch:
+            _fail_at(patch, 1, RuntimeError("a bad batch"))
+            with pytest.raises(RuntimeError, match="a bad batch"):
+                _train(capsys, folder, data_path, *options)
+    assert {name: (earlier / name).read_bytes() for name in before} == before
+    assert not (fresh / "trained_checkpoint").exists()
+    status, _, err = _train(capsys, fresh, data_path, *RUN)  # no --resume nor --restart to say
+    assert (status, err) == (0, "")
+    assert _train(capsys, earlier, data_path, *stopping[:-2], "--restart")[0] == 0  # no early stopping now
+    assert not (earlier / "best_checkpoint").exists()  # the earlier run's best went with its first save
+
+
 @pytest.mark.parametrize("every", [4, 6])
 def test_resume_after_a_crash_equals_an_uninterrupted_run(
     capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path, every: int
