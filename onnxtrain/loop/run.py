@@ -122,6 +122,8 @@ def train(
     inputs = user_inputs(files, saved)
     arrays = _arrays(data, inputs, target_column, reshape, "the data")
     train_rows, val_rows = split(len(arrays[0]), settings.val_split, settings.seed)
+    per_rank = settings.batch_size if comm is None else settings.batch_size // comm.Get_size()
+    _check_fixed_batch_axis(inputs, per_rank, len(train_rows) if comm is None else None)
     validation = Rows(arrays, val_rows)
     if val_data is not None:
         val_arrays = _arrays(val_data, inputs, target_column, reshape, "the validation data")
@@ -189,6 +191,24 @@ def train(
         measures=measures, best_path=best, replaced=replaced,
     )  # fmt: skip
     return loop.run(settings, echo, report_every, val_label, progress, fresh=earlier is None)
+
+
+def _check_fixed_batch_axis(inputs: Sequence[TensorSpec], batch_size: int, rows: int | None) -> None:
+    """``ValueError`` before any step where an input takes a fixed number of rows (a model exported without a
+    dynamic batch axis) that the batches of ``batch_size`` (and the last of ``rows``, where known) do not have: the
+    run failed at the first batch of another size, the epoch's last."""
+    last = None if rows is None else rows % batch_size or batch_size
+    for spec in inputs:
+        fixed = spec.dims[0] if spec.dims else None
+        if not isinstance(fixed, int) or (batch_size == fixed and last in (None, fixed)):
+            continue
+        sizes = f"batches of {batch_size}" + ("" if last in (None, batch_size) else f" and a last one of {last}")
+        raise ValueError(
+            f"input {spec.name!r} takes a fixed batch of {fixed} row(s): the model was exported without a dynamic "
+            f"batch axis, and the data's {sizes} do not fit. Export it with one (torch.onnx.export(..., "
+            f"dynamic_axes={{{spec.name!r}: {{0: 'batch'}}}}), or dynamic_shapes with dynamo=True), or train with "
+            f"--batch-size {fixed} on a number of samples that is a multiple of {fixed}"
+        )
 
 
 def _arrays(

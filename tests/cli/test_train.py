@@ -378,6 +378,34 @@ def test_token_ids_outside_the_embedding_are_refused_before_any_step(capsys, tmp
     assert (status, err) == (0, "")
 
 
+def test_a_model_of_a_fixed_batch_is_told_to_be_exported_with_a_dynamic_one_before_any_step(capsys, tmp_path: Path):
+    """Exported without a dynamic batch axis, x is [4, 8]: the run trained the epoch's batches of 4 and failed at
+    its last, smaller one, the steps lost, saying only the two shapes."""
+    from onnx import TensorProto, helper
+
+    from tests.helpers import make_model
+
+    rng = np.random.default_rng(1)
+    model = make_model(
+        {"x": (TensorProto.FLOAT, [4, 8])}, [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        {"y": (TensorProto.FLOAT, [4, 3])}, [("w", rng.normal(size=(8, 3)).astype(np.float32))],
+    )  # fmt: skip
+    onnx.save(model, tmp_path / "fixed.onnx")
+    argv = ["generate", tmp_path / "fixed.onnx", "--requires-grad", "weights", "--loss", "ce", "-o", tmp_path / "art"]
+    assert cli(capsys, *argv)[0] == 0
+    for rows, batch, said in ((30, 4, "batches of 4 and a last one of 2"), (32, 8, "batches of 8 do not fit")):
+        np.savez(tmp_path / "data.npz", X=rng.normal(size=(rows, 8)), y=rng.integers(0, 3, size=rows))
+        status, _, err = _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size",
+                                str(batch))  # fmt: skip
+        assert status == 1
+        advice = ("dynamic_axes={'x': {0: 'batch'}}", "--batch-size 4 on a number of samples that is a multiple of 4")
+        assert_error(err, "train", "input 'x' takes a fixed batch of 4 row(s)", said, *advice)
+        assert not (tmp_path / "art" / "trained_checkpoint").exists()
+    np.savez(tmp_path / "data.npz", X=rng.normal(size=(32, 8)), y=rng.integers(0, 3, size=32))
+    status, _, err = _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size", "4")
+    assert (status, err) == (0, "")
+
+
 def test_a_run_that_fails_before_its_first_save_leaves_the_earlier_run_or_nothing(
     capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts: Callable[[str], Path], data_path: Path
 ):
