@@ -41,8 +41,9 @@ from onnxtrain.graph.versions import is_standard
 
 #: What to do about the changes, in every message.
 REMEDY = (
-    "Export with torch.onnx.export(..., dynamo=True, optimize=False), or dynamo=False, to keep every parameter as "
-    "torch has it"
+    "Export with torch.onnx.export(..., dynamo=True, optimize=False), or dynamo=False in training mode "
+    "(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False: its default evaluation mode folds "
+    "BatchNormalization into convolutions too), to keep every parameter as torch has it"
 )
 #: The changes listed by name in a warning, per kind.
 LISTED = 3

@@ -31,7 +31,7 @@ def add_parser(subcommands: Any) -> None:
         "checked to load in onnxruntime before it replaces MODEL.onnx.",
     )
     parser.add_argument("directory", metavar="DIR", type=Path, help="the artifacts, from `onnxtrain generate`")
-    parser.add_argument("-o", "--out", required=True, type=Path, metavar="MODEL.onnx", help="the model to write")
+    parser.add_argument("-o", "--out", required=True, type=_file_path, metavar="MODEL.onnx", help="the model to write")
     parser.add_argument(
         "--outputs",
         nargs="+",
@@ -119,6 +119,16 @@ def export_inference_model(
     model = export_model_for_inferencing(eval_model, state, names, precision=precision)
     inputs, written = _write_checked(model, out)
     return Exported(out, source, inputs, written)
+
+
+def _file_path(text: str) -> Path:
+    """An argument type: the path of a file to write; a path ending in a separator names a folder."""
+    if text.endswith(("/", os.sep)):
+        folder = text.rstrip("/" + os.sep)
+        raise argparse.ArgumentTypeError(
+            f"{text!r} names a folder; give the path of the .onnx file to write ({folder}/model.onnx)"
+        )
+    return Path(text)
 
 
 def _check_outputs(eval_model: onnx.ModelProto, names: list[str]) -> None:

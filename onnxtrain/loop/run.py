@@ -157,7 +157,9 @@ def train(
     check_lookup_ids(arrays, inputs, "the data", eval_model)
     if val_data is not None:
         _check_labels(module, validation.arrays, "the validation data")
-        check_finite_rows(validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model)
+        check_finite_rows(
+            validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model, trained=False
+        )
         check_lookup_ids(validation.arrays, inputs, "the validation data", eval_model)
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate

@@ -496,7 +496,8 @@ class OrtGradientOptimizer:
         if len(set(counts.values())) != 1:
             raise ValueError(f"fit: the arrays have different numbers of samples: {counts}")
         order = [value.name for value in self.model_onnx.graph.input if value.name in arrays]
-        check_finite_rows([arrays[name] for name in order], order, what, self.model_onnx)
+        trained = what == "fit"  # not the validation data, nor score's
+        check_finite_rows([arrays[name] for name in order], order, what, self.model_onnx, trained=trained)
         return [arrays[name] for name in order]
 
     def _optimizer_block(self, learning_rate: BaseLearningRate) -> optim.Optimizer:

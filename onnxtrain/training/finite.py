@@ -79,12 +79,15 @@ def raise_if_not_finite(loss: ort.OrtValue | np.ndarray, step: int, optimizer_st
 NAN_READERS = frozenset({"IsNaN", "Imputer"})
 
 
-def check_finite_rows(arrays: Sequence[np.ndarray], inputs: Sequence[str], what: str, model: onnx.ModelProto) -> None:
+def check_finite_rows(
+    arrays: Sequence[np.ndarray], inputs: Sequence[str], what: str, model: onnx.ModelProto, *, trained: bool = True
+) -> None:
     """``ValueError`` naming the rows of ``arrays`` (one per input named in ``inputs``) that hold a NaN or an
     infinity in a float input, unless ``model`` reads NaN itself (:data:`NAN_READERS`, as skl2onnx's imputers
     write).
 
-    One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs."""
+    One such row makes the loss NaN, then every parameter: the run would end with a checkpoint of NaNs
+    (``trained``; data only evaluated, as validation data, would give a NaN loss)."""
     if any(node.op_type in NAN_READERS for node in model.graph.node):
         return
     for array, name in zip(arrays, inputs, strict=True):
@@ -95,9 +98,12 @@ def check_finite_rows(arrays: Sequence[np.ndarray], inputs: Sequence[str], what:
             continue
         rows = np.flatnonzero(~finite)
         shown = first_names(rows.tolist(), 5)
+        consequence = (
+            "the loss and then every parameter would become NaN" if trained else "its loss would be NaN, or infinite"
+        )
         raise ValueError(
             f"{what}: input {name!r} has NaN or infinite values in {len(rows)} row(s) ({shown}; rows counted "
-            "from 0): the loss and then every parameter would become NaN; drop or impute those rows"
+            f"from 0): {consequence}; drop or impute those rows"
         )
 
 

@@ -78,6 +78,13 @@ def test_a_missing_output_folder(capsys, trained: Path, tmp_path: Path):
     assert_error(err, "export", "does not exist")
 
 
+def test_an_output_path_ending_in_a_separator_names_a_folder(capsys, trained: Path, tmp_path: Path):
+    """``-o out/`` wrote a file named ``out``."""
+    status, _, err = cli(capsys, "export", trained, "-o", f"{tmp_path / 'out'}/")
+    assert status == 2 and "names a folder; give the path of the .onnx file to write" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_corrupt_checkpoint(capsys, trained: Path, tmp_path: Path):
     corrupt(trained / "trained_checkpoint")
     status, _, err = cli(capsys, "export", trained, "-o", tmp_path / "m.onnx")
