@@ -29,6 +29,7 @@ recorded them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 import onnx
@@ -36,7 +37,14 @@ import onnx
 from onnxtrain import caller
 from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.passes.untie import merged_constants
-from onnxtrain.graph.torch_metadata import Change, ParameterChange, instance_norm_statistics, parameter_changes
+from onnxtrain.graph.torch_metadata import (
+    FX_NODE_KEY,
+    NAME_SCOPES_KEY,
+    Change,
+    ParameterChange,
+    instance_norm_statistics,
+    parameter_changes,
+)
 from onnxtrain.graph.versions import is_standard
 
 #: What to do about the changes, in every message.
@@ -45,6 +53,8 @@ REMEDY = (
     "(training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False: its default evaluation mode folds "
     "BatchNormalization into convolutions too), to keep every parameter as torch has it"
 )
+#: How torch's dynamo exporter names its nodes (``node_Gemm_0``; the TorchScript exporter's are ``/fc/Gemm``).
+DYNAMO_NODE_PREFIX = "node_"
 #: The changes listed by name in a warning, per kind.
 LISTED = 3
 #: The operators whose computed weights :func:`warn_folded_convolutions` names.
@@ -92,6 +102,38 @@ def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]
         "for inference: training it does not train torch's parameters as torch does.\n"
         + "\n".join(lines)
         + f"\n{REMEDY}.",
+        TorchExportWarning,
+    )
+
+
+def warn_unrecorded_merges(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    """A :class:`TorchExportWarning` for a model of torch's dynamo exporter (its producer and node names) whose
+    record of the parameters its optimizer changed is gone (no node keeps torch's metadata: torch converts a
+    dynamo export to an opset below 18 after writing it, and drops it), naming the trained initializers that
+    several nodes of one operator read, as the parameters its optimizer merged are (a fresh model's LayerNorm
+    weights, all ones); nothing otherwise."""
+    nodes = model.graph.node
+    if model.producer_name != "pytorch" or not any(node.name.startswith(DYNAMO_NODE_PREFIX) for node in nodes):
+        return
+    if any(entry.key in (NAME_SCOPES_KEY, FX_NODE_KEY) for node in nodes for entry in node.metadata_props):
+        return  # recorded: warn_changed_parameters reads what changed
+    trained = set(requires_grad)
+    readers: dict[str, Counter[str]] = {}
+    for node in model.graph.node:
+        for name in set(node.input) & trained:
+            readers.setdefault(name, Counter())[node.op_type] += 1
+    shared = [
+        f"{name} (read by {count} {op}s)" for name, ops in readers.items() for op, count in ops.items() if count > 1
+    ]
+    if not shared:
+        return
+    caller.warn(
+        f"{_listed(shared)}: this model of torch's dynamo exporter keeps no record of the parameters its optimizer "
+        "changed (torch converts a dynamo export to an opset below 18 after writing it, and drops the record), and "
+        "these parameters are read by several nodes of one operator, as parameters of equal values that the "
+        "optimizer (optimize=True, the default) merged into one are (a fresh model's LayerNorm weights, all ones): "
+        "training ties them, where torch trains them apart, unless the model applies one layer several times. "
+        f"{REMEDY}.",
         TorchExportWarning,
     )
 
@@ -216,5 +258,6 @@ __all__ = [
     "warn_changed_parameters",
     "warn_folded_convolutions",
     "warn_merged_constants",
+    "warn_unrecorded_merges",
     "warn_untracked_statistics",
 ]

@@ -25,6 +25,7 @@ from onnxtrain.artifacts.exported_parameters import (
     warn_changed_parameters,
     warn_folded_convolutions,
     warn_merged_constants,
+    warn_unrecorded_merges,
     warn_untracked_statistics,
 )
 from onnxtrain.artifacts.running_variance import from_torch, torch_running_variance
@@ -402,6 +403,7 @@ def build_training_models(
         constants_as_initializers(forward, list(named))
     check_parameters(forward, requires_grad, frozen_params)
     warn_changed_parameters(forward, requires_grad)
+    warn_unrecorded_merges(forward, requires_grad)
     warn_folded_convolutions(forward, requires_grad)
     warn_merged_constants(forward, requires_grad)
     warn_untracked_statistics(forward)

@@ -269,3 +269,62 @@ def test_a_weight_folded_again_for_each_use_is_said_to_train_untied() -> None:
     model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines))
     with pytest.warns(TorchExportWarning, match=r"Untied, .*train apart.*: ffn\.weight as val_1, val_2\."):
         warn_changed_parameters(model, ["val_1", "val_2"])
+
+
+def _two_norms(*, dynamo: bool, recorded: bool) -> onnx.ModelProto:
+    """Two LayerNormalizations reading one scale, ``n1.weight`` (the optimizer's merge of a fresh model's equal
+    weights), named as torch's dynamo exporter names nodes (``dynamo``) or as its TorchScript exporter does, with
+    torch's node metadata (``recorded``) or none."""
+    names = ("node_layer_norm", "node_layer_norm_1") if dynamo else ("/n1/LayerNormalization", "/n2/LayerNormalization")
+    nodes = [
+        helper.make_node("LayerNormalization", ["x", "n1.weight", "n1.bias"], ["h"], names[0], axis=-1),
+        helper.make_node("LayerNormalization", ["h", "n1.weight", "n1.bias"], ["y"], names[1], axis=-1),
+    ]
+    if recorded:
+        nodes[1].metadata_props.add(key="pkg.torch.onnx.name_scopes", value="['', 'n2']")
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [_tensor("n1.weight", np.ones(4, np.float32)), _tensor("n1.bias", np.zeros(4, np.float32))],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="pytorch")
+
+
+def test_an_optimized_export_whose_record_is_gone_is_said_where_nodes_share_a_parameter() -> None:
+    """torch converts a dynamo export to opset 17 after writing it and drops its node metadata: the merges its
+    optimizer made were trained tied without a word."""
+    from onnxtrain.artifacts.exported_parameters import warn_unrecorded_merges
+
+    with pytest.warns(TorchExportWarning, match=r"n1\.weight \(read by 2 LayerNormalizations\).*optimize=False"):
+        warn_unrecorded_merges(_two_norms(dynamo=True, recorded=False), ["n1.weight", "n1.bias"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for model in (_two_norms(dynamo=False, recorded=False), _two_norms(dynamo=True, recorded=True)):
+            warn_unrecorded_merges(model, ["n1.weight", "n1.bias"])  # TorchScript's (untied), or the record says
+        warn_unrecorded_merges(_two_norms(dynamo=True, recorded=False), ["x"])  # nothing shared is trained
+
+
+def test_a_fresh_torch_model_exported_at_opset_17_with_the_optimizer_is_said_to_train_tied(tmp_path) -> None:
+    torch = pytest.importorskip("torch")
+
+    class Two(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.n1, self.b, self.n2 = (torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 8),
+                                                torch.nn.LayerNorm(8))  # fmt: skip
+
+        def forward(self, x: object) -> object:
+            return self.n2(self.b(self.n1(self.a(x))))
+
+    for optimize in (True, False):
+        path = tmp_path / f"two-{optimize}.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(Two(), (torch.randn(2, 8),), path, dynamo=True, optimize=optimize, opset_version=17)
+        weights = artifacts.trainable_parameters(str(path))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            artifacts.generate_artifacts(str(path), requires_grad=weights, loss="MSELoss",
+                                         artifact_directory=tmp_path / f"art-{optimize}")  # fmt: skip
+        said = [w for w in caught if issubclass(w.category, TorchExportWarning)]
+        assert bool(said) == optimize, [str(w.message) for w in said]
