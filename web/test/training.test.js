@@ -312,10 +312,17 @@ describe('bad input gets a clear error', () => {
     await assert.rejects(TrainingSession.create({ checkpointState: checkpoint, trainModel: checkpoint }), /the training model is not an ONNX model/);
     await assert.rejects(TrainingSession.create({ checkpointState: model, trainModel: model }), /this is not an ONNX Runtime training checkpoint/);
     await assert.rejects(TrainingSession.create({ checkpointState: checkpoint, trainModel: join(c.artifacts, 'eval_model.onnx') }), /has no 'lazy_reset_grad' input, so it is not a training model/);
-    await assert.rejects(TrainingSession.create({ checkpointState: join(cnn.artifacts, 'checkpoint'), trainModel: model }), /the checkpoint does not belong to this model/);
+    await assert.rejects(
+      TrainingSession.create({ checkpointState: join(cnn.artifacts, 'checkpoint'), trainModel: model }),
+      /does not take; it trains \["linear.*"\]: the checkpoint does not belong to this model/, // the model's names, not []
+    );
     await assert.rejects(
       TrainingSession.create({ checkpointState: checkpoint, trainModel: model, optimizerModel: join(cnn.artifacts, 'optimizer_model.onnx') }),
-      /the optimizer model updates .* but the training model trains/,
+      /the optimizer model updates \[".+"\], but the training model trains/,
+    );
+    await assert.rejects(
+      TrainingSession.create({ checkpointState: checkpoint, trainModel: model, evalModel: join(cnn.artifacts, 'eval_model.onnx') }),
+      /the eval model takes \[.*\], which are neither parameters of the checkpoint nor inputs of the training model .*: it comes from other artifacts/,
     );
     const proxied = { InferenceSession: ort.InferenceSession, Tensor: ort.Tensor, env: { wasm: { proxy: true } } };
     await assert.rejects(TrainingSession.createWith(proxied, { checkpointState: checkpoint, trainModel: model }), /env.wasm.proxy = false/);

@@ -110,8 +110,8 @@ export function trainingIO(inputs, outputNames, state) {
   );
   if (extra.length) {
     throw new Error(
-      `the checkpoint has parameter(s) ${JSON.stringify(extra)} that the ${model} does not take; its parameters are ` +
-        `${JSON.stringify(params)}: the checkpoint does not belong to this model`,
+      `the checkpoint has parameter(s) ${JSON.stringify(extra)} that the ${model} does not take; it trains ` +
+        `${JSON.stringify(buffered)}: the checkpoint does not belong to this model`,
     );
   }
   for (const param of buffered) {
@@ -142,14 +142,23 @@ export function trainingIO(inputs, outputNames, state) {
 }
 
 /**
- * Classify the eval model's inputs against the checkpoint.
+ * Classify the eval model's inputs against the checkpoint; an input that is neither a parameter nor one of the
+ * training model's user inputs marks an eval model of other artifacts.
  * @param {readonly ValueMetadata[]} inputs
  * @param {readonly string[]} outputNames
  * @param {CheckpointState} state
+ * @param {readonly string[]} trainingInputs the training model's user inputs
  * @returns {EvalIO}
  */
-export function evalIO(inputs, outputNames, state) {
+export function evalIO(inputs, outputNames, state, trainingInputs) {
   const { users, params } = split(inputs, state, 'eval model', new Set());
+  const foreign = users.map((i) => i.name).filter((name) => !trainingInputs.includes(name));
+  if (foreign.length) {
+    throw new Error(
+      `the eval model takes ${JSON.stringify(foreign)}, which are neither parameters of the checkpoint nor inputs of the ` +
+        `training model (${JSON.stringify(trainingInputs)}): it comes from other artifacts; pass the eval model written with this training model`,
+    );
+  }
   return { inputs: users, parameters: params, outputs: [...outputNames] };
 }
 
@@ -183,7 +192,8 @@ export function optimizerIO(inputs, outputNames, trainable, state, metadata) {
   }
   const params = names.slice(2).filter((n) => state.hasParameter(n) && !shared.includes(n));
   if ([...params].sort().join('\n') !== [...trainable].sort().join('\n')) {
-    throw new Error(`the ${model} updates ${JSON.stringify(params)}, but the training model trains ${JSON.stringify(trainable)}: the artifacts do not belong together`);
+    const updated = names.slice(2).filter((n) => names.includes(N.gradName(n))); // the model's own, not the state's
+    throw new Error(`the ${model} updates ${JSON.stringify(updated)}, but the training model trains ${JSON.stringify(trainable)}: the artifacts do not belong together`);
   }
   let numStates = 0;
   while (names.includes(N.momentName(trainable[0], numStates))) numStates++;

@@ -117,7 +117,8 @@ export class TrainingSession {
     this.#eval = sessions.eval;
     this.#optimizer = sessions.optimizer;
     this.#io = trainingIO(sessions.train.inputMetadata, sessions.train.outputNames, state);
-    this.#evalIo = sessions.eval === null ? null : evalIO(sessions.eval.inputMetadata, sessions.eval.outputNames, state);
+    const trainingInputs = this.#io.inputs.map((i) => i.name);
+    this.#evalIo = sessions.eval === null ? null : evalIO(sessions.eval.inputMetadata, sessions.eval.outputNames, state, trainingInputs);
     this.#optimizerIo =
       sessions.optimizer === null
         ? null
