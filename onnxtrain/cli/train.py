@@ -80,8 +80,10 @@ def add_parser(subcommands: Any) -> None:
         "--device", default="cpu", type=device_option, metavar="DEVICE", help="cpu (default), cuda or cuda:N"
     )
     parser.add_argument(
-        "--target-column", metavar="NAME_OR_INDEX", help="the .csv column holding the target (default: the last)"
-    )
+        "--target-column", nargs="+", action="extend", metavar="NAME_OR_INDEX",
+        help="the .csv column(s) holding the target (default: the last, or as many last ones as the target takes "
+        "values per sample)",
+    )  # fmt: skip
     parser.add_argument(
         "--reshape", action="store_true",
         help="reshape each sample's row of values to the input's shape, in C order (a .csv for an image model)",
@@ -197,7 +199,7 @@ def resume_command(args: argparse.Namespace) -> str:
         if getattr(args, option) is not None:
             words += [f"--{option.replace('_', '-')}", str(getattr(args, option))]
     if args.target_column is not None:
-        words += ["--target-column", args.target_column]
+        words += ["--target-column", *args.target_column]
     if args.reshape:
         words += ["--reshape"]
     if args.prefix:

@@ -42,7 +42,10 @@ class UnusedDataWarning(UserWarning):
 
 
 def load_data(
-    path: str | os.PathLike[str], inputs: Sequence[TensorSpec], target_column: str | None = None, reshape: bool = False
+    path: str | os.PathLike[str],
+    inputs: Sequence[TensorSpec],
+    target_column: str | Sequence[str] | None = None,
+    reshape: bool = False,
 ) -> list[np.ndarray]:
     """The arrays for the user inputs ``inputs``, in their order, from an .npz or a .csv file (``reshape``: see
     :func:`fit_to_inputs`)."""
@@ -182,7 +185,9 @@ def _npz_arrays(file: Path, inputs: Sequence[TensorSpec]) -> list[tuple[str, np.
     return chosen
 
 
-def _csv_arrays(file: Path, inputs: Sequence[TensorSpec], target_column: str | None) -> list[tuple[str, np.ndarray]]:
+def _csv_arrays(
+    file: Path, inputs: Sequence[TensorSpec], target_column: str | Sequence[str] | None
+) -> list[tuple[str, np.ndarray]]:
     if len(inputs) not in (1, 2):
         raise ValueError(
             f"a .csv gives features and a target, but the training model takes {len(inputs)} inputs "
@@ -195,11 +200,27 @@ def _csv_arrays(file: Path, inputs: Sequence[TensorSpec], target_column: str | N
                 f"the training model takes one input ({_signature(inputs)}), so {file.name} has no target column"
             )
         return [("the columns", table)]
-    if table.shape[1] < 2:
-        raise ValueError(f"{file.name} has {table.shape[1]} column; it needs feature columns and a target column")
-    column = _column_index(target_column, header, table.shape[1], file.name)
-    label = f"the target column {header[column]!r}" if header else f"the target column {column}"
-    return [("the feature columns", np.delete(table, column, axis=1)), (label, table[:, column])]
+    width = _values_per_sample(inputs[1])
+    if table.shape[1] < width + 1:
+        raise ValueError(
+            f"{file.name} has {table.shape[1]} column(s); it needs feature columns and {width} target column(s) "
+            f"(input {inputs[1].name!r} takes {inputs[1].describe()})"
+        )
+    if target_column is None:  # the last columns, as many as the target takes per sample
+        columns = list(range(table.shape[1] - width, table.shape[1]))
+    else:
+        names = [target_column] if isinstance(target_column, str) else list(target_column)
+        columns = [_column_index(name, header, table.shape[1], file.name) for name in names]
+    shown = [header[c] if header else c for c in columns]
+    label = f"the target column {shown[0]!r}" if len(columns) == 1 else f"the target columns {shown}"
+    target = table[:, columns[0]] if len(columns) == 1 else table[:, columns]
+    return [("the feature columns", np.delete(table, columns, axis=1)), (label, target)]
+
+
+def _values_per_sample(spec: TensorSpec) -> int:
+    """The values the target input takes per sample (its axes after the first), where they are fixed; else 1."""
+    rest = spec.dims[1:] if spec.dims else []
+    return math.prod(rest) if rest and all(isinstance(d, int) for d in rest) else 1
 
 
 def _read_csv(file: Path) -> tuple[list[str] | None, np.ndarray]:
@@ -231,9 +252,7 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def _column_index(target_column: str | None, header: list[str] | None, width: int, source: str) -> int:
-    if target_column is None:
-        return width - 1
+def _column_index(target_column: str, header: list[str] | None, width: int, source: str) -> int:
     if header and target_column in header:
         return header.index(target_column)
     try:

@@ -62,7 +62,7 @@ def train(
     resume: bool = False,
     restart: bool = False,
     device: str | None = None,
-    target_column: str | None = None,
+    target_column: str | Sequence[str] | None = None,
     echo: Echo | None = print,
     report_every: int = 1,
     val_label: str = "val",
@@ -216,7 +216,7 @@ def _check_fixed_batch_axis(inputs: Sequence[TensorSpec], batch_size: int, rows:
 def _arrays(
     data: str | Path | Sequence[np.ndarray],
     inputs: Sequence[TensorSpec],
-    target_column: str | None,
+    target_column: str | Sequence[str] | None,
     reshape: bool,
     what: str,
 ) -> list[np.ndarray]:

@@ -69,6 +69,24 @@ def test_csv_with_header_and_a_target_column(tmp_path: Path):
     assert labels.tolist() == [1, 0]
 
 
+def test_csv_targets_of_several_values_per_sample_take_as_many_columns(tmp_path: Path):
+    """A regression of 3 outputs (target [batch, 3]): the last 3 columns, or the 3 --target-column names; a .csv
+    fed only one target column to a [batch, 3] target, and said nothing of it."""
+    three = TensorSpec("target", np.dtype(np.float32), ("batch", 3))
+    two = TensorSpec("x", np.dtype(np.float32), ("batch", 2))
+    (tmp_path / "d.csv").write_text("t0,a,b,t1,t2\n1,2,3,4,5\n6,7,8,9,10\n11,12,13,14,15\n")
+    x, target = load_data(tmp_path / "d.csv", [two, three])
+    assert x.tolist() == [[1, 2], [6, 7], [11, 12]] and target.tolist() == [[3, 4, 5], [8, 9, 10], [13, 14, 15]]
+    x, target = load_data(tmp_path / "d.csv", [two, three], target_column=["t0", "t1", "t2"])
+    assert x.tolist() == [[2, 3], [7, 8], [12, 13]] and target.tolist() == [[1, 4, 5], [6, 9, 10], [11, 14, 15]]
+    with pytest.raises(ValueError, match=r"the target columns \['t0', 't1'\] .*does not fit"):
+        load_data(tmp_path / "d.csv", [TensorSpec("x", np.dtype(np.float32), ("batch", 3)), three],
+                  target_column=["t0", "t1"])  # fmt: skip
+    (tmp_path / "narrow.csv").write_text("1,2,3\n")
+    with pytest.raises(ValueError, match=r"has 3 column\(s\); it needs feature columns and 3 target column\(s\)"):
+        load_data(tmp_path / "narrow.csv", [two, three])
+
+
 def test_csv_errors(tmp_path: Path):
     (tmp_path / "d.csv").write_text("1,2,3,4\n5,6,x,8\n")
     with pytest.raises(ValueError, match=r"d.csv, line 2: 'x' is not a number"):
