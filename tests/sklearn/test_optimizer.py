@@ -469,16 +469,21 @@ def test_bad_data_is_refused_naming_the_array() -> None:
         OrtGradientOptimizer(two_inputs, ["coef"]).fit(x, y)
 
 
-def test_a_label_out_of_range_is_named_by_the_callers_row() -> None:
-    """Every label is checked before the first (shuffled) batch: the error names the row of ``y`` or ``y_val``."""
-    rng = np.random.default_rng(0)
-    classes = 3
-    model = make_model(
+def softmax_classifier(rng: np.random.Generator, classes: int) -> onnx.ModelProto:
+    """``softmax(X @ coef)``: class probabilities, as a converted classifier outputs them."""
+    return make_model(
         {"X": (FLOAT, ["batch", D])},
         [helper.make_node("MatMul", ["X", "coef"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"])],
         {"p": (FLOAT, ["batch", classes])},
         [("coef", rng.normal(size=(D, classes)).astype(np.float32))],
     )
+
+
+def test_a_label_out_of_range_is_named_by_the_callers_row() -> None:
+    """Every label is checked before the first (shuffled) batch: the error names the row of ``y`` or ``y_val``."""
+    rng = np.random.default_rng(0)
+    classes = 3
+    model = softmax_classifier(rng, classes)
     fit = OrtGradientOptimizer(add_loss_output(model, score_name="log"), ["coef"], max_iter=1, batch_size=8,
                                random_state=0)  # fmt: skip
     x = rng.normal(size=(40, D)).astype(np.float32)
@@ -601,12 +606,7 @@ def test_class_labels_are_told_to_be_positions_in_the_classes() -> None:
     """Labels 1..C (not 0..C-1), or strings: the messages say how to encode y for a converted classifier."""
     rng = np.random.default_rng(0)
     classes = 3
-    model = make_model(
-        {"X": (FLOAT, ["batch", D])},
-        [helper.make_node("MatMul", ["X", "coef"], ["scores"]), helper.make_node("Softmax", ["scores"], ["p"])],
-        {"p": (FLOAT, ["batch", classes])},
-        [("coef", rng.normal(size=(D, classes)).astype(np.float32))],
-    )
+    model = softmax_classifier(rng, classes)
     fit = OrtGradientOptimizer(add_loss_output(model, score_name="log"), ["coef"], max_iter=1)
     x = rng.normal(size=(30, D)).astype(np.float32)
     y = rng.integers(1, classes + 1, size=30)
