@@ -16,7 +16,7 @@ from onnxtrain.artifacts.accumulation import (
     remove_gradient_accumulation,
 )
 from onnxtrain.artifacts.export import export_model_for_inferencing
-from onnxtrain.artifacts.exported_parameters import TorchExportWarning
+from onnxtrain.artifacts.exported_parameters import ScatterWarning, TorchExportWarning
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
@@ -40,6 +40,7 @@ __all__ = [
     "ResetTrainingModel",
     "Role",
     "RunningStatisticsWarning",
+    "ScatterWarning",
     "TorchExportWarning",
     "accumulated_name",
     "add_gradient_accumulation",

@@ -179,6 +179,45 @@ def warn_merged_constants(model: onnx.ModelProto, requires_grad: Sequence[str]) 
     )
 
 
+class ScatterWarning(UserWarning):
+    """A scatter without a reduction writes one of the updates to a repeated index, where torch's operation the
+    export came from may sum them."""
+
+
+#: The scatters that write one of several updates to a repeated index unless given a reduction.
+SCATTERS = frozenset({"ScatterElements", "ScatterND"})
+
+
+def warn_scatters_without_reduction(model: onnx.ModelProto) -> None:
+    """A :class:`ScatterWarning` naming each ``ScatterElements``/``ScatterND`` without a reduction whose indices
+    come from the data (a graph input that is no initializer): at a repeated index it writes one of the updates
+    (which one, ONNX leaves undefined), where torch's ``index_add_``, ``index_put_(accumulate=True)`` and
+    ``scatter_reduce`` sum or average them; torch's exporters write some of those as such a scatter (the model then
+    computes another function than torch's on a graph's edges); nothing otherwise."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    from_data = {value.name for value in graph.input if value.name not in initializers}
+    found = []
+    for node in graph.node:
+        if any(name in from_data for name in node.input if name):
+            from_data.update(name for name in node.output if name)
+        if node.op_type not in SCATTERS or not is_standard(node) or len(node.input) < 2:
+            continue
+        reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        if reduction == "none" and node.input[1] in from_data:
+            found.append(f"{node.name or node.output[0]} ({node.op_type})")
+    if not found:
+        return
+    caller.warn(
+        f"{_listed(found)}: a scatter without a reduction, at indices from the data, writes one of the updates to "
+        "an index that repeats (which one, ONNX leaves undefined). Where the model sums or averages them (torch's "
+        "index_add_, index_put_(accumulate=True), scatter_reduce; a graph's messages to a node), torch's exporter "
+        "wrote the wrong operator: check the exported model against torch on data whose indices repeat (torch's "
+        "dynamo exporter writes index_add_ and scatter_add with reduction='add')",
+        ScatterWarning,
+    )
+
+
 def warn_untracked_statistics(model: onnx.ModelProto) -> None:
     """A :class:`TorchExportWarning` naming each ``InstanceNormalization`` that torch ran with running statistics
     (``track_running_stats=True``), which the export leaves out; nothing otherwise."""
@@ -251,6 +290,8 @@ def clause(change: ParameterChange) -> str:
 
 __all__ = [
     "REMEDY",
+    "SCATTERS",
+    "ScatterWarning",
     "TorchExportWarning",
     "check_not_tied_copies",
     "clause",
@@ -258,6 +299,7 @@ __all__ = [
     "warn_changed_parameters",
     "warn_folded_convolutions",
     "warn_merged_constants",
+    "warn_scatters_without_reduction",
     "warn_unrecorded_merges",
     "warn_untracked_statistics",
 ]

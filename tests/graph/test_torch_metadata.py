@@ -328,3 +328,38 @@ def test_a_fresh_torch_model_exported_at_opset_17_with_the_optimizer_is_said_to_
                                          artifact_directory=tmp_path / f"art-{optimize}")  # fmt: skip
         said = [w for w in caught if issubclass(w.category, TorchExportWarning)]
         assert bool(said) == optimize, [str(w.message) for w in said]
+
+
+def _scatter(reduction: str | None, indices_from_data: bool) -> onnx.ModelProto:
+    """``ScatterElements(zeros_like(x), dst, messages)``: a graph's messages summed at their destinations, the
+    indices ``dst`` a graph input or an initializer."""
+    attrs = {} if reduction is None else {"reduction": reduction}
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["messages"]),
+        helper.make_node("Mul", ["x", "zero"], ["zeros"]),
+        helper.make_node("ScatterElements", ["zeros", "dst", "messages"], ["y"], "scatter", axis=0, **attrs),
+    ]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])]
+    initializers = [_tensor("w", np.ones(3, np.float32)), _tensor("zero", np.zeros((), np.float32))]
+    if indices_from_data:
+        inputs.append(helper.make_tensor_value_info("dst", TensorProto.INT64, ["n", 3]))
+    else:
+        initializers.append(_tensor("dst", np.zeros((4, 3), np.int64)))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+                              initializers)  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def test_a_scatter_without_a_reduction_at_indices_from_the_data_is_said() -> None:
+    """torch's exporters write index_add_ (TorchScript), index_put_(accumulate=True) and scatter_reduce('mean')
+    (dynamo) as scatters without a reduction: at a repeated index one update wins, where torch sums them."""
+    from onnxtrain.artifacts import ScatterWarning
+    from onnxtrain.artifacts.exported_parameters import warn_scatters_without_reduction
+
+    for reduction in (None, "none"):
+        with pytest.warns(ScatterWarning, match=r"scatter \(ScatterElements\): a scatter without a reduction"):
+            warn_scatters_without_reduction(_scatter(reduction, indices_from_data=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_scatters_without_reduction(_scatter("add", indices_from_data=True))
+        warn_scatters_without_reduction(_scatter(None, indices_from_data=False))  # fixed indices: the model's own
