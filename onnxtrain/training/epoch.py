@@ -18,11 +18,13 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from onnxtrain.artifacts.epoch import EpochModel, epoch_scan_model
+from onnxtrain.graph.io import copy_model
 from onnxtrain.sessions import inferred_shapes
 from onnxtrain.training import values
 from onnxtrain.training.binding import BoundSession
 from onnxtrain.training.device import Device
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.half_kernels import missing_half_kernel, widen
 from onnxtrain.training.models import LoadedModel
 from onnxtrain.training.store import StateTensor
 
@@ -70,19 +72,35 @@ class EpochStep:
         for name, (out, tensor) in statistics.items():
             carried.append((name, out))
             tensors.append(tensor)
-        epoch = epoch_scan_model(
-            fused.model.proto,
-            carried,
-            batches,
-            loss,
-            fused.learning_rate,
-            fused.step,
-            fused.updates,
-            inferred_shapes,
-            unpack_with_slices=unpacks_with_slices(device),
-        )
-        model = LoadedModel(epoch.model, epoch.model.SerializeToString())
-        session = open_session(model, "epoch model")
+        step_model = fused.model.proto
+        widened: set[str] = set()
+        while True:
+            epoch = epoch_scan_model(
+                step_model,
+                carried,
+                batches,
+                loss,
+                fused.learning_rate,
+                fused.step,
+                fused.updates,
+                inferred_shapes,
+                unpack_with_slices=unpacks_with_slices(device),
+            )
+            model = LoadedModel(epoch.model, epoch.model.SerializeToString())
+            try:
+                session = open_session(model, "epoch model")
+                break
+            except ValueError as error:
+                # a half operator the provider has no kernel for, inside the Scan's body, where the session's own
+                # fallback does not reach: widened in the step model the body is made of, which the step's
+                # session widened the same way (and warned of)
+                missing = missing_half_kernel(error)
+                if missing is None or missing in widened:
+                    raise
+                step_model = copy_model(step_model)
+                if widen(step_model, missing) is None:
+                    raise
+                widened.add(missing)
         used = {value.name for value in epoch.model.graph.input}
         return cls(epoch, session, tensors, {name: t for name, t in frozen.items() if name in used})
 

@@ -58,16 +58,11 @@ def open_session(
             found = MISSING_KERNEL.search(str(error))
             if found is None or found.group(1) in widened:
                 raise
-            op_type = found.group(1)
             if model.path is not None and external.has_external_data(model.proto):
                 raise  # its data stays on disk; rewriting it here would need all of it in memory
             copy = copy_model(model.with_data())
-            changed = compute_in_float32(copy, op_type)
-            if changed == 0:  # an operator onnxruntime ran as its ONNX function body (Relu as Max)
-                defining = defined_with(copy, op_type)
-                changed = sum(compute_in_float32(copy, parent) for parent in defining)
-                op_type = f"{op_type} (in the definition of {', '.join(defining)})" if changed else op_type
-            if changed == 0:
+            op_type = widen(copy, found.group(1))
+            if op_type is None:
                 raise
             widened.append(found.group(1))
             described[found.group(1)] = op_type
@@ -85,6 +80,27 @@ def open_session(
         return session
 
 
+def widen(model: onnx.ModelProto, op_type: str) -> str | None:
+    """Make ``op_type``'s half nodes of ``model`` compute in float32, in place, or those of the functions whose
+    ONNX definition onnxruntime runs with it (Relu as Max); how the warning names what changed, ``None`` where
+    nothing did."""
+    if compute_in_float32(model, op_type):
+        return op_type
+    defining = defined_with(model, op_type)
+    if sum(compute_in_float32(model, parent) for parent in defining):
+        return f"{op_type} (in the definition of {', '.join(defining)})"
+    return None
+
+
+def missing_half_kernel(error: BaseException) -> str | None:
+    """The operator onnxruntime found no kernel for, where ``error`` (or its cause) says so; else ``None``."""
+    for raised in (error, error.__cause__):
+        found = None if raised is None else MISSING_KERNEL.search(str(raised))
+        if found is not None:
+            return found.group(1)
+    return None
+
+
 def warn_of_a_half_export(model: onnx.ModelProto, computes: str | None, widened: Sequence[str]) -> None:
     """A :class:`HalfPrecisionFallbackWarning` where an exported ``model`` computes in the half type of the
     eval model it comes from (``computes``, its ``onnxtrain.precision``) and the module's provider had no kernel
@@ -100,4 +116,11 @@ def warn_of_a_half_export(model: onnx.ModelProto, computes: str | None, widened:
     )
 
 
-__all__ = ["MISSING_KERNEL", "HalfPrecisionFallbackWarning", "open_session", "warn_of_a_half_export"]
+__all__ = [
+    "MISSING_KERNEL",
+    "HalfPrecisionFallbackWarning",
+    "missing_half_kernel",
+    "open_session",
+    "warn_of_a_half_export",
+    "widen",
+]

@@ -9,6 +9,7 @@ statistics, gradients, moments, the step count).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,20 @@ def _data(loss: LossType, rng: np.random.Generator, dtype: type = np.float32) ->
 def test_every_loss(tmp_path: Path, loss: LossType) -> None:
     paths = models.generate(tmp_path, _mlp_for(loss), loss=loss, optimizer=OptimType.AdamW)
     _compare(paths, _data(loss, np.random.default_rng(3)))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_half_precision_artifacts_on_a_provider_without_their_kernels(tmp_path: Path, precision: str) -> None:
+    """The CPU has no bfloat16 Gemm: the step's session runs it in float32 (HalfPrecisionFallbackWarning), and
+    the epoch model, whose Scan body the session's fallback does not reach, failed to load; now widened alike, it
+    gives the per-step loop's losses and state."""
+    from onnxtrain.training.half_kernels import HalfPrecisionFallbackWarning
+
+    paths = models.generate(tmp_path, _mlp_for(LossType.MSELoss), loss=LossType.MSELoss, optimizer=OptimType.AdamW,
+                            precision=precision)  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", HalfPrecisionFallbackWarning)
+        _compare(paths, _data(LossType.MSELoss, np.random.default_rng(5)))
 
 
 OPTIMIZERS: dict[str, Callable[[], Any]] = {
