@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 from onnxtrain import caller
 from onnxtrain.training.tensor_spec import TensorSpec, axes_permutation, layout_hint
@@ -93,41 +92,6 @@ def fit_to_inputs(
     if arrays and len(arrays[0]) == 0:
         raise ValueError(f"{source} holds no samples")
     return arrays
-
-
-def check_lookup_ids(
-    arrays: Sequence[np.ndarray], inputs: Sequence[TensorSpec], what: str, model: onnx.ModelProto
-) -> None:
-    """``ValueError`` naming the ids of an integer input that ``model`` reads as the rows of a table (``Gather``
-    on axis 0 of an initializer or parameter input: an embedding) outside ``[0, rows)``. torch refuses them
-    (``IndexError``); onnxruntime fails on one too large in the middle of a run, and reads a negative one from the
-    table's end without a word."""
-    tables = {t.name: (t.dims[0] if t.dims else None) for t in model.graph.initializer}
-    for value in model.graph.input:
-        dims = value.type.tensor_type.shape.dim if value.type.tensor_type.HasField("shape") else []
-        if dims and dims[0].HasField("dim_value"):
-            tables.setdefault(value.name, dims[0].dim_value)
-    position = {spec.name: k for k, spec in enumerate(inputs)}
-    for node in model.graph.node:
-        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or len(node.input) < 2:
-            continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-        table, ids = node.input[0], node.input[1]
-        rows = tables.get(table)
-        if axis != 0 or ids not in position or not rows or table in position:
-            continue
-        array = arrays[position[ids]]
-        if array.dtype.kind not in "iu" or not array.size or (array.min() >= 0 and array.max() < rows):
-            continue
-        bad = np.argwhere((array < 0) | (array >= rows))
-        shown = ", ".join(f"{int(array[tuple(at)])} at {[int(i) for i in at]}" for at in bad[:5])
-        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
-        raise ValueError(
-            f"{what}: input {ids!r} holds {len(bad)} id(s) outside the {rows} rows of the table {table!r} it looks "
-            f"up (Gather): {shown}{more} (rows counted from 0). torch refuses them; onnxruntime would fail on one too "
-            "large in the middle of a run and read a negative one from the table's end: fix the ids (a tokenizer "
-            "of another vocabulary?), or map the unknown ones to a row of their own"
-        )
 
 
 def _rows_hint(spec: TensorSpec, inputs: Sequence[TensorSpec]) -> str:
@@ -358,7 +322,6 @@ __all__ = [
     "FEATURE_NAMES",
     "TARGET_NAMES",
     "UnusedDataWarning",
-    "check_lookup_ids",
     "fit_to_inputs",
     "load_data",
 ]

@@ -27,7 +27,7 @@ from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
 from onnxtrain.loop.batches import batch_count, fingerprint, split
-from onnxtrain.loop.data import check_lookup_ids, fit_to_inputs, load_data
+from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
 from onnxtrain.loop.record import RunRecord, stored_learning_rate
@@ -154,13 +154,13 @@ def train(
     )  # the random draws (Dropout) a function of the seed and the step, as the batches are: resumable
     _check_labels(module, arrays, "the data")  # every row before any step or checkpoint: errors name the row
     check_finite_rows(arrays, [spec.name for spec in inputs], "the data", eval_model)
-    check_lookup_ids(arrays, inputs, "the data", eval_model)
+    module.check_ids(arrays, "the data")
     if val_data is not None:
         _check_labels(module, validation.arrays, "the validation data")
         check_finite_rows(
             validation.arrays, [spec.name for spec in inputs], "the validation data", eval_model, trained=False
         )
-        check_lookup_ids(validation.arrays, inputs, "the validation data", eval_model)
+        module.check_ids(validation.arrays, "the validation data")
     optimizer = Optimizer(files.optimizer_model, module)
     rate = settings.learning_rate
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds

@@ -89,6 +89,7 @@ from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
 from onnxtrain.training.half_kernels import warn_of_a_half_export
 from onnxtrain.training.labels import HostLabelChecks
+from onnxtrain.training.lookups import HostLookupChecks
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, static_input_shapes, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
@@ -181,9 +182,13 @@ class Module:
         # a GPU waits for the check mid-step (training.labels); the eval model keeps its own for export
         train, self._label_checks = HostLabelChecks.taken_from(train, self._io.inputs.names)
         self._eval_label_checks = HostLabelChecks()
+        # ids checked against the rows of the tables they look up (training.lookups)
+        self._lookup_checks = HostLookupChecks.of(train.proto, self._io.inputs.names)
+        self._eval_lookup_checks = HostLookupChecks()
         eval_run = self._eval_model
         if eval_run is not None and self._eval_io is not None:
             eval_run, self._eval_label_checks = HostLabelChecks.taken_from(eval_run, self._eval_io.inputs.names)
+            self._eval_lookup_checks = HostLookupChecks.of(eval_run.proto, self._eval_io.inputs.names)
         # random draws of each train step from the seed and the step (training.random_draws)
         train, self._seeds = StepSeeds.for_model(train, seed)
         self._train_model = train
@@ -331,6 +336,8 @@ class Module:
         feeds = io.inputs.collect(args, kwargs)
         if self._label_checks:
             self._label_checks.raise_if_out_of_range(feeds, f"train step {self._train_steps + 1}")
+        if self._lookup_checks:
+            self._lookup_checks.raise_if_out_of_range(feeds, f"train step {self._train_steps + 1}")
         if self._store.unloaded:
             self._check_loaded("Cannot perform TrainStep with a nominal state.")
         if self._unbound:
@@ -528,6 +535,8 @@ class Module:
         feeds = io.inputs.collect(args, kwargs)
         if self._eval_label_checks:
             self._eval_label_checks.raise_if_out_of_range(feeds, "eval step")
+        if self._eval_lookup_checks:
+            self._eval_lookup_checks.raise_if_out_of_range(feeds, "eval step")
         self._check_loaded("Cannot perform EvalStep with a nominal state.")
         self._store.settle()
         session = self._eval_session
@@ -675,6 +684,12 @@ class Module:
         range of a loss whose check this module runs on the host (:mod:`onnxtrain.training.labels`); ``step``
         names the step in the message."""
         self._label_checks.raise_if_out_of_range(feeds, step)
+
+    def check_ids(self, feeds: Sequence[np.ndarray | ort.OrtValue], step: str) -> None:
+        """``ValueError`` when an id of ``feeds`` (the training model's user inputs, in order; NumPy arrays) is
+        outside the rows of the table it looks up (:mod:`onnxtrain.training.lookups`); ``step`` names the step or
+        the data in the message."""
+        self._lookup_checks.raise_if_out_of_range(feeds, step)
 
     @property
     def seeds_each_step(self) -> bool:

@@ -86,6 +86,8 @@ class EpochModule(Protocol):
 
     def check_labels(self, feeds: Sequence[Any], step: str) -> None: ...
 
+    def check_ids(self, feeds: Sequence[Any], step: str) -> None: ...
+
 
 class EpochTrainer:
     """``train_epoch`` for one module; keeps its epoch steps, one per shape of batch (``steps``)."""
@@ -121,6 +123,7 @@ class EpochTrainer:
         full = rows // size  # the batches of `size` rows
         shapes = [(size, *array.shape[1:]) for array in data]
         module.check_labels(data, "train_epoch")  # the labels the module checks on the host: all, before any batch
+        module.check_ids(data, "train_epoch")  # and the ids of the tables the inputs look up
         epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
         if epoch is not None:  # those its model does not check either (its shapes fixed a class count), here too
             HostLabelChecks.of(epoch.epoch.label_checks, module.io.inputs.names).raise_if_out_of_range(

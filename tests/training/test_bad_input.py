@@ -261,3 +261,47 @@ def test_an_eval_model_of_another_artifact_set_is_refused_naming_both(tmp_path):
     with pytest.raises(ValueError, match=said):
         api.Module(ce["training_model"], state, mse["eval_model"])
     api.Module(ce["training_model"], state, ce["eval_model"])
+
+
+@pytest.mark.parametrize("bad", [7, -1])
+def test_ids_outside_the_table_they_look_up_are_refused_before_the_step(tmp_path, bad: int) -> None:
+    """A negative id read the table's last row without a word (ONNX's Gather counts from the end), one too large
+    failed in onnxruntime naming a node; torch refuses both. The step, the eval step and train_epoch say so
+    before anything runs."""
+    from onnx import helper
+
+    from onnxtrain.artifacts import LossType, OptimType
+    from tests.helpers import FLOAT, INT64, make_model
+    from tests.training import models
+
+    rng = np.random.default_rng(0)
+    model = make_model(
+        {"ids": (INT64, ["batch", 3])},
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+         helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+         helper.make_node("MatMul", ["pooled", "head"], ["scores"])],
+        {"scores": (FLOAT, ["batch", 2])},
+        [("table", rng.normal(size=(7, 4)).astype(np.float32)), ("head", rng.normal(size=(4, 2)).astype(np.float32))],
+        opset=13,
+    )  # fmt: skip
+    paths = models.generate(tmp_path, model, loss=LossType.CrossEntropyLoss, optimizer=OptimType.AdamW)
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    module = api.Module(paths["training_model"], state, paths["eval_model"])
+    optimizer = api.Optimizer(paths["optimizer_model"], module)
+    ids, labels = rng.integers(0, 7, size=(10, 3)), rng.integers(0, 2, size=10)
+    ids[4, 2] = bad
+    table = state.parameters["table"].data
+    said = rf"input 'ids' holds 1 id\(s\) outside the 7 rows of the table 'table' it looks up \(Gather\): {bad} "
+    said += r"at \[4, 2\]"
+    with pytest.raises(ValueError, match=rf"^train step 1: {said}"):
+        module(ids, labels)
+    with pytest.raises(ValueError, match=rf"^train_epoch: {said}"):
+        module.train_epoch(optimizer, [ids], labels, 4)
+    module.eval()
+    with pytest.raises(ValueError, match=rf"^eval step: {said}"):
+        module(ids, labels)
+    module.train()
+    np.testing.assert_array_equal(state.parameters["table"].data, table)
+    assert module.train_step_count == 0
+    ids[4, 2] = 6
+    module.train_epoch(optimizer, [ids], labels, 4)  # in range: trains

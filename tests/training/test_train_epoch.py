@@ -316,7 +316,12 @@ def test_labels_out_of_range_raise_before_any_batch_runs(classifier: dict[str, P
     assert epoch.label_checks == ()  # none left for the epoch model to take out
 
 
-def test_an_error_in_the_run_leaves_the_state_as_before_it(tmp_path: Path) -> None:
+def test_an_error_in_the_run_leaves_the_state_as_before_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """onnxruntime fails in the epoch's last batch (an id out of its table, which the module's host check would
+    refuse before the run: bypassed, so that the run's own failure is what is tested)."""
+    from onnxtrain.training.lookups import HostLookupChecks
+
+    monkeypatch.setattr(HostLookupChecks, "raise_if_out_of_range", lambda self, feeds, what: None)
     paths = models.generate(tmp_path, models.embedding_model(), loss=LossType.MSELoss, optimizer=OptimType.AdamW)
     rng = np.random.default_rng(23)
     ids, x, target = rng.integers(0, 5, 48), rng.normal(size=(48, 3)).astype(np.float32), np.zeros((48, 2), np.float32)
