@@ -510,3 +510,56 @@ def test_artifacts_train_a_model_with_control_flow(name: str, tmp_path: Any) -> 
     eval_model = onnx.load(str(tmp_path / "eval_model.onnx"))
     forward = next(node for node in eval_model.graph.node if node.op_type in ("If", "Loop"))
     assert len(forward.output) == 1 + (name == "recurrent"), "the eval model's node saves nothing"
+
+
+def _squeeze_if_one(declared: list[str]) -> onnx.ModelProto:
+    """TorchScript's ``y.squeeze(1)`` of a size it cannot tell: ``If(shape(y)[1] == 1, Squeeze(y, 1), y)``, each
+    branch's output declared at its rank, the ``If``'s ``declared`` (the exporter's: one branch's rank);
+    ``y = x @ w``, ``loss = sum(out * out)``."""
+    d = TensorProto.DOUBLE
+    then = helper.make_graph(
+        [helper.make_node("Squeeze", ["y", "axis"], ["squeezed"])], "then", [],
+        [helper.make_tensor_value_info("squeezed", d, ["B"])],
+    )  # fmt: skip
+    otherwise = helper.make_graph(
+        [helper.make_node("Identity", ["y"], ["kept"])],
+        "else",
+        [],
+        [helper.make_tensor_value_info("kept", d, ["B", "K"])],
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["y"]),
+        helper.make_node("Shape", ["y"], ["size"], start=1, end=2),
+        helper.make_node("Equal", ["size", "axis"], ["one"]),
+        helper.make_node("Squeeze", ["one"], ["cond"]),
+        helper.make_node("If", ["cond"], ["out"], then_branch=then, else_branch=otherwise),
+        helper.make_node("Mul", ["out", "out"], ["squared"]),
+        helper.make_node("ReduceSum", ["squared"], ["loss"], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes, "squeeze_if_one",
+        [helper.make_tensor_value_info("x", d, ["B", 4]), helper.make_tensor_value_info("w", d, [4, "K"])],
+        [helper.make_tensor_value_info("out", d, declared)],
+        [onnx.numpy_helper.from_array(np.array([1], np.int64), "axis")],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+
+
+@pytest.mark.parametrize(
+    ("columns", "declared"),
+    [(1, ["B"]), (1, ["B", "K"]), (3, ["B", "K"])],
+    ids=["squeezed-declared-so", "squeezed-declared-kept", "kept-declared-so"],
+)
+def test_an_if_whose_branches_give_different_ranks(columns: int, declared: list[str]) -> None:
+    """The branch's gradient is the If's, shaped as the branch's output: the build failed ("a gradient of shape
+    [?] for ... of shape [B, 1]"), on TorchScript exports of DLRM (``.squeeze(1)`` of scores whose axis 1 is 1).
+    Not covered: the branch that runs giving another rank than the If's declared one (the model's declaration
+    wrong at run time), where onnxruntime plans the buffers of the backward's ``Shape`` from it."""
+    builder = GraphBuilder(_squeeze_if_one(declared))
+    grads = build_gradients(builder, "loss", ["w"])
+    builder.set_outputs(["loss", grads["w"]])
+    rng = np.random.default_rng(5)
+    x, w = rng.normal(size=(6, 4)), rng.normal(size=(4, columns))
+    out = Runner(builder.finalize())({"x": x, "w": w})
+    np.testing.assert_allclose(out["loss"], np.sum((x @ w) ** 2))
+    np.testing.assert_allclose(out["w_grad"], 2 * x.T @ (x @ w), rtol=1e-12)

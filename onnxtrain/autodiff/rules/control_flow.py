@@ -174,6 +174,18 @@ def _save(
 # ---------------------------------------------------------------------------- If
 
 
+def _branch_seed(body: Subgraph, output: str, seed: str) -> str:
+    """``seed``, the cotangent of the ``If``'s output, as the gradient of the branch's ``output``: reshaped to its
+    shape where the two ranks differ (TorchScript's ``squeeze(1)`` of a size it cannot tell is ``If(size == 1,
+    Squeeze, Identity)``, the ``If`` declared at one branch's rank). At run time the branch taken gave the
+    ``If``'s output, so the reshape changes nothing; it tells the branch's rules its value's shape."""
+    b = body.builder
+    shapes = [b.shape_if_known(name) for name in (output, seed)]
+    if shapes[0] is None or shapes[1] is None or len(shapes[0]) == len(shapes[1]):
+        return seed
+    return b.add_node1("Reshape", [seed, b.add_node1("Shape", [output])], hint=f"{output}_grad_shaped")
+
+
 @registry.rule("If", inputs=())
 def if_(ctx: RuleContext, grads: Grads) -> Result:
     """dc = If(cond, vjp(then_branch), vjp(else_branch)) for each outer value c read (0 in a branch that does not)"""
@@ -184,7 +196,7 @@ def if_(ctx: RuleContext, grads: Grads) -> Result:
     results = []
     for body in bodies:
         pairs = [
-            (out, body.outer_value(g, body.type_of(out)))
+            (out, _branch_seed(body, out, body.outer_value(g, body.type_of(out))))
             for out, g in zip(body.outputs, grads, strict=True)
             if g is not None
         ]
