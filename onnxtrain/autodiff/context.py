@@ -223,9 +223,18 @@ class RuleContext:
         """The rank of ``name``; ``ValueError`` naming the node when it is unknown."""
         rank = self.rank(name)
         if rank is None:
+            graph = self.builder.model.graph
+            unranked = [v.name for v in graph.input if not v.type.tensor_type.HasField("shape")]
+            advice = (
+                f"give the model's inputs {unranked} a known rank (dimensions may stay symbolic)"
+                if unranked
+                else "the inputs' ranks are known, and shape inference loses it on the way (a value built in a Loop "
+                "or from a sequence, as torch's dynamo exporter writes nn.EmbeddingBag): export that layer another "
+                "way (an Embedding then a sum or mean over the bag's axis), or with dynamo=False"
+            )
             raise ValueError(
                 f"the gradient of {self.node.op_type} node {self.node.name!r} needs the rank of {name!r}, which is "
-                "unknown; give the model's inputs a known rank (dimensions may stay symbolic)"
+                f"unknown; {advice}"
             )
         return rank
 

@@ -563,3 +563,23 @@ def test_an_if_whose_branches_give_different_ranks(columns: int, declared: list[
     out = Runner(builder.finalize())({"x": x, "w": w})
     np.testing.assert_allclose(out["loss"], np.sum((x @ w) ** 2))
     np.testing.assert_allclose(out["w_grad"], 2 * x.T @ (x @ w), rtol=1e-12)
+
+
+@pytest.mark.parametrize("ranked", [True, False], ids=["inputs-ranked", "input-unranked"])
+def test_a_rank_a_rule_needs_and_inference_lost_says_where_it_was_lost(ranked: bool) -> None:
+    """The advice was to give the inputs a known rank, also where they had one (nn.EmbeddingBag's dynamo export,
+    a bag built as a sequence in a Loop): an unranked input is named; else the sequence is said to lose it."""
+    d = TensorProto.DOUBLE
+    nodes = [
+        helper.make_node("Mul", ["x", "w"], ["h"]),
+        helper.make_node("SequenceEmpty", [], ["empty"], dtype=d),
+        helper.make_node("SequenceInsert", ["empty", "h"], ["bag"]),
+        helper.make_node("ConcatFromSequence", ["bag"], ["y"], "concat", axis=1),
+        helper.make_node("ReduceSum", ["y"], ["loss"], keepdims=0),
+    ]
+    x = helper.make_tensor_value_info("x", d, ["B", 3] if ranked else None)
+    graph = helper.make_graph(nodes, "bag", [x], [], [onnx.numpy_helper.from_array(np.ones(3), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    said = "the inputs' ranks are known, and shape inference loses it" if ranked else r"give the model's inputs \['x'\]"
+    with pytest.raises(ValueError, match=rf"ConcatFromSequence node 'concat' needs the rank of 'y'.*{said}"):
+        build_gradients(GraphBuilder(model), "loss", ["w"])
