@@ -188,8 +188,10 @@ class ScatterWarning(UserWarning):
 SCATTERS = frozenset({"ScatterElements", "ScatterND"})
 
 
-def warn_scatters_without_reduction(model: onnx.ModelProto) -> None:
-    """A :class:`ScatterWarning` naming each ``ScatterElements``/``ScatterND`` without a reduction whose indices
+def warn_scatters(model: onnx.ModelProto) -> None:
+    """A :class:`TorchExportWarning` naming each initializer a scatter writes into before it is read (a parameter
+    renormalized in the forward, as torch's ``nn.Embedding(max_norm=...)`` does); a :class:`ScatterWarning`
+    naming each other ``ScatterElements``/``ScatterND`` without a reduction whose indices
     come from the data (a graph input that is no initializer): at a repeated index it writes one of the updates
     (which one, ONNX leaves undefined), where torch's ``index_add_``, ``index_put_(accumulate=True)`` and
     ``scatter_reduce`` sum or average them; torch's exporters write some of those as such a scatter (the model then
@@ -197,15 +199,31 @@ def warn_scatters_without_reduction(model: onnx.ModelProto) -> None:
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     from_data = {value.name for value in graph.input if value.name not in initializers}
-    found = []
+    copies = {node.output[0]: node.input[0] for node in graph.node if node.op_type == "Identity" and node.input}
+    found, rewritten = [], []
     for node in graph.node:
         if any(name in from_data for name in node.input if name):
             from_data.update(name for name in node.output if name)
         if node.op_type not in SCATTERS or not is_standard(node) or len(node.input) < 2:
             continue
         reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
-        if reduction == "none" and node.input[1] in from_data:
+        source = node.input[0]
+        while source in copies:  # torch's detach() is an Identity
+            source = copies[source]
+        if source in initializers:
+            rewritten.append(source)
+        elif reduction == "none" and node.input[1] in from_data:
             found.append(f"{node.name or node.output[0]} ({node.op_type})")
+    if rewritten:
+        caller.warn(
+            f"{_listed(list(dict.fromkeys(rewritten)))}: the forward writes rows of this parameter with a scatter "
+            "before reading it, as torch's nn.Embedding(max_norm=...) renormalizes the rows it looks up (in place, "
+            "without a gradient). Trained here, its gradient goes through the renormalization where torch's does "
+            "not, and the stored rows are never renormalized (parameter roles class it a constant: "
+            "trainable_parameters leaves it out). Build the embedding without max_norm and renormalize its rows "
+            "after each optimizer step, or keep it frozen",
+            TorchExportWarning,
+        )
     if not found:
         return
     caller.warn(
@@ -299,7 +317,7 @@ __all__ = [
     "warn_changed_parameters",
     "warn_folded_convolutions",
     "warn_merged_constants",
-    "warn_scatters_without_reduction",
+    "warn_scatters",
     "warn_unrecorded_merges",
     "warn_untracked_statistics",
 ]

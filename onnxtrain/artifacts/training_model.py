@@ -25,7 +25,7 @@ from onnxtrain.artifacts.exported_parameters import (
     warn_changed_parameters,
     warn_folded_convolutions,
     warn_merged_constants,
-    warn_scatters_without_reduction,
+    warn_scatters,
     warn_unrecorded_merges,
     warn_untracked_statistics,
 )
@@ -408,7 +408,7 @@ def build_training_models(
     warn_folded_convolutions(forward, requires_grad)
     warn_merged_constants(forward, requires_grad)
     warn_untracked_statistics(forward)
-    warn_scatters_without_reduction(forward)
+    warn_scatters(forward)
     requires_grad, frozen_params = statistics_as_parameters(forward, requires_grad, frozen_params)
     input_order = {value.name: k for k, value in enumerate(forward.graph.input)}
     wrt_inputs = sorted(dict.fromkeys(_check_input_gradients(forward, input_gradients)), key=input_order.__getitem__)

@@ -354,12 +354,43 @@ def test_a_scatter_without_a_reduction_at_indices_from_the_data_is_said() -> Non
     """torch's exporters write index_add_ (TorchScript), index_put_(accumulate=True) and scatter_reduce('mean')
     (dynamo) as scatters without a reduction: at a repeated index one update wins, where torch sums them."""
     from onnxtrain.artifacts import ScatterWarning
-    from onnxtrain.artifacts.exported_parameters import warn_scatters_without_reduction
+    from onnxtrain.artifacts.exported_parameters import warn_scatters
 
     for reduction in (None, "none"):
         with pytest.warns(ScatterWarning, match=r"scatter \(ScatterElements\): a scatter without a reduction"):
-            warn_scatters_without_reduction(_scatter(reduction, indices_from_data=True))
+            warn_scatters(_scatter(reduction, indices_from_data=True))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        warn_scatters_without_reduction(_scatter("add", indices_from_data=True))
-        warn_scatters_without_reduction(_scatter(None, indices_from_data=False))  # fixed indices: the model's own
+        warn_scatters(_scatter("add", indices_from_data=True))
+        warn_scatters(_scatter(None, indices_from_data=False))  # fixed indices: the model's own
+
+
+def test_a_parameter_the_forward_scatters_into_is_said_to_be_renormalized_as_torch_does_not_train_it() -> None:
+    """nn.Embedding(max_norm=1.0) exported by dynamo: ``ScatterND(detach(weight), rows, renormalized)`` before the
+    lookup. Its gradient went through the renormalization, torch's does not, and nothing said so."""
+    from onnxtrain.artifacts import ScatterWarning
+    from onnxtrain.artifacts.exported_parameters import warn_scatters
+
+    nodes = [
+        helper.make_node("Identity", ["emb.weight"], ["detach"]),
+        helper.make_node("Unique", ["ids"], ["rows"]),
+        helper.make_node("Unsqueeze", ["rows", "last"], ["where"]),
+        helper.make_node("Gather", ["detach", "rows"], ["picked"]),
+        helper.make_node("Mul", ["picked", "half"], ["renormalized"]),
+        helper.make_node("ScatterND", ["detach", "where", "renormalized"], ["renormed"], "renorm"),
+        helper.make_node("Gather", ["renormed", "ids"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["n"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [_tensor("emb.weight", np.ones((5, 4), np.float32)), _tensor("half", np.array(0.5, np.float32)),
+         _tensor("last", np.array([-1], np.int64))],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_scatters(model)
+    assert [w.category for w in caught] == [TorchExportWarning], [str(w.message) for w in caught]
+    said = str(caught[0].message)
+    assert said.startswith("emb.weight: the forward writes rows of this parameter") and "max_norm" in said
+    assert not any(issubclass(w.category, ScatterWarning) for w in caught)
