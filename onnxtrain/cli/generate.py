@@ -179,13 +179,13 @@ def run(args: argparse.Namespace) -> int:
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
     loss = loss_of(args.loss, args.ignore_index)
-    _check_one_output_for_the_loss(args)
+    outputs = _loss_outputs(args)
     runs = _earlier_runs(args)
     with speaking_options(LIBRARY_ARGUMENTS):
         requires = trainable_names(args.model, args.requires_grad, args.frozen)
         built = artifacts.build_artifacts(
             args.model, requires_grad=requires, frozen_params=args.frozen, loss=loss, optimizer=optimizer,
-            additional_output_names=scores_output(args), loss_input_names=args.loss_inputs, target=args.target,
+            additional_output_names=scores_output(args, outputs), loss_input_names=args.loss_inputs, target=args.target,
             precision=args.precision, precision_overrides=dict(args.precision_override),
             activation_checkpoints=checkpoints_of(args.activation_checkpoints),
             in_memory=False,  # the weights are read when written, a tensor at a time
@@ -225,12 +225,13 @@ def _earlier_runs(args: argparse.Namespace) -> list[Path]:
     return runs
 
 
-def _check_one_output_for_the_loss(args: argparse.Namespace) -> None:
-    """``UsageError`` where a built-in loss, which reads one output and its target, would read all of a model's
-    outputs (the default): the second output would be the first one's target, and training would pull one toward
-    the other, taking no labels."""
+def _loss_outputs(args: argparse.Namespace) -> list[str]:
+    """The model outputs a built-in loss reads by default, every output (``[]`` with ``--loss-inputs`` or another
+    loss: nothing read); ``UsageError`` where there are several, as such a loss reads one output and its target:
+    the second output would be the first one's target, and training would pull one toward the other, taking no
+    labels."""
     if args.loss_inputs or args.loss not in LOSSES or LOSSES[args.loss] is None:
-        return
+        return []
     from onnxtrain.graph.io import load_base_model
 
     proto, _ = load_base_model(args.model, check_data=False, in_file=True)  # no weight read: only the names
@@ -242,6 +243,7 @@ def _check_one_output_for_the_loss(args: argparse.Namespace) -> None:
             f"target (from the data): name the output to train with --loss-inputs {outputs[0]} (the others stay "
             "outputs of the eval model); for a loss over several outputs, give a loss block of yours (docs/cli.md)"
         )
+    return outputs
 
 
 def checkpoints_of(values: list[str] | None) -> str | list[str] | None:
@@ -267,20 +269,16 @@ def loss_of(option: str, ignore_index: int | None = None) -> Block | str | None:
     return custom_loss(option)
 
 
-def scores_output(args: argparse.Namespace) -> list[str]:
-    """The model output a classification loss reads (``[]`` for the other losses, or with ``--no-scores``).
+def scores_output(args: argparse.Namespace, outputs: list[str]) -> list[str]:
+    """The model output a classification loss reads (``[]`` for the other losses, or with ``--no-scores``):
+    the first of ``--loss-inputs``, else of ``outputs`` (:func:`_loss_outputs`, read once).
 
     The training and eval models output it too, so that ``train`` can
     measure the accuracy of each step's and each validation batch's scores.
     """
     if args.loss not in SCORED or args.no_scores:
         return []
-    if args.loss_inputs:
-        return args.loss_inputs[:1]
-    from onnxtrain.graph.io import load_base_model
-
-    proto, _ = load_base_model(args.model, check_data=False, in_file=True)  # no weight read: only the names
-    return [value.name for value in proto.graph.output[:1]]
+    return (args.loss_inputs or outputs)[:1]
 
 
 def optimizer_block(
