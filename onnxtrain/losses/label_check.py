@@ -262,10 +262,16 @@ def _offending(labels: np.ndarray | None, classes: int | None, ignore_index: int
         bad &= labels != ignore_index
     if not bad.any():
         return 0, ""
+    count, shown = listed_values(labels, bad)
+    return count, f": {shown}"
+
+
+def listed_values(values: np.ndarray, bad: np.ndarray) -> tuple[int, str]:
+    """How many of ``values`` the mask ``bad`` marks, and the first few as ``"-1 at [3], 10 at [5] and 2 more"``."""
     where = np.argwhere(bad)
-    shown = ", ".join(f"{labels[tuple(i)]} at {list(map(int, i))}" for i in where[:_SHOWN])
+    shown = ", ".join(f"{values[tuple(i)]} at {list(map(int, i))}" for i in where[:_SHOWN])
     more = f" and {len(where) - _SHOWN} more" if len(where) > _SHOWN else ""
-    return len(where), f": {shown}{more}" if shown else ""
+    return len(where), shown + more
 
 
 def label_checks(models: Iterable[onnx.ModelProto]) -> Mapping[str, LabelCheck]:
@@ -289,6 +295,7 @@ __all__ = [
     "label_checks",
     "label_error",
     "labels_out_of_range",
+    "listed_values",
     "strip_label_checks",
     "strippable_label_checks",
 ]

@@ -20,9 +20,7 @@ import numpy as np
 import onnx
 
 from onnxtrain.graph.versions import is_standard
-
-#: Out-of-range ids listed in a message.
-SHOWN = 5
+from onnxtrain.losses.label_check import listed_values
 
 
 @dataclass(frozen=True)
@@ -39,12 +37,10 @@ class Lookup:
         step); ``None`` where there is none."""
         if ids.dtype.kind not in "iu" or not ids.size or (ids.min() >= 0 and ids.max() < self.rows):
             return None
-        bad = np.argwhere((ids < 0) | (ids >= self.rows))
-        shown = ", ".join(f"{int(ids[tuple(at)])} at {[int(i) for i in at]}" for at in bad[:SHOWN])
-        more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
+        count, shown = listed_values(ids, (ids < 0) | (ids >= self.rows))
         return ValueError(
-            f"{what}: input {self.ids!r} holds {len(bad)} id(s) outside the {self.rows} rows of the table "
-            f"{self.table!r} it looks up (Gather): {shown}{more} (rows counted from 0). torch refuses them; "
+            f"{what}: input {self.ids!r} holds {count} id(s) outside the {self.rows} rows of the table "
+            f"{self.table!r} it looks up (Gather): {shown} (rows counted from 0). torch refuses them; "
             "onnxruntime would fail on one too large in the middle of the step and read a negative one from the "
             "table's end: fix the ids (a tokenizer of another vocabulary? -1 for a missing category?), or map the "
             "unknown ones to a row of their own"
@@ -96,4 +92,4 @@ class HostLookupChecks:
                     raise error
 
 
-__all__ = ["SHOWN", "HostLookupChecks", "Lookup", "lookups"]
+__all__ = ["HostLookupChecks", "Lookup", "lookups"]
