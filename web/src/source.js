@@ -4,6 +4,16 @@
  */
 
 /**
+ * `bytes` as a plain `Uint8Array` over the same memory: a Node `Buffer` (or another subclass) is a `Uint8Array`
+ * whose `slice()` is a view into its pooled memory, whose `.buffer` starts elsewhere, where `Uint8Array`'s copies.
+ * @param {Uint8Array} bytes
+ * @returns {Uint8Array}
+ */
+export function plainBytes(bytes) {
+  return bytes.constructor === Uint8Array ? bytes : new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+}
+
+/**
  * The bytes of `source`: a `Uint8Array` or `ArrayBuffer` as they are; a string or `URL` is read from the file
  * system in Node.js (`file:` URLs too) and fetched in a browser. Errors name `what` and where it was looked for.
  * @param {string | URL | Uint8Array | ArrayBuffer} source
@@ -11,8 +21,7 @@
  * @returns {Promise<Uint8Array>}
  */
 export async function readSource(source, what) {
-  // a Node Buffer is a Uint8Array whose slice() is a view into pooled memory: read it as a plain Uint8Array
-  if (source instanceof Uint8Array) return source.constructor === Uint8Array ? source : new Uint8Array(source.buffer, source.byteOffset, source.byteLength);
+  if (source instanceof Uint8Array) return plainBytes(source);
   if (source instanceof ArrayBuffer) return new Uint8Array(source);
   if (typeof source !== 'string' && !(source instanceof URL)) {
     throw new TypeError(`${what} must be a path or URL (string) or its bytes (Uint8Array), not ${source === undefined ? 'undefined' : typeof source}`);

@@ -14,6 +14,7 @@ import { byCode, codeName } from './dtypes.js';
 import { CheckpointError } from './errors.js';
 import { root } from './flatbuffer.js';
 import * as S from './schema.js';
+import { plainBytes } from '../source.js';
 
 /** @typedef {import('./flatbuffer.js').Table} Table */
 /** @typedef {import('./state.js').StateTensor} StateTensor */
@@ -28,7 +29,7 @@ const MOMENT_NAME = /^momentum(0|[1-9][0-9]*)$/;
  */
 export function decode(bytes) {
   try {
-    return checkpoint(bytes);
+    return checkpoint(plainBytes(bytes));
   } catch (error) {
     if (error instanceof CheckpointError) throw error;
     throw new CheckpointError(`invalid checkpoint: ${/** @type {Error} */ (error).message}`);
@@ -121,9 +122,7 @@ function tensor(table, nominal) {
   if (length !== size) {
     throw new CheckpointError(`${where} has ${length} bytes of raw_data; ${type.type}[${dims.join(', ')}] needs ${size}`);
   }
-  // Uint8Array's own slice copies; a Node Buffer's slice is a view into its (pooled) memory, whose .buffer
-  // starts elsewhere.
-  const copy = Uint8Array.prototype.slice.call(table.buf.bytes, start, start + length);
+  const copy = table.buf.bytes.slice(start, start + length); // a copy: the bytes are a plain Uint8Array (decode)
   if (code === 9 && copy.some((b) => b > 1)) throw new CheckpointError(`${where} is bool but holds bytes other than 0 and 1`);
   return [name, { type: type.type, dims, data: new type.array(copy.buffer, 0, count) }];
 }

@@ -5,6 +5,7 @@
  */
 
 import { elementCount } from '../checkpoint/state.js';
+import { plainBytes } from '../source.js';
 
 /** @typedef {import('../checkpoint/state.js').CheckpointState} CheckpointState */
 /** @typedef {import('../checkpoint/state.js').StateTensor} StateTensor */
@@ -77,7 +78,7 @@ export function fromBuffer(params, buffer) {
   if (b instanceof Float32Array) values = b;
   else if (b instanceof Uint8Array) {
     if (b.byteLength % 4) throw new RangeError(`loadParametersBuffer: a buffer of ${b.byteLength} bytes does not hold whole float32 values`);
-    values = new Float32Array(Uint8Array.prototype.slice.call(b).buffer); // a copy, also of a Node Buffer (a view)
+    values = new Float32Array(plainBytes(b).slice().buffer); // a copy, also of a Node Buffer
   } else if (b !== null && typeof b === 'object' && b.type === 'float32' && b.data instanceof Float32Array) values = b.data;
   else {
     throw new TypeError('loadParametersBuffer: give the parameters as a Float32Array, its bytes (Uint8Array) or a float32 Tensor');
