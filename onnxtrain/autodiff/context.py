@@ -18,6 +18,7 @@ import onnx
 from onnx import helper, numpy_helper, shape_inference
 
 from onnxtrain.graph import ops
+from onnxtrain.graph.attributes import attributes as node_attributes
 from onnxtrain.graph.builder import Dim, GraphBuilder
 from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.versions import is_standard
@@ -178,7 +179,7 @@ class RuleContext:
         self.opset = opset
         self._needs = tuple(needs)
         self._constants = constants
-        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._attrs = node_attributes(node)
         self._hint = f"{node.op_type.lower()}_grad"
         self._requests = requests
         self._view = view
@@ -549,7 +550,7 @@ class RuleContext:
         self.builder.model.graph.value_info.extend(infos)
         self.builder.sync()
         self.outputs = tuple(node.output)
-        self._attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self._attrs = node_attributes(node)
         return names
 
     def _infer_output(self, name: str) -> onnx.TypeProto:

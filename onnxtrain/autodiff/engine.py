@@ -53,6 +53,8 @@ from onnxtrain.autodiff.errors import MissingGradientError, RuleError
 from onnxtrain.autodiff.paths import Path, PathNode, find_path
 from onnxtrain.autodiff.registry import GradientRegistry
 from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph.attributes import attribute
+from onnxtrain.graph.attributes import attributes as node_attributes
 from onnxtrain.graph.builder import GraphBuilder, describe_type
 from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.passes import fold_transposes, merge_duplicates, prune_unused_nodes
@@ -309,7 +311,7 @@ class _Backward:
             for scatter in scatters:
                 node = self._producer(scatter)
                 assert node is not None
-                attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+                attributes = node_attributes(node)
                 total = self.builder.add_node1(
                     node.op_type, [total, node.input[1], node.input[2]], hint="grad_accum", **attributes
                 )
@@ -358,7 +360,7 @@ class _Backward:
             node = self._producer(node.input[0])
         if node is None or node.op_type != "ConstantOfShape" or not is_standard(node):
             return False
-        fill = next((a.t for a in node.attribute if a.name == "value"), None)
+        fill = attribute(node, "value")
         return fill is None or not numpy_helper.to_array(fill).any()
 
     def _differentiate(self, item: PathNode) -> None:

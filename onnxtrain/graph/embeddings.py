@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import onnx
 
 from onnxtrain.graph import torch_metadata
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.naming import unknown_name_hint
 
 #: The ``metadata_props`` key of a ``Gather`` whose positions of index ``int(value)`` add no gradient to that row
@@ -117,7 +118,7 @@ def set_embedding(
 
 def _is_lookup(node: onnx.NodeProto) -> bool:
     """Whether ``node`` is an ONNX ``Gather`` of rows (axis 0), as an embedding's lookup is."""
-    rows = all(a.name != "axis" or a.i == 0 for a in node.attribute)
+    rows = attribute(node, "axis", 0) == 0
     return node.op_type == "Gather" and node.domain in ("", "ai.onnx") and rows
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.graph.attributes import attribute, attributes
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import subgraphs
 
@@ -62,8 +63,7 @@ def folded_value(
             return None
         if node.op_type == "Size":
             return np.array(math.prod(dims), np.int64)
-        attrs = {a.name: a.i for a in node.attribute}
-        start, end = attrs.get("start", 0), attrs.get("end", len(dims))
+        start, end = attribute(node, "start", 0), attribute(node, "end", len(dims))
         return np.array(list(dims), np.int64)[slice(start, end)]
     if node.op_type not in FOLDABLE or subgraphs(node):
         return None
@@ -79,7 +79,7 @@ def folded_value(
 
 def evaluate_constant(node: onnx.NodeProto, inputs: list[np.ndarray], opset: int) -> np.ndarray | None:
     """``node``'s output for constant ``inputs``, as ONNX defines it; ``None`` for a case left to run time."""
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     op = node.op_type
     if op in _ARITHMETIC:
         a, b = inputs

@@ -12,6 +12,7 @@ from onnx import shape_inference, version_converter
 
 from onnxtrain import caller
 from onnxtrain.graph import dtypes, external, versions, walk, wire
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.contrib_types import RUNTIME_DEFAULT_DOMAIN_OPS, type_contrib_outputs
 from onnxtrain.graph.naming import first_free
 from onnxtrain.graph.passes.constants import fold_constants
@@ -141,7 +142,7 @@ def constants_as_initializers(model: onnx.ModelProto, names: Sequence[str]) -> l
     made: list[str] = []
     kept: list[onnx.NodeProto] = []
     for node in model.graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
+        value = attribute(node, "value") if node.op_type == "Constant" else None
         if value is not None and versions.is_standard(node) and node.output[0] in wanted:
             tensor = onnx.TensorProto()
             tensor.CopyFrom(value)
@@ -219,8 +220,8 @@ def _warn_of_inert_dropouts(model: onnx.ModelProto, version: int) -> None:
         for index, node in enumerate(walk.all_nodes(model.graph))
         if node.op_type == "Dropout"
         and versions.is_standard(node)
-        and next((a.f for a in node.attribute if a.name == "ratio"), 0.5) > 0
-        and not next((a.i for a in node.attribute if a.name == "is_test"), 0)
+        and attribute(node, "ratio", 0.5) > 0
+        and not attribute(node, "is_test", 0)
     ]
     if dropping:
         shown = ", ".join(map(repr, dropping[:3])) + (f" and {len(dropping) - 3} more" if len(dropping) > 3 else "")

@@ -15,6 +15,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.builder import GraphBuilder
 
 #: The opset from which each reduction takes its axes as an input.
@@ -40,7 +41,7 @@ def scatter_can_add(opset: int) -> bool:
 
 def scatter_adds(node: onnx.NodeProto) -> bool:
     """Whether ``node`` (a ``ScatterND`` or ``ScatterElements``) adds its updates (``reduction="add"``)."""
-    return any(a.name == "reduction" and a.s == b"add" for a in node.attribute)
+    return attribute(node, "reduction") == b"add"
 
 
 def constant_of_shape_makes(opset: int, elem_type: int) -> bool:

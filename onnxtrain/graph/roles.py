@@ -45,6 +45,9 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
   reaches a parameter slot: fixed tables are sliced, not resized. What
   weights compute is what their values compute: a shape read from it
   (``Shape``, ``Size``) is not.
+  A float tensor that is the only value a graph output is computed from
+  (shapes apart) is a weight: a parameter the model outputs for its loss, as
+  a Gaussian policy's state-independent log standard deviation.
 - **re-parametrised weight**: a float tensor from which a parameter slot's
   value is computed by arithmetic or a normalization on initializers alone
   (:data:`ARITHMETIC`, :data:`NORMALIZATIONS`), as
@@ -232,6 +235,7 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
             weights.add(use.tensor)
     producers = {name: node for node in all_nodes(graph) for name in node.output if name}
     weights |= _reparametrised(graph, set(tensors), variable, producers)
+    weights |= _output_alone(graph, set(tensors), stored, producers)
     weights -= statistics
     data = _computed_from(graph, {value.name for value in inputs if dtypes.is_float(value.type.tensor_type.elem_type)})
     while True:  # weights beside what the weights found so far compute, which may compute more
@@ -399,6 +403,36 @@ def _reparametrised(
             found |= reached
     dims = {t.name: t.dims for t in graph.initializer}
     return {name for name in found if dims[name]}
+
+
+def _output_alone(
+    graph: onnx.GraphProto, floats: set[str], stored: set[str], producers: Mapping[str, onnx.NodeProto]
+) -> set[str]:
+    """The float initializers each of which is the only value a graph output is computed from, the inputs'
+    shapes apart: a parameter the model outputs for its loss, as a Gaussian policy's log standard deviation
+    (``log_std``; CleanRL's ``exp(log_std.expand_as(mean))``, stable-baselines3's ``ones_like(mean) *
+    log_std.exp()``) or the learned task weights of a multi-task loss. Read nowhere beside weights or data, such
+    a tensor met none of the rules above."""
+    found: set[str] = set()
+    for output in graph.output:
+        sources: set[str] = set()
+        pending, seen = [output.name], {output.name}
+        while pending and len(sources) < 2:
+            value = pending.pop()
+            node = producers.get(value)
+            if node is None:  # a float initializer or an input: what the output's value is computed from
+                if value not in stored or value in floats:
+                    sources.add(value if value in stored else "")
+                continue
+            if node.op_type in SHAPE_ONLY and is_standard(node):
+                continue
+            for name in _reads(node):
+                if name not in seen:
+                    seen.add(name)
+                    pending.append(name)
+        if len(sources) == 1 and not pending and (alone := next(iter(sources))) in floats:
+            found.add(alone)
+    return found
 
 
 def _computed_from(graph: onnx.GraphProto, sources: set[str], *, shapes: bool = False) -> set[str]:

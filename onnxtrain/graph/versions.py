@@ -12,6 +12,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.walk import all_nodes
 
 #: The default ``ai.onnx`` opset of models built from scratch (``empty_base``).
@@ -118,9 +119,9 @@ def _elem_types(model: onnx.ModelProto) -> set[int]:
         if value.type.HasField("tensor_type"):
             types.add(value.type.tensor_type.elem_type)
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.name == "to":
-                types.add(attr.i)
+        to = attribute(node, "to")
+        if isinstance(to, int):
+            types.add(to)
     return types
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import helper
 
+from onnxtrain.graph.attributes import attributes
 from onnxtrain.graph.external import TensorData
 
 
@@ -20,10 +20,6 @@ def _value(initializers: dict[str, onnx.TensorProto], name: str, data: TensorDat
     if name not in initializers:
         raise ValueError(f"{name!r} is not an initializer: a quantized weight's parameters must be constants")
     return (data or TensorData()).array(initializers[name])
-
-
-def _attrs(node: onnx.NodeProto) -> dict[str, object]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
 def dequantize_linear(
@@ -39,7 +35,7 @@ def dequantize_linear(
         else np.zeros_like(scale, dtype=np.float64)
     )
     scale = scale.astype(np.float64)
-    attrs = _attrs(node)
+    attrs = attributes(node)
     axis = int(attrs.get("axis", 1)) % max(q.ndim, 1)  # type: ignore[call-overload]
     block = int(attrs.get("block_size", 0))  # type: ignore[call-overload]
     if scale.ndim == 0 or (scale.size == 1 and scale.ndim <= 1):
@@ -66,7 +62,7 @@ def matmul_nbits_weight(
     node: onnx.NodeProto, initializers: dict[str, onnx.TensorProto], data: TensorData | None
 ) -> np.ndarray:
     """``dequant(B)^T``, ``[K, N]``: MatMulNBits node ``node`` computes ``A @ dequant(B)^T (+ bias)``."""
-    attrs = _attrs(node)
+    attrs = attributes(node)
     k, n = int(attrs["K"]), int(attrs["N"])  # type: ignore[call-overload]
     bits, block = int(attrs.get("bits", 4)), int(attrs["block_size"])  # type: ignore[call-overload]
     if bits not in (2, 4, 8):

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import onnx
-from onnx import helper
 
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.lora.names import KnownAs, names_of_initializers
 
@@ -61,10 +61,7 @@ class Site:
 
 
 def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return int(helper.get_attribute_value(attribute))
-    return default
+    return int(attribute(node, name, default))
 
 
 def _readers(graph: onnx.GraphProto) -> dict[str, list[tuple[int, int]]]:
@@ -214,10 +211,8 @@ def _transposed_site(
 
 
 def _ints(node: onnx.NodeProto, name: str) -> list[int] | None:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return [int(v) for v in helper.get_attribute_value(attribute)]
-    return None
+    values = attribute(node, name)
+    return None if values is None else [int(v) for v in values]
 
 
 def _product(graph: onnx.GraphProto, k: int, j: int, dims: Sequence[int]) -> tuple[int, int, bool] | str:

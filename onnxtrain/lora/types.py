@@ -11,6 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.io import inferred_skeleton
 
 
@@ -43,7 +44,7 @@ def declare_nbits_outputs(model: onnx.ModelProto) -> None:
 
 def _output_type(node: onnx.NodeProto, a: onnx.TypeProto.Tensor) -> onnx.ValueInfoProto:
     """``Y``'s type: ``A``'s element type, ``A``'s shape with the last axis ``N`` (no shape when ``A`` has none)."""
-    n = next(int(att.i) for att in node.attribute if att.name == "N")
+    n = int(attribute(node, "N"))
     value = onnx.ValueInfoProto(name=node.output[0])
     value.type.tensor_type.elem_type = a.elem_type
     if a.HasField("shape") and len(a.shape.dim) > 0:

@@ -25,6 +25,7 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.optim.adam import AdamW
 from onnxtrain.optim.base import Optimizer
@@ -164,10 +165,7 @@ def optimizer_of_nodes(model: onnx.ModelProto) -> Optimizer | None:
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: float) -> float:
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return float(helper.get_attribute_value(attribute))
-    return default
+    return float(attribute(node, name, default))
 
 
 __all__ = [

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.losses.label_check import listed_values
 
@@ -61,7 +62,7 @@ def lookups(model: onnx.ModelProto, user_inputs: Sequence[str]) -> tuple[Lookup,
     for node in model.graph.node:
         if node.op_type != "Gather" or not is_standard(node) or len(node.input) < 2:
             continue
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        axis = attribute(node, "axis", 0)
         table, ids = node.input[0], node.input[1]
         if axis == 0 and ids in position and rows.get(table):
             found.setdefault((ids, table), Lookup(position[ids], ids, table, rows[table]))

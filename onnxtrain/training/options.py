@@ -31,6 +31,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.training.device import CUDA_PROVIDER, Device
 
 #: What registering an arena raises where it cannot be done: an older binding (AttributeError, TypeError), the
@@ -140,7 +141,7 @@ def largest_step_input(model: onnx.ModelProto, fixed: Mapping[str, Sequence[int]
     graph = model.graph
     scans = [node for node in graph.node if node.op_type == "Scan"]
     if len(scans) == 1:
-        graph = next(a.g for a in scans[0].attribute if a.name == "body")
+        graph = attribute(scans[0], "body")
     sizes = [math.prod(t.dims) for t in graph.initializer]
     for value in graph.input:
         if fixed is not None and value.name in fixed:

@@ -41,6 +41,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from onnxtrain.graph import versions
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.operators import RANDOM_OPERATORS as DRAWING_OPERATORS
 from onnxtrain.graph.versions import is_standard
@@ -227,7 +228,7 @@ def _own_generator(node: onnx.NodeProto) -> bool:
 
 
 def _float_attribute(node: onnx.NodeProto, name: str, default: float) -> float:
-    return next((attribute.f for attribute in node.attribute if attribute.name == name), default)
+    return float(attribute(node, name, default))
 
 
 __all__ = [

@@ -113,6 +113,66 @@ def test_a_table_looked_up_by_gather_nd_is_a_weight():
     assert initializer_roles(model) == {"table": "weight"}
 
 
+def test_a_tensor_an_output_is_computed_from_alone_is_a_weight():
+    """A Gaussian policy's log standard deviation reaches its output through nothing the inputs compute (their
+    shapes apart): expanded to the mean's shape and exponentiated (CleanRL), times ``ones_like(mean)``
+    (stable-baselines3), or output as it is. It was classed a constant and frozen without a word. An output
+    computed from two tensors, or from one and the data, is left to the other rules."""
+    f32 = np.float32
+    initializers = [
+        ("w", np.ones((4, 2), f32)),
+        ("log_std", np.zeros((1, 2), f32)),  # exp(expand(log_std, shape(mean))): a weight
+        ("sb3_log_std", np.zeros(2, f32)),  # ones_like(mean) * exp(log_std): a weight
+        ("log_vars", np.zeros(3, f32)),  # output as it is (a multi-task loss's learned weights): a weight
+        ("c1", np.ones(2, f32)),  # c1 + c2: two tensors, neither alone: constants
+        ("c2", np.ones(2, f32)),
+        ("mean", np.zeros(4, f32)),  # x - mean: beside the data, a constant as before
+    ]
+    nodes = [
+        helper.make_node("Sub", ["x", "mean"], ["centred"]),
+        helper.make_node("MatMul", ["centred", "w"], ["mu"]),
+        helper.make_node("Shape", ["mu"], ["shape"]),
+        helper.make_node("Expand", ["log_std", "shape"], ["expanded"]),
+        helper.make_node("Exp", ["expanded"], ["std"]),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"], value=helper.make_tensor("one", FLOAT, [1], [1])),
+        helper.make_node("Exp", ["sb3_log_std"], ["sb3_exp"]),
+        helper.make_node("Mul", ["ones", "sb3_exp"], ["sb3_std"]),
+        helper.make_node("Identity", ["log_vars"], ["task_weights"]),
+        helper.make_node("Add", ["c1", "c2"], ["both"]),
+    ]
+    outputs = {
+        "mu": (FLOAT, ["n", 2]),
+        "std": (FLOAT, ["n", 2]),
+        "sb3_std": (FLOAT, ["n", 2]),
+        "task_weights": (FLOAT, [3]),
+        "both": (FLOAT, [2]),
+    }
+    model = make_model({"x": (FLOAT, ["n", 4])}, nodes, outputs, initializers)
+    assert trainable_parameters(model) == ["w", "log_std", "sb3_log_std", "log_vars"]
+
+
+@pytest.mark.parametrize("form", ["cleanrl", "stable-baselines3", "as it is"])
+def test_a_gaussian_policys_log_std_exported_by_torch_is_a_weight(form):
+    torch = pytest.importorskip("torch")
+
+    class GaussianPolicy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.mu = torch.nn.Linear(4, 2)
+            self.log_std = torch.nn.Parameter(torch.zeros(1, 2))
+
+        def forward(self, obs):
+            mu = self.mu(obs)
+            if form == "cleanrl":
+                return mu, torch.exp(self.log_std.expand_as(mu))
+            if form == "stable-baselines3":
+                return mu, torch.ones_like(mu) * self.log_std.exp()
+            return mu, self.log_std
+
+    model = export_for_training(GaussianPolicy(), (torch.randn(3, 4),), ["obs"], ["mu", "std"], opset=17)
+    assert sorted(trainable_parameters(model)) == ["log_std", "mu.bias", "mu.weight"]
+
+
 def test_integer_tensors_are_never_weights():
     nodes = [helper.make_node("Gather", ["table", "x"], ["y"])]
     model = make_model({"x": (INT64, ["n"])}, nodes, {"y": (INT64, ["n"])}, [("table", np.arange(5, dtype=np.int64))])

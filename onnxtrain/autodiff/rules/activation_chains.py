@@ -41,6 +41,7 @@ from onnx import helper
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules import activations
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.attributes import attributes as node_attributes
 from onnxtrain.graph.versions import is_standard
 
 #: The most nodes a chain has (GPT-2's tanh GELU has 8; torch's own export of it, 9).
@@ -185,7 +186,7 @@ def _evaluable(node: onnx.NodeProto) -> bool:
     if not is_standard(node) or node.op_type not in EVALUATED or len(node.output) != 1:
         return False
     if node.op_type == "Cast":  # half precision's casts inside a chain (autocast computes x^3 in bfloat16)
-        attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        attributes = node_attributes(node)
         return set(attributes) <= {"to", "saturate"} and dtypes.is_float(attributes.get("to", 0))
     return not node.attribute
 

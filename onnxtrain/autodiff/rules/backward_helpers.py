@@ -27,13 +27,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import onnx
-from onnx import helper
 
 from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.dims import DimVector
 from onnxtrain.autodiff.registry import Result
 from onnxtrain.graph import ops
+from onnxtrain.graph.attributes import attributes
 
 # ------------------------------------------------------------ rule results
 
@@ -45,7 +45,7 @@ def data_only(ctx: RuleContext, dx: str | None) -> Result:
 
 def forward_attributes(ctx: RuleContext, drop: Sequence[str] = ()) -> dict[str, Any]:
     """The forward node's attributes but ``drop``, as keyword arguments for ``ctx.op``."""
-    return {a.name: helper.get_attribute_value(a) for a in ctx.node.attribute if a.name not in drop}
+    return {name: value for name, value in attributes(ctx.node).items() if name not in drop}
 
 
 def clamp(ctx: RuleContext, v: str, low: dims.Scalar, high: dims.Scalar) -> str:

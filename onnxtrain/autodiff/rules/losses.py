@@ -18,7 +18,7 @@ softmax, which saves two tensors of the scores' size.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from onnxtrain.autodiff import dims
 from onnxtrain.autodiff.context import RuleContext
@@ -26,6 +26,7 @@ from onnxtrain.autodiff.dims import DimVector
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
 from onnxtrain.autodiff.rules.backward_helpers import data_only
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.versions import is_standard
 
 # ----------------------------------------------------------------------- softmax
@@ -122,7 +123,7 @@ def _fuse_with_log_softmax(ctx: RuleContext, g: str) -> bool:
     if producer is None or producer.op_type != "LogSoftmax" or not is_standard(producer):
         return False
     scores, rank = producer.input[0], ctx.rank(log_probs)
-    axis = next((helper.get_attribute_value(a) for a in producer.attribute if a.name == "axis"), -1)
+    axis = attribute(producer, "axis", -1)
     if rank is None or axis % rank != 1 or not ctx.read_only_here(log_probs) or not ctx.depends_on_wrt(scores):
         return False
     if ctx.has_input(2) or ctx.attr("ignore_index") is not None or ctx.attr("reduction", "mean") != "mean":

@@ -27,11 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import helper
 
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.rules.backward_helpers import rms_scale_grad
 from onnxtrain.graph import dtypes
+from onnxtrain.graph.attributes import attribute
+from onnxtrain.graph.attributes import attributes as node_attributes
 from onnxtrain.graph.versions import is_standard
 
 
@@ -131,7 +132,7 @@ def _same_cast(ctx: RuleContext, cast: onnx.NodeProto, x: str) -> bool:
 
 
 def _cast_to(node: onnx.NodeProto) -> int:
-    return int(next((helper.get_attribute_value(a) for a in node.attribute if a.name == "to"), 0))
+    return int(attribute(node, "to", 0))
 
 
 def _float_cast(node: onnx.NodeProto) -> bool:
@@ -141,7 +142,7 @@ def _float_cast(node: onnx.NodeProto) -> bool:
 
 def _kept_axes(ctx: RuleContext, node: onnx.NodeProto) -> tuple[int, ...] | None:
     """The axes ``ReduceMean`` ``node`` reduces, known while building and kept as size 1, or ``None``."""
-    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attributes = node_attributes(node)
     if attributes.get("keepdims", 1) != 1 or attributes.get("noop_with_empty_axes", 0):
         return None
     if len(node.input) > 1 and node.input[1]:

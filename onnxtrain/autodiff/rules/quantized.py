@@ -32,7 +32,6 @@ it into a float copy of every quantized weight when a session loads.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import onnx
@@ -42,6 +41,7 @@ from onnxtrain.autodiff.broadcast import unbroadcast
 from onnxtrain.autodiff.context import RuleContext
 from onnxtrain.autodiff.registry import Grads, Result
 from onnxtrain.autodiff.rules._builtin import registry
+from onnxtrain.graph.attributes import attributes
 from onnxtrain.graph.versions import is_standard
 
 #: Bit widths whose codes never straddle a byte (the ones onnxruntime's kernels support).
@@ -162,15 +162,11 @@ _FLOAT_CODES = {
 }
 
 
-def _attributes(node: onnx.NodeProto) -> dict[str, Any]:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
 def _code_type(ctx: RuleContext, quantizer: onnx.NodeProto) -> int:
     """The element type of ``quantizer``'s codes: its zero point's, else its ``output_dtype``, else uint8."""
     if len(quantizer.input) > 2 and quantizer.input[2]:
         return ctx.elem_type(quantizer.input[2])
-    return int(_attributes(quantizer).get("output_dtype", 0)) or TensorProto.UINT8
+    return int(attributes(quantizer).get("output_dtype", 0)) or TensorProto.UINT8
 
 
 def _same_parameter(ctx: RuleContext, a: str, b: str) -> bool:
@@ -207,13 +203,13 @@ def _in_range(ctx: RuleContext, quantizer: onnx.NodeProto, clipped: tuple[float,
     range narrowed to ``clipped``), else ``0``, in the type of ``x``."""
     x, scale = quantizer.input[0], quantizer.input[1]
     zero = quantizer.input[2] if len(quantizer.input) > 2 and quantizer.input[2] else ""
-    attributes = _attributes(quantizer)
-    if int(attributes.get("block_size", 0)):
+    quantizer_attributes = attributes(quantizer)
+    if int(quantizer_attributes.get("block_size", 0)):
         raise ValueError(
             f"the straight-through gradient of QuantizeLinear node {quantizer.name!r} does not support blocked "
             "quantization (block_size); quantize per tensor or per axis for training"
         )
-    axis = int(attributes.get("axis", 1))
+    axis = int(quantizer_attributes.get("axis", 1))
     # x times the scale's reciprocal, as PyTorch's fake quantization computes the codes (at x / s = 127.5 exactly,
     # as its symmetric observers make the largest weight, x * (1 / s) rounds to 127, inside: PyTorch's mask)
     inverse = ctx.op("Reciprocal", _per_axis(ctx, ctx.cast_like(scale, x), x, axis))
@@ -284,7 +280,7 @@ def dequantize_linear(ctx: RuleContext, grads: Grads) -> Result:
         )
     mine = (ctx.inputs[1], ctx.inputs[2] if ctx.has_input(2) else "")
     theirs = (quantizer.input[1], quantizer.input[2] if len(quantizer.input) > 2 else "")
-    same_axis = _attributes(ctx.node).get("axis", 1) == _attributes(quantizer).get("axis", 1)
+    same_axis = attributes(ctx.node).get("axis", 1) == attributes(quantizer).get("axis", 1)
     if not (same_axis and all(_same_parameter(ctx, a, b) for a, b in zip(mine, theirs, strict=True))):
         raise ValueError(
             f"DequantizeLinear node {ctx.node.name!r} dequantizes the codes of QuantizeLinear node "

@@ -31,6 +31,7 @@ import onnx
 from onnx import helper
 
 from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.naming import first_free, names_in
 from onnxtrain.graph.versions import is_standard
@@ -235,7 +236,7 @@ def half_parameters(model: onnx.ModelProto) -> int:
 
 
 def _cast_to(node: onnx.NodeProto) -> int:
-    return next(a.i for a in node.attribute if a.name == "to")
+    return int(attribute(node, "to"))
 
 
 def compute_in_float32(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper, numpy_helper
 
+from onnxtrain.graph.attributes import attribute, attributes
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import constant_tensors, readers_of
 
@@ -56,7 +57,7 @@ def _spatial_zero_pads(node: onnx.NodeProto, constants: dict[str, onnx.TensorPro
     constant, non-negative amounts on the axes after the first two only; else ``None``."""
     if node.op_type != "Pad" or not is_standard(node) or len(node.input) < 2 or len(node.input) > 3:
         return None
-    mode = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "mode"), b"constant")
+    mode = attribute(node, "mode", b"constant")
     if mode not in (b"constant", "constant"):
         return None
     pads_tensor = constants.get(node.input[1])
@@ -78,7 +79,7 @@ def _takes_pads(node: onnx.NodeProto, value: str, spatial: int) -> bool:
     pads."""
     if node.op_type != "Conv" or not is_standard(node) or node.input[0] != value or value in node.input[1:]:
         return False
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    attrs = attributes(node)
     if attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return False
     return len(attrs.get("pads", [0] * 2 * spatial)) == 2 * spatial
@@ -87,7 +88,7 @@ def _takes_pads(node: onnx.NodeProto, value: str, spatial: int) -> bool:
 def _add_pads(node: onnx.NodeProto, source: str, added: list[int]) -> None:
     """``node`` (a ``Conv``) reading ``source`` with ``added`` more pads."""
     spatial = len(added) // 2
-    current = next((list(helper.get_attribute_value(a)) for a in node.attribute if a.name == "pads"), [0] * 2 * spatial)
+    current = list(attribute(node, "pads", [0] * 2 * spatial))
     kept = [a for a in node.attribute if a.name != "pads"]
     del node.attribute[:]
     node.attribute.extend(kept)

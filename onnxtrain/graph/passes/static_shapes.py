@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnxtrain.graph.attributes import attribute, attributes
 from onnxtrain.graph.fold import ShapeInference, folded_value, onnx_shapes
 from onnxtrain.graph.passes.constants import SmallConstants
 from onnxtrain.graph.passes.unused import drop_unread_initializers
@@ -96,8 +97,8 @@ def fold_static_dims(
             if node.op_type == "Constant":  # read by what may fold; kept (unread, the models' pruning drops it)
                 constants.add_constant_node(node)
             elif node.op_type == "Shape" and node.input[0] in dims and node.input[0] not in full:
-                attrs = {a.name: a.i for a in node.attribute}
-                shapes[node.output[0]] = dims[node.input[0]][slice(attrs.get("start", 0), attrs.get("end"))]
+                span = slice(attribute(node, "start", 0), attribute(node, "end"))
+                shapes[node.output[0]] = dims[node.input[0]][span]
             elif node.op_type == "Gather" and node.input[0] in shapes:
                 value = _gathered_dims(node, shapes[node.input[0]], constants)
             else:
@@ -157,7 +158,7 @@ def _gathered_dims(
 ) -> np.ndarray | None:
     """The value of ``Gather`` ``node`` of a shape with ``dims``, where its indices are constants that pick
     only fixed dimensions; else ``None``."""
-    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis = attribute(node, "axis", 0)
     indices = constants.get(node.input[1])
     if axis != 0 or indices is None or indices.dtype.kind not in "iu":
         return None
@@ -177,8 +178,8 @@ def _full_reductions(graph: onnx.GraphProto) -> list[str]:
     for node in graph.node:
         if not node.op_type.startswith("Reduce") or not is_standard(node):
             continue
-        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
-        every_axis = "axes" not in {a.name for a in node.attribute} and len(node.input) < 2
+        attrs = attributes(node)
+        every_axis = "axes" not in attrs and len(node.input) < 2
         if attrs.get("keepdims") == 0 and every_axis and not attrs.get("noop_with_empty_axes", 0):
             scalars.append(node.output[0])
     return scalars

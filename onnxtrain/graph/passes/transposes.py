@@ -15,6 +15,7 @@ from collections import Counter
 
 import onnx
 
+from onnxtrain.graph.attributes import attributes as node_attributes
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import rename_references
 
@@ -60,7 +61,7 @@ def fold_transposes(model: onnx.ModelProto, *, fixed: int = 0) -> onnx.ModelProt
             and uses[source.output[0]] == 1
             and source.output[0] not in results
         ):
-            attributes = {a.name: onnx.helper.get_attribute_value(a) for a in source.attribute}
+            attributes = node_attributes(source)
             trans_a, trans_b = int(attributes.pop("transA", 0)), int(attributes.pop("transB", 0))
             source.input[:] = [source.input[1], source.input[0]]
             del source.attribute[:]

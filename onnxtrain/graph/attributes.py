@@ -1,0 +1,26 @@
+"""A node's attributes as Python values: the one place that reads ``AttributeProto``.
+
+Values are ``onnx.helper.get_attribute_value``'s: an ``int``, a ``float``,
+``bytes`` for a string (not decoded), a ``TensorProto``, a ``GraphProto``, or
+a list of one of these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import onnx
+from onnx import helper
+
+
+def attributes(node: onnx.NodeProto) -> dict[str, Any]:
+    """``{name: value}`` of every attribute ``node`` sets."""
+    return {attribute.name: helper.get_attribute_value(attribute) for attribute in node.attribute}
+
+
+def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    """The value of ``node``'s attribute ``name``, or ``default`` where it is not set."""
+    for found in node.attribute:
+        if found.name == name:
+            return helper.get_attribute_value(found)
+    return default
