@@ -48,6 +48,7 @@ from onnxtrain.graph.passes.cast_like import cast_like_to_cast
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
 from onnxtrain.graph.passes.static_shapes import fold_static_dims
 from onnxtrain.graph.passes.untie import untie_identity_copies
+from onnxtrain.graph.roles import running_statistics
 from onnxtrain.graph.symbolic import with_symbolic_dims
 from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
 
@@ -225,8 +226,10 @@ def _build(
     _check_outputs(proto, "additional_output_names", additional, values=True)
     if not inputs_to_loss:
         raise ValueError("the model has no outputs to compute a loss from; pass loss_input_names")
-    # the sizes the static dimensions decide, made constants (the parameters are not)
-    fold_static_dims(proto, keep=[*inputs_to_loss, *additional], variables=[*requires, *frozen])
+    # the sizes the static dimensions decide, made constants (the parameters and running statistics are not: a
+    # second call of a BatchNormalization reads the statistics the first updated, through dynamo's Identity)
+    variables = [*requires, *frozen, *running_statistics(proto)]
+    fold_static_dims(proto, keep=[*inputs_to_loss, *additional], variables=variables)
     if half is not None:  # the forward in half where the policy says; the loss, built after it, in float32
         autocast.autocast(proto, half, overrides)
     loss_of = PassThrough() if loss is None else loss_block(loss)

@@ -29,7 +29,7 @@ from onnxtrain.artifacts.exported_parameters import (
     warn_unrecorded_merges,
     warn_untracked_statistics,
 )
-from onnxtrain.artifacts.running_variance import from_torch, torch_running_variance
+from onnxtrain.artifacts.running_variance import from_torch, torch_running_statistics
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
@@ -268,46 +268,56 @@ def set_inference_mode(model: onnx.ModelProto) -> None:
 
 def _expose_running_stats(model: onnx.ModelProto, parameters: set[str]) -> dict[str, str]:
     """Make the running statistics of training-mode BatchNormalization graph outputs: the node's, or for a
-    model torch exported, the variance torch's update gives (:mod:`onnxtrain.artifacts.running_variance`).
+    model torch exported, the statistics torch's update gives (:mod:`onnxtrain.artifacts.running_variance`).
 
+    A module applied several times in one forward (SimCLR's projection head over both views) updates its
+    statistics once per call, in order, as torch updates its buffers: each node after the first reads the
+    statistics the one before it updated, and the last node's are the outputs.
     Works on the proto before any builder sees it, so that whole-model type
     inference runs on nodes that declare all three outputs.
     """
     taken = names_in(model.graph)
-    exposed: dict[str, str] = {}
-    identities: list[onnx.NodeProto] = []
-    copies: dict[int, list[onnx.NodeProto]] = {}  # by node index, the nodes to run before it: what it reads, copied
+    latest: dict[str, str] = {}  # each statistic's value after the nodes so far
+    around: dict[int, tuple[list[onnx.NodeProto], list[onnx.NodeProto]]] = {}  # by node index: nodes before, after
     as_torch = from_torch(model)
     elem_types = {tensor.name: tensor.data_type for tensor in model.graph.initializer}
     elem_types.update((v.name, v.type.tensor_type.elem_type) for v in model.graph.input)
     opset = _opset(model)
+    copies = {  # the Identity copies of a statistic that a second call reads (torch's dynamo exporter)
+        node.output[0]: node.input[0]
+        for node in model.graph.node
+        if node.op_type == "Identity" and is_standard(node) and node.input[0] in parameters
+    }
     for index, node in enumerate(model.graph.node):
         if not _trains_statistics(node, opset):
             continue
         if opset >= 14:
             _set_attribute(node, "training_mode", 1)  # where torch's exporter wrote it in inference mode
-        stats = (node.input[3], node.input[4])  # input_mean -> output 1, input_var -> output 2
-        if not all(stat in parameters and stat not in exposed for stat in stats):
+        stats = (copies.get(node.input[3], node.input[3]), copies.get(node.input[4], node.input[4]))
+        if not all(stat in parameters for stat in stats):
             continue
+        node.input[3], node.input[4] = (latest.get(stat, stat) for stat in stats)
         while len(node.output) < 3:
             node.output.append("")
         for position, stat in enumerate(stats, start=1):
             if not node.output[position]:
                 node.output[position] = first_free(f"{stat}.running", taken)
-            exposed[stat] = first_free(f"{stat}{UPDATED_SUFFIX}", taken)
-            if position == 2 and as_torch:
-                before, after = torch_running_variance(
-                    node, node.output[position], exposed[stat], elem_types[stat], taken
-                )
-                copies[index] = before
-                identities += after
-            else:
-                identities.append(helper.make_node("Identity", [node.output[position]], [exposed[stat]]))
-    if copies:
-        ordered = [new for index, node in enumerate(model.graph.node) for new in (*copies.get(index, ()), node)]
+        if as_torch:
+            update = torch_running_statistics(node, elem_types[stats[1]], taken)
+            around[index] = (update.before, update.after)
+            latest.update(zip(stats, (update.mean, update.variance), strict=True))
+        else:
+            latest.update(zip(stats, node.output[1:3], strict=True))
+    if around:
+        ordered = [
+            new
+            for index, node in enumerate(model.graph.node)
+            for new in (*around.get(index, ((), ()))[0], node, *around.get(index, ((), ()))[1])
+        ]
         del model.graph.node[:]
         model.graph.node.extend(ordered)
-    model.graph.node.extend(identities)
+    exposed = {stat: first_free(f"{stat}{UPDATED_SUFFIX}", taken) for stat in latest}
+    model.graph.node.extend(helper.make_node("Identity", [latest[stat]], [out]) for stat, out in exposed.items())
     return exposed
 
 

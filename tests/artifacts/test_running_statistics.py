@@ -243,3 +243,68 @@ def test_a_scale_merged_with_a_running_statistic_by_the_exporter_is_said(tmp_pat
     said = r"one tensor as its scale or bias and as a running statistic.*optimize=False"
     with pytest.warns(RunningStatisticsWarning, match=said):
         generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+
+
+def _shared_head_net():
+    """SimCLR's pattern: one projection head, its BatchNorm included, applied to two views in one forward."""
+    torch = pytest.importorskip("torch")
+
+    class TwoViews(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 3)
+            self.bn = torch.nn.BatchNorm1d(3)
+            self.head = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            first, second = x[:, :4], x[:, 4:]
+            return self.head(self.bn(self.fc(first))) + self.head(self.bn(self.fc(second * 2.0)))
+
+    torch.manual_seed(0)
+    net = TwoViews()
+    with torch.no_grad():
+        net.bn.running_mean.uniform_(-1, 1)
+        net.bn.running_var.uniform_(0.5, 2)
+    return torch, net
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_normalization_applied_twice_in_a_forward_updates_its_statistics_twice_as_torch(tmp_path, exporter):
+    """torch updates the buffers at each call, the second update from the first's result; only the first
+    node's update was kept (dynamo), or the second node's from the statistics as they were (TorchScript)."""
+    torch, net = _shared_head_net()
+    example = torch.zeros(8, 8)
+    if exporter == "dynamo":
+        pytest.importorskip("onnxscript")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = torch.onnx.export(
+                net.train(), (example,), dynamo=True, optimize=False, input_names=["x"], output_names=["y"]
+            ).model_proto
+    else:
+        model = export_for_training(net, (example,), ["x"], ["y"], opset=17)
+    rng = np.random.default_rng(2)
+    batches = [  # small values: SGD at lr 1 does not diverge
+        ((0.3 * rng.normal(size=(8, 8))).astype(np.float32), (0.1 * rng.normal(size=(8, 2))).astype(np.float32))
+        for _ in range(3)
+    ]
+    parameters = [name for name, _ in net.named_parameters()]
+    ours, _ = _our_run(tmp_path, model, parameters, [], batches, 0.0)
+    _assert_as_torch(ours, _torch_run(torch, net, batches, 0.0))
+
+
+def test_a_batch_of_one_value_per_channel_leaves_the_statistics_as_they_were(tmp_path):
+    """A last batch of one row through BatchNorm1d, which torch refuses to train: its update set the running
+    variance to exactly 0 (every later eval step divided by sqrt(eps)); it now changes neither statistic,
+    and the batches before it update them as torch does."""
+    torch, net = _torch_net()
+    model = export_for_training(net, (torch.zeros(8, 4),), ["x"], ["y"], opset=17, dynamic_axes={"x": {0: "n"}})
+    parameters = [name for name, _ in net.named_parameters()]
+    batches = _batches(2)
+    expected = _torch_run(torch, net, batches, 0.0)
+    rng = np.random.default_rng(3)
+    one_row = (rng.normal(size=(1, 4)).astype(np.float32), rng.normal(size=(1, 2)).astype(np.float32))
+    ours, _ = _our_run(tmp_path, model, parameters, [], [*batches, one_row], 0.0)
+    for name in STATISTICS:
+        np.testing.assert_allclose(ours[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    assert (ours["bn.running_var"] > 0.1).all()

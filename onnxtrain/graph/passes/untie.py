@@ -12,7 +12,10 @@ value under the name it has (a tensor stored outside the model is copied by
 reference: both read the same bytes until training writes them).
 
 An ``Identity`` of an initializer that nothing else reads (a converter's
-``read`` of a variable) shares nothing and is left as it is. The exporter
+``read`` of a variable) shares nothing and is left as it is, and so is one
+that a ``BatchNormalization`` reads as its running statistics: torch's
+dynamo exporter writes a module called twice (SimCLR's head over two views)
+so, and both calls update one buffer. The exporter
 merges the constants it computes from parameters (``onnx::MatMul_17``, a
 weight's transpose) the same way, and two equal ones are either one module
 applied twice (ALBERT's shared layer: one parameter, which torch trains as
@@ -57,6 +60,14 @@ def merged_constants(model: onnx.ModelProto) -> dict[str, str]:
     return {copy: source for copy, (source, apart) in _merged(model).items() if apart is None}
 
 
+def _running_statistic(value: str, readers: dict[str, list[onnx.NodeProto]]) -> bool:
+    """Whether a ``BatchNormalization`` reads ``value`` as its running mean or variance (inputs 3 and 4)."""
+    return any(
+        node.op_type == "BatchNormalization" and is_standard(node) and value in node.input[3:5]
+        for node in readers.get(value, ())
+    )
+
+
 def _merged(model: onnx.ModelProto) -> dict[str, tuple[str, bool | None]]:
     """``{value: (initializer, apart)}`` for each top-level ``Identity`` (not a graph output) that copies a
     floating-point initializer which another node reads too: ``apart`` whether the two are two parameters
@@ -71,6 +82,8 @@ def _merged(model: onnx.ModelProto) -> dict[str, tuple[str, bool | None]]:
             continue
         source, copy = node.input[0], node.output[0]
         if source not in initializers or len(readers.get(source, ())) < 2 or copy in outputs:
+            continue
+        if _running_statistic(copy, readers):  # one buffer that a module called twice reads (dynamo's copy)
             continue
         if not copy.startswith(GENERATED):  # a parameter of torch's, named so
             found[copy] = (source, True)
