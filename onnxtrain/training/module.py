@@ -204,13 +204,11 @@ class Module:
         self._eval_session = None if eval_run is None else self.open_session(eval_run, "eval model")
         # everything checked: only now does the state move
         store.place(self._device)
-        store.ensure_gradients(self._io.trainable)
-        store.gradient_status = "none"
+        store.ensure_gradients(self._io.trainable)  # zeros; the gradients another module left stay as they are
         self._state = state
         self._store = store
         self.training = True
         self._check_finite = bool(check_finite)
-        self._since_reset = 0  # train steps since the gradients were last reset: the next one accumulates if any
         self._train_steps = 0
         self._fused: FusedStep | None = None  # set by the Optimizer over this module
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
@@ -315,15 +313,15 @@ class Module:
         return self.train(False)
 
     def lazy_reset_grad(self) -> None:
-        """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding."""
-        self._since_reset = 0
-        if self._store.gradient_status == "ready":
-            self._store.gradient_status = "reset"
+        """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding.
+        The gradients are the state's: this resets them for every module over it."""
+        self._store.reset_gradients()
 
     @property
     def _accumulate(self) -> bool:
-        """Whether the next train step adds to the gradients (a train step since they were last reset)."""
-        return self._since_reset > 0
+        """Whether the next train step adds to the gradients: a train step (of any module over the state) since
+        they were last reset."""
+        return self._store.steps_since_reset > 0
 
     def _check_loaded(self, sentence: str) -> None:
         """``NominalStateError`` starting with ``sentence`` (ONNX Runtime's) while parameters of a nominal
@@ -364,7 +362,7 @@ class Module:
         host_outputs = None if on_device else self._host_outputs
         self._bind_train_step(session, feeds, on_device, host_outputs, fused, reset)
         if self._seeds is not None:
-            self._seeds.before_step(store.step, self._since_reset)
+            self._seeds.before_step(store.step, store.steps_since_reset)
         try:
             session.run()
         except Exception as error:  # onnxruntime's own exception types
@@ -382,8 +380,7 @@ class Module:
                 grad.swap()
         for _, tensor in self._stat_slots:
             tensor.swap()
-        self._since_reset += 1
-        store.gradient_status = "ready"
+        store.gradients_computed()
         self._train_steps = step
         if host_outputs is None:
             return _pack(results, on_device)
@@ -465,7 +462,7 @@ class Module:
         store.settle()
         step = self._train_steps + 1
         if self._seeds is not None:
-            self._seeds.before_step(store.step, self._since_reset)
+            self._seeds.before_step(store.step, store.steps_since_reset)
         try:
             results = unbound.run(feeds, self._accumulate)
         except Exception as error:  # onnxruntime's own exception types
@@ -475,8 +472,7 @@ class Module:
         if self._check_finite and user:
             raise_if_not_finite(results[0], step, store.step)
         unbound.commit(results)
-        self._since_reset += 1
-        store.gradient_status = "ready"
+        store.gradients_computed()
         self._train_steps = step
         arrays = tuple(results[:user])
         return arrays[0] if len(arrays) == 1 else arrays

@@ -156,6 +156,8 @@ class StateStore:
         self.unloaded: set[str] = set(self.tensors) if state.is_nominal else set()
         self.gradients: dict[str, StateTensor] = {}
         self.gradient_status: GradientStatus = "none"
+        #: Train steps since the gradients were last reset (by any module over the state): the next adds if any.
+        self.steps_since_reset = 0
         self.recorded_update: RecordedUpdate | None = None
         self.device: Device | None = None
         self.optimizer: OptimizerRecord | None = None
@@ -299,6 +301,17 @@ class StateStore:
                 for moment in moments:
                     moment.place(device)
         self.device = device
+
+    def gradients_computed(self) -> None:
+        """A train step wrote the gradients: they are ready, and the next step adds to them."""
+        self.gradient_status = "ready"
+        self.steps_since_reset += 1
+
+    def reset_gradients(self) -> None:
+        """``lazy_reset_grad``: the next train step overwrites the gradients; they read as zeros until then."""
+        self.steps_since_reset = 0
+        if self.gradient_status == "ready":
+            self.gradient_status = "reset"
 
     def ensure_gradients(self, names: Sequence[str]) -> None:
         """Gradient buffers (zeros) for ``names`` on the state's device."""

@@ -91,6 +91,32 @@ def test_gradients_accumulate_until_lazy_reset(regression, rng):
     np.testing.assert_allclose(g12, g1 + g2, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_modules_over_one_state_share_its_gradients_and_their_reset(regression, rng, fuse):
+    """The gradients are the state's: a second module made over it (a notebook's setup cell run again, an
+    evaluator) keeps what the first accumulated, and a reset by either is a reset for both. The first module
+    added its next step to the buffers the second had reset (its own count said it was accumulating), and
+    making the second module discarded the first's gradients."""
+    state, first, opt = open_module(regression, fuse=fuse)
+    (x1, t1), (x2, t2), (x3, t3) = (regression_batch(rng) for _ in range(3))
+    first(x1, t1)
+    accumulated = {name: parameter.grad for name, parameter in state.parameters}
+    second = api.Module(regression["training_model"], state, regression["eval_model"])
+    for name, parameter in state.parameters:
+        np.testing.assert_array_equal(parameter.grad, accumulated[name], err_msg=name)
+    second(x2, t2)  # adds to the first's
+    second.lazy_reset_grad()
+    assert not state.parameters["fc0.weight"].grad.any()
+    first(x3, t3)  # from the reset gradients
+    alone_state, alone, _ = open_module(regression, optimizer=False)
+    for name, parameter in state.parameters:
+        alone_state.parameters[name].data = parameter.data
+    alone(x3, t3)
+    for name, parameter in alone_state.parameters:
+        np.testing.assert_allclose(state.parameters[name].grad, parameter.grad, rtol=1e-6, atol=1e-7, err_msg=name)
+    opt.step()  # the first's gradients, which the optimizer applies
+
+
 def test_two_half_batches_accumulate_to_the_full_batch_gradient(regression, rng):
     """With a sum reduction, the accumulated gradient of the halves is the full batch's gradient."""
     x, target = regression_batch(rng, n=16)
