@@ -19,6 +19,8 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from onnxtrain.graph.walk import needed_nodes
+
 #: Metadata key of the training and eval models: the loss, by name (``none``: the model's first output).
 LOSS_KEY = "onnxtrain.loss"
 #: Metadata key of the training and eval models: the forward model's outputs the loss reads (JSON list).
@@ -88,23 +90,36 @@ def inference_outputs(eval_model: onnx.ModelProto) -> list[str]:
     """The outputs an inference model exported from ``eval_model`` has by default.
 
     The forward model's outputs (from the metadata) and the eval model's
-    additional outputs, without the loss. ``ValueError`` when that leaves
-    nothing (artifacts without the metadata whose eval model outputs only the
-    loss): the caller must then name the outputs.
+    additional outputs that are values of the forward model: the loss and a
+    loss block's other outputs (which may read the labels) are left out.
+    ``ValueError`` when that leaves nothing (artifacts without the metadata
+    whose eval model outputs only the loss): the caller must then name the
+    outputs.
     """
     metadata = read_metadata(eval_model)
     outputs = [value.name for value in eval_model.graph.output]
     excluded = set(outputs[:1])
     loss_inputs = _names(metadata, LOSS_INPUTS_KEY)
+    model_outputs = _names(metadata, MODEL_OUTPUTS_KEY)
     if metadata.get(LOSS_KEY) == NO_LOSS and loss_inputs:
         excluded.add(loss_inputs[0])  # the forward model's first output is the loss itself
-    names = [name for name in dict.fromkeys(_names(metadata, MODEL_OUTPUTS_KEY) + outputs[1:]) if name not in excluded]
+    elif loss_inputs:  # a loss block: its outputs after the loss are no values of the forward model
+        forward = _forward_values(eval_model.graph, [*loss_inputs, *model_outputs])
+        excluded.update(name for name in outputs[1:] if name not in forward)
+    names = [name for name in dict.fromkeys(model_outputs + outputs[1:]) if name not in excluded]
     if not names:
         raise ValueError(
             "the eval model outputs only the loss and its metadata does not name the forward model's outputs "
             "(artifacts from an older onnxtrain): name the values to export"
         )
     return names
+
+
+def _forward_values(graph: onnx.GraphProto, model_outputs: Sequence[str]) -> set[str]:
+    """The values of ``graph`` that the forward model computes: ``model_outputs`` (the forward model's outputs)
+    and every output of the nodes they depend on. The loss block's nodes come after them."""
+    nodes = needed_nodes(graph.node, model_outputs)
+    return {*model_outputs, *(name for node in nodes for name in node.output if name)}
 
 
 def loss_description(model: onnx.ModelProto) -> str | None:

@@ -75,7 +75,8 @@ def fit_to_inputs(
     Axes of size 1 are added or removed as the input needs; rows of values
     (``[N, k]``) are reshaped to the input's per-sample shape, in C order, only
     with ``reshape`` (``onnxtrain train --reshape``): flattened data of another
-    layout would be scrambled silently.
+    layout would be scrambled silently. One symbolic per-sample dimension is
+    sized to hold the row (numpy's ``-1``); two or more cannot be.
     """
     arrays = []
     for (name, array), spec in zip(named, inputs, strict=True):
@@ -287,7 +288,21 @@ def _reshape(array: np.ndarray, spec: TensorSpec, what: str, variable: str, resh
         unit_axes_only = [n for n in sample if n != 1] == [n for n in wanted if n != 1]
         if unit_axes_only or (reshape and array.ndim == 2 and math.prod(sample) == math.prod(wanted)):
             return array.reshape((len(array), *wanted))
+    elif reshape and array.ndim == 2:
+        filled = _filled(rest, sample[0])
+        if filled is not None:
+            return array.reshape((len(array), *filled))
     raise ValueError(_misfit(array, rest, what, variable, reshape))
+
+
+def _filled(rest: Sequence[int | str | None], values: int) -> tuple[int, ...] | None:
+    """The per-sample shape ``rest`` with its one symbolic axis sized so that it holds ``values`` (what numpy's
+    ``-1`` gives); ``None`` where ``rest`` has several symbolic axes, or ``values`` is no multiple of the others."""
+    unknown = [i for i, d in enumerate(rest) if not isinstance(d, int)]
+    known = math.prod(int(d) for d in rest if isinstance(d, int))
+    if len(unknown) != 1 or known <= 0 or values % known or not values:
+        return None
+    return tuple(d if isinstance(d, int) else values // known for d in rest)
 
 
 def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, variable: str, reshape: bool) -> str:
@@ -305,13 +320,36 @@ def _misfit(array: np.ndarray, rest: Sequence[int | str | None], what: str, vari
         if values != size:
             return f"{said}; each row holds {values:,} values per sample, but {wanted} holds {size:,}"
         if not reshape:
+            return f"{said}; each row holds its {values:,} values: {_reshape_advice(wanted)}"
+    unknown = [d for d in rest if not isinstance(d, int)]
+    if array.ndim == 2 and len(unknown) > 1:
+        return (
+            f"{said}; --reshape fills at most one unknown per-sample dimension, and {wanted} has {len(unknown)} "
+            f"({', '.join('?' if d is None else d for d in unknown)}): give the array shaped [N, {wanted[1:]} in "
+            "an .npz"
+        )
+    if array.ndim == 2 and unknown:
+        values, others = sample[0], math.prod(int(d) for d in rest if isinstance(d, int))
+        filled, name = _filled(rest, values), "?" if unknown[0] is None else unknown[0]
+        if filled is None:
             return (
-                f"{said}; each row holds its {values:,} values: pass --reshape to reshape each row to {wanted} in "
-                f"C order (row-major: the last axis varies fastest), or give the array shaped [N, {wanted[1:]}. "
-                "Rows of flattened data of another layout (channels last, NHWC) must be reshaped to their own "
-                "shape and transposed instead"
+                f"{said}; each row holds {values:,} values, which the input's other per-sample dimensions "
+                f"({others:,} values for each {name}) do not divide"
             )
+        if not reshape:
+            advice = _reshape_advice(_shape(filled), f" ({name} = {values // others})")
+            return f"{said}; each row holds its {values:,} values: {advice}"
     return f"{said}; give one row of the input per sample"
+
+
+def _reshape_advice(shape: str, sized: str = "") -> str:
+    """How to make rows of values fit the per-sample ``shape`` (written ``[2, 48]``; ``sized``: says how a symbolic
+    dimension was sized, `` (time = 48)``)."""
+    return (
+        f"pass --reshape to reshape each row to {shape}{sized} in C order (row-major: the last axis varies fastest), "
+        f"or give the array shaped [N, {shape[1:]}. Rows of flattened data of another layout (channels last, NHWC) "
+        "must be reshaped to their own shape and transposed instead"
+    )
 
 
 def _shape(dims: Sequence[int | str | None]) -> str:

@@ -35,6 +35,7 @@ from onnxtrain.losses._common import dim_size
 from onnxtrain.losses.label_check import LABEL_ADVICE
 from onnxtrain.progress import Progress
 from onnxtrain.sklearn.converted import with_converter_hints
+from onnxtrain.sklearn.frames import as_numbers
 from onnxtrain.sklearn.learning_rate import BaseLearningRate, LearningRateSGDNesterov
 from onnxtrain.sklearn.weights import not_weights, trainable_weights
 from onnxtrain.training import Module, Optimizer, TrainingState
@@ -628,11 +629,13 @@ def _as_input(value: Any, spec: onnx.ValueInfoProto, what: str) -> np.ndarray:
     if hasattr(value, "toarray") and not isinstance(value, np.ndarray):  # a SciPy sparse matrix
         sparse = type(value).__name__
         raise TypeError(f"{what} is a sparse {sparse}: pass {what}.toarray() (the model's inputs are dense)")
-    array = np.asarray(value)
+    array = np.asarray(as_numbers(value, what))
     if array.dtype.kind not in "biuf":
         hint = f"; {_CLASS_POSITIONS}" if array.dtype.kind in "USO" and what.startswith("y") else ""
         raise TypeError(f"{what} must hold numbers to feed input {spec.name!r}, not {array.dtype}{hint}")
     if dtype.kind in "iu" and array.dtype.kind == "f" and not np.array_equal(array, np.round(array)):
+        if np.isnan(array).any():  # pd.NA of a nullable integer column, too
+            raise ValueError(f"{what} feeds the integer input {spec.name!r} but holds NaN: drop or impute those rows")
         raise ValueError(f"{what} feeds the integer input {spec.name!r} but holds fractions")
     dims = (
         [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]

@@ -58,6 +58,35 @@ def test_with_the_loss_in_the_model_the_other_outputs_are_exported(tmp_path: Pat
     assert inference_outputs(eval_model) == ["y", "h"]
 
 
+def test_a_loss_blocks_other_outputs_are_left_out_and_the_additional_outputs_kept(tmp_path: Path):
+    """A loss block returning ``(loss, metric, probabilities)``: the metric reads the labels, so exporting it made
+    the inference model take them. The eval model's additional outputs (values of the forward model) stay."""
+    import onnxtrain.onnxblock as onnxblock
+
+    class LossAndExtras(onnxblock.Block):
+        def __init__(self) -> None:
+            super().__init__()
+            self._loss = onnxblock.loss.MSELoss()
+
+        def build(self, output: str) -> tuple[str, str, str]:
+            loss = self._loss(output, target_name="target")
+            return loss, onnxblock.blocks.Identity()(loss), onnxblock.blocks.Sigmoid()(output)
+
+    artifacts.generate_artifacts(
+        dense(), requires_grad=REQUIRES_GRAD, loss=LossAndExtras(), additional_output_names=["h"],
+        artifact_directory=tmp_path,
+    )  # fmt: skip
+    eval_model = onnx.load(tmp_path / "eval_model.onnx")
+    assert len(eval_model.graph.output) == 4 and "target" in [value.name for value in eval_model.graph.input]
+    assert inference_outputs(eval_model) == ["y", "h"]
+    state = checkpoint.load(tmp_path / "checkpoint")
+    exported = artifacts.export_model_for_inferencing(eval_model, state, inference_outputs(eval_model))
+    assert [value.name for value in exported.graph.input] == ["x"]
+    extra = eval_model.graph.output[1].name  # explicitly named, a loss block's output still exports
+    exported = artifacts.export_model_for_inferencing(eval_model, state, [extra])
+    assert "target" in [value.name for value in exported.graph.input]
+
+
 def test_models_without_the_metadata(tmp_path: Path):
     eval_model = _generate(tmp_path, loss="MSELoss")["eval_model"]
     del eval_model.metadata_props[:]

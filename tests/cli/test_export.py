@@ -121,3 +121,26 @@ def test_the_model_is_written_with_default_permissions(capsys, artifacts: Path, 
     os.umask(umask)
     assert cli(capsys, "export", artifacts, "-o", tmp_path / "model.onnx")[0] == 0
     assert (tmp_path / "model.onnx").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_custom_loss_blocks_other_outputs_are_left_out_by_default(capsys, model_path: Path, tmp_path: Path):
+    """A loss file's block returning ``(loss, metric)``: export (and inspect's listing) kept the metric, so the
+    inference model took the labels as an input. ``--outputs`` still exports it where asked."""
+    (tmp_path / "metric_loss.py").write_text(
+        "import onnxtrain.onnxblock as onnxblock\n\n\n"
+        "class CEWithMetric(onnxblock.Block):\n"
+        "    def build(self, scores):\n"
+        "        loss = onnxblock.loss.CrossEntropyLoss()(scores, labels_name='labels')\n"
+        "        return loss, onnxblock.blocks.Identity()(loss)\n"
+    )
+    argv = ["generate", model_path, "--requires-grad", "all-float", "-o", tmp_path / "art"]
+    assert cli(capsys, *argv, "--loss", f"{tmp_path / 'metric_loss.py'}:CEWithMetric")[0] == 0
+    scores = onnx.load(model_path).graph.output[0].name
+    metric = onnx.load(tmp_path / "art" / "eval_model.onnx").graph.output[1].name
+    status, out, _ = cli(capsys, "inspect", tmp_path / "art")
+    assert status == 0 and f"export: outputs {scores} by default" in out
+    assert cli(capsys, "export", tmp_path / "art", "-o", tmp_path / "m.onnx")[0] == 0
+    model = onnx.load(tmp_path / "m.onnx")
+    assert ([i.name for i in model.graph.input], [o.name for o in model.graph.output]) == (["x"], [scores])
+    assert cli(capsys, "export", tmp_path / "art", "-o", tmp_path / "metric.onnx", "--outputs", metric)[0] == 0
+    assert [i.name for i in onnx.load(tmp_path / "metric.onnx").graph.input] == ["x", "labels"]

@@ -145,6 +145,26 @@ def test_flat_rows_are_reshaped_only_when_asked():
         fit_to_inputs([("the columns", flat[:, :3000])], [IMAGES], "data.csv", reshape=True)
 
 
+def test_reshape_sizes_one_symbolic_per_sample_axis_as_numpys_minus_one():
+    """x: [batch, 2, time] from rows of 96 values: time = 48. It was refused, even with --reshape, telling the user
+    to give one row per sample, which the file did."""
+    series = TensorSpec("x", np.dtype(np.float32), ("batch", 2, "time"))
+    flat = np.arange(3 * 96, dtype=np.float32).reshape(3, 96)
+    with pytest.raises(ValueError, match=r"\[2, time\] per sample; each row holds its 96 values: pass --reshape to "
+                       r"reshape each row to \[2, 48\] \(time = 48\) in C order") as raised:  # fmt: skip
+        fit_to_inputs([("the feature columns", flat)], [series], "data.csv")
+    assert "one row of the input per sample" not in str(raised.value)
+    (x,) = fit_to_inputs([("the feature columns", flat)], [series], "data.csv", reshape=True)
+    np.testing.assert_array_equal(x, flat.reshape(3, 2, 48))
+    with pytest.raises(ValueError, match=r"each row holds 95 values, which .* \(2 values for each time\) do not"):
+        fit_to_inputs([("the feature columns", flat[:, :95])], [series], "data.csv", reshape=True)
+    grid = TensorSpec("x", np.dtype(np.float32), ("batch", "height", 3, "width"))
+    for reshape in (False, True):
+        with pytest.raises(ValueError, match=r"--reshape fills at most one unknown per-sample dimension, and "
+                           r"\[height, 3, width\] has 2 \(height, width\): .* in an \.npz"):  # fmt: skip
+            fit_to_inputs([("the feature columns", flat)], [grid], "data.csv", reshape=reshape)
+
+
 def test_reshape_leaves_arrays_of_several_axes_alone():
     """--reshape reshapes rows of values; an array with axes of its own would be scrambled, so it stays an error."""
     with pytest.raises(ValueError, match="channels last"):

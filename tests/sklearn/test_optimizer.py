@@ -615,3 +615,38 @@ def test_class_labels_are_told_to_be_positions_in_the_classes() -> None:
     assert "give the loss ignore_index" not in str(error.value)  # add_loss_output has none
     with pytest.raises(TypeError, match=r"y must hold numbers .*, not <U6; .*numpy.searchsorted"):
         fit.fit(x, np.array(["setosa", "other"] * 15))
+
+
+def test_pandas_nullable_dtypes_are_taken_as_scikit_learn_takes_them() -> None:
+    """DataFrames of Int64 and Float64 columns (convert_dtypes(), read_csv(dtype_backend="numpy_nullable")) were
+    refused as object arrays; scikit-learn's check_array takes them, pd.NA as NaN."""
+    pd = pytest.importorskip("pandas")
+    x, y = data()
+    x[:, 0] = np.round(3 * x[:, 0])  # a column of whole numbers: Int64
+    frame = pd.DataFrame(x, columns=["shop", "qty", "price"]).convert_dtypes()
+    target = pd.Series(y, name="sales").convert_dtypes()
+    assert [str(dtype) for dtype in frame.dtypes] == ["Int64", "Float64", "Float64"] and str(target.dtype) == "Float64"
+    model = add_loss_output(linear())
+
+    def fitted(features: Any, labels: Any) -> dict[str, np.ndarray]:
+        return OrtGradientOptimizer(model, ["coef", "intercept"], max_iter=3, random_state=0).fit(
+            features, labels
+        ).get_state()  # fmt: skip
+
+    plain, nullable = fitted(x, y), fitted(frame, target)
+    assert all(np.array_equal(plain[name], nullable[name]) for name in plain)
+    missing = frame.copy()
+    missing.loc[5, "qty"] = pd.NA
+    with pytest.raises(ValueError, match=r"^fit: input 'X' has NaN or infinite values in 1 row\(s\) \(5;"):
+        fitted(missing, target)
+    named = frame.assign(city=pd.Series(["a", "b"] * (N // 2), dtype="string"))[["shop", "city", "price"]]
+    with pytest.raises(TypeError, match=r"X must hold numbers, but its column\(s\) 'city' \(string\) do not"):
+        fitted(named, target)
+    rng = np.random.default_rng(0)
+    classifier = OrtGradientOptimizer(add_loss_output(softmax_classifier(rng, 3), score_name="log"), ["coef"],
+                                      max_iter=1)  # fmt: skip
+    labels = pd.Series(rng.integers(0, 3, size=N), dtype="Int64")
+    assert classifier.fit(frame, labels).n_iter_ == 1
+    labels[7] = pd.NA
+    with pytest.raises(ValueError, match=r"y feeds the integer input 'label' but holds NaN: drop or impute"):
+        classifier.fit(frame, labels)
