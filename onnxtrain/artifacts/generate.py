@@ -218,7 +218,8 @@ def _build(
     tied = transposed_copies(proto, data)
     check_not_tied_copies(tied, requires, frozen)
     tie_transposed_copies(untie_identity_copies(proto), copies=tied)
-    check_parameters(proto, requires, frozen)
+    stored = {tensor.name for tensor in proto.graph.initializer}  # the others may be the loss block's own
+    check_parameters(proto, [n for n in requires if n in stored], [n for n in frozen if n in stored])
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
     cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
@@ -257,6 +258,7 @@ def _build(
         training_block(*inputs_to_loss)
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
+    _check_loss_block_parameters(proto, requires, frozen, trainable, frozen_tensors)
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
     if half is not None:  # absent: float32
         described[PRECISION_KEY] = precision
@@ -283,6 +285,25 @@ def _build(
     if target == "onnxruntime-training":
         ort_training.check_loadable(built.models())
     return built
+
+
+def _check_loss_block_parameters(
+    base: onnx.ModelProto,
+    requires: Sequence[str],
+    frozen: Sequence[str],
+    trainable: Sequence[onnx.TensorProto],
+    frozen_tensors: Sequence[onnx.TensorProto],
+) -> None:
+    """``ValueError`` (:func:`check_parameters`' message on ``base``) for a name of ``requires`` or ``frozen``
+    that is neither an initializer of the base model nor a parameter the loss block added (a learnable
+    temperature, a projection head of ``blocks.Linear``), as ONNX Runtime reads the parameters after the loss
+    is built."""
+    built = {tensor.name for tensor in (*trainable, *frozen_tensors)}
+    stored = {tensor.name for tensor in base.graph.initializer}
+    unknown_requires = [name for name in requires if name not in stored and name not in built]
+    unknown_frozen = [name for name in frozen if name not in stored and name not in built]
+    if unknown_requires or unknown_frozen:
+        check_parameters(base, unknown_requires, unknown_frozen)
 
 
 #: Operators of a model quantized in the QOperator format: integer kernels whose weights are integers.
