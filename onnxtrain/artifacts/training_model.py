@@ -148,10 +148,16 @@ def statistics_as_parameters(
         )
     opset = _opset(model)
     updated = {name for node in model.graph.node if _trains_statistics(node, opset) for name in node.input[3:5]}
-    inference = [
+    stored = {t.name for t in model.graph.initializer} | {
+        name for node in model.graph.node if node.op_type in ("Constant", "Identity") for name in node.output
+    }
+    inference = [  # statistics the graph computes (track_running_stats=False: each batch's own) are not constants
         node
         for node in model.graph.node
-        if node.op_type == "BatchNormalization" and is_standard(node) and not _trains_statistics(node, opset)
+        if node.op_type == "BatchNormalization"
+        and is_standard(node)
+        and not _trains_statistics(node, opset)
+        and stored.issuperset(node.input[3:5])
     ]
     if inference and requires_grad:
         constants = first_names([name for node in inference for name in node.input[3:5]], 4)

@@ -308,3 +308,37 @@ def test_a_batch_of_one_value_per_channel_leaves_the_statistics_as_they_were(tmp
     for name in STATISTICS:
         np.testing.assert_allclose(ours[name], expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert (ours["bn.running_var"] > 0.1).all()
+
+
+def test_a_normalization_over_statistics_the_graph_computes_is_not_said_to_be_in_eval_mode(tmp_path):
+    """``BatchNorm2d(track_running_stats=False)`` as torch's dynamo exporter writes it: an inference-mode node
+    over each batch's mean and variance, computed by ``ReduceMean``s. It was said to be an eval-mode export whose
+    running statistics were constants."""
+    from onnx import helper
+
+    from tests.helpers import FLOAT, make_model
+
+    nodes = [
+        helper.make_node("ReduceMean", ["x", "axes"], ["mean"], keepdims=0),
+        helper.make_node("Unsqueeze", ["mean", "axes"], ["mean4"]),
+        helper.make_node("Sub", ["x", "mean4"], ["centred"]),
+        helper.make_node("Mul", ["centred", "centred"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares", "axes"], ["variance"], keepdims=0),
+        helper.make_node("BatchNormalization", ["x", "bn.weight", "bn.bias", "mean", "variance"], ["y"]),
+    ]
+    model = make_model(
+        {"x": (FLOAT, ["n", 3, 4, 4])},
+        nodes,
+        {"y": (FLOAT, ["n", 3, 4, 4])},
+        [
+            ("axes", np.array([0, 2, 3], np.int64)),
+            ("bn.weight", np.ones(3, np.float32)),
+            ("bn.bias", np.zeros(3, np.float32)),
+        ],
+        opset=18,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RunningStatisticsWarning)
+        generate_artifacts(
+            model, requires_grad=["bn.weight", "bn.bias"], loss=LossType.MSELoss, artifact_directory=tmp_path
+        )
