@@ -20,7 +20,9 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
   normalization's scale and bias, a recurrent layer's ``W``, ``R`` and ``B``,
   an embedding table (``Gather``'s or ``GatherND``'s data), ``PRelu``'s slope, the fused layers
   of ONNX Runtime's transformer optimizer; or an operand of an element-wise
-  ``Add`` or ``Mul`` (the second of a ``Sub`` or ``Div``) whose other operand
+  ``Add`` or ``Mul`` (the second of a ``Sub`` or ``Div``; the first of a
+  ``Sub`` of more than one element: TensorFlow's batch normalization,
+  ``beta - mean * scale``) whose other operand
   is computed from weights: a bias after ``MatMul`` (of one element too, for a
   single output), LayerNorm's decomposed scale and shift, a layer scale.
   There a rank-0 tensor is a constant (an attention scale, a fill value), and
@@ -127,7 +129,7 @@ WEIGHT_SLOTS: Mapping[tuple[str, str], frozenset[int]] = {
 AFFINE: Mapping[str, frozenset[int]] = {
     "Add": frozenset({0, 1}),
     "Mul": frozenset({0, 1}),
-    "Sub": frozenset({1}),
+    "Sub": frozenset({0, 1}),  # the minuend only where it has more than one element (see _elementwise_weight)
     "Div": frozenset({1}),
 }
 #: Of those, the operators that scale: a single element there is a constant (a sign, a temperature).
@@ -274,6 +276,8 @@ def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.Tensor
         return False
     if not beside_weights or not tensor.dims:
         return False
+    if node.op_type == "Sub" and position == 0:  # TensorFlow's batch norm: beta - mean * scale; not a 1 - p
+        return math.prod(tensor.dims) > 1
     return node.op_type not in SCALING or math.prod(tensor.dims) > 1
 
 

@@ -151,6 +151,40 @@ def test_a_tensor_an_output_is_computed_from_alone_is_a_weight():
     assert trainable_parameters(model) == ["w", "log_std", "sb3_log_std", "log_vars"]
 
 
+def test_tensorflows_batch_norm_shift_minus_what_weights_compute_is_a_weight():
+    """tf2onnx writes a training-mode batch normalization as ``h * scale + (beta - mean * scale)``, ``scale``
+    gamma times the batch's ``1 / sqrt(var + eps)``: beta, the minuend, was a constant and was frozen. A
+    single-element minuend (a converted classifier's ``1 - p``) stays a constant."""
+    f32 = np.float32
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h"]),
+        helper.make_node("ReduceMean", ["h"], ["mean"], axes=[0], keepdims=1),
+        helper.make_node("Sub", ["h", "mean"], ["centred"]),
+        helper.make_node("Mul", ["centred", "centred"], ["squares"]),
+        helper.make_node("ReduceMean", ["squares"], ["variance"], axes=[0], keepdims=1),
+        helper.make_node("Add", ["variance", "eps"], ["shifted"]),
+        helper.make_node("Sqrt", ["shifted"], ["deviation"]),
+        helper.make_node("Reciprocal", ["deviation"], ["rsqrt"]),
+        helper.make_node("Mul", ["gamma", "rsqrt"], ["scale"]),
+        helper.make_node("Mul", ["h", "scale"], ["scaled"]),
+        helper.make_node("Mul", ["mean", "scale"], ["shifted_mean"]),
+        helper.make_node("Sub", ["beta", "shifted_mean"], ["shift"]),
+        helper.make_node("Add", ["scaled", "shift"], ["normed"]),
+        helper.make_node("MatMul", ["normed", "w"], ["p"]),
+        helper.make_node("Sub", ["unity", "p"], ["y"]),
+    ]
+    initializers = [
+        ("w0", np.ones((3, 4), f32)),
+        ("eps", np.array(1e-3, f32)),
+        ("gamma", np.ones(4, f32)),
+        ("beta", np.zeros(4, f32)),
+        ("w", np.ones((4, 1), f32)),
+        ("unity", np.ones(1, f32)),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 3])}, nodes, {"y": (FLOAT, ["n", 1])}, initializers, opset=13)
+    assert trainable_parameters(model) == ["w0", "gamma", "beta", "w"]
+
+
 @pytest.mark.parametrize("form", ["cleanrl", "stable-baselines3", "as it is"])
 def test_a_gaussian_policys_log_std_exported_by_torch_is_a_weight(form):
     torch = pytest.importorskip("torch")
