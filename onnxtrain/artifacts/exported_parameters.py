@@ -43,6 +43,7 @@ from onnxtrain.graph.torch_metadata import (
     Change,
     ParameterChange,
     instance_norm_statistics,
+    module_path,
     parameter_changes,
 )
 from onnxtrain.graph.versions import is_standard
@@ -287,6 +288,24 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
                 "folded": f"folded it into {instead}, a constant computed from it (its transpose, or 1 + it)",
             }[change.change]
             return f" (torch.onnx.export's optimizer {what}. {REMEDY})"
+    return _folded_into_a_convolution(model, name)
+
+
+def _folded_into_a_convolution(model: onnx.ModelProto, name: str) -> str:
+    """Why torch's ``<module>.weight`` or ``.bias`` is missing where the convolution of that module reads a
+    weight the TorchScript exporter computed instead (a BatchNormalization merged into it in eval mode):
+    ``""`` otherwise."""
+    module, _, kind = name.rpartition(".")
+    if kind not in ("weight", "bias") or not module:
+        return ""
+    for node in model.graph.node:
+        computed = [value for value in node.input[1:3] if value.startswith(GENERATED)]
+        if node.op_type in CONVOLUTIONS and is_standard(node) and computed and module_path(node) == module:
+            return (
+                f" (the exporter computed node {node.name!r}'s weights for inference, {', '.join(computed)}: a "
+                "BatchNormalization merged into the convolution, torch.onnx.export's default evaluation mode with "
+                f"constant folding. To train torch's layers, export in training mode: {TRAINING_EXPORT})"
+            )
     return ""
 
 

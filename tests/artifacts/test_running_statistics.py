@@ -342,3 +342,30 @@ def test_a_normalization_over_statistics_the_graph_computes_is_not_said_to_be_in
         generate_artifacts(
             model, requires_grad=["bn.weight", "bn.bias"], loss=LossType.MSELoss, artifact_directory=tmp_path
         )
+
+
+def test_a_parameter_folded_with_its_normalization_into_a_convolution_is_explained_when_named(tmp_path):
+    """torch.onnx.export's default (eval mode, constant folding) merges a BatchNorm into the convolution before
+    it, whose weights become ``onnx::Conv_N``: naming torch's ``conv.weight`` was refused with near names of
+    other layers, and the reason never given."""
+    torch = pytest.importorskip("torch")
+
+    class ConvBn(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3)
+            self.bn = torch.nn.BatchNorm2d(4)
+            self.head = torch.nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            return self.head(torch.relu(self.bn(self.conv(x))))
+
+    import io
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(ConvBn().eval(), (torch.randn(1, 3, 8, 8),), buffer, dynamo=False, input_names=["x"])
+    model = onnx.load_from_string(buffer.getvalue())
+    with pytest.raises(ValueError, match=r"computed node '/conv/Conv''s weights for inference.*TrainingMode.TRAINING"):
+        generate_artifacts(model, requires_grad=["conv.weight"], loss=LossType.MSELoss, artifact_directory=tmp_path)
