@@ -37,6 +37,7 @@ import onnx
 from onnxtrain import caller
 from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.passes.untie import merged_constants
+from onnxtrain.graph.roles import initializer_roles
 from onnxtrain.graph.torch_metadata import (
     FX_NODE_KEY,
     NAME_SCOPES_KEY,
@@ -80,16 +81,30 @@ class TorchExportWarning(UserWarning):
 
 def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
     """A :class:`TorchExportWarning` naming the parameters the exporter changed where the nodes that read them
-    read a parameter of ``requires_grad`` (a layer being trained); nothing otherwise."""
+    read a parameter of ``requires_grad`` (a layer being trained), and, while anything trains, those it folded
+    into what the roles call constants (CLIP's ``exp(logit_scale).clamp(max=100)``, a rank-0 ``clamp``, which
+    :func:`~onnxtrain.graph.roles.trainable_parameters` leaves out: torch's parameter would not train at all);
+    nothing otherwise."""
     trained = set(requires_grad)
-    changes = [change for change in parameter_changes(model) if trained.intersection(change.reads)]
+    found = parameter_changes(model)
+    changes = [change for change in found if trained.intersection(change.reads)]
+    folded = [change for change in found if trained and change.change == "folded" and change not in changes]
+    if folded:  # folds the roles call constants: no list of the weights would train them (a user's own choice not)
+        roles = initializer_roles(model)
+        changes += [change for change in folded if all(roles.get(n) == "constant" for n in change.read_as)]
     if not changes:
         return
     lines = []
     for kind in ("merged", "dropped", "folded"):
-        of_kind = [change for change in changes if change.change == kind]
+        of_kind = [change for change in changes if change.change == kind and trained.intersection(change.reads)]
         if of_kind:
             lines.append(f"{kind.capitalize()}, {_MEANING[kind]}: {_listed([clause(c) for c in of_kind])}.")
+    constants = [change for change in changes if not trained.intersection(change.reads)]
+    if constants:
+        lines.append(
+            "Folded into constants that are not trained, so that torch's parameters do not train at all: "
+            f"{_listed([clause(c) for c in constants])}."
+        )
     untied = _untied_copies(changes)
     if untied:
         lines.append(

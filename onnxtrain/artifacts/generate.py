@@ -43,6 +43,7 @@ from onnxtrain.graph import dtypes, empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
 from onnxtrain.graph.declared import correct_declared_shapes
 from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light
+from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.passes import autocast
 from onnxtrain.graph.passes.cast_like import cast_like_to_cast
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
@@ -218,8 +219,8 @@ def _build(
     tied = transposed_copies(proto, data)
     check_not_tied_copies(tied, requires, frozen)
     tie_transposed_copies(untie_identity_copies(proto), copies=tied)
-    stored = {tensor.name for tensor in proto.graph.initializer}  # the others may be the loss block's own
-    check_parameters(proto, [n for n in requires if n in stored], [n for n in frozen if n in stored])
+    known = names_in(proto.graph)  # the base model's values; the other names may be the loss block's parameters
+    check_parameters(proto, [n for n in requires if n in known], [n for n in frozen if n in known])
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
     cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]

@@ -210,6 +210,8 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     graph = model.graph
     floats = [t.name for t in graph.initializer if dtypes.is_float(t.data_type) and t.dims]
     float_names = set(floats)
+    # a fold may be a scalar: CLIP's exp(logit_scale).clamp(max=100) folded into a rank-0 constant
+    folds = {t.name for t in graph.initializer if dtypes.is_float(t.data_type)}
     # the initializer that stands for each placeholder: torch's name from the signature, else the one named so
     stands_for = {**{placeholder(name): name for name in floats}, **signature_parameters(graph)}
     groups: dict[str, list[onnx.NodeProto]] = {}  # the ONNX nodes of each FX node, by its text
@@ -220,7 +222,7 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     read_by = {fx: found for fx in groups if (found := _placeholders(fx))}  # the FX nodes that read parameters
     parameters = {stands_for.get(p) for found in read_by.values() for p in found}
     if parameters.isdisjoint(float_names):
-        return _folded_away(graph, float_names, [])
+        return _folded_away(graph, folds, [])
     changes = []
     for fx, found in read_by.items():
         nodes = groups[fx]
@@ -241,7 +243,7 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
                 merged=not parameters.isdisjoint(instead),
             )
         )
-    return changes + _folded_away(graph, float_names, changes)
+    return changes + _folded_away(graph, folds, changes)
 
 
 def _folded_away(graph: onnx.GraphProto, floats: set[str], found: list[ParameterChange]) -> list[ParameterChange]:

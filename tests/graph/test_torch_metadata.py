@@ -394,3 +394,36 @@ def test_a_parameter_the_forward_scatters_into_is_said_to_be_renormalized_as_tor
     said = str(caught[0].message)
     assert said.startswith("emb.weight: the forward writes rows of this parameter") and "max_norm" in said
     assert not any(issubclass(w.category, ScatterWarning) for w in caught)
+
+
+def test_a_parameter_folded_into_a_scalar_constant_is_said_and_explained() -> None:
+    """CLIP's ``exp(logit_scale).clamp(max=100)``, folded by ``optimize=True`` into a rank-0 ``clamp`` that the
+    roles call a constant: trained with ``trainable_parameters``, torch's temperature never trained, without a
+    word; named, it was refused without the reason (scalars were not looked at)."""
+    call = "%{} : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = ({}), kwargs = {{}})"
+    nodes = [
+        _node("MatMul", ["x", "proj.weight"], "h", "proj", call.format("mm", "%x, %p_proj_weight")),
+        _node("Mul", ["h", "clamp"], "y", "", call.format("mul", "%mm, %clamp")),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "exported",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        [_tensor("proj.weight", np.ones((4, 4))), _tensor("clamp", np.array(14.3))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    lines = [
+        "",
+        "# inputs",
+        "p_proj_weight: PARAMETER target='proj.weight'",
+        "p_logit_scale: PARAMETER target='logit_scale'",
+    ]
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines + ["x: USER_INPUT"]))
+    assert artifacts.trainable_parameters(model) == ["proj.weight"]
+    with pytest.warns(
+        TorchExportWarning,
+        match="not trained, so that torch's parameters do not train at all: logit_scale read as clamp",
+    ):
+        warn_changed_parameters(model, artifacts.trainable_parameters(model))
+    assert "folded it into clamp" in explain_missing(model, "logit_scale")
