@@ -63,12 +63,15 @@ def expected_errors() -> tuple[type[BaseException], ...]:
     """The exceptions that are the user's problem, not a bug: reported in one line."""
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
+    from onnxtrain.training.binding import RunError
+
     from_onnxruntime = tuple(
         value
         for value in vars(ort_errors).values()
         if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == ort_errors.__name__
     )
-    return (CommandError, ValueError, TypeError, OSError, NotImplementedError, FloatingPointError, *from_onnxruntime)
+    expected = (CommandError, ValueError, TypeError, OSError, NotImplementedError, FloatingPointError, RunError)
+    return (*expected, *from_onnxruntime)
 
 
 def in_options(text: str, options: Mapping[str, str]) -> str:

@@ -195,6 +195,17 @@ def _custom_op_hint(model: LoadedModel) -> str:
     )
 
 
+class RunError(RuntimeError):
+    """onnxruntime failed a run of a bound session: a kernel's error (an index out of range, shapes that do not
+    broadcast), as onnxruntime's message. ``run_with_iobinding`` raises it as a plain ``RuntimeError`` (its
+    other entry points raise the types of ``onnxruntime.capi.onnxruntime_pybind11_state``); this type tells it
+    from the runtime's own errors."""
+
+
+#: How onnxruntime's message starts when ``run_with_iobinding`` fails (its C++ binding adds it to the status).
+_RUN_FAILED = "Error in execution:"
+
+
 def quiet_run_options() -> ort.RunOptions:
     """Options for a run that logs only fatal errors: a kernel that fails (a label check, say) raises its
     status as the exception, which the runtime turns into its own message; onnxruntime would also print it
@@ -349,12 +360,18 @@ class BoundSession:
         self._io.bind_output(name, device)
 
     def run(self) -> None:
-        """Run the session with its bindings; a failure raises onnxruntime's error without logging it too."""
-        self._io.run(self.run_options)
+        """Run the session with its bindings; a failure raises onnxruntime's error as :class:`RunError`, without
+        logging it too."""
+        try:
+            self._io.run(self.run_options)
+        except RuntimeError as error:
+            if type(error) is not RuntimeError or not str(error).startswith(_RUN_FAILED):
+                raise
+            raise RunError(str(error)) from None  # the same message: onnxruntime's, once
 
     def outputs(self, count: int) -> list[ort.OrtValue]:
         """The first ``count`` bound outputs of the last run (bind those first)."""
         return self._io.outputs(count)
 
 
-__all__ = ["BoundSession", "quiet_run_options"]
+__all__ = ["BoundSession", "RunError", "quiet_run_options"]

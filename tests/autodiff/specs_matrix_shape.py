@@ -292,14 +292,15 @@ def tile_cases(draw: st.DrawFn) -> Case:
 
 
 @st.composite
-def gather_cases(draw: st.DrawFn, leading: bool = False) -> Case:
-    """Indices of rank 0-2, repeated and negative ones included; along axis 0 when ``leading``."""
+def gather_cases(draw: st.DrawFn, leading: bool = False, index_dtype: Any = None) -> Case:
+    """Indices of rank 0-2, repeated and negative ones included; along axis 0 when ``leading``; of
+    ``index_dtype`` (int64 by default; int32 as TensorFlow's and Keras's exports write them)."""
     shape = draw(_shape(1, 3, 1, 4))
     axis = 0 if leading else draw(st.integers(0, len(shape) - 1))
     d = shape[axis]
     idx_shape = draw(_shape(0, 2, 1, 3))
     indices = _rng(draw).integers(-d, d, size=idx_shape)
-    extras = (Extra(1, _nested(indices), fed=draw(st.booleans())),)
+    extras = (Extra(1, _nested(indices), fed=draw(st.booleans()), dtype=index_dtype),)
     attrs = {"axis": 0} if leading else {"axis": _maybe_negative(draw, axis, len(shape))}
     return Case((shape,), _fixed(attrs), extras)
 
@@ -333,14 +334,14 @@ def gather_fed_cases(draw: st.DrawFn) -> Case:
 
 
 @st.composite
-def gather_elements_cases(draw: st.DrawFn) -> Case:
-    """Indices no larger than x along the other axes (and any length along the axis)."""
+def gather_elements_cases(draw: st.DrawFn, index_dtype: Any = None) -> Case:
+    """Indices no larger than x along the other axes (and any length along the axis), of ``index_dtype``."""
     shape = draw(_shape(1, 3, 1, 4))
     rank = len(shape)
     axis = draw(st.integers(0, rank - 1))
     idx_shape = tuple(draw(st.integers(1, 4)) if k == axis else draw(st.integers(1, d)) for k, d in enumerate(shape))
     indices = _rng(draw).integers(-shape[axis], shape[axis], size=idx_shape)
-    extras = (Extra(1, _nested(indices), fed=draw(st.booleans())),)
+    extras = (Extra(1, _nested(indices), fed=draw(st.booleans()), dtype=index_dtype),)
     return Case((shape,), _fixed({"axis": _maybe_negative(draw, axis, rank)}), extras)
 
 
@@ -386,8 +387,9 @@ def scatter_nd_cases(draw: st.DrawFn, reductions: Sequence[str], unknown_depth: 
 
 
 @st.composite
-def scatter_elements_cases(draw: st.DrawFn, reductions: Sequence[str]) -> Case:
-    """Indices distinct along the axis (for reduction 'none'), no larger than data along the other axes."""
+def scatter_elements_cases(draw: st.DrawFn, reductions: Sequence[str], index_dtype: Any = None) -> Case:
+    """Indices distinct along the axis (for reduction 'none'), no larger than data along the other axes; of
+    ``index_dtype``."""
     data = draw(_shape(1, 3, 1, 4))
     rank = len(data)
     axis = draw(st.integers(0, rank - 1))
@@ -406,7 +408,8 @@ def scatter_elements_cases(draw: st.DrawFn, reductions: Sequence[str]) -> Case:
     attrs: dict[str, Any] = {"axis": _maybe_negative(draw, axis, rank)}
     if reduction != "none":
         attrs["reduction"] = reduction
-    return Case((data, idx_shape), _fixed(attrs), (Extra(1, _nested(indices), fed=draw(st.booleans())),))
+    extra = Extra(1, _nested(indices), fed=draw(st.booleans()), dtype=index_dtype)
+    return Case((data, idx_shape), _fixed(attrs), (extra,))
 
 
 @st.composite
@@ -527,6 +530,8 @@ def constant_of_shape_cases(draw: st.DrawFn) -> Case:
 # ------------------------------------------------------------------ the table
 
 _INDEX = Arg((-2, 1), diff=False, dtype=np.int64)
+_INDEX32 = Arg((-2, 1), diff=False, dtype=np.int32)
+_I32 = np.int32
 
 SPECS: list[Spec] = [
     # matrix products
@@ -572,6 +577,11 @@ SPECS: list[Spec] = [
     Spec("Gather", (Arg(),), gather_cases(), opset=13, variant="opset13"),
     Spec("Gather", (Arg(),), gather_cases(), opset=18, variant="opset18"),
     Spec("Gather", (Arg(), _INDEX), gather_fed_cases(), opset=18, variant="random-indices"),
+    # int32 indices (TensorFlow's and Keras's exports): the rules cast them to int64 where they compute with them
+    Spec("Gather", (Arg(),), gather_cases(index_dtype=_I32), opset=13, variant="int32-opset13"),
+    Spec("Gather", (Arg(),), gather_cases(index_dtype=_I32), opset=18, variant="int32-opset18"),
+    Spec("Gather", (Arg(), _INDEX32), gather_fed_cases(), opset=18, variant="int32-random-indices"),
+    Spec("Gather", (Arg(), _INDEX32), gather_fed_cases(), opset=13, variant="int32-random-indices-opset13"),
     Spec(
         "Gather",
         (Arg(),),
@@ -583,6 +593,8 @@ SPECS: list[Spec] = [
     ),
     Spec("GatherElements", (Arg(),), gather_elements_cases(), opset=13, variant="opset13"),
     Spec("GatherElements", (Arg(),), gather_elements_cases(), opset=18, variant="opset18"),
+    Spec("GatherElements", (Arg(),), gather_elements_cases(_I32), opset=13, variant="int32-opset13"),
+    Spec("GatherElements", (Arg(),), gather_elements_cases(_I32), opset=18, variant="int32-opset18"),
     Spec("GatherND", (Arg(),), gather_nd_cases(), opset=13, variant="opset13"),
     Spec("GatherND", (Arg(),), gather_nd_cases(), opset=18, variant="opset18"),
     # the index depth not declared: the gradients scatter element by element
@@ -619,6 +631,14 @@ SPECS: list[Spec] = [
         opset=18,
         wiring=(0, None, 1),
         variant="opset18",
+    ),
+    Spec(
+        "ScatterElements",
+        (Arg(), Arg()),
+        scatter_elements_cases(["none", "add"], _I32),
+        opset=18,
+        wiring=(0, None, 1),
+        variant="int32-opset18",
     ),
     # reductions mul (updates with exact zeros), max and min (no ties)
     *(

@@ -378,6 +378,49 @@ def test_token_ids_outside_the_embedding_are_refused_before_any_step(capsys, tmp
     assert (status, err) == (0, "")
 
 
+def test_a_step_that_onnxruntime_fails_is_a_one_line_error_and_other_runtime_errors_keep_their_traceback(
+    capsys, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """Ids the model computes itself (the absolute value of a category code, cast from a float column) escape the
+    host check of ids (which follows selections and casts of an input, not arithmetic): the Gather failed in the
+    middle of the epoch, and run_with_iobinding's plain RuntimeError was a traceback."""
+    from onnx import TensorProto, helper
+
+    from onnxtrain.training import binding
+    from tests.helpers import make_model
+
+    rng = np.random.default_rng(0)
+    model = make_model(
+        {"x": (TensorProto.FLOAT, ["batch", 2])},
+        [helper.make_node("Abs", ["x"], ["magnitude"]),
+         helper.make_node("Cast", ["magnitude"], ["ids"], to=TensorProto.INT64),
+         helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+         helper.make_node("ReduceMean", ["vectors"], ["scores"], axes=[1], keepdims=0)],
+        {"scores": (TensorProto.FLOAT, ["batch", 3])},
+        [("table", rng.normal(size=(4, 3)).astype(np.float32))],
+        opset=13,
+    )  # fmt: skip
+    onnx.save(model, tmp_path / "codes.onnx")
+    argv = ["generate", tmp_path / "codes.onnx", "--requires-grad", "weights", "--loss", "ce", "-o", tmp_path / "art"]
+    assert cli(capsys, *argv)[0] == 0
+    codes = rng.integers(0, 4, size=(12, 2)).astype(np.float32)
+    codes[9, 0] = 4  # one past the table's last row
+    np.savez(tmp_path / "data.npz", X=codes, y=rng.integers(0, 3, size=12))
+    status, _, err = _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size", "4")
+    assert status == 1
+    assert_error(err, "train", "Gather", "idx=4")
+
+    def bug(self: object, options: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(binding._NativeBinding, "run", bug)
+    monkeypatch.setattr(binding._PublicBinding, "run", bug)
+    codes[9, 0] = 3
+    np.savez(tmp_path / "data.npz", X=codes, y=rng.integers(0, 3, size=12))
+    with pytest.raises(RuntimeError, match="a bug"):
+        _train(capsys, tmp_path / "art", tmp_path / "data.npz", "--epochs", "1", "--batch-size", "4", "--restart")
+
+
 def test_a_model_of_a_fixed_batch_is_told_to_be_exported_with_a_dynamic_one_before_any_step(capsys, tmp_path: Path):
     """Exported without a dynamic batch axis, x is [4, 8]: the run trained the epoch's batches of 4 and failed at
     its last, smaller one, the steps lost, saying only the two shapes."""

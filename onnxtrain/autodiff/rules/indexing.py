@@ -2,7 +2,8 @@
 Unique and TensorScatter.
 
 Notation: ``x`` is the data input, ``y`` the output and ``g`` its gradient.
-Index inputs are integer tensors and carry no gradient.
+Index inputs are integer tensors (int64, or int32 where ONNX allows it: Gather's, GatherElements' and
+ScatterElements') and carry no gradient; Gather's are cast to int64 where the rule computes with them.
 
 A gather's gradient is a scatter that *adds* (indices may repeat), and a
 scatter's gradient gathers (see
@@ -40,8 +41,11 @@ _DATA = (0,)
 
 
 def _wrap(ctx: RuleContext, indices: str, n: str) -> str:
-    """Indices in ``[-n, n)`` mapped to ``[0, n)`` (no node when they are known to be non-negative)."""
+    """Indices in ``[-n, n)`` mapped to ``[0, n)``, int64: ``Mod(Cast(indices, int64), n)`` (no ``Cast`` for int64
+    indices, no ``Mod`` when they are known to be non-negative). Gather's int32 indices (TensorFlow's and Keras's
+    exports) are cast once here: ``n`` and every scatter after it take int64."""
     value = ctx.constant_value(indices)
+    indices = ctx.cast(indices, onnx.TensorProto.INT64)
     if value is not None and np.all(value >= 0):
         return indices
     return ctx.op("Mod", indices, n)
