@@ -25,6 +25,11 @@ folded transpose is refused, naming the weight it is read as
 loses its running statistics in any export (ONNX's ``InstanceNormalization`` has
 none): :func:`warn_untracked_statistics` says so where the dynamo exporter
 recorded them.
+
+tf2onnx's optimizer ``merge_duplication`` (on by default) stores tensors of
+equal values once: a fresh Keras model's LayerNormalization scales, all
+ones, become one initializer read by both layers, which trains them tied.
+:func:`warn_tf2onnx_merges` says so.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from onnxtrain.graph.torch_metadata import (
     parameter_changes,
 )
 from onnxtrain.graph.versions import is_standard
+from onnxtrain.graph.walk import all_nodes
 
 #: What to do about the changes, in every message.
 REMEDY = (
@@ -77,6 +83,18 @@ _MEANING: dict[Change, str] = {
 
 class TorchExportWarning(UserWarning):
     """The parameters being trained are not torch's: its dynamo exporter merged, dropped or folded some."""
+
+
+class Tf2onnxExportWarning(UserWarning):
+    """The parameters being trained are not TensorFlow's: tf2onnx's optimizer merged some of equal values."""
+
+
+#: How to convert a Keras model with its parameters kept apart.
+TF2ONNX_REMEDY = (
+    "Convert with all of tf2onnx's optimizers but merge_duplication to keep them apart: "
+    "tf2onnx.convert.from_keras(..., optimizers={name: o for name, o in tf2onnx.optimizer._get_optimizers().items() "
+    "if name != 'merge_duplication'})"
+)
 
 
 def warn_changed_parameters(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
@@ -127,7 +145,8 @@ def warn_unrecorded_merges(model: onnx.ModelProto, requires_grad: Sequence[str])
     record of the parameters its optimizer changed is gone (no node keeps torch's metadata: torch converts a
     dynamo export to an opset below 18 after writing it, and drops it), naming the trained initializers that
     several nodes of one operator read, as the parameters its optimizer merged are (a fresh model's LayerNorm
-    weights, all ones); nothing otherwise."""
+    weights, all ones); nothing otherwise. A model of tf2onnx gets :func:`warn_tf2onnx_merges`'s warning."""
+    warn_tf2onnx_merges(model, requires_grad)
     nodes = model.graph.node
     if model.producer_name != "pytorch" or not any(node.name.startswith(DYNAMO_NODE_PREFIX) for node in nodes):
         return
@@ -152,6 +171,46 @@ def warn_unrecorded_merges(model: onnx.ModelProto, requires_grad: Sequence[str])
         f"{REMEDY}.",
         TorchExportWarning,
     )
+
+
+def warn_tf2onnx_merges(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
+    """A :class:`Tf2onnxExportWarning` for a model of tf2onnx (its producer) naming the trained initializers that
+    nodes of different layers read, as tf2onnx's ``merge_duplication`` leaves the parameters of equal values it
+    stores once; nothing otherwise. A node's layer is its name's scope (``functional_1/ln1_1`` of
+    ``functional_1/ln1_1/mul``), one scope inside another being the same layer (``functional_1/ln1_1/moments``)."""
+    if model.producer_name != "tf2onnx":
+        return
+    trained = set(requires_grad)
+    scopes: dict[str, list[str]] = {}
+    for node in all_nodes(model.graph):
+        scope = node.name.rpartition("/")[0]
+        for name in (set(node.input) & trained) if scope else ():
+            scopes.setdefault(name, []).append(scope)
+    shared = [
+        f"{name} (read by {', '.join(layers[:LISTED])}{' ...' if len(layers) > LISTED else ''})"
+        for name, found in scopes.items()
+        if len(layers := _outermost(found)) > 1
+    ]
+    if not shared:
+        return
+    caller.warn(
+        f"{_listed(shared)}: read by nodes of different layers of this model of tf2onnx, as the parameters of equal "
+        "values that its optimizer merge_duplication (on by default) stores once are (a fresh Keras model's "
+        "LayerNormalization scales, all ones): each trains as one tensor, on the sum of its layers' gradients, "
+        "where Keras trains them apart, unless the model applies one layer several times. "
+        f"{TF2ONNX_REMEDY}.",
+        Tf2onnxExportWarning,
+    )
+
+
+def _outermost(scopes: Sequence[str]) -> list[str]:
+    """The scopes of ``scopes`` inside none of the others (``a/b`` is inside ``a``), each once, in order of
+    length."""
+    kept: list[str] = []
+    for scope in sorted(set(scopes), key=lambda s: (len(s), s)):
+        if not any(scope == k or scope.startswith(k + "/") for k in kept):
+            kept.append(scope)
+    return kept
 
 
 def warn_folded_convolutions(model: onnx.ModelProto, requires_grad: Sequence[str]) -> None:
@@ -343,7 +402,9 @@ def clause(change: ParameterChange) -> str:
 __all__ = [
     "REMEDY",
     "SCATTERS",
+    "TF2ONNX_REMEDY",
     "ScatterWarning",
+    "Tf2onnxExportWarning",
     "TorchExportWarning",
     "check_not_tied_copies",
     "clause",
@@ -352,6 +413,7 @@ __all__ = [
     "warn_folded_convolutions",
     "warn_merged_constants",
     "warn_scatters",
+    "warn_tf2onnx_merges",
     "warn_unrecorded_merges",
     "warn_untracked_statistics",
 ]

@@ -41,6 +41,7 @@ from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import dtypes, empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
+from onnxtrain.graph.converted import check_known_operators, with_converter_hints
 from onnxtrain.graph.declared import correct_declared_shapes
 from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light
 from onnxtrain.graph.naming import names_in
@@ -211,6 +212,7 @@ def _build(
     frozen = _names("frozen_params", frozen_params)
     additional = _names("additional_output_names", additional_output_names)
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
+    check_known_operators(proto)  # a converter's leftovers (tf2onnx's TensorFlow operations) named, not our output
     initializers_not_inputs(proto)  # a default a caller could override: gradients hold for its value alone
     correct_declared_shapes(proto)  # a value or output declared at the export's size of a dynamic axis
     constants_as_initializers(proto, [*requires, *frozen])  # weights a converter held in Constant nodes
@@ -237,7 +239,9 @@ def _build(
     loss_of = PassThrough() if loss is None else loss_block(loss)
     optimizer_of = None if optimizer is None else optimizer_block(optimizer)
     if optimizer_of is not None and not requires:
-        raise ValueError(f"an optimizer needs trainable parameters: list them in requires_grad{_quantized_hint(proto)}")
+        message = f"an optimizer needs trainable parameters: list them in requires_grad{_quantized_hint(proto)}"
+        floats = any(dtypes.is_float(tensor.data_type) for tensor in proto.graph.initializer)
+        raise ValueError(message if floats else with_converter_hints(message, proto))  # skl2onnx's ai.onnx.ml
     if optimizer_of is not None and target == "onnxruntime-training":
         ort_training.sequence_optimizer(optimizer_of, target)  # raises for an optimizer ORT's runtime lacks
 

@@ -33,6 +33,7 @@ from onnxtrain.artifacts.running_variance import from_torch, torch_running_stati
 from onnxtrain.autodiff import GradientRegistry, build_gradients
 from onnxtrain.graph import dtypes, versions
 from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.graph.converted import converter_hints, with_converter_hints
 from onnxtrain.graph.io import constants_as_initializers, copy_model
 from onnxtrain.graph.naming import first_free, first_names, names_in, unknown_name_hint
 from onnxtrain.graph.passes import (
@@ -91,6 +92,14 @@ def check_parameters(model: onnx.ModelProto, requires_grad: Sequence[str], froze
         if tensor is None or not dtypes.is_float(tensor.data_type):
             what = "is not an initializer" if tensor is None else f"is {dtypes.dtype_name(tensor.data_type)}"
             why = explain_missing(model, name) if tensor is None else ""
+            if not floats and converter_hints(model):  # skl2onnx's ai.onnx.ml operators hold the coefficients
+                raise ValueError(
+                    with_converter_hints(
+                        f"requires_grad names {name!r}, which {what} of the model{why}; the model has no "
+                        "floating-point initializers to train",
+                        model,
+                    )
+                )
             raise ValueError(
                 f"requires_grad names {name!r}, which {what} of the model{why}; trainable parameters are "
                 f"floating-point initializers ({unknown_name_hint(name, floats)}; trainable_parameters(model) "

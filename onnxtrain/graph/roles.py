@@ -64,6 +64,13 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
   offset and scale, an image normalization's mean and deviation), a constant
   minus a computed value (a converted classifier's ``1 - p``).
 
+A tensor a ``Loop`` or ``Scan`` passes to its body is read where the body
+reads it, at any depth: a tensor the body reads from the outer scope, a
+``Loop``'s carried value or a ``Scan``'s state the body returns unchanged
+(tf2onnx passes a Keras GRU's or SimpleRNN's kernels and bias so into its
+``tf.while_loop``), a slice of a ``Scan``'s scanned input (a view). The
+initial value of a state the body updates is no more than that: a constant.
+
 A running statistic wins over a weight slot, and a weight slot over any
 other use. Where torch's dynamo exporter wrote the exported program's
 signature in the graph, it decides the other initializers it names: a
@@ -154,8 +161,9 @@ OFFSET_OR_SCALE: Mapping[str, frozenset[int]] = {
 #: Operators that copy or re-shape their first input, a tensor read through them being a *view* of it: a weight
 #: only where it meets what weights compute (a class token expanded and concatenated with patch embeddings, a
 #: relative-position table sliced into a projection), never by its slot alone (a rotary embedding's frequencies
-#: expanded into a product with the positions stay a constant).
-VIEWS = frozenset({"Expand", "Tile", "Slice", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Dropout"})
+#: expanded into a product with the positions stay a constant). A ``Split``'s pieces are each a slice of it (the
+#: biases of a Keras GRU, split in two inside tf2onnx's loop).
+VIEWS = frozenset({"Expand", "Tile", "Slice", "Split", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Dropout"})
 
 #: Operators that interpolate their first input, a tensor read through them being a *resized* view of it: a weight
 #: wherever it meets what weights compute or reaches a parameter slot (ViT-family position embeddings interpolated
@@ -442,22 +450,76 @@ def _output_alone(
 def _computed_from(graph: onnx.GraphProto, sources: set[str], *, shapes: bool = False) -> set[str]:
     """The values computed from the values of ``sources``, at any distance (not from their shapes alone:
     :data:`SHAPE_ONLY`, unless ``shapes``); a node with subgraphs computes its outputs from everything they
-    read."""
+    read, and a ``Loop``'s or ``Scan``'s body input from what enters it and what the body returns for it
+    (:func:`_carried`)."""
     computed = set(sources)
-    reads = [
-        (node, _reads(node))
-        for node in all_nodes(graph)
-        if shapes or not (node.op_type in SHAPE_ONLY and is_standard(node))
-    ]
+    reads: list[tuple[AbstractSet[str], list[str]]] = []
+    for node in all_nodes(graph):
+        if shapes or not (node.op_type in SHAPE_ONLY and is_standard(node)):
+            reads.append((_reads(node), list(node.output)))
+        for carried in _carried(node):  # a body's input holds what enters the loop, then what the body returned
+            reads.append(({carried.outer, carried.returned} - {""}, [carried.inner]))
     changed = True
     while changed:  # nodes are in order within a graph; what a subgraph computes reaches its node's outputs
         changed = False
-        for node, read in reads:
+        for read, outputs in reads:
             if not read.isdisjoint(computed):
-                fresh = [name for name in node.output if name and name not in computed]
+                fresh = [name for name in outputs if name and name not in computed]
                 computed.update(fresh)
                 changed = changed or bool(fresh)
     return computed
+
+
+class _Carried(NamedTuple):
+    """A value a ``Loop`` or ``Scan`` passes to its body: the node's input ``position`` (``outer``), the body's
+    input that receives it (``inner``), the body's output that carries it to the next iteration (``returned``;
+    ``""`` for a scanned input, of which the body receives a slice at each iteration), and whether that output
+    is the input unchanged (``invariant``: a weight tf2onnx passes through a ``tf.while_loop``)."""
+
+    position: int
+    outer: str
+    inner: str
+    returned: str
+    invariant: bool
+
+
+def _carried(node: onnx.NodeProto) -> list[_Carried]:
+    """The values ``node`` passes to its body, if it is a ``Loop`` (its carried values ``v_initial``: input ``k``
+    to body input ``k``, returned as body output ``k - 1``) or a ``Scan`` (its states, then its scanned inputs:
+    input ``k`` to body input ``k``, after opset 8's ``sequence_lens``; state ``k`` returned as body output
+    ``k``); ``[]`` for any other node."""
+    if not is_standard(node) or node.op_type not in ("Loop", "Scan"):
+        return []
+    body = next((a.g for a in node.attribute if a.name == "body" and a.HasField("g")), None)
+    if body is None:
+        return []
+    inner = [value.name for value in body.input]
+    returned = [value.name for value in body.output]
+    if node.op_type == "Loop":
+        pairs = [(k, k, k - 1) for k in range(2, min(len(node.input), len(inner)))]
+    else:
+        scanned = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        states, offset = len(inner) - scanned, len(node.input) - len(inner)
+        pairs = [(k + offset, k, k if k < states else -1) for k in range(len(inner)) if k + offset >= 0]
+    found = []
+    for position, k, out in pairs:
+        if position < len(node.input) and node.input[position]:
+            back = returned[out] if 0 <= out < len(returned) else ""
+            found.append(_Carried(position, node.input[position], inner[k], back, _unchanged(body, inner[k], back)))
+    return found
+
+
+def _unchanged(body: onnx.GraphProto, inner: str, returned: str) -> bool:
+    """Whether ``body`` returns its input ``inner`` as its output ``returned``, as it is or through ``Identity``."""
+    producers = {name: node for node in body.node for name in node.output if name}
+    seen: set[str] = set()
+    while returned and returned != inner and returned not in seen:
+        seen.add(returned)
+        node = producers.get(returned)
+        if node is None or node.op_type != "Identity" or not is_standard(node) or not node.input:
+            return False
+        returned = node.input[0]
+    return bool(returned) and returned == inner
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:
@@ -510,15 +572,22 @@ def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iter
                     )
                     view = True
                 if through or view:
-                    for out in node.output[:1] if view else node.output:
-                        slices = view and node.op_type == "Slice"
+                    for out in node.output[:1] if view and node.op_type != "Split" else node.output:
+                        slices = view and node.op_type in ("Slice", "Split")
                         reached = (out, viewed or view, resized or resizes, sliced or slices)
                         if out and reached not in seen:
                             seen.add(reached)
                             frontier.append(reached)
                     continue
+                inside = {c.position: c for c in _carried(node) if c.returned == "" or c.invariant}
                 for position, name in enumerate(node.input):
-                    if name == value:
+                    if name == value and position in inside:  # followed into the body, read where it is read
+                        scanned = inside[position].returned == ""  # a slice of it at each iteration
+                        reached = (inside[position].inner, viewed or scanned, resized, sliced or scanned)
+                        if reached not in seen:
+                            seen.add(reached)
+                            frontier.append(reached)
+                    elif name == value:
                         other = node.input[1 - position] if len(node.input) == 2 and position < 2 else ""
                         yield Use(tensor, node, position, other, viewed, resized, sliced)
 

@@ -8,7 +8,7 @@ import pytest
 from onnx import helper
 
 from onnxtrain.artifacts import initializer_roles, trainable_parameters
-from tests.helpers import FLOAT, INT64, export_for_training, make_model
+from tests.helpers import BOOL, FLOAT, INT64, export_for_training, make_model
 
 
 def _graph_of_every_use() -> onnx.ModelProto:
@@ -716,3 +716,136 @@ def test_torch_layers_cut_joined_or_re_parametrised_train_their_parameters_and_n
     parameters = sorted(n for n, _ in module.named_parameters() if n in stored)
     assert len(parameters) == len(list(module.parameters())), "the export stores every parameter"
     assert sorted(trainable_parameters(model)) == parameters
+
+
+def _loop(body_nodes, body_inputs, body_outputs, carried, name="loop"):
+    """A ``Loop`` of ``trip`` iterations over ``body``; ``carried`` are its ``v_initial`` inputs."""
+    value = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [helper.make_node("Identity", [f"{name}_cond_in"], [f"{name}_cond_out"]), *body_nodes],
+        f"{name}_body",
+        [value(f"{name}_i", INT64, []), value(f"{name}_cond_in", BOOL, []), *body_inputs],
+        [value(f"{name}_cond_out", BOOL, []), *body_outputs],
+    )
+    outputs = [f"{name}_{v.name}_final" for v in body_outputs]
+    return helper.make_node("Loop", ["trip", "", *carried], outputs, body=body)
+
+
+def _rnn_loop_model(*, carried: bool) -> onnx.ModelProto:
+    """A recurrent cell as tf2onnx writes a ``tf.while_loop``: ``h = tanh(h @ R + b)`` three times, its
+    recurrent kernel ``R`` and bias ``b`` passed into the loop as carried values (``carried``) and passed
+    through unchanged, or read by the body from the outer scope; ``h0`` an initial state the body updates."""
+    value = helper.make_tensor_value_info
+    r_in, b_in = ("r_in", "b_in") if carried else ("R", "b")
+    nodes = [
+        helper.make_node("MatMul", ["h_in", r_in], ["hr"]),
+        helper.make_node("Add", ["hr", b_in], ["pre"]),
+        helper.make_node("Tanh", ["pre"], ["h_out"]),
+    ]
+    inputs = [value("h_in", FLOAT, [1, 4])]
+    outputs = [value("h_out", FLOAT, [1, 4])]
+    if carried:
+        nodes.append(helper.make_node("Identity", ["r_in"], ["r_out"]))  # through Identity, or as it is
+        inputs += [value("r_in", FLOAT, [4, 4]), value("b_in", FLOAT, [4])]
+        outputs += [value("r_out", FLOAT, [4, 4]), value("b_in", FLOAT, [4])]
+    loop = _loop(nodes, inputs, outputs, ["h0", *(["R", "b"] if carried else [])])
+    head = helper.make_node("MatMul", [loop.output[0], "x"], ["y"])
+    initializers = [
+        ("R", np.eye(4, dtype=np.float32) * 0.5),
+        ("b", np.full(4, 0.1, np.float32)),
+        ("h0", np.ones((1, 4), np.float32)),
+        ("trip", np.array(3, np.int64)),
+    ]
+    model = make_model({"x": (FLOAT, [4, 2])}, [loop, head], {"y": (FLOAT, [1, 2])}, initializers)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@pytest.mark.parametrize("carried", [True, False], ids=["carried", "outer scope"])
+def test_weights_a_loop_passes_to_its_body_are_weights(carried):
+    """tf2onnx exports a Keras GRU, SimpleRNN and any ``tf.while_loop`` with the kernels and bias passed into the
+    ``Loop`` as carried values the body passes through unchanged. Read by the ``Loop`` node in no weight slot,
+    they were constants and ``requires_grad="weights"`` trained the head alone. The state's initial value the
+    body updates stays a constant (tf2onnx's zeros)."""
+    roles = initializer_roles(_rnn_loop_model(carried=carried))
+    assert roles == {"R": "weight", "b": "weight", "h0": "constant", "trip": "constant"}
+
+
+def test_weights_carried_through_nested_loops_and_split_in_the_body_are_weights():
+    """A weight carried through two loops, one inside the other, is read where the inner body reads it; a Keras
+    GRU's bias (two rows) is split in the body, each row added to a product."""
+    value = helper.make_tensor_value_info
+    inner = _loop(
+        [
+            helper.make_node("MatMul", ["h_in", "w_inner"], ["hw"]),
+            helper.make_node("Split", ["bias_inner"], ["b0", "b1"], axis=0),
+            helper.make_node("Squeeze", ["b0", "zero"], ["b0_row"]),
+            helper.make_node("Add", ["hw", "b0_row"], ["h_out"]),
+        ],
+        [value("h_in", FLOAT, [1, 4]), value("w_inner", FLOAT, [4, 4]), value("bias_inner", FLOAT, [2, 4])],
+        [value("h_out", FLOAT, [1, 4]), value("w_inner", FLOAT, [4, 4]), value("bias_inner", FLOAT, [2, 4])],
+        ["g_in", "w_outer", "bias_outer"],
+        name="inner",
+    )
+    outer = _loop(
+        [inner, helper.make_node("Identity", ["w_outer"], ["w_back"])],
+        [value("g_in", FLOAT, [1, 4]), value("w_outer", FLOAT, [4, 4]), value("bias_outer", FLOAT, [2, 4])],
+        [value(inner.output[0], FLOAT, [1, 4]), value("w_back", FLOAT, [4, 4]), value("bias_outer", FLOAT, [2, 4])],
+        ["x", "W", "B"],
+        name="outer",
+    )
+    initializers = [
+        ("W", np.eye(4, dtype=np.float32)),
+        ("B", np.zeros((2, 4), np.float32)),
+        ("trip", np.array(2, np.int64)),
+        ("zero", np.array([0], np.int64)),
+    ]
+    model = make_model({"x": (FLOAT, [1, 4])}, [outer], {outer.output[0]: (FLOAT, [1, 4])}, initializers)
+    onnx.checker.check_model(model, full_check=True)
+    assert initializer_roles(model) == {"W": "weight", "B": "weight", "trip": "constant", "zero": "constant"}
+
+
+def test_weights_a_scan_passes_as_states_are_weights_and_a_branch_reads_from_the_outer_scope():
+    """A ``Scan``'s state passed through unchanged is read where its body reads it; an ``If`` branch reading a
+    tensor of the outer scope reads it as the graph does. The initial value of a state the body updates and
+    a tensor scanned by a constant stay constants."""
+    value = helper.make_tensor_value_info
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x_t", "w_state"], ["xw"]),
+            helper.make_node("Add", ["acc_in", "xw"], ["acc_out"]),
+            helper.make_node("Mul", ["xw", "k_t"], ["y_t"]),
+        ],
+        "scan_body",
+        [
+            value("acc_in", FLOAT, [1, 3]),
+            value("w_state", FLOAT, [2, 3]),
+            value("x_t", FLOAT, [1, 2]),
+            value("k_t", FLOAT, [1, 1]),
+        ],
+        [value("acc_out", FLOAT, [1, 3]), value("w_state", FLOAT, [2, 3]), value("y_t", FLOAT, [1, 3])],
+    )
+    scan = helper.make_node("Scan", ["acc0", "W", "x", "K"], ["acc", "w_final", "ys"], body=body, num_scan_inputs=2)
+    branch = helper.make_graph(
+        [helper.make_node("MatMul", ["acc", "V"], ["then_y"])], "then", [], [value("then_y", FLOAT, [1, 2])]
+    )
+    other = helper.make_graph(
+        [helper.make_node("Identity", ["fallback"], ["else_y"])], "else", [], [value("else_y", FLOAT, [1, 2])]
+    )
+    branches = helper.make_node("If", ["flag"], ["y"], then_branch=branch, else_branch=other)
+    initializers = [
+        ("W", np.ones((2, 3), np.float32)),
+        ("acc0", np.zeros((1, 3), np.float32)),
+        ("K", np.ones((5, 1, 1), np.float32)),
+        ("V", np.ones((3, 2), np.float32)),
+        ("fallback", np.zeros((1, 2), np.float32)),
+    ]
+    model = make_model(
+        {"x": (FLOAT, [5, 1, 2]), "flag": (BOOL, [])},
+        [scan, branches],
+        {"y": (FLOAT, [1, 2]), "ys": (FLOAT, [5, 1, 3])},
+        initializers,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    roles = initializer_roles(model)
+    assert roles == {"W": "weight", "acc0": "constant", "K": "constant", "V": "weight", "fallback": "constant"}
