@@ -13,6 +13,7 @@ from onnxtrain.artifacts.training_model import TrainingModels, build_training_mo
 from onnxtrain.autodiff import GradientRegistry
 from onnxtrain.blocks.block import Block, output_names
 from onnxtrain.graph.builder import GraphBuilder
+from onnxtrain.losses._common import trained_values
 
 
 class TrainingBlock(Block):
@@ -117,7 +118,8 @@ class TrainingBlock(Block):
         outer = builder.gradient_registry
         builder.gradient_registry = self._registry  # for Gradient blocks of the loss (blocks.Gradient)
         try:
-            return self._build_training(builder, *args, **kwargs)
+            with trained_values(self._requires_grad.keys()):  # a loss's target no trained value feeds is data
+                return self._build_training(builder, *args, **kwargs)
         finally:
             builder.gradient_registry = outer
 

@@ -17,6 +17,11 @@ declarations of the graph outputs and ``value_info`` removed), twice:
    all input sizes, so one size assignment under which the graph computes
    another size disproves it, where the symbolic pass only knows "unknown"
    (e.g. ``Resize`` by scales, then ``Flatten``, of a symbolic height and width).
+   An input dimension named by an expression of the others' names (torch's
+   dynamo exporter's ``2*(((h - 1)//2)) + 1``, which a loss's ``InputLike``
+   target copies from an output) is no size of its own: it takes the
+   expression's value (unknown where it is not a whole positive number), and
+   is not among the names a declaration is checked by (:func:`_derived`).
 
 An axis is *contradicted* when either pass gives a size (or a graph-input
 dimension name) other than the declared one, unless the symbolic pass
@@ -37,9 +42,13 @@ exported as dynamic.
 
 from __future__ import annotations
 
+import ast
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+import math
+import operator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 
 import onnx
 from onnx import shape_inference
@@ -187,6 +196,84 @@ def _inferred_dims(model: onnx.ModelProto) -> dict[str, tuple[Dim, ...] | None]:
     return {value.name: _dims_of(value) for value in (*graph.value_info, *graph.output)}
 
 
+#: The largest exponent a dimension expression may raise a size to (``h**2``).
+_MAX_POWER = 8
+#: The functions a dimension expression may call (sympy's and torch's spellings), on exact rationals.
+_FUNCTIONS: dict[str, Callable[..., Fraction]] = {
+    "Max": max,
+    "Min": min,
+    "max": max,
+    "min": min,
+    "floor": lambda x: Fraction(math.floor(x)),
+    "ceiling": lambda x: Fraction(math.ceil(x)),
+    "ceil": lambda x: Fraction(math.ceil(x)),
+    "Abs": abs,
+    "abs": abs,
+    "Mod": lambda a, b: a % b,
+    "FloorDiv": lambda a, b: a // b,
+    "CeilDiv": lambda a, b: -(-a // b),
+}
+_OPERATORS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+
+
+def _derived(name: str, symbols: set[str]) -> ast.expr | None:
+    """``name`` parsed, where it is an expression of other dimension names of ``symbols`` (an exporter's
+    ``2*(((h - 1)//2)) + 1``, which a loss's target input copies from an output): such a name is no size of
+    its own. ``None`` for a plain name, and for a name that is not such an expression (its own symbol)."""
+    try:
+        tree = ast.parse(name, mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    if isinstance(tree, ast.Name):
+        return None
+    used = [node.id for node in ast.walk(tree) if isinstance(node, ast.Name)]
+    if not used or not all(_allowed(node) for node in ast.walk(tree)):
+        return None
+    called = {node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    return tree if all(u in symbols and u != name for u in set(used) - called) else None
+
+
+def _allowed(node: ast.AST) -> bool:
+    """Whether ``node`` may be part of a size expression: integers, names, arithmetic, :data:`_FUNCTIONS`."""
+    if isinstance(node, ast.Call):
+        return isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS and not node.keywords
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, int) and not isinstance(node.value, bool)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):  # a square, a cube: no exponent to blow up
+        return isinstance(node.right, ast.Constant) and node.right.value in range(_MAX_POWER + 1)
+    return isinstance(node, (ast.Name, ast.BinOp, ast.UnaryOp, ast.USub, ast.UAdd, ast.Load, *_OPERATORS))
+
+
+def _evaluate(tree: ast.expr, sizes: Mapping[str, int]) -> int | None:
+    """The size expression ``tree`` (:func:`_derived`) at ``sizes``; ``None`` where it is not a whole number."""
+
+    def value(node: ast.expr) -> Fraction:
+        if isinstance(node, ast.Constant):
+            return Fraction(node.value)
+        if isinstance(node, ast.Name):
+            return Fraction(sizes[node.id])
+        if isinstance(node, ast.UnaryOp):
+            return -value(node.operand) if isinstance(node.op, ast.USub) else value(node.operand)
+        if isinstance(node, ast.BinOp):
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        return Fraction(_FUNCTIONS[node.func.id](*(value(argument) for argument in node.args)))
+
+    try:
+        result = value(tree)
+    except (ArithmeticError, KeyError, TypeError, ValueError):
+        return None
+    return int(result) if isinstance(result, Fraction) and result.denominator == 1 else None
+
+
 @dataclass(frozen=True)
 class _Passes:
     """The two passes of the module docstring over a model whose declarations are removed: the dimensions of
@@ -201,16 +288,22 @@ class _Passes:
     def of(cls, model: onnx.ModelProto) -> _Passes:
         light = _undeclared(model)
         inputs = _graph_inputs(light)
-        bound = frozenset(d.dim_param for value in inputs for d in value.type.tensor_type.shape.dim if d.dim_param)
+        names = {d.dim_param for value in inputs for d in value.type.tensor_type.shape.dim if d.dim_param}
+        derived = {name: tree for name in names if (tree := _derived(name, names)) is not None}
+        bound = frozenset(names - derived.keys())
         symbolic = _inferred_dims(light)
         sizes: dict[str, int] = {}
         at_sizes: dict[str, tuple[Dim, ...] | None] = {}
         if bound:
             sizes = dict(zip(sorted(bound), _primes(FIRST_SIZE), strict=False))
+            derived_sizes = {name: _evaluate(tree, sizes) for name, tree in derived.items()}
             for value in inputs:
                 for dim in value.type.tensor_type.shape.dim:
-                    if dim.dim_param:
-                        dim.dim_value = sizes[dim.dim_param]
+                    size = sizes.get(dim.dim_param) or derived_sizes.get(dim.dim_param)
+                    if size is not None and size > 0:
+                        dim.dim_value = size
+                    elif dim.dim_param:
+                        dim.Clear()  # an expression that cannot be evaluated: unknown in this pass
             at_sizes = _inferred_dims(light)
         return cls(symbolic, at_sizes, sizes, bound)
 

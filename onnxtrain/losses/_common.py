@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Collection, Iterator, Sequence
+from contextvars import ContextVar
 from typing import Literal, get_args
 
 import numpy as np
@@ -10,14 +12,21 @@ import onnx
 
 from onnxtrain import caller
 from onnxtrain.blocks import ReduceMean, ReduceSum
-from onnxtrain.graph import dtypes, ops
+from onnxtrain.graph import dtypes, ops, walk
 from onnxtrain.graph.builder import Dim, GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.declared import GENERATED_PREFIX, DeclaredShapeWarning, check_output_shape
 
 
 class ComputedTargetWarning(UserWarning):
     """A loss's target is a value the model computes (its other output), not data: training pulls one toward the
-    other (ONNX Runtime's default ``loss_input_names``, all the outputs, does this to a model of two outputs)."""
+    other (ONNX Runtime's default ``loss_input_names``, all the outputs, does this to a model of two outputs).
+    Given where a loss on one output of the model takes another for its target and that target may train; not
+    where a custom block computes the loss's input (it chose the pair), nor for a target that no trained value
+    feeds (a frozen teacher's probabilities, :func:`trained_values`)."""
+
+
+#: The values the training block being built trains (:func:`trained_values`); ``None`` outside one.
+_TRAINED: ContextVar[Collection[str] | None] = ContextVar("onnxtrain_trained_values", default=None)
 
 
 Reduction = Literal["mean", "sum", "none"]
@@ -82,17 +91,16 @@ def target_input(
                 f"{loss} needs its target {name!r} to be {dtypes.dtype_name(wanted)}, but the model already "
                 f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
             )
-        if name in {value.name for value in b.model.graph.output}:
+        outputs = {value.name for value in b.model.graph.output}
+        if name in outputs and like in outputs and _may_be_trained(b, name):
             caller.warn(
-                f"{loss} takes the model's output {name!r} as the target of {like!r}: training pulls {like!r} "
-                f"toward {name!r}, with no labels from the data. To train {like!r} against data, pass "
+                f"{loss} takes the model's output {name!r} as the target of its output {like!r}: training pulls "
+                f"{like!r} toward {name!r}, with no labels from the data. To train {like!r} against data, pass "
                 f"loss_input_names=[{like!r}] (generate_artifacts' default gives a loss every output of the model)",
                 ComputedTargetWarning,
             )
         return name
-    dims, note = _checked_shape(b, loss, name, like)
-    if dims is not None and drop_axis is not None:
-        dims = [d for axis, d in enumerate(dims) if axis != drop_axis]
+    dims, note = _checked_shape(b, loss, name, like, wanted, drop_axis)
     added = b.add_input(name, tensor_type(wanted, dims))
     if note:
         value = next(value for value in b.model.graph.input if value.name == added)
@@ -100,26 +108,55 @@ def target_input(
     return added
 
 
-def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str) -> tuple[list[Dim] | None, str]:
-    """``like``'s shape, its declaration checked against the graph when it is a graph output; and the note."""
+@contextlib.contextmanager
+def trained_values(names: Collection[str]) -> Iterator[None]:
+    """Tell the losses built inside the ``with`` block which values train (a training block's parameters and
+    inputs that require gradients; ``names`` may be a live view, read when a loss asks): a target computed from
+    none of them is data to the loss, such as a frozen teacher's output, and no :class:`ComputedTargetWarning`
+    is given for it."""
+    token = _TRAINED.set(names)
+    try:
+        yield
+    finally:
+        _TRAINED.reset(token)
+
+
+def _may_be_trained(b: GraphBuilder, value: str) -> bool:
+    """Whether ``value`` is computed from a value that trains (:func:`trained_values`); ``True`` where no
+    training block says which values train (a loss built in a bare ``onnxblock.base``)."""
+    trained = _TRAINED.get()
+    if trained is None:
+        return True
+    read = {value}
+    for node in walk.needed_nodes(b.model.graph.node, [value]):
+        read |= walk.names_read(node)
+    return any(name in trained for name in read)
+
+
+def _checked_shape(
+    b: GraphBuilder, loss: str, name: str, like: str, elem_type: int, drop_axis: int | None
+) -> tuple[list[Dim] | None, str]:
+    """The target's shape: ``like``'s (its declaration checked against the graph when it is a graph output),
+    without axis ``drop_axis``; and the note. ``elem_type``: the target's element type, for the warning."""
     dims: list[Dim] | None = b.shape(like)
     if dims is not None:  # a name onnx's inference made up for an unknown size claims nothing
         dims = [None if isinstance(d, str) and d.startswith(GENERATED_PREFIX) else d for d in dims]
     check = check_output_shape(b.model, like) if dims is not None else None
     if dims is None or check is None or len(check.declared) != len(dims):
-        return dims, ""
+        return _without(dims, drop_axis), ""
     source = dtypes.dtype_name(b.elem_type(like))
     if check.contradicted:
         corrected = check.corrected(dims)
         caller.warn(
             DeclaredShapeWarning(
                 f"{check.message(source)}. {loss} shapes its target {name!r} after "
-                f"{describe_type(tensor_type(b.elem_type(like), corrected))} instead; correct the output's shape in "
-                "the model to silence this (torch.onnx.export: one dynamic_axes name per meaning, a new name for "
-                "an axis whose size is its own)"
+                f"{describe_type(tensor_type(elem_type, _without(corrected, drop_axis)))} instead; correct the "
+                "output's shape in the model to silence this (torch.onnx.export: one dynamic_axes name per meaning, "
+                "a new name for an axis whose size is its own)"
             ),
         )
         dims = corrected
+    dims = _without(dims, drop_axis)
     undecided = check.undecided()
     if not undecided:
         return dims, ""
@@ -132,6 +169,13 @@ def _checked_shape(b: GraphBuilder, loss: str, name: str, like: str) -> tuple[li
         "(correct it in the model, or give the loss a target input of the right shape)"
     )
     return dims, note
+
+
+def _without(dims: list[Dim] | None, axis: int | None) -> list[Dim] | None:
+    """``dims`` without ``axis`` (the class axis of scores, which their labels lack); all of them for ``None``."""
+    if dims is None or axis is None:
+        return dims
+    return [d for k, d in enumerate(dims) if k != axis]
 
 
 def dim_size(b: GraphBuilder, x: str, axis: int) -> str:

@@ -349,7 +349,7 @@ def test_an_export_in_a_half_type_stores_the_products_weights_in_it(precision: s
     assert sum(sizes.values()) < sum(wide.values())
     # each stored under its cast's output, "<weight>.float16" or "<weight>.bfloat16", at half the float32 bytes
     assert all(sizes[name] * 2 == wide[name.rsplit(".", 1)[0]] for name in products)
-    if precision == "fp16":  # onnxruntime's CPU provider runs float16
+    if precision == "fp16":  # onnxruntime's CPU provider loads float16 models (runs their products in float32)
         feeds = {"x": data["x"]}
         want = ort.InferenceSession(float32.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
         session = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])

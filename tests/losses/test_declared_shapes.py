@@ -225,3 +225,126 @@ def test_torch_autoencoder_declared_n_by_n_trains_with_torchs_gradients(tmp_path
             np.testing.assert_allclose(
                 state.parameters[name].grad, expected, rtol=1e-4, atol=1e-6 * max(1.0, float(np.abs(expected).max()))
             )
+
+
+# ---------------------------------------------------------------- dimension names that are expressions
+
+#: How torch's dynamo exporter names the height after a stride-2 conv and a ConvTranspose back (equal to h).
+ODD = "2*(((h - 1)//2)) + 1"
+
+
+def _with_a_copied_expression(declared: list[int | str]) -> onnx.ModelProto:
+    """``y = Identity(x)`` for ``x: float[N, h]``, declared ``float[declared]``, and the input a loss's
+    ``InputLike`` target adds with the declaration's names (``onehot: float[N, 2*(((h - 1)//2)) + 1]``)."""
+    model = make_model(
+        {"x": (FLOAT, ["N", "h"]), "onehot": (FLOAT, ["N", ODD])},
+        [helper.make_node("Identity", ["x"], ["y"]), helper.make_node("Identity", ["onehot"], ["o"])],
+        ["y", "o"],
+    )
+    return _declare(model, "y", declared)
+
+
+def test_an_expression_of_input_dimensions_is_not_a_size_of_its_own() -> None:
+    """The input's ``2*(((h - 1)//2)) + 1`` is no free symbol: the counterexample pass gives it the size the
+    expression takes at h's (29 at h = 23), not a prime of its own; the output declared with it is not
+    contradicted (it used to be: ``axis 1 is 23, not 2*(((h - 1)//2)) + 1 = 17``)."""
+    check = check_output_shape(_with_a_copied_expression(["N", ODD]), "y")
+    assert check is not None
+    assert check.contradicted == ()
+    assert dict(check.sizes) == {"N": 17, "h": 19}
+    assert check.bound == {"N", "h"}
+    # a wrong size is still refuted
+    assert check_output_shape(_with_a_copied_expression(["N", 5]), "y").contradicted == (1,)  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("name", "size"),
+    [(ODD, 19), ("h*h", 361), ("Max(1, h - 18)", 1), ("h**2", 361), ("2*h/3", None), ("h - 19", None)],
+)
+def test_an_input_dimension_named_by_an_expression_takes_its_value(name: str, size: int | None) -> None:
+    """``z: float[N, name]`` beside ``x: float[N, h]``: in the counterexample pass ``z``'s axis has the
+    expression's value at h = 19 (``None``, unknown, where it is no whole positive number); ``z`` is read back
+    through an ``Identity`` declared with nothing, so its inferred size shows it."""
+    model = make_model(
+        {"x": (FLOAT, ["N", "h"]), "z": (FLOAT, ["N", name])},
+        [helper.make_node("Identity", ["z"], ["y"])],
+        ["y"],
+    )
+    model = _declare(model, "y", ["N", 7])  # a declaration, so that the passes run
+    check = check_output_shape(model, "y")
+    assert check is not None
+    assert check.at_sizes == (17, size)
+
+
+def test_a_name_that_only_looks_like_an_expression_is_its_own_symbol() -> None:
+    """``batch-size`` of names no input uses alone, ``seq len``: dimension names, each its own size."""
+    model = make_model(
+        {"x": (FLOAT, ["batch-size", "seq len"])}, [helper.make_node("Flatten", ["x"], ["y"], axis=1)], ["y"]
+    )
+    check = check_output_shape(_declare(model, "y", ["batch-size", "batch-size"]), "y")
+    assert check is not None
+    assert check.bound == {"batch-size", "seq len"}
+    assert check.contradicted == (1,)
+
+
+def test_labels_of_a_contradicted_output_are_described_as_the_labels() -> None:
+    """CrossEntropyLoss's labels of scores declared ``[N, N]`` (really ``[N, 16]``), built on a base whose
+    declarations were not corrected first (as when a block's added input is what reveals the contradiction): the
+    warning gives the labels' type and shape, ``int64[N]``, not the scores' (``float[N,16]``, the class axis)."""
+    from onnxtrain import onnxblock
+    from onnxtrain.graph.context import loaded_base
+
+    with loaded_base(_flatten_model(["N", "N"]), None) as builder:
+        with pytest.warns(DeclaredShapeWarning, match=r"shapes its target 'labels' after int64\[N\] instead") as said:
+            onnxblock.loss.CrossEntropyLoss()("y")
+        labels = next(v for v in builder.model.graph.input if v.name == "labels")
+    assert all("float[N,16] instead" not in str(w.message) for w in said)
+    assert _dims(labels) == ["N"]
+
+
+def test_torch_dynamo_export_with_an_input_like_target_gives_no_warning(tmp_path: Path) -> None:
+    """A user's CE + one-hot term over a conv then a ConvTranspose exported by dynamo (height declared
+    ``2*(((h - 1)//2)) + 1``, h for the odd sizes it takes): no DeclaredShapeWarning, as with the built-in loss
+    alone; it used to say the declaration was contradicted at h = 29."""
+    torch = pytest.importorskip("torch")
+    from onnxtrain import onnxblock
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.down = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+            self.up = torch.nn.ConvTranspose2d(4, 4, 3, stride=2, padding=1)
+
+        def forward(self, x: Any) -> Any:
+            return self.up(torch.relu(self.down(x)))
+
+    class CEPlusOneHotTerm(onnxblock.Block):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ce = onnxblock.loss.CrossEntropyLoss()
+
+        def build(self, logits: str) -> str:
+            onehot = onnxblock.blocks.InputLike(logits)("onehot")
+            p = onnxblock.blocks.Softmax(axis=1)(logits)
+            term = onnxblock.blocks.ReduceMean(keepdims=False)(onnxblock.blocks.Mul()(p, onehot))
+            return onnxblock.blocks.Add()(self.ce(logits), term)
+
+    path = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dims = {0: torch.export.Dim("batch"), 2: torch.export.Dim("h"), 3: torch.export.Dim("w")}
+        torch.onnx.export(
+            Net(), (torch.randn(2, 3, 37, 53),), path, dynamo=True, optimize=False, input_names=["x"],
+            output_names=["logits"], dynamic_shapes={"x": dims}, verbose=False,
+        )  # fmt: skip
+    declared = _dims(onnx.load(path).graph.output[0])
+    if not any(isinstance(d, str) and "//" in d for d in declared):
+        pytest.skip(f"this exporter declares {declared}, no expression")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeclaredShapeWarning)
+        paths = artifacts.generate_artifacts(
+            path, requires_grad=artifacts.trainable_parameters(path), loss=CEPlusOneHotTerm(),
+            optimizer=artifacts.OptimType.SGD, artifact_directory=tmp_path / "a",
+        )  # fmt: skip
+    labels = next(v for v in onnx.load(paths["training_model"]).graph.input if v.name == "labels")
+    assert _dims(labels) == ["batch", declared[2], declared[3]]
