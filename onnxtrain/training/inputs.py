@@ -4,6 +4,17 @@ Inputs come by position or by name, as NumPy arrays or OrtValues; each is
 checked against the model's declared dtype and shape, symbolic dimensions
 must agree across inputs, and STRING inputs are converted to what
 onnxruntime reads. Errors name the input and list what the model takes.
+
+An empty batch is refused: the *data input*, the first user input whose
+shape is not fixed by the model (a symbolic or unknown dimension, or an
+unknown rank; ``x`` before the labels), may not hold 0 values along such a
+dimension (``x[300:332]`` of 256 rows). A step over no rows computes no loss:
+onnxruntime's mean over none is 0 where torch's is nan, and a train step
+would add zero gradients for the optimizer to step on, hiding the slice past
+the end of the data. The check reads the shape only, on the path that checks
+the inputs (a call with the last passed signature skips it). A dimension the
+model fixes at 0 is the model's own, and the later inputs may be empty (the
+boxes of an image without any, the edges of a graph without any).
 """
 
 from __future__ import annotations
@@ -45,6 +56,11 @@ def _array_signature(args: Sequence[Any]) -> tuple[tuple[np.dtype, tuple[int, ..
             return None
         signature.append((value.dtype, value.shape))
     return tuple(signature)
+
+
+def _dynamic(spec: TensorSpec) -> bool:
+    """Whether ``spec``'s size is not fixed by the model: a symbolic or unknown dimension, or an unknown rank."""
+    return spec.dims is None or any(d.__class__ is not int for d in spec.dims)
 
 
 def _conversion_hint(value: Any) -> str:
@@ -174,6 +190,8 @@ class UserInputs:
         self._passed: tuple[tuple[np.dtype, tuple[int, ...]], ...] | None = None
         #: Whether some input is a STRING tensor; onnxruntime's IOBinding cannot bind those.
         self.strings = any(spec.is_string for spec in self.specs)
+        #: The data input: the first whose shape the model does not fix, refused empty (see the module docstring).
+        self.data_index = next((i for i, spec in enumerate(self.specs) if _dynamic(spec)), None)
 
     def signature(self) -> str:
         return ", ".join(f"{spec.name}: {spec.describe()}" for spec in self.specs) or "no inputs"
@@ -274,6 +292,8 @@ class UserInputs:
                 f"input {spec.name!r} of the {self._model} is {spec.describe()}; got "
                 f"{dtype_text(dtype)}{shape_text(shape)}{hint}"
             )
+        if index == self.data_index and 0 in shape:
+            self._refuse_empty(spec, shape)
         for axis, dim in self._symbolic[index]:
             size = shape[axis]
             seen = sizes.setdefault(dim, (size, spec.name))
@@ -286,6 +306,26 @@ class UserInputs:
                     f"{dim} = {seen[0]} ({self.signature()}){notes}"
                 )
         return value
+
+    def _refuse_empty(self, spec: TensorSpec, shape: Sequence[int]) -> None:
+        """``ValueError`` where the data input ``spec`` of ``shape`` holds no values along a dimension that the
+        model does not fix (a dimension fixed at 0 is the model's own)."""
+        dims = spec.dims
+        axis = next((k for k, n in enumerate(shape) if n == 0 and (dims is None or not isinstance(dims[k], int))), None)
+        if axis is None:
+            return
+        dim = None if dims is None else dims[axis]
+        named = f"{dim} = 0" if isinstance(dim, str) else f"axis {axis} is 0"
+        if axis == 0:
+            where = f"holds 0 rows ({named}): a slice past the end of the data?"
+        else:
+            at = f", axis {axis}" if isinstance(dim, str) else ""
+            where = f"holds no values (shape {shape_text(shape)}: {named}{at}): an empty slice of the data?"
+        raise ValueError(
+            f"input {spec.name!r} of the {self._model} {where} A step over an empty batch computes no loss "
+            "(onnxruntime's mean over none is 0, torch's nan), and a train step would give the optimizer zero "
+            f"gradients: pass at least one row ({self.signature()})"
+        )
 
 
 __all__ = ["UserInputs"]

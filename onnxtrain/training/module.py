@@ -68,7 +68,7 @@ import functools
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -102,6 +102,17 @@ from onnxtrain.training.unbound import UnboundTrainStep
 _HOST = Device("cpu")
 
 Outputs = np.ndarray | ort.OrtValue | tuple[np.ndarray, ...] | tuple[ort.OrtValue, ...]
+
+
+class ParameterSlice(NamedTuple):
+    """Where a parameter lies in a contiguous buffer (:meth:`Module.get_contiguous_parameters_layout`):
+    ``buffer[offset : offset + size].reshape(shape)`` is its value, in the buffer of its ``dtype``."""
+
+    name: str
+    offset: int
+    size: int
+    shape: tuple[int, ...]
+    dtype: str
 
 
 class Module:
@@ -204,6 +215,7 @@ class Module:
         self._eval_session = None if eval_run is None else self.open_session(eval_run, "eval model")
         # everything checked: only now does the state move
         store.place(self._device)
+        store.hold(self)  # while this module lives, which parameters train is its training model's
         store.ensure_gradients(self._io.trainable)  # zeros; the gradients another module left stay as they are
         self._state = state
         self._store = store
@@ -585,12 +597,32 @@ class Module:
         """The number of elements of the (trainable) parameters."""
         return sum(self._store.tensors[name].size for name in self._names(trainable_only))
 
+    def get_contiguous_parameters_layout(self, trainable_only: bool = False) -> list[ParameterSlice]:
+        """Where each parameter lies in the contiguous buffers, in buffer order: ``(name, offset, size, shape,
+        dtype)`` per parameter (:class:`ParameterSlice`).
+
+        The buffers (:meth:`get_contiguous_parameters`, :meth:`copy_buffer_to_parameters`) follow the order of
+        the training model's inputs, ``module.io.parameters``, not ``state.parameters.names()`` (trainable
+        first, in checkpoint order). ``offset`` is in the buffer of the parameter's dtype: the one buffer, or
+        ``get_contiguous_parameters_per_dtype()[dtype]``. Reads no tensor.
+        """
+        ends: dict[str, int] = {}
+        layout = []
+        for name in self._names(trainable_only):
+            tensor = self._store.tensors[name]
+            kind = str(tensor.dtype)
+            offset = ends.get(kind, 0)
+            ends[kind] = offset + tensor.size
+            layout.append(ParameterSlice(name, offset, tensor.size, tensor.shape, kind))
+        return layout
+
     def get_contiguous_parameters(self, trainable_only: bool = False) -> ort.OrtValue:
         """The parameters, flattened and concatenated in training-model order, as one OrtValue on the device.
 
         The buffer has the parameters' dtype; parameters of several dtypes
         raise ``TypeError`` (use :meth:`get_contiguous_parameters_per_dtype`).
         Its ``device_name()`` is ONNX Runtime's training API's (``"Cpu"``, ``"Cuda"``).
+        :meth:`get_contiguous_parameters_layout` says where each parameter lies in it.
         """
         return one_buffer(self._store, self._names(trainable_only), self._device)
 
@@ -642,6 +674,24 @@ class Module:
             pass  # written beside the file, then renamed over it: a failed export leaves the earlier one
 
     # ------------------------------------------------------------------ names
+
+    def __repr__(self) -> str:
+        """The device, the mode, the parameters and the current mode's user inputs and outputs (no tensor read)."""
+        tensors, trainable = self._store.tensors, self._io.trainable
+        trains = set(trainable)
+        frozen = [name for name in self._io.parameters if name not in trains]
+
+        def counted(names: Sequence[str]) -> str:
+            size = sum(tensors[name].size for name in names)
+            return f"{len(names)} parameter{'' if len(names) == 1 else 's'} ({size:,} values)"
+
+        io: TrainingModelIO | EvalModelIO | None = self._io if self.training else self._eval_io
+        model = "no eval model" if io is None else f"inputs=[{io.inputs.signature()}], outputs={list(io.outputs)}"
+        return (
+            f"Module(device={str(self._device)!r}, mode={'train' if self.training else 'eval'!r}, "
+            f"trainable={counted(trainable)}, frozen={counted(frozen)}, {model}, "
+            f"eval_model={self._eval_model is not None}, train_steps={self._train_steps})"
+        )
 
     def input_names(self) -> list[str]:
         """The user inputs of the training model (training mode) or of the eval model (eval mode)."""
@@ -764,4 +814,4 @@ def _pack(results: list[ort.OrtValue], on_device: bool) -> Outputs:
     return arrays[0] if len(arrays) == 1 else arrays
 
 
-__all__ = ["Buffer", "Module"]
+__all__ = ["Buffer", "Module", "ParameterSlice"]

@@ -39,11 +39,13 @@ import onnxruntime as ort
 
 from onnxtrain import caller
 from onnxtrain.artifacts import ort_training
+from onnxtrain.artifacts.generate import OPTIMIZER_KEY
 from onnxtrain.graph import versions
 from onnxtrain.optim import ParameterSpec
 from onnxtrain.optim.base import grad_name, state_name, updated_name
 from onnxtrain.optim.emit import LEARNING_RATE, STEP
 from onnxtrain.optim.loss_scaling import LAST_STEP_SKIPPED, LOSS_SCALE, SKIPPED_STEPS
+from onnxtrain.optim.sequence_model import optimizer_of
 from onnxtrain.training import values
 from onnxtrain.training.batch_step import Schedule
 from onnxtrain.training.fused import FusedStep
@@ -112,6 +114,18 @@ def _per_tensor(model: LoadedModel, trainable: Sequence[str], infos: Mapping[str
     return LoadedModel(proto, proto.SerializeToString())
 
 
+def _kind(model: onnx.ModelProto) -> str | None:
+    """The optimizer ``model`` computes (``"AdamW"``), from its metadata or ONNX Runtime's sequence optimizer
+    nodes; ``None`` where neither says."""
+    for entry in model.metadata_props:
+        if entry.key == OPTIMIZER_KEY:
+            return entry.value.partition("(")[0].strip() or None
+    if ort_training.is_sequence_optimizer_model(model):
+        optimizer = optimizer_of(model)
+        return None if optimizer is None else type(optimizer).__name__
+    return None
+
+
 class Optimizer:
     """Updates the module's trainable parameters from their accumulated gradients.
 
@@ -130,6 +144,7 @@ class Optimizer:
             raise TypeError(f"module must be an onnxtrain Module, not {type(module).__name__}")
         state, store = module.state, module.state.store
         model = load_model(optimizer_uri, "optimizer_uri")
+        self._kind = _kind(model.proto)
         trainable = module.io.trainable
         if not trainable:
             raise ValueError("the training model has no trainable parameters, so there is nothing to optimize")
@@ -180,6 +195,15 @@ class Optimizer:
                 shared_state=self._io.shared_state,
             )
         module.use_fused_step(self._fused)
+
+    def __repr__(self) -> str:
+        """The optimizer, its learning rate and step count, whether its steps are fused, and its scheduler."""
+        kind = "" if self._kind is None else f"{self._kind}, "
+        scheduler = "" if self._scheduler is None else f", scheduler={type(self._scheduler).__name__}"
+        return (
+            f"Optimizer({kind}learning_rate={self._record.learning_rate:g}, step={self._record.step}, "
+            f"fused={self._fused is not None}{scheduler})"
+        )
 
     def step(self) -> None:
         """One optimizer step with the accumulated gradients; the state's step count goes up by one.

@@ -9,6 +9,13 @@ from a checkpoint with optimizer state continues on the same schedule when
 the scheduler is made again with the same arguments. Call ``step()`` after
 each ``optimizer.step()``.
 
+Each scheduler keeps its own ``initial_lr``. As in ONNX Runtime, the one made
+last on an optimizer is attached to it: the optimizer's initial learning rate
+(the one a checkpoint stores) is its ``initial_lr``, and ``train_epoch``
+steps it. Making another does not change an earlier scheduler's rates (in
+ONNX Runtime, which reads the initial rate from the optimizer at every step,
+it did: its next ``step()`` scaled the new ``initial_lr``).
+
 ``LinearLRScheduler`` is ONNX Runtime's, with the arguments in the order its
 documentation gives (ORT's Python wrapper swaps warm-up and total when it
 calls the C++ code; this one does not). The formulas are the functions below.
@@ -88,6 +95,7 @@ class LRScheduler(ABC):
             raise TypeError(f"optimizer must be an onnxtrain Optimizer, not {type(optimizer).__name__}")
         self._optimizer = optimizer
         optimizer.attach_scheduler(self, _rate(initial_lr, "initial_lr"))
+        self._initial_lr = optimizer.initial_learning_rate  # as the optimizer holds it (float32)
         self.step()
 
     @property
@@ -97,7 +105,9 @@ class LRScheduler(ABC):
 
     @property
     def initial_lr(self) -> float:
-        return self._optimizer.initial_learning_rate
+        """This scheduler's initial learning rate (float32, as the optimizer model reads it), which its
+        schedule scales; a scheduler made later on the same optimizer does not change it."""
+        return self._initial_lr
 
     @abstractmethod
     def lr_at(self, step: int) -> float:

@@ -77,9 +77,10 @@ class Parameter:
 
     @property
     def requires_grad(self) -> bool:
-        """Whether it trains. Assignable before a ``Module`` holds the state, to continue a checkpoint with
-        artifacts that train other parameters (frozen: its optimizer moments are dropped; made trainable: it
-        starts from the optimizer's initial moments)."""
+        """Whether it trains. Assignable while no live ``Module`` holds the state (before one is made, or once
+        every module over it is gone: ``del module, optimizer``), to continue with artifacts that train other
+        parameters (frozen: its optimizer moments are dropped; made trainable: it starts from the optimizer's
+        initial moments; the gradients restart, as a loaded checkpoint's)."""
         return self._state.store.requires_grad[self._name]
 
     @requires_grad.setter
@@ -95,7 +96,12 @@ class Parameter:
         return self._state.store.tensor(self._name).dtype
 
     def __repr__(self) -> str:
-        return f"Parameter(name={self._name}, requires_grad={self.requires_grad})"
+        """ONNX Runtime's ``Parameter(name=..., requires_grad=...)``, then the shape and dtype (no tensor read)."""
+        tensor = self._state.store.tensor(self._name)
+        return (
+            f"Parameter(name={self._name}, requires_grad={self.requires_grad}, shape={tensor.shape}, "
+            f"dtype={tensor.dtype})"
+        )
 
 
 class Parameters:
@@ -131,7 +137,8 @@ class Parameters:
         return len(self._state.store.tensors)
 
     def names(self) -> list[str]:
-        """The parameter names: trainable ones first, in checkpoint order."""
+        """The parameter names: trainable ones first, in checkpoint order (the contiguous buffers follow the
+        training model's order instead: ``module.get_contiguous_parameters_layout()``)."""
         return list(self._state.store.tensors)
 
     def __repr__(self) -> str:

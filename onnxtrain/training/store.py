@@ -13,7 +13,9 @@ reads and writes what is in :mod:`onnxtrain.training.module`.
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -143,7 +145,10 @@ class StateStore:
     hold no value yet), ``gradients`` (per trainable parameter, once a
     ``Module`` made them), ``gradient_status``, ``optimizer`` (the step,
     learning rates and moments; ``None`` until an optimizer or the checkpoint
-    gives them), ``recorded_update`` and ``device``.
+    gives them), ``recorded_update`` and ``device`` (where a ``Module``
+    placed the tensors; they stay there once it is gone). :meth:`hold`
+    records the modules over the state, weakly: while one lives, which
+    parameters train is its training model's (:meth:`set_requires_grad`).
     """
 
     def __init__(self, state: ckpt.CheckpointState) -> None:
@@ -160,6 +165,7 @@ class StateStore:
         self.steps_since_reset = 0
         self.recorded_update: RecordedUpdate | None = None
         self.device: Device | None = None
+        self._holders: weakref.WeakSet[object] = weakref.WeakSet()  # the live modules over the state
         self.optimizer: OptimizerRecord | None = None
         if state.optimizer is not None:
             self.optimizer = OptimizerRecord(
@@ -200,19 +206,45 @@ class StateStore:
             adopted.append(name)
         return adopted
 
+    def hold(self, module: object) -> None:
+        """Record that ``module`` runs over the state, for as long as it lives (a weak reference)."""
+        self._holders.add(module)
+
+    def holders(self) -> int:
+        """How many modules over the state are still alive.
+
+        A module the program no longer references may wait for Python's cycle
+        collector, and an update recorded by its optimizer keeps the optimizer
+        (and the module) referenced: only where some module is counted, the
+        update is applied (as anything that reads the state would) and the
+        collector runs before they are counted again.
+        """
+        if self._holders:
+            self.settle()
+            gc.collect()
+        return len(self._holders)
+
     def set_requires_grad(self, name: str, trainable: object) -> None:
-        """Make parameter ``name`` trainable or frozen, before a ``Module`` holds the state (its training model
-        decides which parameters train): frozen, its optimizer moments are dropped; made trainable, the optimizer
-        gives it its initial moments (:meth:`ensure_optimizer`), the step count staying the state's."""
+        """Make parameter ``name`` trainable or frozen while no live ``Module`` holds the state (its training
+        model decides which parameters train): frozen, its optimizer moments are dropped; made trainable, the
+        optimizer gives it its initial moments (:meth:`ensure_optimizer`), the step count staying the state's.
+
+        Set on a state that modules held and let go, the gradients restart as a loaded checkpoint's (none until
+        the next module makes them): the old ones are the old training model's. The tensors stay on the device.
+        """
         self.tensor(name)
         if not isinstance(trainable, (bool, np.bool_)):
             raise TypeError(f"requires_grad of {name!r} must be True or False, not {trainable!r}")
-        if self.device is not None:
+        held = self.holders()
+        if held:
+            modules = "1 Module over it is" if held == 1 else f"{held} Modules over it are"
             raise RuntimeError(
-                f"cannot change whether {name!r} trains while a Module holds the state: its training model decides "
-                "which parameters train. Save the checkpoint (include_optimizer_state=True), regenerate the "
-                "artifacts with the new requires_grad, load the checkpoint, set requires_grad there, then make the "
-                "Module of the new artifacts"
+                f"cannot change whether {name!r} trains while a Module holds the state ({modules} still referenced: "
+                "by a variable, an Optimizer or TrainingSession over it, or IPython's Out history): its training "
+                "model decides which parameters train. Let them go (del module, optimizer) and set requires_grad "
+                "again, or set it on a state loaded again (CheckpointState.load_checkpoint of a checkpoint saved "
+                "with include_optimizer_state=True); then regenerate the artifacts with the new requires_grad and "
+                "make the Module of them"
             )
         if self.requires_grad[name] == bool(trainable):
             return
@@ -221,6 +253,9 @@ class StateStore:
             self.optimizer.moments.pop(name, None)
         order = sorted(self.tensors, key=lambda n: not self.requires_grad[n])  # trainable first, else in order
         self.tensors = {n: self.tensors[n] for n in order}
+        self.gradients = {}
+        self.gradient_status = "none"
+        self.steps_since_reset = 0
 
     def parameter_infos(self) -> dict[str, ParameterInfo]:
         """Per parameter: trainable or not, dtype, shape (what the models' inputs are checked against)."""

@@ -141,7 +141,7 @@ class EpochTrainer:
         if epoch is not None and first < full:
             rows_of = order[first * size : full * size] if shuffle else slice(first * size, full * size)  # a view
             batched = [array[rows_of].reshape(full - first, *shape) for array, shape in zip(data, shapes, strict=True)]
-            scanned = self._batches_in_one_run(epoch, step, optimizer, batched, first)
+            scanned = self._batches_in_one_run(epoch, step, optimizer, batched, first, _Rows(data, rows_of))
         for b in range(full, batches):
             by_step.append(_batch_by_step(step, data, order[b * size : (b + 1) * size], b))
         return np.concatenate([by_step[:first], scanned, by_step[first:]]).astype(np.float64)
@@ -165,7 +165,12 @@ class EpochTrainer:
                 raise TypeError(f"train_epoch: the data of input {name!r} must be a numpy.ndarray of rows")
             arrays.append(np.ascontiguousarray(value))
         counts = {name: len(array) for name, array in zip(names, arrays, strict=True)}
-        if len(set(counts.values())) != 1 or not arrays[0].shape[0]:
+        if set(counts.values()) == {0}:  # the per-step loop would run no step: no loss, nothing trained
+            raise ValueError(
+                f"train_epoch: input {names[0]!r} holds 0 rows: a slice past the end of the data? An epoch over no "
+                "rows runs no step; pass at least one row"
+            )
+        if len(set(counts.values())) != 1:
             raise ValueError(
                 f"train_epoch: every input needs the same number of rows (at least 1); got {counts}{self._rows_hint()}"
             )
@@ -219,10 +224,16 @@ class EpochTrainer:
         return epoch
 
     def _batches_in_one_run(
-        self, epoch: EpochStep, step: BatchStep, optimizer: EpochOptimizer, batched: list[np.ndarray], first: int
+        self,
+        epoch: EpochStep,
+        step: BatchStep,
+        optimizer: EpochOptimizer,
+        batched: list[np.ndarray],
+        first: int,
+        rows: _Rows,
     ) -> np.ndarray:
-        """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input) in one
-        run of the epoch model, after the update the optimizer recorded."""
+        """Batches ``first, first + 1, ...`` of ``train_epoch`` (``batched``: ``[M, B, ...]`` per input, ``rows``
+        of the data given) in one run of the epoch model, after the update the optimizer recorded."""
         module = self.module
         store = module.state.store
         batches = len(batched[0])
@@ -234,8 +245,10 @@ class EpochTrainer:
         try:
             losses = epoch.run(batched, applied, first_step)
         except Exception as error:  # onnxruntime's own exception types
-            where = f"train_epoch, batches {first + 1}-{first + batches}"
-            module.raise_if_labels_out_of_range(error, module.io.inputs.names, batched, where)
+            span = f"batch {first + 1}" if batches == 1 else f"batches {first + 1}-{first + batches}"
+            where = f"train_epoch, {span}"
+            # the labels the run failed on, named at their rows of the data given, not at [batch, row] of the scan
+            module.raise_if_labels_out_of_range(error, module.io.inputs.names, rows.only(), where)
             raise
         bad = first_non_finite(losses) if module.checks_finite else None
         trained = batches if bad is None else bad.batch
@@ -251,6 +264,29 @@ class EpochTrainer:
         if bad is not None:  # the state is as after the batches before (the last one's update recorded)
             raise_if_not_finite(np.asarray(bad.loss).reshape(1), module.train_step_count + 1, store.step)
         return losses
+
+
+class _Rows:
+    """The rows ``rows`` (indices or a slice) of ``data``, the arrays given to ``train_epoch``: those of its batches
+    in one run."""
+
+    def __init__(self, data: Sequence[np.ndarray], rows: np.ndarray | slice) -> None:
+        self.data = data
+        self.rows = rows
+
+    def only(self) -> list[np.ndarray]:
+        """``data`` with its integer arrays zero outside ``rows``, for the loss's label check to find the labels
+        of these batches out of range at their rows of the data (a zero is a class in range, never listed);
+        the other arrays as they are (a label check reads integers)."""
+        kept = []
+        for array in self.data:
+            if array.dtype.kind not in "iu":
+                kept.append(array)
+                continue
+            only = np.zeros_like(array)
+            only[self.rows] = array[self.rows]
+            kept.append(only)
+        return kept
 
 
 def _batch_by_step(step: BatchStep, data: list[np.ndarray], rows: np.ndarray, index: int) -> float:

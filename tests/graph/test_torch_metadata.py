@@ -419,7 +419,7 @@ def test_a_parameter_folded_into_a_scalar_constant_is_said_and_explained() -> No
         "p_proj_weight: PARAMETER target='proj.weight'",
         "p_logit_scale: PARAMETER target='logit_scale'",
     ]
-    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(lines + ["x: USER_INPUT"]))
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join([*lines, "x: USER_INPUT"]))
     assert artifacts.trainable_parameters(model) == ["proj.weight"]
     with pytest.warns(
         TorchExportWarning,

@@ -83,3 +83,33 @@ def test_a_cuda_buffers_device_name_is_onnx_runtimes(regression):
     """ONNX Runtime's test_cuda_execution_provider asserts ``device_name() == "Cuda"``."""
     _state, module, _ = open_module(regression, optimizer=False, device="cuda")
     assert module.get_contiguous_parameters().device_name() == "Cuda"
+
+
+def test_the_layout_says_where_each_parameter_lies_in_the_buffers(regression, momentum, mixed):
+    """The buffers follow the training model's order, not ``state.parameters.names()``: offsets computed from
+    names() wrote into the wrong parameter. The layout gives the offsets."""
+    state, module, _ = open_module(regression, optimizer=False)
+    layout = module.get_contiguous_parameters_layout()
+    assert [entry.name for entry in layout] == ORDER != state.parameters.names()
+    assert [(entry.offset, entry.size, entry.shape, entry.dtype) for entry in layout] == [
+        (0, 32, (4, 8), "float32"), (32, 8, (8,), "float32"), (40, 24, (8, 3), "float32"), (64, 3, (3,), "float32"),
+    ]  # fmt: skip
+    buffer = module.get_contiguous_parameters().numpy()
+    for name, offset, size, shape, _dtype in layout:
+        np.testing.assert_array_equal(buffer[offset : offset + size].reshape(shape), state.parameters[name].data)
+    buffer[layout[1].offset : layout[1].offset + layout[1].size] = 7.0  # write one parameter through the layout
+    module.copy_buffer_to_parameters(buffer, trainable_only=False)
+    assert (state.parameters["fc0.bias"].data == 7.0).all() and not (state.parameters["fc0.weight"].data == 7).any()
+    # trainable only, with frozen parameters
+    state, module, _ = open_module(momentum, optimizer=False)
+    trainable = module.get_contiguous_parameters_layout(trainable_only=True)
+    assert [entry.name for entry in trainable] == ["fc1.weight", "fc1.bias"] and trainable[1].offset == 24
+    assert sum(entry.size for entry in trainable) == module.get_parameters_size(trainable_only=True)
+    # several dtypes: offsets in the buffer of each dtype
+    state, module, _ = open_module(mixed, optimizer=False)
+    buffers = {kind: value.numpy() for kind, value in module.get_contiguous_parameters_per_dtype().items()}
+    for name, offset, size, shape, dtype in module.get_contiguous_parameters_layout():
+        assert offset == 0
+        np.testing.assert_array_equal(
+            buffers[dtype][offset : offset + size].reshape(shape), state.parameters[name].data
+        )

@@ -69,7 +69,7 @@ def test_nothing_reads_or_runs_before_the_parameters_are_loaded(artifacts, tmp_p
     # what needs no values works: names, shapes, sizes, lazy_reset_grad, learning rates
     assert sorted(state.parameters.names()) == everything and "fc0.weight" in state.parameters
     assert len(state.parameters) == len(everything) and "'fc1.weight': 'float32[8, 3]'" in repr(state)
-    assert "Parameter(name=fc1.weight, requires_grad=True)" in repr(state.parameters)
+    assert "Parameter(name=fc1.weight, requires_grad=True, shape=(8, 3), dtype=float32)" in repr(state.parameters)
     assert module.get_parameters_size() == 27 and module.get_parameters_size(trainable_only=False) == 67
     module.lazy_reset_grad()
     optimizer.set_learning_rate(0.01)

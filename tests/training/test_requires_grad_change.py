@@ -8,13 +8,16 @@ belong to the model, with no way out but rewriting the checkpoint by hand.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from onnxtrain import api, artifacts
+from onnxtrain import api, artifacts, losses
 from tests.helpers import export_for_training
+from tests.training import models
+from tests.training.helpers import open_module, regression_batch
 
 STEPS = 3
 RATE = 0.05
@@ -111,6 +114,70 @@ def test_requires_grad_is_set_before_a_module_holds_the_state(regression) -> Non
     name = next(name for name, parameter in state.parameters if parameter.requires_grad)
     with pytest.raises(TypeError, match="True or False"):
         state.parameters[name].requires_grad = 1
-    api.Module(regression["training_model"], state)
+    module = api.Module(regression["training_model"], state)
     with pytest.raises(RuntimeError, match=r"while a Module holds the state.*regenerate the artifacts"):
         state.parameters[name].requires_grad = False
+    assert module.state is state
+
+
+def _frozen_first_layer(regression: dict[str, Path], state, rng, steps: int = 2) -> None:  # type: ignore[no-untyped-def]
+    """Train ``state`` with ``regression``'s artifacts, the first layer frozen."""
+    module = api.Module(regression["training_model"], state)
+    optimizer = api.Optimizer(regression["optimizer_model"], module)
+    optimizer.set_learning_rate(RATE)
+    for _ in range(steps):
+        module(*regression_batch(rng))
+        optimizer.step()
+        module.lazy_reset_grad()
+
+
+def test_requires_grad_is_set_once_the_modules_over_the_state_are_gone(tmp_path: Path, regression, rng) -> None:  # type: ignore[no-untyped-def]
+    """Before, a state any module had used refused it for good, ``del module, optimizer; gc.collect()`` or not.
+    Now it gives what the documented route gives: save, load, set."""
+    state, module, optimizer = open_module(regression)
+    optimizer.set_learning_rate(RATE)
+    module(*regression_batch(rng))
+    optimizer.step()  # recorded, not applied: the state holds the optimizer (and through it the module) meanwhile
+    names = ["fc0.weight", "fc0.bias"]
+    with pytest.raises(RuntimeError, match=r"\(1 Module over it is still referenced.*del module, optimizer"):
+        state.parameters[names[0]].requires_grad = False
+    assert [name for name, parameter in state.parameters if parameter.grad is not None] == list(
+        state.parameters.names()
+    )
+    api.CheckpointState.save_checkpoint(state, tmp_path / "saved", include_optimizer_state=True)
+    del module, optimizer
+    gc.collect()
+    for name in names:
+        state.parameters[name].requires_grad = False
+    loaded = api.CheckpointState.load_checkpoint(tmp_path / "saved")
+    for name in names:
+        loaded.parameters[name].requires_grad = False
+    assert state.parameters.names() == loaded.parameters.names()
+    assert all(parameter.grad is None for _, parameter in state.parameters)  # restarted, as the loaded state's
+
+    frozen = models.generate(
+        tmp_path / "frozen", models.mlp((4, 8, 3)), requires_grad=["fc1.weight", "fc1.bias"], frozen_params=names,
+        loss=losses.MSELoss(reduction="sum"), optimizer=artifacts.OptimType.SGD, additional_output_names=["y"],
+    )  # fmt: skip
+    for trained in (state, loaded):
+        _frozen_first_layer(frozen, trained, np.random.default_rng(5))
+    ours, theirs = state.to_checkpoint(), loaded.to_checkpoint()
+    assert ours.optimizer is not None and theirs.optimizer is not None and ours.optimizer.step == 3
+    for name in state.parameters.names():
+        np.testing.assert_array_equal(ours.parameters[name], theirs.parameters[name], err_msg=name)
+
+
+def test_requires_grad_is_refused_while_any_module_over_the_state_lives(regression) -> None:  # type: ignore[no-untyped-def]
+    """Two modules over one state (a notebook's setup cell run again): refused until both are gone, without
+    gc.collect() (the state collects modules that wait in reference cycles itself)."""
+    state = api.CheckpointState.load_checkpoint(regression["checkpoint"])
+    first = api.Module(regression["training_model"], state)
+    second = api.Module(regression["training_model"], state, regression["eval_model"])
+    with pytest.raises(RuntimeError, match=r"\(2 Modules over it are still referenced"):
+        state.parameters["fc0.bias"].requires_grad = False
+    del first
+    with pytest.raises(RuntimeError, match=r"\(1 Module over it is still referenced"):
+        state.parameters["fc0.bias"].requires_grad = False
+    del second
+    state.parameters["fc0.bias"].requires_grad = False
+    assert not state.parameters["fc0.bias"].requires_grad

@@ -100,3 +100,19 @@ def test_bad_scheduler_arguments(regression):
         api.CosineLRScheduler(optimizer, 0, 10, 0.1, min_lr=0.5)
     with pytest.raises(TypeError, match="Optimizer"):
         api.LinearLRScheduler(object(), 0, 10, 0.1)
+
+
+def test_a_second_scheduler_leaves_the_first_ones_initial_lr(regression, rng):
+    """Before, making a scheduler overwrote the optimizer's initial rate, which every scheduler read: the first
+    one's ``initial_lr`` became the second's, and its next ``step()`` set that rate."""
+    _, module, optimizer = open_module(regression)
+    first = api.LinearLRScheduler(optimizer, 0, 100, initial_lr=0.1)
+    second = api.CosineLRScheduler(optimizer, 0, 10, initial_lr=1.0)
+    assert first.initial_lr == pytest.approx(0.1) and second.initial_lr == 1.0
+    assert optimizer.scheduler is second and optimizer.initial_learning_rate == 1.0  # ORT's: the latest's
+    first.step()
+    assert optimizer.get_learning_rate() == pytest.approx(0.1)  # its own schedule at step 0
+    rates = _train(module, optimizer, first, rng, 3)
+    assert rates == pytest.approx([schedulers.linear_lr(s, 0, 100, 0.1) for s in range(3)])
+    second.step()
+    assert optimizer.get_learning_rate() == pytest.approx(schedulers.cosine_lr(3, 0, 10, 1.0))

@@ -426,3 +426,24 @@ def test_labels_of_flattened_tokens_are_told_why_they_cannot_be_cut_into_batches
         module.train_epoch(optimizer, ids, ids.reshape(-1), 2)
     with pytest.raises(ValueError, match=r"is int64\[batch\*seq\]; got int64\[2, 8\]. The model's inputs " + hint):
         module.train_epoch(optimizer, ids, ids, 2)
+
+
+@pytest.mark.parametrize("shuffle", [False, True], ids=["in_order", "shuffled"])
+def test_a_label_the_scan_refuses_is_named_at_its_row_of_the_data(tmp_path: Path, shuffle: bool) -> None:
+    """A symbolic class count keeps the loss's label check in the scanned body: its error names the bad label
+    at its row of the array given to train_epoch (the user's row, shuffled or not), not at ``[batch, row]`` of
+    the scanned ``[M, B]`` labels; the first batch, a step of its own before the scan, is kept."""
+    paths = models.generate(tmp_path, models.classes_model("classes", False), loss=LossType.CrossEntropyLoss,
+                            optimizer=OptimType.SGD)  # fmt: skip
+    rows, size, seed = 13, 4, 3  # batch 1 by step (no update recorded yet), 2-3 in one run, a last one of 1 row
+    x = np.linspace(-2, 2, rows * 4, dtype=np.float32).reshape(rows, 4)
+    labels = np.arange(rows, dtype=np.int64) % 4
+    order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
+    bad_row = int(order[2 * size + 1])  # the second row of batch 3, scanned
+    labels[bad_row] = 9
+    _, module, optimizer = open_module(paths)
+    assert not module._label_checks  # checked in the graph, not on the host
+    message = rf"train_epoch, batches 2-3: 1 label is out of range in 'labels' .* \(4 classes\): 9 at \[{bad_row}\]\."
+    with pytest.raises(ValueError, match=message):
+        module.train_epoch(optimizer, x, labels, size, shuffle=shuffle, seed=seed)
+    assert module.train_step_count == optimizer.step_count == 1  # the first batch's step, as the loop keeps it
