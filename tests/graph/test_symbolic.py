@@ -303,7 +303,9 @@ def decoder_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, "h", "w"])],
         parameters + constants,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # opset 17's: what every supported onnxruntime loads (onnx's default may be newer)
+    return model
 
 
 #: The values the tool sizes by its guess, and those computed from them.
