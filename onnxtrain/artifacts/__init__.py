@@ -16,14 +16,16 @@ from onnxtrain.artifacts.accumulation import (
     remove_gradient_accumulation,
 )
 from onnxtrain.artifacts.export import export_model_for_inferencing
-from onnxtrain.artifacts.exported_parameters import ScatterWarning, TorchExportWarning
+from onnxtrain.artifacts.exported_parameters import ScatterWarning, Tf2onnxExportWarning, TorchExportWarning
 from onnxtrain.artifacts.fuse import FusedModel, FusionError, fuse_update_and_train
 from onnxtrain.artifacts.generate import TARGETS, ArtifactSet, build_artifacts, generate_artifacts, write_artifacts
 from onnxtrain.artifacts.kinds import LossType, OptimType
 from onnxtrain.artifacts.training_model import RunningStatisticsWarning
+from onnxtrain.graph.declared import DeclaredShapeWarning
 from onnxtrain.graph.embeddings import set_embedding
 from onnxtrain.graph.io import OpsetConversionWarning
 from onnxtrain.graph.roles import Role, initializer_roles, trainable_parameters
+from onnxtrain.losses._common import ComputedTargetWarning
 from onnxtrain.losses.classification import ClassAxisWarning
 
 __all__ = [
@@ -32,6 +34,8 @@ __all__ = [
     "AccumulationFormError",
     "ArtifactSet",
     "ClassAxisWarning",
+    "ComputedTargetWarning",
+    "DeclaredShapeWarning",
     "FusedModel",
     "FusionError",
     "LossType",
@@ -41,6 +45,7 @@ __all__ = [
     "Role",
     "RunningStatisticsWarning",
     "ScatterWarning",
+    "Tf2onnxExportWarning",
     "TorchExportWarning",
     "accumulated_name",
     "add_gradient_accumulation",

@@ -366,21 +366,31 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
 
 
 def _folded_into_a_convolution(model: onnx.ModelProto, name: str) -> str:
-    """Why torch's ``<module>.weight`` or ``.bias`` is missing where the convolution of that module reads a
-    weight the TorchScript exporter computed instead (a BatchNormalization merged into it in eval mode):
-    ``""`` otherwise."""
+    """Why torch's ``<module>.weight`` or ``.bias`` (or a BatchNorm's statistics) is missing where convolutions
+    read weights the TorchScript exporter computed (a BatchNormalization merged into the convolution before it,
+    in eval mode): the convolution of that module, or, for a module no node is left of (the BatchNorm merged
+    away), the convolutions that read such weights; ``""`` otherwise."""
     module, _, kind = name.rpartition(".")
-    if kind not in ("weight", "bias") or not module:
+    if not module or kind not in ("weight", "bias", "running_mean", "running_var"):
         return ""
-    for node in model.graph.node:
-        computed = [value for value in node.input[1:3] if value.startswith(GENERATED)]
-        if node.op_type in CONVOLUTIONS and is_standard(node) and computed and module_path(node) == module:
-            return (
-                f" (the exporter computed node {node.name!r}'s weights for inference, {', '.join(computed)}: a "
-                "BatchNormalization merged into the convolution, torch.onnx.export's default evaluation mode with "
-                f"constant folding. To train torch's layers, export in training mode: {TRAINING_EXPORT})"
-            )
-    return ""
+    folded = [
+        (node, computed)
+        for node in model.graph.node
+        if node.op_type in CONVOLUTIONS
+        and is_standard(node)
+        and (computed := [value for value in node.input[1:3] if value.startswith(GENERATED)])
+    ]
+    own = [(node, computed) for node, computed in folded if module_path(node) == module]
+    gone = not any(module_path(node) == module for node in model.graph.node)
+    if not own and not (gone and folded):
+        return ""
+    convolutions = ", ".join(f"{node.name!r} reads {', '.join(computed)}" for node, computed in (own or folded)[:3])
+    merged = "" if own else f"no node of {module!r} is left: "
+    return (
+        f" ({merged}the exporter computed convolutions' weights for inference ({convolutions}): a "
+        "BatchNormalization merged into the convolution before it, torch.onnx.export's default evaluation mode "
+        f"with constant folding. To train torch's layers, export in training mode: {TRAINING_EXPORT})"
+    )
 
 
 def _untied_copies(changes: Sequence[ParameterChange]) -> dict[str, list[str]]:

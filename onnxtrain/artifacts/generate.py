@@ -52,6 +52,7 @@ from onnxtrain.graph.passes.static_shapes import fold_static_dims
 from onnxtrain.graph.passes.untie import untie_identity_copies
 from onnxtrain.graph.roles import running_statistics
 from onnxtrain.graph.symbolic import with_symbolic_dims
+from onnxtrain.losses._common import every_output
 from onnxtrain.optim.loss_scaling import LOSS_SCALE, SCALER_STATE
 
 Target = Literal["onnxruntime", "onnxruntime-training"]
@@ -221,8 +222,13 @@ def _build(
     tied = transposed_copies(proto, data)
     check_not_tied_copies(tied, requires, frozen)
     tie_transposed_copies(untie_identity_copies(proto), copies=tied)
-    known = names_in(proto.graph)  # the base model's values; the other names may be the loss block's parameters
-    check_parameters(proto, [n for n in requires if n in known], [n for n in frozen if n in known])
+    # a loss block of the user's may add parameters (checked once the training model is built); the base model's
+    # names, and all of them for a built-in loss, which adds none, are checked now
+    own_loss = isinstance(loss, Block) and not _built_in(loss)
+    known = names_in(proto.graph) if own_loss else None
+    check_parameters(
+        proto, [n for n in requires if known is None or n in known], [n for n in frozen if known is None or n in known]
+    )
     with_symbolic_dims(proto)  # sizes the export computes, named: gradients of known shapes need no run-time sums
     cast_like_to_cast(proto)  # the dynamo exporter's CastLike of a known type: a Cast, which folds on constants
     inputs_to_loss = _names("loss_input_names", loss_input_names) or [o.name for o in proto.graph.output]
@@ -259,11 +265,12 @@ def _build(
         training_block.requires_grad(name)
     for name in frozen:
         training_block.requires_grad(name, False)
-    with loaded_base(proto, data.base_dir):
+    # a built-in loss over every output (the default): it takes the second as its target, which it says
+    chosen = every_output() if _built_in(loss_of) and not loss_input_names else contextlib.nullcontext()
+    with loaded_base(proto, data.base_dir), chosen:
         training_block(*inputs_to_loss)
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
-    _check_loss_block_parameters(proto, requires, frozen, trainable, frozen_tensors)
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
     if half is not None:  # absent: float32
         described[PRECISION_KEY] = precision
@@ -292,23 +299,10 @@ def _build(
     return built
 
 
-def _check_loss_block_parameters(
-    base: onnx.ModelProto,
-    requires: Sequence[str],
-    frozen: Sequence[str],
-    trainable: Sequence[onnx.TensorProto],
-    frozen_tensors: Sequence[onnx.TensorProto],
-) -> None:
-    """``ValueError`` (:func:`check_parameters`' message on ``base``) for a name of ``requires`` or ``frozen``
-    that is neither an initializer of the base model nor a parameter the loss block added (a learnable
-    temperature, a projection head of ``blocks.Linear``), as ONNX Runtime reads the parameters after the loss
-    is built."""
-    built = {tensor.name for tensor in (*trainable, *frozen_tensors)}
-    stored = {tensor.name for tensor in base.graph.initializer}
-    unknown_requires = [name for name in requires if name not in stored and name not in built]
-    unknown_frozen = [name for name in frozen if name not in stored and name not in built]
-    if unknown_requires or unknown_frozen:
-        check_parameters(base, unknown_requires, unknown_frozen)
+def _built_in(loss: Block) -> bool:
+    """Whether ``loss`` is one of onnxtrain's losses (``onnxtrain.losses``), which add no parameters and take
+    their inputs as the model's outputs come."""
+    return type(loss).__module__.startswith("onnxtrain.losses.")
 
 
 #: Operators of a model quantized in the QOperator format: integer kernels whose weights are integers.

@@ -27,6 +27,8 @@ class ComputedTargetWarning(UserWarning):
 
 #: The values the training block being built trains (:func:`trained_values`); ``None`` outside one.
 _TRAINED: ContextVar[Collection[str] | None] = ContextVar("onnxtrain_trained_values", default=None)
+#: Whether the loss's inputs are generate_artifacts' default, every output of the model (see :func:`every_output`).
+_EVERY_OUTPUT: ContextVar[bool] = ContextVar("onnxtrain_every_output", default=False)
 
 
 Reduction = Literal["mean", "sum", "none"]
@@ -92,7 +94,7 @@ def target_input(
                 f"has {name!r} as {describe_type(b.type_of(name))}; pass another target name"
             )
         outputs = {value.name for value in b.model.graph.output}
-        if name in outputs and like in outputs and _may_be_trained(b, name):
+        if name in outputs and like in outputs and (_EVERY_OUTPUT.get() or _may_be_trained(b, name)):
             caller.warn(
                 f"{loss} takes the model's output {name!r} as the target of its output {like!r}: training pulls "
                 f"{like!r} toward {name!r}, with no labels from the data. To train {like!r} against data, pass "
@@ -119,6 +121,19 @@ def trained_values(names: Collection[str]) -> Iterator[None]:
         yield
     finally:
         _TRAINED.reset(token)
+
+
+@contextlib.contextmanager
+def every_output() -> Iterator[None]:
+    """Tell the losses built inside the ``with`` block that their inputs are every output of the model, the
+    default of ``generate_artifacts``, not the user's choice: a built-in loss then takes a second output as its
+    target whether or not anything computes it from trained values (a frozen backbone's features), and
+    :class:`ComputedTargetWarning` says so."""
+    token = _EVERY_OUTPUT.set(True)
+    try:
+        yield
+    finally:
+        _EVERY_OUTPUT.reset(token)
 
 
 def _may_be_trained(b: GraphBuilder, value: str) -> bool:

@@ -601,11 +601,13 @@ def _seed(random_state: Any, *, draw: bool = True) -> int | None:
 
 
 def _check_labels(module: Module, data: Sequence[np.ndarray], what: str) -> None:
-    """``module.check_labels``, its advice said in ``fit``'s terms: a class is its position in the classes."""
+    """``module.check_labels``, its advice said in ``fit``'s terms (a class is its position in the classes), and
+    ``module.check_ids``: before any shuffle, every row of the caller's data."""
     try:
         module.check_labels(data, what)
     except ValueError as error:
         raise ValueError(str(error).replace(LABEL_ADVICE, _CLASS_POSITIONS)) from None
+    module.check_ids(data, what)  # and the ids an embedding looks up, each named at its row of X
 
 
 #: How ``y`` names classes for a converted classifier's scores.

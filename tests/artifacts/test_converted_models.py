@@ -145,3 +145,6 @@ def test_a_linear_classifier_of_skl2onnx_names_black_op_as_the_sklearn_optimizer
         artifacts.build_artifacts(_linear_classifier(), requires_grad=["coef"], loss_input_names=["probabilities"])
     with pytest.raises(ValueError, match=r"an optimizer needs trainable parameters.*" + hint):
         artifacts.build_artifacts(_linear_classifier(), optimizer="SGD", loss_input_names=["probabilities"])
+    # with the default loss inputs, the cross-entropy reached the int64 labels first, and advised a Cast
+    with pytest.raises(ValueError, match=r"'coef'.*no floating-point initializers to train.*" + hint):
+        artifacts.build_artifacts(_linear_classifier(), requires_grad=["coef"], loss="CrossEntropyLoss")

@@ -367,5 +367,11 @@ def test_a_parameter_folded_with_its_normalization_into_a_convolution_is_explain
         warnings.simplefilter("ignore")
         torch.onnx.export(ConvBn().eval(), (torch.randn(1, 3, 8, 8),), buffer, dynamo=False, input_names=["x"])
     model = onnx.load_from_string(buffer.getvalue())
-    with pytest.raises(ValueError, match=r"computed node '/conv/Conv''s weights for inference.*TrainingMode.TRAINING"):
+    with pytest.raises(
+        ValueError,
+        match=r"computed convolutions' weights for inference \('/conv/Conv' reads onnx::Conv_.*TrainingMode.TRAINING",
+    ):
         generate_artifacts(model, requires_grad=["conv.weight"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    with pytest.raises(ValueError, match=r"no node of 'bn' is left: the exporter computed convolutions' weights"):
+        generate_artifacts(model, requires_grad=["bn.weight"], loss=LossType.MSELoss, artifact_directory=tmp_path)
+    assert not any(tmp_path.iterdir())

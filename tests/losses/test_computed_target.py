@@ -110,6 +110,15 @@ def test_the_default_loss_inputs_of_two_trained_heads_are_still_said(tmp_path: P
     assert "loss_input_names=['student']" in str(said[0].message)
 
 
+def test_the_default_loss_inputs_over_a_frozen_output_are_said(tmp_path: Path) -> None:
+    """generate_artifacts' default pairs a built-in loss with every output: MSELoss(student, teacher_probs) with
+    the teacher frozen (a head fine-tuned over a frozen backbone's features, both outputs) takes no labels, and
+    was no longer said once a frozen target counted as data. The pairing is the default's, not the user's."""
+    said = _said(_pair(), artifacts.LossType.MSELoss, tmp_path, STUDENT, TEACHER)
+    assert len(said) == 1
+    assert "loss_input_names=['student']" in str(said[0].message)
+
+
 def test_a_bare_base_cannot_tell_what_trains_and_says_it() -> None:
     """Outside a training block nothing says which values train: the warning stays (as it was)."""
     with onnxblock.base(_pair()), pytest.warns(ComputedTargetWarning, match=r"loss_input_names=\['student'\]"):

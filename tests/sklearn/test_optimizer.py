@@ -650,3 +650,32 @@ def test_pandas_nullable_dtypes_are_taken_as_scikit_learn_takes_them() -> None:
     labels[7] = pd.NA
     with pytest.raises(ValueError, match=r"y feeds the integer input 'label' but holds NaN: drop or impute"):
         classifier.fit(frame, labels)
+
+
+def test_a_category_code_outside_the_table_is_named_at_its_row_of_x() -> None:
+    """A code carried in X's first column and cast to an embedding's ids: fit shuffles a copy of the data each
+    iteration, and the id check named the code's row in that copy, under train_epoch's name."""
+    nodes = [
+        helper.make_node("Gather", ["X", "first"], ["code"], axis=1),
+        helper.make_node("Cast", ["code"], ["ids"], to=onnx.TensorProto.INT64),
+        helper.make_node("Gather", ["table", "ids"], ["vectors"]),
+        helper.make_node("ReduceSum", ["vectors", "last"], ["y"], keepdims=1),
+    ]
+    model = make_model(
+        {"X": (FLOAT, ["N", 2])},
+        nodes,
+        {"y": (FLOAT, ["N", 1])},
+        [
+            ("first", np.array(0, np.int64)),
+            ("last", np.array([1], np.int64)),
+            ("table", np.ones((4, 2), np.float32)),
+        ],
+        opset=13,
+    )
+    x = np.array([[0, 1.0], [1, 2.0], [2, 0.5], [-1, 1.5], [1, 0.0], [0, 1.0], [2, 2.0], [3, 0.5]], np.float32)
+    y = np.arange(8, dtype=np.float32)
+    estimator = OrtGradientOptimizer(
+        add_loss_output(model, score_name="squared_error"), ["table"], max_iter=2, batch_size=4
+    )
+    with pytest.raises(ValueError, match=r"^fit: input 'X' holds 1 id\(s\) outside the 4 rows .*-1 at \[3, 0\]"):
+        estimator.fit(x, y)
