@@ -359,7 +359,7 @@ def explain_missing(model: onnx.ModelProto, name: str) -> str:
             what = {
                 "merged": f"merged it with parameters of equal values into {instead}",
                 "dropped": "removed it, a bias of zeros",
-                "folded": f"folded it into {instead}, a constant computed from it (its transpose, or 1 + it)",
+                "folded": f"folded it into {instead}, a constant computed from it for inference",
             }[change.change]
             return f" (torch.onnx.export's optimizer {what}. {REMEDY})"
     return _folded_into_a_convolution(model, name)

@@ -686,10 +686,10 @@ class Module:
             return f"{len(names)} parameter{'' if len(names) == 1 else 's'} ({size:,} values)"
 
         io: TrainingModelIO | EvalModelIO | None = self._io if self.training else self._eval_io
-        model = "no eval model" if io is None else f"inputs=[{io.inputs.signature()}], outputs={list(io.outputs)}"
+        model = "" if io is None else f"inputs=[{io.inputs.signature()}], outputs={list(io.outputs)}, "
         return (
             f"Module(device={str(self._device)!r}, mode={'train' if self.training else 'eval'!r}, "
-            f"trainable={counted(trainable)}, frozen={counted(frozen)}, {model}, "
+            f"trainable={counted(trainable)}, frozen={counted(frozen)}, {model}"
             f"eval_model={self._eval_model is not None}, train_steps={self._train_steps})"
         )
 
