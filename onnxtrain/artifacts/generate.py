@@ -41,9 +41,9 @@ from onnxtrain.blocks import Block, PassThrough
 from onnxtrain.filegroup import FileGroup
 from onnxtrain.graph import dtypes, empty_base, external, versions
 from onnxtrain.graph.context import loaded_base
-from onnxtrain.graph.converted import check_known_operators, with_converter_hints
+from onnxtrain.graph.converted import check_known_operators, check_types, with_converter_hints
 from onnxtrain.graph.declared import correct_declared_shapes
-from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light
+from onnxtrain.graph.io import constants_as_initializers, copy_model, initializers_not_inputs, load_light, skeleton
 from onnxtrain.graph.naming import names_in
 from onnxtrain.graph.passes import autocast
 from onnxtrain.graph.passes.cast_like import cast_like_to_cast
@@ -214,6 +214,7 @@ def _build(
     additional = _names("additional_output_names", additional_output_names)
     proto, data = load_light(model, in_file=True)  # the weights are read as they are written, from where they are
     check_known_operators(proto)  # a converter's leftovers (tf2onnx's TensorFlow operations) named, not our output
+    check_types(skeleton(proto))  # an exporter's invalid types (complex128 arithmetic), not the training model's
     initializers_not_inputs(proto)  # a default a caller could override: gradients hold for its value alone
     correct_declared_shapes(proto)  # a value or output declared at the export's size of a dynamic axis
     constants_as_initializers(proto, [*requires, *frozen])  # weights a converter held in Constant nodes

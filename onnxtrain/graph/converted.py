@@ -106,6 +106,22 @@ def check_known_operators(model: onnx.ModelProto) -> None:
     )
 
 
+def check_types(model: onnx.ModelProto) -> None:
+    """``ValueError`` where onnx's type check finds a node of ``model`` reading or writing a type its operator
+    does not take (torch's TorchScript export of Falcon's alibi casts to complex128 and multiplies that): the
+    model itself is not valid ONNX, and onnxruntime would refuse every model built from it. Shapes are not
+    checked (onnx's inference, not strict); ``model`` may be a skeleton without the weights' values."""
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False)
+    except onnx.shape_inference.InferenceError as error:
+        producer = " ".join(part for part in (model.producer_name, model.producer_version) if part)
+        raise ValueError(
+            f"the model is not valid ONNX: {error}. Its exporter{f' ({producer})' if producer else ''} wrote a "
+            "type the operator does not take, which onnxruntime refuses to load: export it again (another opset, "
+            "exporter or model setting) so that onnxruntime.InferenceSession loads it, then train it"
+        ) from None
+
+
 def _every_node(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
     """The nodes of ``model``'s graph and of its functions, with those of their subgraphs."""
     yield from all_nodes(model.graph)

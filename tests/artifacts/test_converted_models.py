@@ -148,3 +148,18 @@ def test_a_linear_classifier_of_skl2onnx_names_black_op_as_the_sklearn_optimizer
     # with the default loss inputs, the cross-entropy reached the int64 labels first, and advised a Cast
     with pytest.raises(ValueError, match=r"'coef'.*no floating-point initializers to train.*" + hint):
         artifacts.build_artifacts(_linear_classifier(), requires_grad=["coef"], loss="CrossEntropyLoss")
+
+
+def test_a_type_the_operator_does_not_take_is_named_before_anything_is_built(tmp_path):
+    """torch's TorchScript export of Falcon's alibi casts to complex128 and multiplies that: generation wrote
+    the artifacts, and onnxruntime then refused the training model, as if onnxtrain had built it wrong."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Cast", ["h"], ["complex"], to=onnx.TensorProto.COMPLEX128, name="/m/transformer/Cast"),
+        helper.make_node("Mul", ["complex", "complex"], ["squared"]),
+        helper.make_node("Cast", ["squared"], ["y"], to=onnx.TensorProto.FLOAT),
+    ]
+    model = make_model({"x": (FLOAT, ["n", 2])}, nodes, {"y": (FLOAT, ["n", 2])}, [("w", np.ones((2, 2), np.float32))])
+    with pytest.raises(ValueError, match=r"not valid ONNX: .*/m/transformer/Cast.*complex128.*export it again"):
+        artifacts.generate_artifacts(model, requires_grad=["w"], loss="MSELoss", artifact_directory=tmp_path / "a")
+    assert not (tmp_path / "a").exists()
