@@ -19,7 +19,9 @@ from tests.helpers import export_for_training
 STATISTICS = ["bn.running_mean", "bn.running_var"]
 
 
-def _torch_net():
+def _torch_net(*, two_views: bool = False):
+    """``fc -> bn -> relu -> head``; ``two_views``: SimCLR's pattern, one head, its BatchNorm included, applied
+    to two views of ``x: [N, 8]`` in one forward (no relu)."""
     torch = pytest.importorskip("torch")
 
     class Net(torch.nn.Module):
@@ -30,6 +32,9 @@ def _torch_net():
             self.head = torch.nn.Linear(3, 2)
 
         def forward(self, x):
+            if two_views:
+                first, second = x[:, :4], x[:, 4:]
+                return self.head(self.bn(self.fc(first))) + self.head(self.bn(self.fc(second * 2.0)))
             return self.head(torch.relu(self.bn(self.fc(x))))
 
     torch.manual_seed(0)
@@ -245,34 +250,11 @@ def test_a_scale_merged_with_a_running_statistic_by_the_exporter_is_said(tmp_pat
         generate_artifacts(model, requires_grad=["w"], loss=LossType.MSELoss, artifact_directory=tmp_path)
 
 
-def _shared_head_net():
-    """SimCLR's pattern: one projection head, its BatchNorm included, applied to two views in one forward."""
-    torch = pytest.importorskip("torch")
-
-    class TwoViews(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.fc = torch.nn.Linear(4, 3)
-            self.bn = torch.nn.BatchNorm1d(3)
-            self.head = torch.nn.Linear(3, 2)
-
-        def forward(self, x):
-            first, second = x[:, :4], x[:, 4:]
-            return self.head(self.bn(self.fc(first))) + self.head(self.bn(self.fc(second * 2.0)))
-
-    torch.manual_seed(0)
-    net = TwoViews()
-    with torch.no_grad():
-        net.bn.running_mean.uniform_(-1, 1)
-        net.bn.running_var.uniform_(0.5, 2)
-    return torch, net
-
-
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_a_normalization_applied_twice_in_a_forward_updates_its_statistics_twice_as_torch(tmp_path, exporter):
     """torch updates the buffers at each call, the second update from the first's result; only the first
     node's update was kept (dynamo), or the second node's from the statistics as they were (TorchScript)."""
-    torch, net = _shared_head_net()
+    torch, net = _torch_net(two_views=True)
     example = torch.zeros(8, 8)
     if exporter == "dynamo":
         pytest.importorskip("onnxscript")
