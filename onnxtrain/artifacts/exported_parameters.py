@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from onnxtrain import caller
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.passes.untie import merged_constants
 from onnxtrain.graph.roles import initializer_roles
@@ -145,8 +146,7 @@ def warn_unrecorded_merges(model: onnx.ModelProto, requires_grad: Sequence[str])
     record of the parameters its optimizer changed is gone (no node keeps torch's metadata: torch converts a
     dynamo export to an opset below 18 after writing it, and drops it), naming the trained initializers that
     several nodes of one operator read, as the parameters its optimizer merged are (a fresh model's LayerNorm
-    weights, all ones); nothing otherwise. A model of tf2onnx gets :func:`warn_tf2onnx_merges`'s warning."""
-    warn_tf2onnx_merges(model, requires_grad)
+    weights, all ones); nothing otherwise."""
     nodes = model.graph.node
     if model.producer_name != "pytorch" or not any(node.name.startswith(DYNAMO_NODE_PREFIX) for node in nodes):
         return
@@ -281,13 +281,13 @@ def warn_scatters(model: onnx.ModelProto) -> None:
             from_data.update(name for name in node.output if name)
         if node.op_type not in SCATTERS or not is_standard(node) or len(node.input) < 2:
             continue
-        reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
+        reduction = attribute(node, "reduction", b"none")
         source = node.input[0]
         while source in copies:  # torch's detach() is an Identity
             source = copies[source]
         if source in initializers:
             rewritten.append(source)
-        elif reduction == "none" and node.input[1] in from_data:
+        elif reduction == b"none" and node.input[1] in from_data:
             found.append(f"{node.name or node.output[0]} ({node.op_type})")
     if rewritten:
         caller.warn(

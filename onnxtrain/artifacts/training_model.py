@@ -26,6 +26,7 @@ from onnxtrain.artifacts.exported_parameters import (
     warn_folded_convolutions,
     warn_merged_constants,
     warn_scatters,
+    warn_tf2onnx_merges,
     warn_unrecorded_merges,
     warn_untracked_statistics,
 )
@@ -430,6 +431,7 @@ def build_training_models(
     check_parameters(forward, requires_grad, frozen_params)
     warn_changed_parameters(forward, requires_grad)
     warn_unrecorded_merges(forward, requires_grad)
+    warn_tf2onnx_merges(forward, requires_grad)
     warn_folded_convolutions(forward, requires_grad)
     warn_merged_constants(forward, requires_grad)
     warn_untracked_statistics(forward)

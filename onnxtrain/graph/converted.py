@@ -94,11 +94,10 @@ def check_known_operators(model: onnx.ModelProto) -> None:
     operators = sorted({node.op_type for node in unknown})
     labels = [_label(node) for node in unknown[:LISTED]]
     more = f" and {len(unknown) - LISTED} more" if len(unknown) > LISTED else ""
-    producer = " ".join(part for part in (model.producer_name, model.producer_version) if part)
     raise ValueError(
         f"the model is not valid ONNX: {', '.join(labels)}{more}: {', '.join(operators)} "
         f"{'is no operator' if len(operators) == 1 else 'are no operators'} of ONNX (onnx.defs knows no such "
-        f"operator in the default domain). Its converter{f' ({producer})' if producer else ''} left them as they "
+        f"operator in the default domain). Its converter{_producer(model)} left them as they "
         "were (tf2onnx leaves the TensorFlow operations it cannot convert): convert them (a newer converter or "
         "opset; tf2onnx's custom_op_handlers) or replace them with ONNX operators in the model before training it. "
         "An operator of your own belongs in a custom domain, run with its library (custom_op_library) and "
@@ -114,12 +113,17 @@ def check_types(model: onnx.ModelProto) -> None:
     try:
         onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=False)
     except onnx.shape_inference.InferenceError as error:
-        producer = " ".join(part for part in (model.producer_name, model.producer_version) if part)
         raise ValueError(
-            f"the model is not valid ONNX: {error}. Its exporter{f' ({producer})' if producer else ''} wrote a "
+            f"the model is not valid ONNX: {error}. Its exporter{_producer(model)} wrote a "
             "type the operator does not take, which onnxruntime refuses to load: export it again (another opset, "
             "exporter or model setting) so that onnxruntime.InferenceSession loads it, then train it"
         ) from None
+
+
+def _producer(model: onnx.ModelProto) -> str:
+    """`` (pytorch 2.13.0)``: the program that wrote ``model``, as the messages name it; ``""`` where unsaid."""
+    producer = " ".join(part for part in (model.producer_name, model.producer_version) if part)
+    return f" ({producer})" if producer else ""
 
 
 def _every_node(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
@@ -144,6 +148,7 @@ __all__ = [
     "NOT_DIFFERENTIABLE",
     "RUNTIME_OPERATORS",
     "check_known_operators",
+    "check_types",
     "converter_hints",
     "unknown_operators",
     "with_converter_hints",

@@ -92,13 +92,14 @@ from typing import Literal, NamedTuple
 import onnx
 
 from onnxtrain.graph import dtypes, wire
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.external import TensorData
 from onnxtrain.graph.io import skeleton
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
 from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
 from onnxtrain.graph.torch_metadata import signature_kinds
 from onnxtrain.graph.versions import is_standard
-from onnxtrain.graph.walk import all_nodes, readers_of, subgraphs
+from onnxtrain.graph.walk import all_nodes, computed_from, readers_of, subgraphs
 
 Role = Literal["weight", "constant", "running statistic"]
 
@@ -452,22 +453,13 @@ def _computed_from(graph: onnx.GraphProto, sources: set[str], *, shapes: bool = 
     :data:`SHAPE_ONLY`, unless ``shapes``); a node with subgraphs computes its outputs from everything they
     read, and a ``Loop``'s or ``Scan``'s body input from what enters it and what the body returns for it
     (:func:`_carried`)."""
-    computed = set(sources)
-    reads: list[tuple[AbstractSet[str], list[str]]] = []
+    edges: list[tuple[AbstractSet[str], list[str]]] = []
     for node in all_nodes(graph):
         if shapes or not (node.op_type in SHAPE_ONLY and is_standard(node)):
-            reads.append((_reads(node), list(node.output)))
+            edges.append((_reads(node), list(node.output)))
         for carried in _carried(node):  # a body's input holds what enters the loop, then what the body returned
-            reads.append(({carried.outer, carried.returned} - {""}, [carried.inner]))
-    changed = True
-    while changed:  # nodes are in order within a graph; what a subgraph computes reaches its node's outputs
-        changed = False
-        for read, outputs in reads:
-            if not read.isdisjoint(computed):
-                fresh = [name for name in outputs if name and name not in computed]
-                computed.update(fresh)
-                changed = changed or bool(fresh)
-    return computed
+            edges.append(({carried.outer, carried.returned} - {""}, [carried.inner]))
+    return computed_from(sources, edges)
 
 
 class _Carried(NamedTuple):
@@ -490,15 +482,15 @@ def _carried(node: onnx.NodeProto) -> list[_Carried]:
     ``k``); ``[]`` for any other node."""
     if not is_standard(node) or node.op_type not in ("Loop", "Scan"):
         return []
-    body = next((a.g for a in node.attribute if a.name == "body" and a.HasField("g")), None)
-    if body is None:
+    body = attribute(node, "body")
+    if not isinstance(body, onnx.GraphProto):
         return []
     inner = [value.name for value in body.input]
     returned = [value.name for value in body.output]
     if node.op_type == "Loop":
         pairs = [(k, k, k - 1) for k in range(2, min(len(node.input), len(inner)))]
     else:
-        scanned = next((a.i for a in node.attribute if a.name == "num_scan_inputs"), 0)
+        scanned = attribute(node, "num_scan_inputs", 0)
         states, offset = len(inner) - scanned, len(node.input) - len(inner)
         pairs = [(k + offset, k, k if k < states else -1) for k in range(len(inner)) if k + offset >= 0]
     found = []

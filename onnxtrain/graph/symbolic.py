@@ -36,12 +36,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import onnx
 
-from onnxtrain.graph.walk import names_read
+from onnxtrain.graph.walk import computed_from, names_read
 
 _LOGGER = logging.getLogger(__name__)
 #: The logger of onnxruntime's tool, which warns where it guesses (``Unable to determine if h <= ..., treat as
@@ -117,7 +117,7 @@ def symbolic_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     result = getattr(inference, "out_mp_", None)
     if result is None or guesses.blind:
         return []
-    guessed = _computed_from(model.graph, guesses.outputs)
+    guessed = computed_from(guesses.outputs, [(names_read(node), node.output) for node in model.graph.node])
     if guessed:
         _LOGGER.debug("symbolic shape inference guessed %d values; left undeclared", len(guessed))
     expressions = getattr(inference, "symbolic_dims_", {})
@@ -125,23 +125,6 @@ def symbolic_value_info(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     for value in kept:
         _plain_dims(value, expressions)
     return kept
-
-
-def _computed_from(graph: onnx.GraphProto, names: Iterable[str]) -> set[str]:
-    """``names`` and every value of ``graph`` computed from them (by a node that reads one, in a subgraph
-    too), whatever the nodes' order."""
-    reached = set(names)
-    if not reached:
-        return reached
-    reads = [(names_read(node), node.output) for node in graph.node]
-    grew = True
-    while grew:
-        grew = False
-        for inputs, outputs in reads:
-            if not reached.issuperset(outputs) and not reached.isdisjoint(inputs):
-                reached.update(outputs)
-                grew = True
-    return reached
 
 
 def _plain_dims(value: onnx.ValueInfoProto, expressions: Mapping[str, Any]) -> None:

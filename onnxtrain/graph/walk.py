@@ -8,7 +8,7 @@ subgraph reads without defining it is always a value of an enclosing scope.
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 import onnx
 
@@ -131,6 +131,22 @@ def needed_nodes(nodes: Sequence[onnx.NodeProto], outputs: Iterable[str]) -> lis
     return kept
 
 
+def computed_from(sources: Iterable[str], edges: Sequence[tuple[Collection[str], Sequence[str]]]) -> set[str]:
+    """``sources`` and every value computed from them: the names each edge ``(reads, writes)`` writes once it
+    reads one already reached, until no edge reaches more, whatever the edges' order (a node's inputs and
+    outputs; a loop's body input, from what enters the loop and what the body returns for it)."""
+    reached = set(sources)
+    grew = bool(reached)
+    while grew:
+        grew = False
+        for reads, writes in edges:
+            if not reached.isdisjoint(reads):
+                fresh = [name for name in writes if name and name not in reached]
+                reached.update(fresh)
+                grew = grew or bool(fresh)
+    return reached
+
+
 def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
     """Indices of ``nodes`` in a topological order, stable with respect to the given one."""
     producer = {name: i for i, node in enumerate(nodes) for name in node.output if name}
@@ -159,6 +175,7 @@ def topological_order(nodes: Sequence[onnx.NodeProto]) -> list[int]:
 
 __all__ = [
     "all_nodes",
+    "computed_from",
     "constant_tensors",
     "inputs_read",
     "names_read",

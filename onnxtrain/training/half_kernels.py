@@ -38,6 +38,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 from onnxtrain import caller
 from onnxtrain.artifacts.metadata import PRECISION_KEY, read_metadata
 from onnxtrain.graph import external, versions
+from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.builder import GraphBuilder
 from onnxtrain.graph.io import copy_model
 from onnxtrain.graph.passes.autocast import compute_in_float32, defined_with
@@ -74,17 +75,17 @@ def open_session(
         try:
             session = make(model)
         except ort_errors.NotImplemented as error:
-            found = MISSING_KERNEL.search(str(error))
-            if found is None or found.group(1) in widened:
+            missing = missing_half_kernel(error)
+            if missing is None or missing in widened:
                 raise
             if model.path is not None and external.has_external_data(model.proto):
                 raise  # its data stays on disk; rewriting it here would need all of it in memory
             copy = copy_model(model.with_data())
-            op_type = widen(copy, found.group(1))
+            op_type = widen(copy, missing)
             if op_type is None:
                 raise
-            widened.append(found.group(1))
-            described[found.group(1)] = op_type
+            widened.append(missing)
+            described[missing] = op_type
             model = LoadedModel(copy, copy.SerializeToString())
             continue
         news = [text for op, text in described.items() if op not in warned]
@@ -169,10 +170,7 @@ def _has_float16(model: onnx.ModelProto) -> bool:
         return True
     if any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16 for v in graph.input):
         return True
-    return any(
-        node.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.FLOAT16 for a in node.attribute)
-        for node in graph.node
-    )
+    return any(node.op_type == "Cast" and attribute(node, "to") == onnx.TensorProto.FLOAT16 for node in graph.node)
 
 
 def widen(model: onnx.ModelProto, op_type: str) -> str | None:

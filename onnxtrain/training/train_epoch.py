@@ -94,6 +94,8 @@ class EpochModule(Protocol):
 
     def check_ids(self, feeds: Sequence[Any], step: str) -> None: ...
 
+    def get_parameters_size(self, trainable_only: bool = True) -> int: ...
+
 
 class EpochTrainer:
     """``train_epoch`` for one module; keeps its epoch steps, one per shape of batch (``steps``)."""
@@ -212,8 +214,7 @@ class EpochTrainer:
         module = self.module
         if fused is None or module.runs_unbound or module.seeds_each_step:
             return None
-        tensors = module.state.store.tensors
-        large = sum(tensors[name].size for name in module.io.trainable) > EPOCH_SCAN_MAX_ELEMENTS
+        large = module.get_parameters_size(trainable_only=True) > EPOCH_SCAN_MAX_ELEMENTS
         if large and module.device.type == "cpu":  # on a GPU a call costs more: not measured where it stops paying
             return None
         key = (fused, tuple(shapes))
