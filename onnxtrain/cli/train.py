@@ -43,6 +43,11 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument("--data", required=True, type=Path, metavar="FILE", help="FILE.npz or FILE.csv")
     parser.add_argument("--epochs", required=True, type=count(1), metavar="N", help="epochs of the whole run")
     parser.add_argument("--batch-size", required=True, type=count(1), metavar="B", help="the last batch may be smaller")
+    parser.add_argument(
+        "--accumulate", type=count(1), default=1, metavar="K",
+        help="accumulate the gradients of K batches into each optimizer step, each batch weighted by its samples: "
+        "the step of a batch of K*B samples in the memory of one of B (default 1)",
+    )  # fmt: skip
     validation = parser.add_mutually_exclusive_group()
     validation.add_argument(
         "--val-split", type=fraction, metavar="F", help="hold out this fraction of the samples for validation"
@@ -179,7 +184,7 @@ def run_settings(args: argparse.Namespace) -> Settings:
         raise UsageError(str(error)) from None
     return Settings(
         args.epochs, args.batch_size, args.seed, args.val_split or 0.0, args.checkpoint_every, args.lr, schedule,
-        args.early_stopping,
+        args.early_stopping, args.accumulate,
     )  # fmt: skip
 
 
@@ -187,6 +192,8 @@ def resume_command(args: argparse.Namespace) -> str:
     """The command line that continues this run."""
     words = ["onnxtrain", "train", str(args.directory), "--data", str(args.data)]
     words += ["--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--seed", str(args.seed)]
+    if args.accumulate != 1:
+        words += ["--accumulate", str(args.accumulate)]
     if args.val_split:
         words += ["--val-split", repr(args.val_split)]
     if args.val_data is not None:

@@ -18,7 +18,7 @@ and ``onnxtrain demo`` use:
 
 from __future__ import annotations
 
-from onnxtrain.loop.batches import batch_count, epoch_order, fingerprint, split
+from onnxtrain.loop.batches import batch_count, epoch_order, fingerprint, split, step_count
 from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import BEST_CHECKPOINT, TRAINED_CHECKPOINT, ArtifactFiles, remove_checkpoint
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
@@ -55,6 +55,7 @@ __all__ = [
     "measured",
     "remove_checkpoint",
     "split",
+    "step_count",
     "stopped_line",
     "stored_learning_rate",
     "train",

@@ -41,6 +41,11 @@ def batch_count(samples: int, batch_size: int) -> int:
     return math.ceil(samples / batch_size)
 
 
+def step_count(samples: int, batch_size: int, accumulate: int = 1) -> int:
+    """Optimizer steps per epoch: one per ``accumulate`` batches, the last taking the batches that remain."""
+    return math.ceil(batch_count(samples, batch_size) / accumulate)
+
+
 def fingerprint(arrays: Sequence[np.ndarray]) -> str:
     """A short hash of the arrays' dtypes, shapes and bytes: the same data gives the same text."""
     digest = hashlib.sha256()
@@ -50,4 +55,4 @@ def fingerprint(arrays: Sequence[np.ndarray]) -> str:
     return digest.hexdigest()[:16]
 
 
-__all__ = ["batch_count", "epoch_order", "fingerprint", "split"]
+__all__ = ["batch_count", "epoch_order", "fingerprint", "split", "step_count"]

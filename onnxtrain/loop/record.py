@@ -8,7 +8,8 @@ A checkpoint's properties (int64, float32 or str) hold, under ``onnxtrain.run.``
 - ``val_data``: a fingerprint of separate validation data (empty when there
   is none); ``schedule``: the learning-rate schedule (JSON, empty for a
   constant rate); ``patience``: the epochs early stopping waits for a better
-  validation loss (0: no early stopping);
+  validation loss (0: no early stopping); ``accumulate``: the batches of
+  one optimizer step;
 - ``learning_rate``; ``history``, a JSON list with one
   ``{"epoch", "train_loss", "val_loss", "train_accuracy", "val_accuracy"}``
   per finished epoch (``null`` where there is none); ``epoch_loss``, the JSON
@@ -16,8 +17,9 @@ A checkpoint's properties (int64, float32 or str) hold, under ``onnxtrain.run.``
   ``epoch_accuracy``, its ``[correct, counted]``, so that its means come out
   the same after a resume. JSON keeps Python floats exactly.
 
-Records written before ``val_data``, ``schedule``, ``patience`` and
-``epoch_accuracy`` existed lack them: they read as none.
+Records written before ``val_data``, ``schedule``, ``patience``,
+``epoch_accuracy`` and ``accumulate`` existed lack them: they read as none
+(``accumulate`` as 1, a step per batch).
 
 The optimizer's step count and initial learning rate live in the checkpoint's
 optimizer state, as in ONNX Runtime. ``onnxtrain.learning_rate`` (no ``run.``)
@@ -44,7 +46,9 @@ _INTS = ("epochs", "epoch", "batch", "seed", "batch_size", "samples")
 _FLOATS = ("val_split", "learning_rate")
 _TEXTS = ("data", "history", "epoch_loss")
 #: Properties added later, with the value a record without them has.
-_OPTIONAL: dict[str, PropertyValue] = {"val_data": "", "schedule": "", "patience": 0, "epoch_accuracy": "[0, 0]"}
+_OPTIONAL: dict[str, PropertyValue] = {
+    "val_data": "", "schedule": "", "patience": 0, "epoch_accuracy": "[0, 0]", "accumulate": 1,
+}  # fmt: skip
 
 
 def with_learning_rate(state: CheckpointState, learning_rate: float) -> CheckpointState:
@@ -104,6 +108,7 @@ class RunRecord:
     patience: int = 0
     correct: int = 0
     counted: int = 0
+    accumulate: int = 1
 
     @property
     def finished(self) -> bool:
@@ -134,6 +139,12 @@ class RunRecord:
         pairs = [
             ("number of samples", self.samples, other.samples, self.samples == other.samples),
             ("batch size", self.batch_size, other.batch_size, self.batch_size == other.batch_size),
+            (
+                "gradient accumulation",
+                _accumulation_text(self.accumulate),
+                _accumulation_text(other.accumulate),
+                self.accumulate == other.accumulate,
+            ),
             ("seed", self.seed, other.seed, self.seed == other.seed),
             # stored as a float32 property: shown as the float32 it is (0.2, not 0.20000000298023224)
             ("validation split", _float32_text(self.val_split), _float32_text(other.val_split), same_split),
@@ -156,7 +167,7 @@ class RunRecord:
 
     def to_properties(self) -> dict[str, PropertyValue]:
         """The properties that hold this record."""
-        names = (*_INTS, *_FLOATS, "data", "val_data", "schedule", "patience")
+        names = (*_INTS, *_FLOATS, "data", "val_data", "schedule", "patience", "accumulate")
         values: dict[str, PropertyValue] = {name: getattr(self, name) for name in names}
         values["history"] = json.dumps([entry.to_json() for entry in self.history])
         values["epoch_loss"] = json.dumps([self.loss_sum, self.loss_samples])
@@ -203,6 +214,10 @@ def schedule_text(schedule: str) -> str:
 def _float32_text(value: float) -> str:
     """``value`` as the shortest decimal that reads back as the same float32."""
     return str(np.float32(value))
+
+
+def _accumulation_text(accumulate: int) -> str:
+    return "off" if accumulate == 1 else f"{accumulate} batches a step"
 
 
 def _patience_text(patience: int) -> str:

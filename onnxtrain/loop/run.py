@@ -1,7 +1,9 @@
 """The training loop over an artifact directory: epochs of shuffled batches, checkpoints, and exact resumes.
 
 Each step is ONNX Runtime's ``loss = module(*batch); optimizer.step();
-module.lazy_reset_grad()``. The state goes to ``trained_checkpoint`` (the
+module.lazy_reset_grad()`` (with ``Settings.accumulate``, the train steps of
+that many batches before each optimizer step,
+:mod:`onnxtrain.training.batch_step`). The state goes to ``trained_checkpoint`` (the
 initial ``checkpoint`` is never written): when the run starts, every
 ``checkpoint_every`` optimizer steps (by default after every epoch), at the
 end, and when the run is interrupted (``KeyboardInterrupt``; Ctrl-C is taken
@@ -26,7 +28,7 @@ import onnx
 from onnxtrain import checkpoint
 from onnxtrain.checkpoint.state import DEFAULT_LEARNING_RATE
 from onnxtrain.distributed import DistributedOptimizer, batch_communicator, broadcast_parameters, session_options
-from onnxtrain.loop.batches import batch_count, fingerprint, split
+from onnxtrain.loop.batches import batch_count, fingerprint, split, step_count
 from onnxtrain.loop.data import fit_to_inputs, load_data
 from onnxtrain.loop.files import ArtifactFiles
 from onnxtrain.loop.metrics import Accuracy, accuracy_of
@@ -132,15 +134,15 @@ def train(
         settings.epochs, settings.seed, settings.val_split, settings.batch_size, len(arrays[0]), fingerprint(arrays),
         learning_rate=DEFAULT_LEARNING_RATE, val_data="" if val_data is None else fingerprint(validation.arrays),
         schedule="" if settings.schedule is None else settings.schedule.to_json(),
-        patience=settings.early_stopping or 0,
+        patience=settings.early_stopping or 0, accumulate=settings.accumulate,
     )  # fmt: skip
     if earlier is not None:
         differences = earlier.differences(record)
         if differences:
             raise ValueError(
                 f"cannot resume the run in {source}: it used {'; '.join(differences)}; pass the same data, "
-                "--batch-size, --seed, validation data (--val-split or --val-data), --schedule and --early-stopping, "
-                "or --restart"
+                "--batch-size, --accumulate, --seed, validation data (--val-split or --val-data), --schedule and "
+                "--early-stopping, or --restart"
             )
         if earlier.epoch >= settings.epochs or earlier.stopped_early:
             return RunResult(earlier, source, 0)  # nothing left to do
@@ -166,7 +168,7 @@ def train(
     if rate is None and earlier is None:  # a resumed run keeps the rate its optimizer state holds
         stored = stored_learning_rate(saved.properties)
         rate = DEFAULT_LEARNING_RATE if stored is None else stored
-    total_steps = settings.epochs * batch_count(len(train_rows), settings.batch_size)
+    total_steps = settings.epochs * step_count(len(train_rows), settings.batch_size, settings.accumulate)
     if settings.schedule is not None:  # the rate for the saved step count: a resumed run continues on it
         initial = optimizer.initial_learning_rate if rate is None else rate
         settings.schedule.scheduler(optimizer, initial, total_steps)  # attached to the optimizer, which steps it
@@ -283,6 +285,12 @@ def _start_line(
         )
     count = batch_count(train, record.batch_size)
     batches = f"{count} batches of {record.batch_size}" if count > 1 else f"1 batch of {min(train, record.batch_size)}"
+    if record.accumulate > 1:
+        steps = step_count(train, record.batch_size, record.accumulate)
+        batches += (
+            f" accumulated {record.accumulate} to a step ({steps} optimizer step{'' if steps == 1 else 's'} of up to "
+            f"{record.accumulate * record.batch_size} samples)"
+        )
     what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
     if earlier is not None:
         return f"resuming {source} at {record.position()} (step {step}): {what}"

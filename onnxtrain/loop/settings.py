@@ -1,5 +1,5 @@
-"""What a training run does: epochs, batch size, seed, validation split, checkpoints, learning rate and schedule,
-early stopping."""
+"""What a training run does: epochs, batch size, gradient accumulation, seed, validation split, checkpoints,
+learning rate and schedule, early stopping."""
 
 from __future__ import annotations
 
@@ -19,7 +19,11 @@ class Settings:
     the rate with the step count (:mod:`onnxtrain.loop.schedule`; ``None``:
     constant). ``early_stopping``: stop once this many epochs have passed
     without a lower validation loss, keeping the best state (needs
-    validation data); ``None``: run every epoch.
+    validation data); ``None``: run every epoch. ``accumulate``: the
+    batches whose gradients one optimizer step takes, weighted by their rows
+    (:mod:`onnxtrain.training.batch_step`): the step of a batch of
+    ``accumulate * batch_size`` rows in the memory of one of ``batch_size``;
+    an epoch's last group takes the batches that remain.
     """
 
     epochs: int
@@ -30,9 +34,10 @@ class Settings:
     learning_rate: float | None = None
     schedule: Schedule | None = None
     early_stopping: int | None = None
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
-        for name, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0)):
+        for name, minimum in (("epochs", 1), ("batch_size", 1), ("seed", 0), ("accumulate", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")

@@ -150,8 +150,12 @@ class Loop:
             size //= self.comm.Get_size()
             rows = batch_shares(rows, size, comm=self.comm)
         count = batch_count(len(rows), size)
-        # each batch stepped as every loop of onnxtrain steps it (the optimizer's scheduler after each update)
-        step = BatchStep(self.module, self.optimizer, BatchRates(self.optimizer))
+        # each batch stepped as every loop of onnxtrain steps it (the optimizer's scheduler after each update);
+        # with accumulation, a step per group of batches, which the record counts once the step is taken: a save
+        # within a group holds the state and record of the group's start, from where a resume takes it again
+        accumulate = settings.accumulate
+        step = BatchStep(self.module, self.optimizer, BatchRates(self.optimizer), accumulate, count)
+        pending = self.record  # the record with the batches of the group under way
         with Progress(count, f"epoch {epoch + 1}/{settings.epochs}", enabled=progress) as bar:
             bar.update(self.record.batch)
             for index in range(self.record.batch, count):
@@ -165,17 +169,18 @@ class Loop:
                     summed = sum_over_ranks([weighted, samples, correct, counted], self.comm)
                     weighted, samples, correct, counted = float(summed[0]), *(int(value) for value in summed[1:])
                     loss = weighted / samples
-                record = self.record
-                after = replace(
-                    record, batch=index + 1, loss_sum=record.loss_sum + weighted,
-                    loss_samples=record.loss_samples + samples, correct=record.correct + correct,
-                    counted=record.counted + counted,
+                pending = replace(
+                    pending, batch=index + 1, loss_sum=pending.loss_sum + weighted,
+                    loss_samples=pending.loss_samples + samples, correct=pending.correct + correct,
+                    counted=pending.counted + counted,
                 )  # fmt: skip
-                self._next = (after, self.optimizer.step_count + 1)
-                step.update(index)
-                self.record, self._next = after, None
                 bar.update()
                 bar.describe(f"loss {loss:.4f}")
+                if not step.ends_step(index):
+                    continue
+                self._next = (pending, self.optimizer.step_count + 1)
+                step.update(index)
+                self.record, self._next = pending, None
                 every = settings.checkpoint_every
                 if every is not None and self.optimizer.step_count % every == 0:
                     self.save()

@@ -10,7 +10,18 @@ command's run (:mod:`onnxtrain.loop.steps`) steps through it too::
     rates.after_step()              # scheduler.step(), where a scheduler is attached
     module.lazy_reset_grad()
 
-:class:`BatchRates` sets each batch's learning rate as that loop would.
+With gradient accumulation (``accumulate=k``), batches ``0 .. k-1``, ``k ..
+2k-1``, ... of the pass (the last group what remains) each make one
+optimizer step: every batch's train step adds its gradients, and before the
+step :meth:`Module.scale_grad <onnxtrain.training.module.Module.scale_grad>`
+weights each batch by its rows, so that the step takes the gradient of the
+mean loss over the group's rows (one batch of them, for a loss that is a
+mean over its batch). Batches of ``n`` rows each: ``scale_grad(1 / k)``
+before the step. A shorter batch of ``r`` rows after them: the sum so far is
+scaled by ``n / r`` before its train step, and the whole by ``r / (sum of
+rows)`` after, which weights each batch ``rows / sum of rows``.
+
+:class:`BatchRates` sets each step's learning rate as that loop would.
 """
 
 from __future__ import annotations
@@ -55,6 +66,8 @@ class StepModule(Protocol):
 
     def lazy_reset_grad(self) -> None: ...
 
+    def scale_grad(self, factor: float) -> None: ...
+
 
 class BatchRates:
     """The learning rate of each batch's optimizer step, as the per-step loop sets it.
@@ -62,7 +75,7 @@ class BatchRates:
     Given per batch (``optimizer.set_learning_rate`` before the step), else
     the scheduler's for the step count before the step (``scheduler.step()``
     after each step), else the optimizer's rate when the pass starts.
-    ``batches``: how many rates ``given`` must hold.
+    ``batches``: how many rates ``given`` must hold (one per optimizer step).
     """
 
     def __init__(
@@ -71,7 +84,10 @@ class BatchRates:
         self._optimizer = optimizer
         self._given = None if given is None else np.asarray(given, dtype=np.float64).reshape(-1)
         if self._given is not None and self._given.size != batches:
-            raise ValueError(f"learning_rates has {self._given.size} values; the pass has {batches} batches")
+            raise ValueError(
+                f"learning_rates has {self._given.size} values; the pass takes {batches} optimizer steps: give one "
+                "rate per step"
+            )
         self._scheduler = optimizer.scheduler if given is None else None
         self._fixed = optimizer.get_learning_rate()
 
@@ -83,10 +99,10 @@ class BatchRates:
             return np.array([self._scheduler.lr_at(step_count + j) for j in range(count)])
         return np.full(count, self._fixed)
 
-    def before_step(self, batch: int) -> None:
-        """Set the optimizer's rate for batch ``batch``'s step."""
+    def before_step(self, step: int) -> None:
+        """Set the optimizer's rate for the pass's step ``step`` (batch ``step``'s, without accumulation)."""
         if self._given is not None:
-            self._optimizer.set_learning_rate(float(self._given[batch]))
+            self._optimizer.set_learning_rate(float(self._given[step]))
         elif self._scheduler is not None:
             self._scheduler.step()  # for the step count now (a run may have applied steps since the last)
 
@@ -102,23 +118,49 @@ class BatchStep:
     :meth:`train` runs the train step and :meth:`update` the rest, so that
     a loop can record what the train step gave before the optimizer counts
     the step (the command's run, whose saves must match a step count);
-    calling the object runs both.
+    calling the object runs both. ``accumulate``: the batches of one
+    optimizer step (the module docstring); ``batches``: the pass's batches,
+    whose last ends the last group (needed where ``accumulate`` > 1).
     """
 
-    def __init__(self, module: StepModule, optimizer: StepOptimizer, rates: BatchRates) -> None:
+    def __init__(
+        self, module: StepModule, optimizer: StepOptimizer, rates: BatchRates, accumulate: int = 1, batches: int = 0
+    ) -> None:
+        if accumulate > 1 and batches < 1:
+            raise ValueError("BatchStep: accumulating needs the pass's number of batches")
         self.module = module
         self.optimizer = optimizer
         self.rates = rates
+        self.accumulate = accumulate
+        self.batches = batches
+        self._rows = 0  # the rows of the group's batches so far
+        self._last = 0  # and of its last batch
+
+    def ends_step(self, index: int) -> bool:
+        """Whether batch ``index``'s :meth:`update` takes an optimizer step (the last batch of its group)."""
+        return self.accumulate == 1 or (index + 1) % self.accumulate == 0 or index + 1 == self.batches
 
     def train(self, batch: Sequence[Any]) -> Any:
         """The batch's train step, ``module(*batch)`` as a user's loop calls it (``module.train_step(*batch)``
         in eval mode, where that call would evaluate); the module's outputs."""
         module = self.module
+        if self.accumulate > 1:
+            rows = _rows(batch)
+            if self._rows and rows != self._last:  # weigh the batches so far as this one will be (module docstring)
+                module.scale_grad(self._last / rows)
+            self._last = rows
+            self._rows += rows
         return module(*batch) if module.training else module.train_step(*batch)
 
     def update(self, index: int) -> None:
-        """After batch ``index``'s train step: its rate, the optimizer step, the scheduler's, the gradients reset."""
-        self.rates.before_step(index)
+        """After batch ``index``'s train step, at the end of its group: the gradients' weights, its rate, the
+        optimizer step, the scheduler's, the gradients reset. Within a group, nothing."""
+        if not self.ends_step(index):
+            return
+        if self._rows != self._last:  # more than one batch: the mean over the group's rows
+            self.module.scale_grad(self._last / self._rows)
+        self._rows = self._last = 0
+        self.rates.before_step(index // self.accumulate)
         self.optimizer.step()
         self.rates.after_step()
         self.module.lazy_reset_grad()
@@ -128,6 +170,13 @@ class BatchStep:
         outputs = self.train(batch)
         self.update(index)
         return outputs
+
+
+def _rows(batch: Sequence[Any]) -> int:
+    """The rows of a batch: its first input's first dimension (a NumPy array's or an ``OrtValue``'s)."""
+    first = batch[0]
+    shape = first.shape() if callable(first.shape) else first.shape
+    return int(shape[0]) if len(shape) else 1
 
 
 __all__ = ["BatchRates", "BatchStep", "Schedule", "StepModule", "StepOptimizer"]

@@ -87,6 +87,7 @@ from onnxtrain.training.constants import SharedConstants
 from onnxtrain.training.device import Device, ProviderSpec, resolve, shares_arena
 from onnxtrain.training.finite import raise_if_not_finite
 from onnxtrain.training.fused import FusedStep
+from onnxtrain.training.gradient_scale import GradientScale
 from onnxtrain.training.half_kernels import warn_of_a_half_export
 from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.lookups import HostLookupChecks
@@ -226,6 +227,7 @@ class Module:
         # (the fused step's session, parities) of the last fused step bound with preallocated outputs
         # (and whether its user inputs are bound to the staged buffers)
         self._last_fused: tuple[BoundSession, tuple[int, ...], bool] | None = None
+        self._gradient_scale: GradientScale | None = None  # scale_grad's session, made on first use
         self._epoch_trainer = EpochTrainer(self)  # train_epoch, with its epoch steps per shape of batch
         self._epochs = self._epoch_trainer.steps
         self._flags = {flag: values.from_numpy(np.array([flag]), self._device) for flag in (False, True)}
@@ -328,6 +330,30 @@ class Module:
         """Reset the gradients to zero, lazily: the next train step overwrites the buffers instead of adding.
         The gradients are the state's: this resets them for every module over it."""
         self._store.reset_gradients()
+
+    def scale_grad(self, factor: float) -> None:
+        """Multiply the accumulated gradients by ``factor``, on the device (an onnxtrain extension).
+
+        After ``k`` train steps on batches of equal size, each of a loss that
+        is a mean over its batch, ``scale_grad(1 / k)`` makes the gradients
+        those of the mean over all ``k`` batches' rows, as one batch of them
+        gives (PyTorch: ``(loss / k).backward()``). Gradients reset or not yet
+        computed read as zeros and stay so. An update recorded by
+        ``optimizer.step()`` is applied first, from the gradients it was
+        recorded with.
+        """
+        if isinstance(factor, bool) or not isinstance(factor, (int, float, np.integer, np.floating)):
+            raise TypeError(f"scale_grad takes a number, not {type(factor).__name__}")
+        if not np.isfinite(factor):
+            raise ValueError(f"scale_grad: the factor must be finite, not {factor!r}")
+        store = self._store
+        if store.gradient_status != "ready" or not self._grad_slots:
+            return
+        store.settle()
+        gradients = [grad for _, _, grad in self._grad_slots]
+        if self._gradient_scale is None or self._gradient_scale.gradients != tuple(gradients):
+            self._gradient_scale = GradientScale.create(gradients, self.open_session)
+        self._gradient_scale(float(factor))
 
     @property
     def _accumulate(self) -> bool:
@@ -499,6 +525,7 @@ class Module:
         seed: int | None = None,
         *,
         learning_rates: Sequence[float] | np.ndarray | None = None,
+        accumulate: int = 1,
     ) -> np.ndarray:
         """One pass over in-memory data, in one onnxruntime run; the loss of every batch, ``[batches]``.
 
@@ -515,11 +542,19 @@ class Module:
         ``inputs``: the array of the model's first user input, or the arrays of
         its user inputs before the labels; ``labels``: the array of the last
         one (``None`` when ``inputs`` gives them all). All have the same number
-        of rows ``n``. ``learning_rates`` (one per batch) sets each batch's
-        rate instead of the optimizer's (or its scheduler's), as
-        ``optimizer.set_learning_rate`` before its step would. The batches
+        of rows ``n``. ``learning_rates`` (one per optimizer step) sets each
+        step's rate instead of the optimizer's (or its scheduler's), as
+        ``optimizer.set_learning_rate`` before the step would. The batches
         are train steps whatever the mode (``module.eval()`` included), as
         :meth:`train_step`'s are.
+
+        ``accumulate=k`` accumulates the gradients of ``k`` batches in a row
+        (the last group what remains) and takes one optimizer step per group,
+        on the mean over the group's rows, each batch weighted by its rows
+        (:mod:`onnxtrain.training.batch_step`; :meth:`scale_grad`): for a
+        loss that is a mean over its batch, the step of one batch of
+        ``k * batch_size`` rows, in the memory of one of ``batch_size``. Those
+        passes run step by step.
 
         The full batches run as an ONNX ``Scan`` over the fused step
         (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
@@ -533,7 +568,7 @@ class Module:
         other error of the run leaves the state as it was before the run.
         """
         return self._epoch_trainer.train_epoch(
-            optimizer, inputs, labels, batch_size, shuffle, seed, learning_rates=learning_rates
+            optimizer, inputs, labels, batch_size, shuffle, seed, learning_rates=learning_rates, accumulate=accumulate
         )
 
     def _eval_step(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Outputs:

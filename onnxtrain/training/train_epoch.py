@@ -61,6 +61,8 @@ class EpochModule(Protocol):
 
     def lazy_reset_grad(self) -> None: ...
 
+    def scale_grad(self, factor: float) -> None: ...
+
     @property
     def io(self) -> TrainingModelIO: ...
 
@@ -114,6 +116,7 @@ class EpochTrainer:
         seed: int | None = None,
         *,
         learning_rates: Sequence[float] | np.ndarray | None = None,
+        accumulate: int = 1,
     ) -> np.ndarray:
         """One pass; the loss of every batch, ``[batches]`` (``Module.train_epoch`` says what it does)."""
         module = self.module
@@ -122,17 +125,20 @@ class EpochTrainer:
         data = self._epoch_data(inputs, labels)
         rows = len(data[0])
         size = _count(batch_size, "batch_size")
+        accumulate = _count(accumulate, "accumulate")
         self._check_epoch_batches(data, size)
         store = module.state.store
         store.check_loaded(store.tensors, "Cannot perform TrainStep with a nominal state.")
         order = np.random.default_rng(seed).permutation(rows) if shuffle else np.arange(rows)
         batches = -(-rows // size)
-        step = BatchStep(module, optimizer, BatchRates(optimizer, learning_rates, batches))
+        steps = -(-batches // accumulate)
+        step = BatchStep(module, optimizer, BatchRates(optimizer, learning_rates, steps), accumulate, batches)
         full = rows // size  # the batches of `size` rows
         shapes = [(size, *array.shape[1:]) for array in data]
         module.check_labels(data, "train_epoch")  # the labels the module checks on the host: all, before any batch
         module.check_ids(data, "train_epoch")  # and the ids of the tables the inputs look up
-        epoch = self._epoch_step(optimizer.fused_step, shapes) if full else None
+        # accumulated batches run step by step: the epoch model takes an optimizer step after every batch
+        epoch = self._epoch_step(optimizer.fused_step, shapes) if full and accumulate == 1 else None
         if epoch is not None:  # those its model does not check either (its shapes fixed a class count), here too
             HostLabelChecks.of(epoch.epoch.label_checks, module.io.inputs.names).raise_if_out_of_range(
                 data, "train_epoch"

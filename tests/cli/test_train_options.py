@@ -337,6 +337,58 @@ def test_a_run_with_every_option_resumes_exactly_after_a_crash(
     assert _state(whole / "trained_checkpoint").optimizer == _state(crashed / "trained_checkpoint").optimizer
 
 
+# ---------------------------------------------------------------- --accumulate
+
+
+@pytest.mark.parametrize(("batch", "accumulate"), [(8, 3), (7, 3)])  # 120 samples: 15 batches; 17 and one of 1 row
+def test_accumulated_batches_train_as_batches_as_large_as_their_group(
+    capsys, fresh_artifacts, data_path: Path, batch: int, accumulate: int
+):
+    small, large = fresh_artifacts("small"), fresh_artifacts("large")
+    options = ["--epochs", "3", "--seed", "3"]
+    status, out, err = _train(capsys, small, data_path, *options, "--batch-size", batch, "--accumulate", accumulate)
+    assert (status, err) == (0, "")
+    batches = -(-120 // batch)
+    steps = -(-batches // accumulate)  # the last group of 7 + 7 + 1 rows
+    assert f"{batches} batches of {batch} accumulated {accumulate} to a step ({steps} optimizer steps of up to" in out
+    assert _train(capsys, large, data_path, *options, "--batch-size", batch * accumulate)[0] == 0
+    a, b = _state(small / "trained_checkpoint"), _state(large / "trained_checkpoint")
+    assert a.optimizer.step == b.optimizer.step == 3 * steps
+    for name in b.trainable:
+        np.testing.assert_allclose(a.trainable[name], b.trainable[name], rtol=1e-4, atol=1e-6, err_msg=name)
+    histories = _history(small / "trained_checkpoint"), _history(large / "trained_checkpoint")
+    for mine, theirs in zip(*histories, strict=True):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-5)
+        assert mine["train_accuracy"] == theirs["train_accuracy"]
+    assert _record(small / "trained_checkpoint").accumulate == accumulate
+
+
+def test_a_crash_within_a_group_resumes_from_the_groups_start_exactly(
+    capsys, monkeypatch: pytest.MonkeyPatch, fresh_artifacts, data_path: Path
+):
+    options = ["--epochs", "2", "--batch-size", "8", "--accumulate", "4", "--seed", "1", "--checkpoint-every", "1"]
+    whole, crashed = fresh_artifacts("whole"), fresh_artifacts("crashed")
+    assert _train(capsys, whole, data_path, *options)[0] == 0
+    with monkeypatch.context() as patch:
+        _at_step(patch, 7, RuntimeError("the machine went away"))  # the second group's third batch
+        with pytest.raises(RuntimeError, match="went away"):
+            _train(capsys, crashed, data_path, *options)
+    record = _record(crashed / "trained_checkpoint")
+    assert (record.epoch, record.batch, _state(crashed / "trained_checkpoint").optimizer.step) == (0, 4, 1)
+    status, out, err = _train(capsys, crashed, data_path, *options, "--resume")
+    assert (status, err) == (0, "") and "resuming" in out and "batch 4 (step 1)" in out
+    a, b = _state(whole / "trained_checkpoint"), _state(crashed / "trained_checkpoint")
+    _assert_same_parameters(a, b)
+    assert a.optimizer == b.optimizer and a.properties == b.properties
+
+
+def test_resume_with_another_accumulation_is_refused(capsys, artifacts: Path, data_path: Path):
+    assert _train(capsys, artifacts, data_path, "--epochs", "1", "--batch-size", "16", "--accumulate", "3")[0] == 0
+    status, _, err = _train(capsys, artifacts, data_path, "--epochs", "2", "--batch-size", "16", "--resume")
+    assert status == 1
+    assert_error(err, "train", "gradient accumulation 3 batches a step (now off)", "--accumulate")
+
+
 # ---------------------------------------------------------------- --reshape
 
 
@@ -365,7 +417,8 @@ def test_the_resume_command_repeats_every_option():
 
     argv = ["train", "art", "--data", "a b.csv", "--epochs", "9", "--batch-size", "8", "--val-data", "v.csv",
             "--checkpoint-every", "5", "--schedule", "cosine", "--warmup-steps", "3", "--min-lr", "0.001",
-            "--early-stopping", "2", "--target-column", "label", "--reshape", "--seed", "4"]  # fmt: skip
+            "--early-stopping", "2", "--target-column", "label", "--reshape", "--seed", "4",
+            "--accumulate", "2"]  # fmt: skip
     args = build_parser().parse_args(argv)
     again = build_parser().parse_args(shlex.split(resume_command(args))[1:])
     assert again.resume and vars(again) == {**vars(args), "resume": True}

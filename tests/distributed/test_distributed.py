@@ -212,10 +212,14 @@ def test_fit_on_two_ranks_gives_the_weights_and_losses_of_one_process(mpiexec: s
                 np.testing.assert_allclose(saved[f"param:{key}"], value, rtol=1e-12, err_msg=f"{name}: {key}")
 
 
-def test_the_train_command_on_two_ranks_gives_the_run_of_one_process(mpiexec: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("accumulate", [1, 3])
+def test_the_train_command_on_two_ranks_gives_the_run_of_one_process(
+    mpiexec: str, tmp_path: Path, accumulate: int
+) -> None:
     """``mpiexec -n 2 python -m onnxtrain train ... --distributed`` against ``onnxtrain train`` in one process:
     the same parameters, optimizer step and losses per epoch (cross-entropy, AdamW, float32; 90 training rows
-    in batches of 8, the last of 2), rank 0 alone writing the checkpoint."""
+    in batches of 8, the last of 2; with ``--accumulate 3``, 4 steps an epoch, the last of 8 + 8 + 2 rows),
+    rank 0 alone writing the checkpoint."""
     import contextlib
     import io
 
@@ -227,7 +231,8 @@ def test_the_train_command_on_two_ranks_gives_the_run_of_one_process(mpiexec: st
     x, y = classification()
     np.savez(tmp_path / "data.npz", X=x, y=y)
     generate = ["generate", str(tmp_path / "mlp.onnx"), "--requires-grad", "all-float", "--loss", "ce", "--lr", "0.05"]
-    train = ["--data", str(tmp_path / "data.npz"), "--epochs", "2", "--batch-size", "8", "--val-split", "0.25"]
+    train = ["--data", str(tmp_path / "data.npz"), "--epochs", "2", "--batch-size", "8", "--val-split", "0.25",
+             "--accumulate", str(accumulate)]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         for name in ("single", "ranks"):
             assert main([*generate, "-o", str(tmp_path / name)]) == 0
@@ -238,7 +243,7 @@ def test_the_train_command_on_two_ranks_gives_the_run_of_one_process(mpiexec: st
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("done:") == 1  # rank 0 alone reports
     single, ranks = (checkpoint.load(tmp_path / name / "trained_checkpoint") for name in ("single", "ranks"))
-    assert ranks.optimizer.step == single.optimizer.step == 2 * 12
+    assert ranks.optimizer.step == single.optimizer.step == 2 * -(-12 // accumulate)
     for name, value in single.parameters.items():
         np.testing.assert_allclose(ranks.parameters[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
     for key in ("onnxtrain.run.history",):

@@ -55,14 +55,16 @@ def test_the_learning_rate_property(tmp_path: Path):
 
 
 def test_a_record_written_before_validation_files_schedules_and_accuracies(tmp_path: Path):
-    """Records of an earlier onnxtrain lack val_data, schedule, patience, epoch_accuracy and the accuracies."""
-    properties = RECORD.to_properties()
-    for name in ("val_data", "schedule", "patience", "epoch_accuracy"):
+    """Records of an earlier onnxtrain lack val_data, schedule, patience, epoch_accuracy, accumulate and the
+    accuracies."""
+    properties = replace(RECORD, accumulate=4).to_properties()
+    for name in ("val_data", "schedule", "patience", "epoch_accuracy", "accumulate"):
         del properties[f"onnxtrain.run.{name}"]
     properties["onnxtrain.run.history"] = '[{"epoch": 1, "train_loss": 0.5, "val_loss": null}]'
     record = RunRecord.from_properties(properties)
     assert record is not None
     assert (record.val_data, record.schedule, record.patience, record.correct, record.counted) == ("", "", 0, 0, 0)
+    assert record.accumulate == 1  # a step per batch, as every run before the option
     assert record.history == (EpochLosses(1, 0.5, None, None, None),)
 
 
@@ -86,6 +88,12 @@ def test_differences_in_validation_schedule_and_early_stopping():
     assert RECORD.differences(replace(RECORD, patience=3)) == [
         "early stopping off (now after 3 epochs without improvement)"
     ]
+
+
+def test_accumulation_differs_and_round_trips():
+    assert RECORD.differences(replace(RECORD, accumulate=4)) == ["gradient accumulation off (now 4 batches a step)"]
+    record = replace(RECORD, accumulate=4)
+    assert RunRecord.from_properties(record.to_properties()) == record
 
 
 def test_accuracy_counts_round_trip():

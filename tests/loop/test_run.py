@@ -54,6 +54,7 @@ def test_no_output_when_quiet(files: ArtifactFiles, capsys: pytest.CaptureFixtur
         ({"epochs": 1, "batch_size": 1, "val_split": 1.0}, "val_split"),
         ({"epochs": 1, "batch_size": 1, "checkpoint_every": 0}, "checkpoint_every"),
         ({"epochs": 1, "batch_size": 1, "learning_rate": float("nan")}, "learning rate"),
+        ({"epochs": 1, "batch_size": 1, "accumulate": 0}, "accumulate"),
     ],
 )
 def test_settings_are_checked(settings: dict[str, object], message: str):

@@ -358,7 +358,7 @@ def test_bad_arguments(classifier: dict[str, Path], regression: dict[str, Path])
         module.train_epoch(optimizer, [x, x], labels, 4)
     with pytest.raises(TypeError, match=r"got 17 array\(s\).*inputs holds rows, not arrays.*np.asarray\(x\)"):
         module.train_epoch(optimizer, x.tolist(), labels, 4)
-    with pytest.raises(ValueError, match="learning_rates has 3 values; the pass has 4 batches"):
+    with pytest.raises(ValueError, match="learning_rates has 3 values; the pass takes 4 optimizer steps"):
         module.train_epoch(optimizer, x, labels, 4, learning_rates=[0.1, 0.1, 0.1])
     assert module.train_step_count == 0
 
