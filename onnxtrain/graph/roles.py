@@ -76,8 +76,12 @@ other use. Where torch's dynamo exporter wrote the exported program's
 signature in the graph, it decides the other initializers it names: a
 ``PARAMETER`` is a weight (a rank-0 one too: CLIP's temperature), a
 ``BUFFER`` or ``CONSTANT_TENSOR`` a constant (BART's ``final_logits_bias``,
-added to the logits as a bias is, which torch does not train); the
-initializers its optimizer made (``val_80``) keep the rules above.
+added to the logits as a bias is, which torch does not train); of the
+initializers its optimizer made (``val_80``), one that only nodes computing
+from buffers read (by the FX nodes they came from: buffers, no parameter) is
+a buffer's value folded, a constant (GPT-J's rotary table ``val_125``,
+indexed by position with ``GatherND`` as an embedding would be); the others
+keep the rules above.
 """
 
 from __future__ import annotations
@@ -91,13 +95,12 @@ from typing import Literal, NamedTuple
 
 import onnx
 
-from onnxtrain.graph import dtypes, wire
+from onnxtrain.graph import dtypes, torch_metadata, wire
 from onnxtrain.graph.attributes import attribute
 from onnxtrain.graph.external import TensorData
 from onnxtrain.graph.io import skeleton
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
 from onnxtrain.graph.passes.untie import identity_copies, untie_identity_copies
-from onnxtrain.graph.torch_metadata import signature_kinds
 from onnxtrain.graph.versions import is_standard
 from onnxtrain.graph.walk import all_nodes, computed_from, readers_of, subgraphs
 
@@ -266,7 +269,8 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
         if not found:
             break
         weights |= found
-    kinds = signature_kinds(graph)  # torch's own word, where its dynamo exporter wrote it
+    kinds = torch_metadata.signature_kinds(graph)  # torch's own word, where its dynamo exporter wrote it
+    folded = _folded_buffers(graph, set(tensors) - set(kinds)) if kinds else set()
     roles: dict[str, Role] = {}
     for tensor in graph.initializer:
         name, kind = tensor.name, kinds.get(tensor.name)
@@ -274,9 +278,26 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
             roles[name] = "running statistic"
         elif kind is not None and name in tensors:
             roles[name] = "weight" if kind == "PARAMETER" else "constant"
+        elif name in folded:
+            roles[name] = "constant"
         else:
             roles[name] = "weight" if name in weights else "constant"
     return roles
+
+
+def _folded_buffers(graph: onnx.GraphProto, made: set[str]) -> set[str]:
+    """Of ``made`` (float initializers torch's dynamo exporter's optimizer made), those whose every reader came
+    from an FX node that read a buffer or lifted constant and no parameter: a buffer's value folded."""
+    folded = set()
+    for name, nodes in readers_of(all_nodes(graph)).items():
+        if name in made and all(
+            torch_metadata.has_fx_node(node)
+            and not torch_metadata.parameters_read(node)
+            and torch_metadata.buffers_read(node)
+            for node in nodes
+        ):
+            folded.add(name)
+    return folded
 
 
 def _elementwise_weight(node: onnx.NodeProto, position: int, tensor: onnx.TensorProto, beside_weights: bool) -> bool:

@@ -55,6 +55,8 @@ SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 Change = Literal["merged", "dropped", "folded"]
 
 _PARAMETER = re.compile(r"%(p_\w+)")
+#: The placeholders of buffers (``%b_...``) and of tensor constants torch lifted (``%c_...``).
+_BUFFER = re.compile(r"%([bc]_\w+)")
 _SIGNATURE_INPUT = re.compile(r"^(\w+): (\w+) target='([^']*)'", re.M)
 _CALL = re.compile(r"target=torch\.ops\.aten\.(\w+)\.default\]\(args = \((.*)\), kwargs = \{(.*)\}\)")
 _KEYWORD = re.compile(r"(\w+): ([^,]+)")
@@ -116,11 +118,23 @@ def parameters_read(node: onnx.NodeProto) -> tuple[str, ...]:
     return _placeholders(_metadata(node, FX_NODE_KEY))
 
 
-def _placeholders(fx: str | None) -> tuple[str, ...]:
-    """The ``%p_...`` placeholders among the arguments of FX node text ``fx`` (after its ``=``), in order."""
+def buffers_read(node: onnx.NodeProto) -> tuple[str, ...]:
+    """The placeholders of the buffers and lifted constants that ``node``'s FX node read (its arguments'
+    ``%b_...`` and ``%c_...``), in order."""
+    return _placeholders(_metadata(node, FX_NODE_KEY), _BUFFER)
+
+
+def has_fx_node(node: onnx.NodeProto) -> bool:
+    """Whether torch's dynamo exporter wrote the FX node ``node`` came from."""
+    return _metadata(node, FX_NODE_KEY) is not None
+
+
+def _placeholders(fx: str | None, pattern: re.Pattern[str] = _PARAMETER) -> tuple[str, ...]:
+    """The placeholders ``pattern`` finds (``%p_...``) among the arguments of FX node text ``fx`` (after its
+    ``=``), in order."""
     if fx is None or " = " not in fx:
         return ()
-    return tuple(dict.fromkeys(_PARAMETER.findall(fx.split(" = ", 1)[1])))
+    return tuple(dict.fromkeys(pattern.findall(fx.split(" = ", 1)[1])))
 
 
 def embedding_arguments(node: onnx.NodeProto) -> tuple[int | None, bool] | None:

@@ -382,6 +382,53 @@ def test_the_signature_of_torchs_dynamo_export_says_which_are_parameters():
     assert trainable_parameters(model) == ["head.weight", "val_3", "logit_scale"]
 
 
+def test_a_buffer_the_dynamo_exporters_optimizer_folded_is_a_constant_where_a_folded_weight_stays_a_weight():
+    """GPT-J's rotary table, a buffer, is indexed by position with ``GatherND`` (an embedding's slot) after the
+    exporter's optimizer folded it into ``val_125``: the FX node its reader came from read the buffer and no
+    parameter, so it is a constant; ``val_135``, a weight's transpose folded, is read where torch read the
+    parameter, and stays a weight."""
+    from onnxtrain.graph.torch_metadata import FX_NODE_KEY, SIGNATURE_KEY
+
+    f32 = np.float32
+    initializers = [
+        ("proj.weight", np.ones((4, 4), f32)),
+        ("val_135", np.ones((4, 3), f32)),
+        ("val_125", np.ones((64, 4), f32)),
+    ]
+    gather = helper.make_node("GatherND", ["val_125", "positions"], ["sincos"])
+    gather.metadata_props.add(
+        key=FX_NODE_KEY,
+        value="%index_4 : [num_users=1] = call_function[target=torch.ops.aten.index.Tensor](args = "
+        "(%b_rotary_emb_embed_positions, [%unsqueeze]), kwargs = {})",
+    )
+    head = helper.make_node("MatMul", ["h", "val_135"], ["scores"])
+    head.metadata_props.add(
+        key=FX_NODE_KEY,
+        value="%linear_1 : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = "
+        "(%add, %p_head_weight), kwargs = {})",
+    )
+    nodes = [
+        helper.make_node("MatMul", ["x", "proj.weight"], ["p"]),
+        gather,
+        helper.make_node("Add", ["p", "sincos"], ["h"]),
+        head,
+    ]
+    model = make_model(
+        {"x": (FLOAT, ["n", 4]), "positions": (INT64, ["n", 1])}, nodes, {"scores": (FLOAT, ["n", 3])}, initializers
+    )
+    assert trainable_parameters(model) == ["proj.weight", "val_135", "val_125"]  # no signature: the rules, a table
+    signature = "\n".join([
+        "# inputs",
+        "p_proj_weight: PARAMETER target='proj.weight'",
+        "p_head_weight: PARAMETER target='head.weight'",
+        "b_rotary_emb_embed_positions: BUFFER target='rotary_emb.embed_positions' persistent=False",
+        "x: USER_INPUT",
+    ])  # fmt: skip
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value=signature)
+    assert trainable_parameters(model) == ["proj.weight", "val_135"]
+    assert initializer_roles(model)["val_125"] == "constant"
+
+
 def test_weights_cut_and_joined_or_viewed_beside_the_inputs_are_weights():
     """LSTM's export reorders a weight's gates by slicing and concatenating it, and PReLU's slope and
     MultiheadAttention's packed projection meet the float input itself in their slots: weights. A constant
