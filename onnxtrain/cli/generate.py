@@ -109,7 +109,13 @@ def add_parser(subcommands: Any) -> None:
         help="parameters stepped at the learning rate times FACTOR ('classifier.*=10'), the first pattern that "
         "matches a name deciding; patterns as --no-decay's",
     )
-    parser.add_argument("--max-grad-norm", type=positive, metavar="N", help="clip the gradients' global L2 norm to N")
+    clipping = parser.add_mutually_exclusive_group()
+    clipping.add_argument("--max-grad-norm", type=positive, metavar="N", help="clip the gradients' global norm to N")
+    clipping.add_argument("--clip-grad-value", type=positive, metavar="V", help="clip each gradient element to [-V, V]")
+    parser.add_argument(
+        "--grad-norm-type", type=norm_type, metavar="P",
+        help="--max-grad-norm's norm: 2 (L2, the default), 1, any P > 0, or inf (the largest magnitude)",
+    )  # fmt: skip
     parser.add_argument("-o", "--out", required=True, type=Path, metavar="DIR", help="where the artifacts go")
     parser.add_argument("--target", choices=TARGETS, default="onnxruntime", help="the runtime (default: onnxruntime)")
     parser.add_argument("--prefix", default="", help="a prefix for the file names")
@@ -174,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     from onnxtrain.loop import remove_checkpoint, with_learning_rate
 
     optimizer = optimizer_block(
-        args.optimizer, args.momentum, args.weight_decay, args.max_grad_norm, args.no_decay, dict(args.lr_scale)
+        args.optimizer, args.momentum, args.weight_decay, clipping_of(args), args.no_decay, dict(args.lr_scale)
     )
     if not args.model.is_file():
         raise FileNotFoundError(f"no ONNX model at {str(args.model)!r}: give the path of an existing .onnx file")
@@ -281,11 +287,29 @@ def scores_output(args: argparse.Namespace, outputs: list[str]) -> list[str]:
     return (args.loss_inputs or outputs)[:1]
 
 
+def norm_type(text: str) -> float:
+    """An argument type: a number > 0, or ``inf``."""
+    if text.strip().lower() in ("inf", "infinity"):
+        return math.inf
+    return positive(text)
+
+
+def clipping_of(args: argparse.Namespace) -> optim.GradientClipping | None:
+    """The clipping ``--max-grad-norm`` (with ``--grad-norm-type``) or ``--clip-grad-value`` asks for, or ``None``."""
+    from onnxtrain import optim
+
+    if args.grad_norm_type is not None and args.max_grad_norm is None:
+        raise UsageError("--grad-norm-type is the norm --max-grad-norm clips: give --max-grad-norm too")
+    if args.max_grad_norm is not None:
+        return optim.ClipGradNorm(args.max_grad_norm, 2.0 if args.grad_norm_type is None else args.grad_norm_type)
+    return None if args.clip_grad_value is None else optim.ClipGradValue(args.clip_grad_value)
+
+
 def optimizer_block(
     name: str,
     momentum: float | None,
     weight_decay: float | None,
-    max_grad_norm: float | None,
+    clip_grad: optim.GradientClipping | None,
     no_decay: Sequence[str] = (),
     lr_scale: Mapping[str, float] | None = None,
 ) -> optim.Optimizer:
@@ -299,8 +323,8 @@ def optimizer_block(
         options["momentum"] = momentum
     if weight_decay is not None:
         options["weight_decay"] = weight_decay
-    if max_grad_norm is not None:
-        options["clip_grad"] = optim.ClipGradNorm(max_grad_norm)
+    if clip_grad is not None:
+        options["clip_grad"] = clip_grad
     if no_decay:
         if not weight_decay:
             raise UsageError("--no-decay leaves parameters out of weight decay: give --weight-decay too")
@@ -381,8 +405,10 @@ __all__ = [
     "SCORED",
     "WEIGHTS",
     "add_parser",
+    "clipping_of",
     "loss_of",
     "loss_option",
+    "norm_type",
     "optimizer_block",
     "run",
     "scores_output",

@@ -33,7 +33,7 @@ from onnxtrain.optim.base import (
     state_name,
     updated_name,
 )
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import ClipGradNorm, ClipGradValue, GradientClipping
 from onnxtrain.optim.loss_scaling import LossScaling
 from onnxtrain.optim.rmsprop import RMSprop
 from onnxtrain.optim.sgd import SGD
@@ -48,6 +48,8 @@ __all__ = [
     "Adam",
     "AdamW",
     "ClipGradNorm",
+    "ClipGradValue",
+    "GradientClipping",
     "LossScaling",
     "Optimizer",
     "ParameterSpec",

@@ -7,7 +7,7 @@ from typing import Any
 
 from onnxtrain.optim import _checks, reference
 from onnxtrain.optim.base import Optimizer, Slot, StateSpec, Update
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import GradientClipping
 
 
 class Adagrad(Optimizer):
@@ -29,7 +29,7 @@ class Adagrad(Optimizer):
         weight_decay: float = 0.0,
         initial_accumulator_value: float = 0.0,
         eps: float = 1e-10,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         no_decay: Sequence[str] = (),
         lr_scale: Mapping[str, float] | None = None,
     ) -> None:

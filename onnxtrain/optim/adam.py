@@ -7,7 +7,7 @@ from typing import Any
 
 from onnxtrain.optim import _checks, reference
 from onnxtrain.optim.base import Optimizer, Slot, StateSpec, Update
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import GradientClipping
 from onnxtrain.optim.emit import Math
 
 
@@ -24,7 +24,7 @@ class _AdamBase(Optimizer):
         weight_decay: float,
         bias_correction: bool,
         amsgrad: bool,
-        clip_grad: ClipGradNorm | None,
+        clip_grad: GradientClipping | None,
         no_decay: Sequence[str],
         lr_scale: Mapping[str, float] | None,
     ) -> None:
@@ -123,7 +123,7 @@ class Adam(_AdamBase):
         weight_decay: float = 0.0,
         bias_correction: bool = True,
         amsgrad: bool = False,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         no_decay: Sequence[str] = (),
         lr_scale: Mapping[str, float] | None = None,
     ) -> None:
@@ -162,7 +162,7 @@ class AdamW(_AdamBase):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-6,
         weight_decay: float = 0.0,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         *,
         amsgrad: bool = False,
         adam_mode: int = 0,

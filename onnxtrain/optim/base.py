@@ -20,8 +20,9 @@ Hyper-parameters are constants of the graph; only the learning rate and the
 step are inputs. Parameters may mix float16, bfloat16, float32 and float64:
 each parameter's update runs in its own type (float16 and bfloat16 in float32,
 cast back), with the learning rate and the step cast to it. Clipping
-(:class:`~onnxtrain.optim.clip.ClipGradNorm`) applies to all gradients
-together before the update.
+(:class:`~onnxtrain.optim.clip.ClipGradNorm` on all gradients together,
+:class:`~onnxtrain.optim.clip.ClipGradValue` on each element) applies before
+the update.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from onnxtrain.graph import dtypes
 from onnxtrain.graph.builder import GraphBuilder, describe_type, tensor_type
 from onnxtrain.graph.naming import matches, unknown_name_hint
 from onnxtrain.optim import _checks
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import ClipGradNorm, ClipGradValue, GradientClipping
 from onnxtrain.optim.emit import LEARNING_RATE, STEP, Math, Scalars, compute_type
 from onnxtrain.optim.loss_scaling import SCALER_STATE, LossScaling
 
@@ -212,17 +213,17 @@ class Optimizer(ForwardBlock):
 
     def __init__(
         self,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         no_decay: Sequence[str] = (),
         lr_scale: Mapping[str, float] | None = None,
     ) -> None:
         super().__init__()
         self._no_decay = _checks.patterns(type(self).__name__, "no_decay", no_decay)
         self._lr_scale = _checks.scales(type(self).__name__, "lr_scale", lr_scale)
-        if clip_grad is not None and not isinstance(clip_grad, ClipGradNorm):
+        if clip_grad is not None and not isinstance(clip_grad, (ClipGradNorm, ClipGradValue)):
             raise TypeError(
-                f"{type(self).__name__}: clip_grad must be None or a ClipGradNorm(max_norm), "
-                f"not {type(clip_grad).__name__} {clip_grad!r}"
+                f"{type(self).__name__}: clip_grad must be None, a ClipGradNorm(max_norm) or a "
+                f"ClipGradValue(clip_value), not {type(clip_grad).__name__} {clip_grad!r}"
             )
         self._clip_grad = clip_grad
         self._loss_scaling: LossScaling | None = None
@@ -479,8 +480,11 @@ class Optimizer(ForwardBlock):
         learning_rate = float(np.float32(learning_rate))
         names = list(params)
         gradients = [np.asarray(grads[name]) for name in names]
-        if self._clip_grad is not None:
-            gradients = reference.clip_grad_norm(gradients, self._clip_grad.max_norm)
+        clip = self._clip_grad
+        if isinstance(clip, ClipGradNorm):
+            gradients = reference.clip_grad_norm(gradients, clip.max_norm, clip.norm_type)
+        elif clip is not None:
+            gradients = reference.clip_grad_value(gradients, clip.clip_value)
         new_params: dict[str, np.ndarray] = {}
         new_states: dict[str, list[np.ndarray]] = {}
         update = type(self).reference_update

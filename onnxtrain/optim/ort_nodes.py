@@ -73,6 +73,13 @@ def ort_node(optimizer: Optimizer) -> OrtOptimizerNode:
     without amsgrad) and plain SGD (no momentum, no weight decay).
     """
     hyper = optimizer.hyperparameters()
+    clip = optimizer.clip_grad
+    if clip is not None and (not isinstance(clip, ClipGradNorm) or clip.norm_type != 2.0):
+        raise ValueError(
+            f"{optimizer!r} clips with {clip!r}, and ONNX Runtime's on-device interface clips the gradients' L2 "
+            "norm only (InplaceClipGradNorm): use ClipGradNorm(max_norm), or the per-parameter optimizer model "
+            "(generate_artifacts, target='onnxruntime'), which takes any clipping"
+        )
     if hyper.get("lr_scale"):
         raise ValueError(
             f"{optimizer!r} steps some parameters at another learning rate (lr_scale), which ONNX Runtime's on-device "

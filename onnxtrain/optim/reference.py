@@ -47,22 +47,38 @@ def _check_states(name: str, states: Sequence[np.ndarray], expected: int) -> Non
         raise ValueError(f"{name} needs {expected} state tensor(s) per parameter here, got {len(states)}")
 
 
-def clip_grad_norm(grads: Sequence[np.ndarray], max_norm: float) -> list[np.ndarray]:
-    """``g * min(max_norm / (sqrt(sum of all g**2) + 1e-6), 1)`` for each gradient (``clip_grad_norm_``).
+def clip_grad_norm(grads: Sequence[np.ndarray], max_norm: float, norm_type: float = 2.0) -> list[np.ndarray]:
+    """``g * min(max_norm / (||grads||_p + 1e-6), 1)`` for each gradient (``clip_grad_norm_``): ``p = norm_type``,
+    the norm over all elements of all gradients (``inf``: their largest magnitude).
 
     The norm is accumulated in float64 if any gradient is float64, else in float32.
     """
     grads = [np.asarray(g) for g in grads]
     acc = np.dtype(np.float64) if any(g.dtype == np.float64 for g in grads) else np.dtype(np.float32)
-    total = acc.type(0)
-    for g in grads:
-        total = total + np.sum(np.square(g.astype(acc)), dtype=acc)
-    norm = np.sqrt(total)
+    p = float(norm_type)
+    magnitudes = [np.abs(g.astype(acc)) for g in grads]
+    if np.isinf(p):
+        norm = acc.type(max((np.max(m) if m.size else acc.type(-np.inf) for m in magnitudes), default=0.0))
+    else:
+        total = acc.type(0)
+        for m in magnitudes:  # each gradient's share: sum(g**2), sum(|g|), sum(|g|**p)
+            total = total + np.sum(np.square(m) if p == 2.0 else m if p == 1.0 else m ** acc.type(p), dtype=acc)
+        norm = np.sqrt(total) if p == 2.0 else total if p == 1.0 else np.power(total, acc.type(1.0 / p))
     coef = np.minimum(acc.type(max_norm) / (norm + acc.type(1e-6)), acc.type(1.0))
     result = []
     for g in grads:
         compute = _compute_dtype(g.dtype)
         result.append(np.asarray(g.astype(compute) * compute.type(coef), dtype=g.dtype))
+    return result
+
+
+def clip_grad_value(grads: Sequence[np.ndarray], clip_value: float) -> list[np.ndarray]:
+    """``clip(g, -clip_value, clip_value)`` for each gradient (``clip_grad_value_``); half types in float32."""
+    result = []
+    for g in (np.asarray(g) for g in grads):
+        compute = _compute_dtype(g.dtype)
+        bound = compute.type(clip_value)
+        result.append(np.asarray(np.clip(g.astype(compute), -bound, bound), dtype=g.dtype))
     return result
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from onnxtrain.optim import _checks, reference
 from onnxtrain.optim.base import Optimizer, Slot, StateSpec, Update
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import GradientClipping
 
 
 class RMSprop(Optimizer):
@@ -32,7 +32,7 @@ class RMSprop(Optimizer):
         weight_decay: float = 0.0,
         momentum: float = 0.0,
         centered: bool = False,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         no_decay: Sequence[str] = (),
         lr_scale: Mapping[str, float] | None = None,
     ) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from onnxtrain.optim import _checks, reference
 from onnxtrain.optim.base import Optimizer, Slot, StateSpec, Update
-from onnxtrain.optim.clip import ClipGradNorm
+from onnxtrain.optim.clip import GradientClipping
 
 
 class SGD(Optimizer):
@@ -31,7 +31,7 @@ class SGD(Optimizer):
         dampening: float = 0.0,
         nesterov: bool = False,
         weight_decay: float = 0.0,
-        clip_grad: ClipGradNorm | None = None,
+        clip_grad: GradientClipping | None = None,
         no_decay: Sequence[str] = (),
         lr_scale: Mapping[str, float] | None = None,
     ) -> None:

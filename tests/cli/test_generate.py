@@ -71,6 +71,34 @@ def test_optimizer_options_build_the_library_optimizer(capsys, model_path: Path,
     assert "ClipGradNorm(max_norm=1.5)" in description
 
 
+@pytest.mark.parametrize(
+    ("options", "written"),
+    [
+        (["--max-grad-norm", "1.5", "--grad-norm-type", "inf"], "ClipGradNorm(max_norm=1.5, norm_type=inf)"),
+        (["--max-grad-norm", "2", "--grad-norm-type", "1"], "ClipGradNorm(max_norm=2.0, norm_type=1.0)"),
+        (["--clip-grad-value", "0.5"], "ClipGradValue(clip_value=0.5)"),
+    ],
+)
+def test_clipping_options(capsys, model_path: Path, tmp_path: Path, options: list[str], written: str):
+    assert _generate(capsys, model_path, tmp_path / "art", *options)[0] == 0
+    assert written in read_metadata(onnx.load(tmp_path / "art" / "optimizer_model.onnx"))[OPTIMIZER_KEY]
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--grad-norm-type", "1"], "give --max-grad-norm too"),
+        (["--max-grad-norm", "1", "--clip-grad-value", "1"], "not allowed with argument"),
+        (["--max-grad-norm", "1", "--grad-norm-type", "0"], "0 is not > 0"),
+        (["--clip-grad-value", "0.5", "--target", "onnxruntime-training"], "L2 norm only"),
+    ],
+)
+def test_clipping_options_that_do_not_fit(capsys, model_path: Path, tmp_path: Path, options: list[str], said: str):
+    status, _, err = _generate(capsys, model_path, tmp_path / "art", *options)
+    assert status != 0 and said in err
+    assert not (tmp_path / "art").exists()
+
+
 def test_no_decay_leaves_the_parameters_it_names_out_of_weight_decay(capsys, model_path: Path, tmp_path: Path):
     options = ["--weight-decay", "0.1", "--no-decay", "bias"]
     assert _generate(capsys, model_path, tmp_path / "art", *options)[0] == 0

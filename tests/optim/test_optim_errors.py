@@ -14,7 +14,7 @@ import pytest
 from onnx import helper
 
 import onnxtrain.onnxblock as onnxblock
-from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, Optimizer, RMSprop
+from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, ClipGradValue, Optimizer, RMSprop
 from tests.optim.runner import tensors
 
 NAN, INF = math.nan, math.inf
@@ -48,6 +48,11 @@ BAD_VALUES: list[tuple[Callable[..., Any], dict[str, Any], str, str]] = [
     (ClipGradNorm, {"max_norm": 0.0}, "max_norm", "> 0"),
     (ClipGradNorm, {"max_norm": -1.0}, "max_norm", "> 0"),
     (ClipGradNorm, {"max_norm": NAN}, "max_norm", "> 0"),
+    (ClipGradNorm, {"max_norm": 1.0, "norm_type": 0.0}, "norm_type", "> 0"),
+    (ClipGradNorm, {"max_norm": 1.0, "norm_type": -2.0}, "norm_type", "> 0"),
+    (ClipGradNorm, {"max_norm": 1.0, "norm_type": NAN}, "norm_type", "> 0"),
+    (ClipGradValue, {"clip_value": 0.0}, "clip_value", "> 0"),
+    (ClipGradValue, {"clip_value": NAN}, "clip_value", "> 0"),
 ]
 
 

@@ -6,6 +6,7 @@ in one model), the hyper-parameters, weight decay and clipping.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, Optimizer, RMSprop
+from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, ClipGradValue, Optimizer, RMSprop
+from onnxtrain.optim.clip import GradientClipping
 from tests.optim.runner import (
     assert_trajectories_close,
     learning_rates,
@@ -32,7 +34,13 @@ parameter_sets = st.dictionaries(
     min_size=1,
     max_size=3,
 )
-clips = st.one_of(st.none(), st.floats(0.1, 10.0).map(ClipGradNorm))
+#: No clipping, the L2 norm, the other norms torch's clip_grad_norm_ takes, and clip_grad_value_'s bound.
+clips = st.one_of(
+    st.none(),
+    st.floats(0.1, 10.0).map(ClipGradNorm),
+    st.builds(ClipGradNorm, st.floats(0.1, 10.0), st.sampled_from([1.0, 3.0, math.inf])),
+    st.floats(0.01, 1.0).map(ClipGradValue),
+)
 weight_decays = st.one_of(st.just(0.0), st.floats(1e-4, 0.1))
 unit = st.floats(0.0, 0.99)
 
@@ -127,10 +135,20 @@ def test_optimizer_matches_reference(name: str, data: st.DataObject, params, lr:
     ],
     ids=repr,
 )
-@pytest.mark.parametrize("clip", [None, 0.5], ids=["no-clip", "clip"])
-def test_clipping_and_weight_decay_change_the_trajectory(optimizer: Optimizer, clip: float | None) -> None:
+@pytest.mark.parametrize(
+    "clip",
+    [
+        None,
+        ClipGradNorm(0.5),
+        ClipGradNorm(0.5, norm_type=math.inf),
+        ClipGradNorm(2.0, norm_type=1.0),
+        ClipGradValue(0.1),
+    ],
+    ids=repr,
+)
+def test_clipping_and_weight_decay_change_the_trajectory(optimizer: Optimizer, clip: GradientClipping | None) -> None:
     """A fixed case per optimizer: clipping really clips (the norm is over max_norm) and still matches."""
-    optimizer = type(optimizer)(**optimizer.hyperparameters(), clip_grad=None if clip is None else ClipGradNorm(clip))
+    optimizer = type(optimizer)(**optimizer.hyperparameters(), clip_grad=clip)
     params = {"w": ((3, 4), np.dtype(np.float32)), "b": ((4,), np.dtype(np.float64))}
     start, grads = random_problem(params, STEPS, seed=7, grad_scale=3.0)
     lrs = learning_rates(0.05, STEPS)

@@ -9,14 +9,17 @@ names, which are the :class:`StateSpec` roles).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from onnxtrain.blocks import ForwardBlock
 from onnxtrain.graph import dtypes, empty_base, tensor_type
-from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, Optimizer, RMSprop
+from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, ClipGradValue, Optimizer, RMSprop
+from onnxtrain.optim.clip import GradientClipping
 from tests.optim.runner import learning_rates, onnx_trajectory, random_problem, session
 
 torch = pytest.importorskip("torch")
@@ -118,18 +121,18 @@ def test_trajectory_matches_torch(
 
 
 class _Clip(ForwardBlock):
-    """A model whose outputs are ClipGradNorm's clipped gradients."""
+    """A model whose outputs are a clipping's clipped gradients."""
 
-    def __init__(self, max_norm: float) -> None:
+    def __init__(self, clip: GradientClipping) -> None:
         super().__init__()
-        self.clip = ClipGradNorm(max_norm)
+        self.clip = clip
 
     def build(self, names: list[str]) -> list[str]:
         return self.clip(names)
 
 
-def clip_in_onnx(grads: dict[str, np.ndarray], max_norm: float) -> list[np.ndarray]:
-    block = _Clip(max_norm)
+def clip_in_onnx(grads: dict[str, np.ndarray], clip: GradientClipping) -> list[np.ndarray]:
+    block = _Clip(clip)
     with empty_base() as b:
         for name, value in grads.items():
             b.add_input(name, tensor_type(dtypes.to_elem_type(value.dtype), list(value.shape)))
@@ -137,20 +140,44 @@ def clip_in_onnx(grads: dict[str, np.ndarray], max_norm: float) -> list[np.ndarr
     return session(block.to_model_proto()).run(None, grads)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("max_norm", [0.3, 5.0, 100.0])
-def test_clip_grad_norm_matches_torch(dtype: type, max_norm: float) -> None:
-    rng = np.random.default_rng(5)
-    grads = {name: rng.normal(size=shape).astype(dtype) for name, shape in [("a", (3, 4)), ("b", (5,)), ("c", ())]}
-    grads["c"] = np.asarray(grads["c"])
-    ours = clip_in_onnx(grads, max_norm)
+def _torch_grads(grads: dict[str, np.ndarray]) -> list[Any]:
     tensors = [torch.zeros(g.shape, dtype=torch.from_numpy(g).dtype, requires_grad=True) for g in grads.values()]
     for tensor, g in zip(tensors, grads.values(), strict=True):
         tensor.grad = torch.from_numpy(g.copy())
-    total = torch.nn.utils.clip_grad_norm_(tensors, max_norm)
-    assert (float(total) > max_norm) == (max_norm == 0.3)  # 0.3 clips; 5 and 100 leave the gradients as they are
+    return tensors
+
+
+def _gradients(dtype: type) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    grads = {name: rng.normal(size=shape).astype(dtype) for name, shape in [("a", (3, 4)), ("b", (5,)), ("c", ())]}
+    grads["c"] = np.asarray(grads["c"])
+    return grads
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("max_norm", [0.3, 5.0, 100.0])
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, 3.0, math.inf])
+def test_clip_grad_norm_matches_torch(dtype: type, max_norm: float, norm_type: float) -> None:
+    grads = _gradients(dtype)
+    ours = clip_in_onnx(grads, ClipGradNorm(max_norm, norm_type))
+    tensors = _torch_grads(grads)
+    total = torch.nn.utils.clip_grad_norm_(tensors, max_norm, norm_type=norm_type)
+    norms = {1.0: 15.0, 2.0: 4.19, 3.0: 2.86, math.inf: 1.73}  # of the 18 values: 0.3 clips each, 5 only L1
+    assert (float(total) > max_norm) == (max_norm < norms[norm_type])
+    assert float(total) == pytest.approx(norms[norm_type], abs=0.01)
     for got, tensor in zip(ours, tensors, strict=True):
         np.testing.assert_allclose(got, tensor.grad.numpy(), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("clip_value", [0.1, 1.0, 10.0])
+def test_clip_grad_value_matches_torch(dtype: type, clip_value: float) -> None:
+    grads = _gradients(dtype)
+    ours = clip_in_onnx(grads, ClipGradValue(clip_value))
+    tensors = _torch_grads(grads)
+    torch.nn.utils.clip_grad_value_(tensors, clip_value)
+    for got, tensor in zip(ours, tensors, strict=True):
+        np.testing.assert_array_equal(got, tensor.grad.numpy())
 
 
 #: Optimizers with weight decay, the same with torch's parameter groups: the first parameter decays, the others

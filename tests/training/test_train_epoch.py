@@ -157,6 +157,8 @@ OPTIMIZERS: dict[str, Callable[[], Any]] = {
     "SGD-momentum-nesterov": lambda: optim.SGD(momentum=0.9, nesterov=True),
     "AdamW-amsgrad-clip": lambda: optim.AdamW(amsgrad=True, clip_grad=optim.ClipGradNorm(0.5)),
     "SGD-clip": lambda: optim.SGD(clip_grad=optim.ClipGradNorm(0.1)),
+    "Adam-clip-inf-norm": lambda: optim.Adam(clip_grad=optim.ClipGradNorm(0.05, norm_type=float("inf"))),
+    "SGD-momentum-clip-value": lambda: optim.SGD(momentum=0.9, clip_grad=optim.ClipGradValue(0.02)),
 }
 
 
