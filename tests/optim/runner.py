@@ -9,8 +9,9 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from onnxtrain.graph import empty_base
-from onnxtrain.optim import Optimizer, grad_name, state_name, updated_name
+from onnxtrain.blocks import ForwardBlock
+from onnxtrain.graph import dtypes, empty_base, tensor_type
+from onnxtrain.optim import GradientClipping, Optimizer, grad_name, state_name, updated_name
 from onnxtrain.sessions import inference_session
 
 Arrays = dict[str, np.ndarray]
@@ -20,6 +21,26 @@ States = dict[str, list[np.ndarray]]
 def tensors(params: Mapping[str, np.ndarray]) -> list[onnx.TensorProto]:
     """The parameters as TensorProtos, as TrainingBlock.parameters() lists the trainable ones."""
     return [numpy_helper.from_array(np.asarray(value), name) for name, value in params.items()]
+
+
+class Clipped(ForwardBlock):
+    """A model whose outputs are a clipping's clipped gradients, given as a list of inputs."""
+
+    def __init__(self, clip: GradientClipping) -> None:
+        super().__init__()
+        self.clip = clip
+
+    def build(self, names: list[str]) -> list[str]:
+        return self.clip(names)
+
+
+def clipped_in_onnx(block: ForwardBlock, grads: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """The outputs of ``block`` (a :class:`Clipped`) built over inputs named and typed as ``grads``, run on them."""
+    with empty_base() as b:
+        for name, value in grads.items():
+            b.add_input(name, tensor_type(dtypes.to_elem_type(value.dtype), list(value.shape)))
+        block(list(grads))
+    return session(block.to_model_proto()).run(None, dict(grads))
 
 
 def build(optimizer: Optimizer, params: Mapping[str, np.ndarray], opset: int | None = None) -> onnx.ModelProto:

@@ -12,13 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxtrain.blocks import ForwardBlock
-from onnxtrain.graph import dtypes, empty_base, tensor_type
+from onnxtrain.graph import empty_base, tensor_type
 from onnxtrain.onnxblock import optim as ort_optim
 from onnxtrain.optim import AdamW, ClipGradNorm, ClipGradValue, reference
 from onnxtrain.optim.clip import GradientClipping
 from onnxtrain.optim.ort_nodes import ort_node
-from tests.optim.runner import session
+from tests.optim.runner import Clipped, clipped_in_onnx
 
 CLIPS = [
     ClipGradNorm(0.5),
@@ -31,29 +30,14 @@ TOLERANCE = {np.float16: {"rtol": 2e-3, "atol": 1e-4}, np.float32: {"rtol": 1e-5
              np.float64: {"rtol": 1e-12, "atol": 0}}  # fmt: skip
 
 
-class _OnList(ForwardBlock):
-    def __init__(self, clip: GradientClipping) -> None:
-        super().__init__()
-        self.clip = clip
+class _OnSequence(Clipped):
+    """The clipping on one sequence of the gradients, unpacked again."""
 
-    def build(self, names: list[str]) -> list[str]:
-        return self.clip(names)
-
-
-class _OnSequence(_OnList):
     def build(self, names: list[str]) -> list[str]:
         packed = self.builder.add_node1("SequenceConstruct", names, hint="gradients")
         clipped = self.clip(packed)
         return [self.builder.add_node1("SequenceAt", [clipped, self.builder.add_initializer(np.array(i), "i")])
                 for i in range(len(names))]  # fmt: skip
-
-
-def _run(block: _OnList, grads: dict[str, np.ndarray]) -> list[np.ndarray]:
-    with empty_base() as b:
-        for name, value in grads.items():
-            b.add_input(name, tensor_type(dtypes.to_elem_type(value.dtype), list(value.shape)))
-        block(list(grads))
-    return session(block.to_model_proto()).run(None, grads)
 
 
 def _grads(dtype: type, seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
@@ -74,8 +58,8 @@ def test_each_clipping_on_a_list_and_on_a_sequence_is_the_reference(clip: Gradie
     grads = _grads(dtype, seed=3)
     expected = _reference(clip, list(grads.values()))
     assert any(not np.array_equal(e, g) for e, g in zip(expected, grads.values(), strict=True))  # it clips
-    for form in (_OnList, _OnSequence):
-        got = _run(form(clip), grads)
+    for form in (Clipped, _OnSequence):
+        got = clipped_in_onnx(form(clip), grads)
         for name, value, want in zip(grads, got, expected, strict=True):
             assert value.dtype == want.dtype and value.shape == want.shape
             np.testing.assert_allclose(value, want, **TOLERANCE[dtype], err_msg=f"{form.__name__} {name}")
@@ -92,7 +76,7 @@ def test_clip_grad_norm_is_the_reference_whatever_the_norm(
 ) -> None:
     grads = _grads(np.float64, seed, scale)
     clip = ClipGradNorm(max_norm, norm_type)
-    for value, want in zip(_run(_OnList(clip), grads), _reference(clip, list(grads.values())), strict=True):
+    for value, want in zip(clipped_in_onnx(Clipped(clip), grads), _reference(clip, list(grads.values())), strict=True):
         np.testing.assert_allclose(value, want, rtol=1e-12, atol=0)
 
 

@@ -16,11 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from onnxtrain.blocks import ForwardBlock
-from onnxtrain.graph import dtypes, empty_base, tensor_type
 from onnxtrain.optim import SGD, Adagrad, Adam, AdamW, ClipGradNorm, ClipGradValue, Optimizer, RMSprop
 from onnxtrain.optim.clip import GradientClipping
-from tests.optim.runner import learning_rates, onnx_trajectory, random_problem, session
+from tests.optim.runner import Clipped, clipped_in_onnx, learning_rates, onnx_trajectory, random_problem
 
 torch = pytest.importorskip("torch")
 
@@ -120,24 +118,8 @@ def test_trajectory_matches_torch(
                 np.testing.assert_allclose(got, want, **TOLERANCE[dtype], err_msg=f"{name} {spec.role} at step {t}")
 
 
-class _Clip(ForwardBlock):
-    """A model whose outputs are a clipping's clipped gradients."""
-
-    def __init__(self, clip: GradientClipping) -> None:
-        super().__init__()
-        self.clip = clip
-
-    def build(self, names: list[str]) -> list[str]:
-        return self.clip(names)
-
-
 def clip_in_onnx(grads: dict[str, np.ndarray], clip: GradientClipping) -> list[np.ndarray]:
-    block = _Clip(clip)
-    with empty_base() as b:
-        for name, value in grads.items():
-            b.add_input(name, tensor_type(dtypes.to_elem_type(value.dtype), list(value.shape)))
-        block(list(grads))
-    return session(block.to_model_proto()).run(None, grads)
+    return clipped_in_onnx(Clipped(clip), grads)
 
 
 def _torch_grads(grads: dict[str, np.ndarray]) -> list[Any]:
