@@ -80,8 +80,12 @@ added to the logits as a bias is, which torch does not train); of the
 initializers its optimizer made (``val_80``), one that only nodes computing
 from buffers read (by the FX nodes they came from: buffers, no parameter) is
 a buffer's value folded, a constant (GPT-J's rotary table ``val_125``,
-indexed by position with ``GatherND`` as an embedding would be); the others
-keep the rules above.
+indexed by position with ``GatherND`` as an embedding would be); and where
+every parameter is accounted for (read under its name, or read as another
+initializer where torch read it: ``q_proj.weight`` as its transpose
+``val_27``), every other one is too (Llama's rotary tables folded at a fixed
+sequence length, ``unsqueeze_14``, read where their folded FX node was). The
+others keep the rules above.
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
             break
         weights |= found
     kinds = torch_metadata.signature_kinds(graph)  # torch's own word, where its dynamo exporter wrote it
-    folded = _folded_buffers(graph, set(tensors) - set(kinds)) if kinds else set()
+    folded = _folded_buffers(model, set(tensors) - set(kinds), kinds) if kinds else set()
     roles: dict[str, Role] = {}
     for tensor in graph.initializer:
         name, kind = tensor.name, kinds.get(tensor.name)
@@ -285,11 +289,21 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
     return roles
 
 
-def _folded_buffers(graph: onnx.GraphProto, made: set[str]) -> set[str]:
-    """Of ``made`` (float initializers torch's dynamo exporter's optimizer made), those whose every reader came
-    from an FX node that read a buffer or lifted constant and no parameter: a buffer's value folded."""
+def _folded_buffers(model: onnx.ModelProto, made: set[str], kinds: Mapping[str, str]) -> set[str]:
+    """Of ``made`` (float initializers torch's dynamo exporter's optimizer made), the buffers' values folded:
+
+    - those whose every reader came from an FX node that read a buffer or lifted constant and no parameter;
+    - where every torch parameter of the signature is read under its name, or read as another initializer by
+      the ONNX nodes of an FX node that read it (:func:`~onnxtrain.graph.torch_metadata.parameter_changes`), all
+      the others: a rotary table folded at a fixed sequence length is read where its FX node, folded too, was
+      (``%unsqueeze_14``), by nodes that read no buffer either. A parameter read by no node may have been folded
+      into any of them (``x @ w.t()`` as ``t``): then they keep the rules, as do those read by nodes the
+      exporter wrote no FX node on.
+    """
+    graph = model.graph
     folded = set()
-    for name, nodes in readers_of(all_nodes(graph)).items():
+    readers = readers_of(all_nodes(graph))
+    for name, nodes in readers.items():
         if name in made and all(
             torch_metadata.has_fx_node(node)
             and not torch_metadata.parameters_read(node)
@@ -297,6 +311,14 @@ def _folded_buffers(graph: onnx.GraphProto, made: set[str]) -> set[str]:
             for node in nodes
         ):
             folded.add(name)
+    changes = torch_metadata.parameter_changes(model, folded_away=False)
+    found = {name for change in changes for name in change.parameters}
+    read = {name for node in all_nodes(graph) for name in node.input}
+    parameters = [name for name, kind in kinds.items() if kind == "PARAMETER"]
+    if parameters and all(name in read or name in found for name in parameters):
+        derived = {name for change in changes for name in change.read_as}
+        described = {name for name in made - derived if all(map(torch_metadata.has_fx_node, readers.get(name, ())))}
+        folded |= described
     return folded
 
 

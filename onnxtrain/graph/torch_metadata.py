@@ -216,11 +216,12 @@ class ParameterChange:
         return "merged" if self.merged else "folded" if self.read_as else "dropped"
 
 
-def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
+def parameter_changes(model: onnx.ModelProto, *, folded_away: bool = True) -> list[ParameterChange]:
     """The FX nodes of a dynamo export whose ONNX nodes do not read, under its name, each parameter that torch
-    read there (see the module docstring), in graph order, then the constants folded from FX nodes that no ONNX
-    node is left of. Empty for a model without the exporter's metadata; for one whose initializers are not named
-    as torch's parameters (no placeholder matches any), only those constants."""
+    read there (see the module docstring), in graph order, then (``folded_away``) the constants folded from FX
+    nodes that no ONNX node is left of, paired with parameters by their module (a guess). Empty for a model
+    without the exporter's metadata; for one whose initializers are not named as torch's parameters (no
+    placeholder matches any), only those constants."""
     graph = model.graph
     floats = [t.name for t in graph.initializer if dtypes.is_float(t.data_type) and t.dims]
     float_names = set(floats)
@@ -236,7 +237,7 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
     read_by = {fx: found for fx in groups if (found := _placeholders(fx))}  # the FX nodes that read parameters
     parameters = {stands_for.get(p) for found in read_by.values() for p in found}
     if parameters.isdisjoint(float_names):
-        return _folded_away(graph, folds, [])
+        return _folded_away(graph, folds, []) if folded_away else []
     changes = []
     for fx, found in read_by.items():
         nodes = groups[fx]
@@ -257,7 +258,7 @@ def parameter_changes(model: onnx.ModelProto) -> list[ParameterChange]:
                 merged=not parameters.isdisjoint(instead),
             )
         )
-    return changes + _folded_away(graph, folds, changes)
+    return changes + _folded_away(graph, folds, changes) if folded_away else changes
 
 
 def _folded_away(graph: onnx.GraphProto, floats: set[str], found: list[ParameterChange]) -> list[ParameterChange]:

@@ -429,6 +429,60 @@ def test_a_buffer_the_dynamo_exporters_optimizer_folded_is_a_constant_where_a_fo
     assert initializer_roles(model)["val_125"] == "constant"
 
 
+def _rotary_at_a_fixed_length(unread_parameter: bool) -> onnx.ModelProto:
+    """A dynamo export's shape where the sequence length was fixed: the rotary table folded into
+    ``unsqueeze_14`` is read by a ``Mul`` whose FX node read ``%unsqueeze_14`` (folded too), beside what a
+    weight computes; ``val_27`` is ``q.weight`` transposed (its FX node read ``%p_q_weight``). With
+    ``unread_parameter``, a parameter ``w`` no node reads: folded somewhere, maybe into ``unsqueeze_14``."""
+    from onnxtrain.graph.torch_metadata import FX_NODE_KEY, SIGNATURE_KEY
+
+    f32 = np.float32
+    initializers = [
+        ("k.weight", np.ones((4, 4), f32)),
+        ("val_27", np.ones((4, 4), f32)),
+        ("unsqueeze_14", np.ones((1, 4), f32)),
+    ]
+    key = helper.make_node("MatMul", ["x", "k.weight"], ["k"])
+    key.metadata_props.add(
+        key=FX_NODE_KEY,
+        value="%matmul : [num_users=1] = call_function[target=torch.ops.aten.matmul.default](args = "
+        "(%x, %p_k_weight), kwargs = {})",
+    )
+    project = helper.make_node("MatMul", ["x", "val_27"], ["q"])
+    project.metadata_props.add(
+        key=FX_NODE_KEY,
+        value="%linear : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = "
+        "(%x, %p_q_weight), kwargs = {})",
+    )
+    rotate = helper.make_node("Mul", ["q", "unsqueeze_14"], ["rotated"])
+    rotate.metadata_props.add(
+        key=FX_NODE_KEY,
+        value="%mul_3 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = "
+        "(%linear, %unsqueeze_14), kwargs = {})",
+    )
+    nodes = [key, project, rotate, helper.make_node("Add", ["rotated", "k"], ["y"])]
+    model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 4])}, initializers)
+    lines = [
+        "p_q_weight: PARAMETER target='q.weight'",
+        "p_k_weight: PARAMETER target='k.weight'",
+        "b_inv_freq: BUFFER target='rotary.inv_freq' persistent=False",
+    ]
+    if unread_parameter:
+        lines.append("p_w: PARAMETER target='w'")
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(["# inputs", *lines, "x: USER_INPUT"]))
+    return model
+
+
+def test_a_rotary_table_folded_at_a_fixed_length_is_a_constant_when_every_parameter_is_found():
+    """Every parameter of the signature is read under its name or found folded where torch read it (``q.weight``
+    as ``val_27``): ``unsqueeze_14``, which the rules alone make a weight (a scale beside what weights compute),
+    is a buffer's value. A parameter no node reads may have been folded into it: then the rules decide."""
+    assert trainable_parameters(_rotary_at_a_fixed_length(unread_parameter=False)) == ["k.weight", "val_27"]
+    assert trainable_parameters(_rotary_at_a_fixed_length(unread_parameter=True)) == [
+        "k.weight", "val_27", "unsqueeze_14"
+    ]  # fmt: skip
+
+
 def test_weights_cut_and_joined_or_viewed_beside_the_inputs_are_weights():
     """LSTM's export reorders a weight's gates by slicing and concatenating it, and PReLU's slope and
     MultiheadAttention's packed projection meet the float input itself in their slots: weights. A constant
