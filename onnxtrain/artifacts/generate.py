@@ -33,6 +33,7 @@ from onnxtrain import checkpoint, optim
 from onnxtrain.artifacts import model_files, ort_training
 from onnxtrain.artifacts.exported_parameters import check_not_tied_copies
 from onnxtrain.artifacts.kinds import LossType, OptimType, loss_block, optimizer_block
+from onnxtrain.artifacts.loss_items import loss_items_entry
 from onnxtrain.artifacts.metadata import NO_LOSS, PRECISION_KEY, set_metadata, training_metadata
 from onnxtrain.artifacts.training_block import TrainingBlock
 from onnxtrain.artifacts.training_model import check_parameters
@@ -273,6 +274,7 @@ def _build(
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
+    described |= loss_items_entry(eval_model)  # what the loss is a mean over, for gradient accumulation
     if half is not None:  # absent: float32
         described[PRECISION_KEY] = precision
     for built_model in (training, eval_model):

@@ -28,8 +28,12 @@ LOSS_INPUTS_KEY = "onnxtrain.loss_inputs"
 #: Metadata key of the training and eval models: the forward model's outputs (JSON list).
 MODEL_OUTPUTS_KEY = "onnxtrain.model_outputs"
 
+#: Metadata key of the training and eval models: what the loss is a mean over (JSON,
+#: :func:`onnxtrain.artifacts.loss_items.loss_items`); absent where it is the batch's rows.
+LOSS_ITEMS_KEY = "onnxtrain.loss_items"
+
 #: The keys above: they describe training, so an exported inference model drops them.
-TRAINING_KEYS = (LOSS_KEY, LOSS_INPUTS_KEY, MODEL_OUTPUTS_KEY)
+TRAINING_KEYS = (LOSS_KEY, LOSS_INPUTS_KEY, MODEL_OUTPUTS_KEY, LOSS_ITEMS_KEY)
 #: Metadata key of the training and eval models: the half ``precision`` they were generated with (``bf16``,
 #: ``fp16``); absent for float32.
 PRECISION_KEY = "onnxtrain.precision"
@@ -134,6 +138,7 @@ def loss_inputs(model: onnx.ModelProto) -> list[str]:
 
 __all__ = [
     "LOSS_INPUTS_KEY",
+    "LOSS_ITEMS_KEY",
     "LOSS_KEY",
     "MODEL_OUTPUTS_KEY",
     "NO_LOSS",

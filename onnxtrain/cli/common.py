@@ -121,9 +121,12 @@ def non_negative(text: str) -> float:
 
 def positive(text: str) -> float:
     """An argument type: a finite number > 0."""
-    value = non_negative(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("0 is not > 0")
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number > 0")
     return value
 
 

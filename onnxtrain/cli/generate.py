@@ -289,9 +289,13 @@ def scores_output(args: argparse.Namespace, outputs: list[str]) -> list[str]:
 
 def norm_type(text: str) -> float:
     """An argument type: a number > 0, or ``inf``."""
-    if text.strip().lower() in ("inf", "infinity"):
-        return math.inf
-    return positive(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number > 0 (or inf: the largest magnitude)")
+    return value
 
 
 def clipping_of(args: argparse.Namespace) -> optim.GradientClipping | None:

@@ -289,7 +289,7 @@ def _start_line(
         steps = step_count(train, record.batch_size, record.accumulate)
         batches += (
             f" accumulated {record.accumulate} to a step ({steps} optimizer step{'' if steps == 1 else 's'} of up to "
-            f"{record.accumulate * record.batch_size} samples)"
+            f"{min(record.accumulate * record.batch_size, train)} samples)"
         )
     what = f"{train} samples{held_out}, {batches} per epoch, learning rate {record.learning_rate:g}"
     if earlier is not None:

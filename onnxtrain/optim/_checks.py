@@ -16,7 +16,7 @@ def number(owner: str, argument: str, value: object, valid: Callable[[float], bo
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{owner}: {argument} must be a real number {valid_range}, not {type(value).__name__} {value!r}"
+            f"{owner}: {argument} must be {valid_range} (a real number), not {type(value).__name__} {value!r}"
         )
     result = float(value)
     if math.isnan(result) or not valid(result):
@@ -76,7 +76,7 @@ def scales(owner: str, argument: str, value: object) -> dict[str, float]:
             f"({{'classifier.*': 10.0}}), not {value!r}"
         )
     return {
-        pattern: number(owner, f"{argument}[{pattern!r}]", factor, lambda v: 0.0 < v < math.inf, "> 0 and finite")
+        pattern: number(owner, f"{argument}[{pattern!r}]", factor, lambda v: 0.0 < v < math.inf, "a finite number > 0")
         for pattern, factor in value.items()
     }
 

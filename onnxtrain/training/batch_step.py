@@ -14,12 +14,14 @@ With gradient accumulation (``accumulate=k``), batches ``0 .. k-1``, ``k ..
 2k-1``, ... of the pass (the last group what remains) each make one
 optimizer step: every batch's train step adds its gradients, and before the
 step :meth:`Module.scale_grad <onnxtrain.training.module.Module.scale_grad>`
-weights each batch by its rows, so that the step takes the gradient of the
-mean loss over the group's rows (one batch of them, for a loss that is a
-mean over its batch). Batches of ``n`` rows each: ``scale_grad(1 / k)``
-before the step. A shorter batch of ``r`` rows after them: the sum so far is
-scaled by ``n / r`` before its train step, and the whole by ``r / (sum of
-rows)`` after, which weights each batch ``rows / sum of rows``.
+weights each batch by what its loss is a mean over (its rows; the labels a
+mean cross-entropy counts: ``Module.count_loss_items``,
+:mod:`onnxtrain.training.loss_items`), so that the step takes the gradient
+of the loss over all the group's items, as one batch of them gives. Batches
+of ``n`` items each: ``scale_grad(1 / k)`` before the step. A batch of
+``r`` items after one of ``n``: the sum so far is scaled by ``n / r`` before
+its train step, and the whole by ``r / (sum of items)`` after the last,
+which weights each batch ``items / sum of items``.
 
 :class:`BatchRates` sets each step's learning rate as that loop would.
 """
@@ -67,6 +69,8 @@ class StepModule(Protocol):
     def lazy_reset_grad(self) -> None: ...
 
     def scale_grad(self, factor: float) -> None: ...
+
+    def count_loss_items(self, *user_inputs: Any) -> float: ...
 
 
 class BatchRates:
@@ -133,8 +137,8 @@ class BatchStep:
         self.rates = rates
         self.accumulate = accumulate
         self.batches = batches
-        self._rows = 0  # the rows of the group's batches so far
-        self._last = 0  # and of its last batch
+        self._items = 0.0  # the loss items of the group's batches so far (module.count_loss_items)
+        self._last = 0.0  # and of its last batch with any
 
     def ends_step(self, index: int) -> bool:
         """Whether batch ``index``'s :meth:`update` takes an optimizer step (the last batch of its group)."""
@@ -145,11 +149,12 @@ class BatchStep:
         in eval mode, where that call would evaluate); the module's outputs."""
         module = self.module
         if self.accumulate > 1:
-            rows = _rows(batch)
-            if self._rows and rows != self._last:  # weigh the batches so far as this one will be (module docstring)
-                module.scale_grad(self._last / rows)
-            self._last = rows
-            self._rows += rows
+            items = module.count_loss_items(*batch)
+            if self._items and items and items != self._last:  # weigh the batches so far as this one will be
+                module.scale_grad(self._last / items)
+            if items:  # a batch of no items (every label ignored) adds its gradient as it is: torch's 0 / 0
+                self._last = items
+            self._items += items
         return module(*batch) if module.training else module.train_step(*batch)
 
     def update(self, index: int) -> None:
@@ -157,9 +162,9 @@ class BatchStep:
         optimizer step, the scheduler's, the gradients reset. Within a group, nothing."""
         if not self.ends_step(index):
             return
-        if self._rows != self._last:  # more than one batch: the mean over the group's rows
-            self.module.scale_grad(self._last / self._rows)
-        self._rows = self._last = 0
+        if self._items and self._items != self._last:  # more than one batch: the mean over the group's items
+            self.module.scale_grad(self._last / self._items)
+        self._items = self._last = 0
         self.rates.before_step(index // self.accumulate)
         self.optimizer.step()
         self.rates.after_step()
@@ -170,13 +175,6 @@ class BatchStep:
         outputs = self.train(batch)
         self.update(index)
         return outputs
-
-
-def _rows(batch: Sequence[Any]) -> int:
-    """The rows of a batch: its first input's first dimension (a NumPy array's or an ``OrtValue``'s)."""
-    first = batch[0]
-    shape = first.shape() if callable(first.shape) else first.shape
-    return int(shape[0]) if len(shape) else 1
 
 
 __all__ = ["BatchRates", "BatchStep", "Schedule", "StepModule", "StepOptimizer"]

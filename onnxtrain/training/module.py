@@ -91,6 +91,7 @@ from onnxtrain.training.gradient_scale import GradientScale
 from onnxtrain.training.half_kernels import warn_of_a_half_export
 from onnxtrain.training.labels import HostLabelChecks
 from onnxtrain.training.lookups import HostLookupChecks
+from onnxtrain.training.loss_items import LossItems
 from onnxtrain.training.model_io import EvalModelIO, TrainingModelIO, eval_io, static_input_shapes, training_io
 from onnxtrain.training.models import LoadedModel, ModelSource, load_model
 from onnxtrain.training.options import SMALL_TENSOR, default_session_options, largest_step_input
@@ -204,6 +205,9 @@ class Module:
         # random draws of each train step from the seed and the step (training.random_draws)
         train, self._seeds = StepSeeds.for_model(train, seed)
         self._train_model = train
+        # what the loss is a mean over: the weights of gradient accumulation
+        told = [train.proto] if self._eval_model is None else [train.proto, self._eval_model.proto]
+        self._loss_items = LossItems.of(told, self._io.inputs.names)
         # the training model's sessions run its nodes in its order (open_session): the loss where it is written
         in_node_order = functools.partial(self.open_session, in_node_order=True)
         self._train_session = in_node_order(train, "training model")
@@ -354,6 +358,12 @@ class Module:
         if self._gradient_scale is None or self._gradient_scale.gradients != tuple(gradients):
             self._gradient_scale = GradientScale.create(gradients, self.open_session)
         self._gradient_scale(float(factor))
+
+    def count_loss_items(self, *user_inputs: Any) -> float:
+        """What the loss is a mean over in a batch of ``user_inputs`` (in model order): the labels it counts for
+        a cross-entropy or NLL of ``reduction="mean"`` (those not ``ignore_index``, by their class weights),
+        else the rows (:mod:`onnxtrain.training.loss_items`). Gradient accumulation weighs each batch by it."""
+        return self._loss_items.count(user_inputs)
 
     @property
     def _accumulate(self) -> bool:

@@ -89,7 +89,9 @@ def test_clipping_options(capsys, model_path: Path, tmp_path: Path, options: lis
     [
         (["--grad-norm-type", "1"], "give --max-grad-norm too"),
         (["--max-grad-norm", "1", "--clip-grad-value", "1"], "not allowed with argument"),
-        (["--max-grad-norm", "1", "--grad-norm-type", "0"], "0 is not > 0"),
+        (["--max-grad-norm", "1", "--grad-norm-type", "0"], "0 is not a number > 0 (or inf"),
+        (["--max-grad-norm", "0"], "0 is not a finite number > 0"),
+        (["--max-grad-norm", "1", "--grad-norm-type", "nan"], "nan is not a number > 0"),
         (["--clip-grad-value", "0.5", "--target", "onnxruntime-training"], "L2 norm only"),
     ],
 )

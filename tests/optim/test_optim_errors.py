@@ -88,6 +88,11 @@ def test_hyperparameters_of_the_wrong_type(make: Callable[..., Any], kwargs: dic
         make(**kwargs)
 
 
+def test_a_value_of_the_wrong_type_says_the_range() -> None:
+    with pytest.raises(TypeError, match=r"ClipGradNorm: max_norm must be a number > 0 \(inf: never clip\) \(a real "):
+        ClipGradNorm("1.0")  # type: ignore[arg-type]
+
+
 def test_valid_edge_values() -> None:
     SGD(momentum=0.0, dampening=1.0)
     Adam(betas=(0.0, 0.0), eps=0.0)

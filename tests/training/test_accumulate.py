@@ -9,15 +9,18 @@ rounding).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onnxtrain import optim
+import onnxtrain.onnxblock as onnxblock
+from onnxtrain import api, optim
 from onnxtrain.artifacts import LossType
 from onnxtrain.training.gradient_scale import scaling_model
 from onnxtrain.training.store import StateTensor
@@ -91,6 +94,77 @@ def test_learning_rates_are_given_per_optimizer_step(paths) -> None:
     a, b = snapshot(state_a), snapshot(state_b)
     for name, value in b.items():
         np.testing.assert_allclose(a[name], value, rtol=1e-9, atol=1e-13, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def ignoring(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The float64 MLP with a cross-entropy of class weights that ignores the label -100, and SGD."""
+    model = models.mlp((6, 16, 4), seed=3, elem_type=DOUBLE)
+    loss = onnxblock.loss.CrossEntropyLoss(weight=np.array([1.0, 2.0, 0.5, 1.5]), ignore_index=-100)
+    return models.generate(tmp_path_factory.mktemp("ignoring"), model, loss=loss, optimizer=optim.SGD(momentum=0.9))
+
+
+def _ignored(rows: int = ROWS) -> tuple[np.ndarray, np.ndarray]:
+    """Data whose batches count different numbers of labels: about a third ignored, unevenly."""
+    x, y = _data(rows)
+    y = y.copy()
+    y[np.random.default_rng(11).random(rows) < np.linspace(0.0, 0.8, rows)] = -100
+    return x, y
+
+
+def test_batches_are_weighted_by_the_labels_their_loss_counts(ignoring) -> None:
+    """A mean cross-entropy is a mean over its labels not ignored, by their class weights: the batches of a
+    group are weighted by those (what ``count_loss_items`` gives), and the steps are those of batches as
+    large as the groups; weighted by rows, they were not (SGD moves each parameter by about 0.05)."""
+    x, y = _ignored()
+    state_a, module_a, optimizer_a = open_module(ignoring)
+    state_b, module_b, optimizer_b = open_module(ignoring)
+    assert module_a.count_loss_items(x[:8], y[:8]) == pytest.approx(
+        sum({0: 1.0, 1: 2.0, 2: 0.5, 3: 1.5}[label] for label in y[:8] if label != -100)
+    )
+    for epoch in range(2):
+        module_a.train_epoch(optimizer_a, x, y, BATCH, True, epoch, accumulate=ACCUMULATE)
+        module_b.train_epoch(optimizer_b, x, y, BATCH * ACCUMULATE, True, epoch)
+    a, b = snapshot(state_a), snapshot(state_b)
+    for name, value in b.items():
+        np.testing.assert_allclose(a[name], value, rtol=1e-9, atol=1e-13, err_msg=name)
+
+
+def test_artifacts_without_the_loss_items_read_them_from_the_eval_model(ignoring, tmp_path: Path) -> None:
+    """Artifacts written before the metadata (or by other tools) have the loss in their eval model; a module
+    with neither counts rows."""
+    from onnxtrain.artifacts.metadata import LOSS_ITEMS_KEY, read_metadata
+
+    written = json.loads(read_metadata(onnx.load(ignoring["training_model"]))[LOSS_ITEMS_KEY])
+    assert written == {"labels": "labels", "ignore_index": -100, "class_weights": [1.0, 2.0, 0.5, 1.5]}
+    paths = dict(ignoring)
+    for role in ("training_model", "eval_model"):
+        model = onnx.load(ignoring[role])
+        kept = [entry for entry in model.metadata_props if entry.key != LOSS_ITEMS_KEY]
+        del model.metadata_props[:]
+        model.metadata_props.extend(kept)
+        paths[role] = tmp_path / f"{role}.onnx"
+        onnx.save(model, paths[role])
+    x, y = _ignored(8)
+    _, module, _ = open_module(paths)
+    assert module.count_loss_items(x, y) == open_module(ignoring)[1].count_loss_items(x, y) < 8
+    state = api.CheckpointState.load_checkpoint(paths["checkpoint"])
+    assert api.Module(paths["training_model"], state).count_loss_items(x, y) == 8  # rows
+
+
+def test_a_cross_entropy_that_ignores_nothing_counts_its_labels_and_other_losses_rows(paths, tmp_path: Path) -> None:
+    """Labels ``[N]``: as many as the rows. A mean squared error is a mean over its rows (of one width): rows,
+    and no metadata."""
+    from onnxtrain.artifacts.metadata import LOSS_ITEMS_KEY, read_metadata
+
+    _, module, _ = open_module(paths)
+    x, y = _data(8)
+    assert module.count_loss_items(x[:5], y[:5]) == 5
+    assert json.loads(read_metadata(onnx.load(paths["training_model"]))[LOSS_ITEMS_KEY])["ignore_index"] is None
+    mse = models.generate(tmp_path, models.mlp((6, 4), elem_type=DOUBLE), loss=LossType.MSELoss, optimizer=optim.SGD())
+    assert LOSS_ITEMS_KEY not in read_metadata(onnx.load(mse["training_model"]))
+    _, module, _ = open_module(mse)
+    assert module.count_loss_items(x[:3], np.zeros((3, 4))) == 3
 
 
 @pytest.mark.parametrize("accumulate", [0, -2, 1.5, True])
