@@ -58,7 +58,8 @@ class LossItems:
         counted = labels if self.ignore_index is None else labels[labels != self.ignore_index]
         if self.weights is None:
             return float(counted.size)
-        return float(self.weights[counted.astype(np.int64)].sum())
+        # a label out of range makes the train step fail with its own error: no IndexError before it
+        return float(np.take(self.weights, counted.astype(np.int64), mode="clip").sum())
 
 
 __all__ = ["LossItems"]

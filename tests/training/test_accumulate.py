@@ -130,6 +130,15 @@ def test_batches_are_weighted_by_the_labels_their_loss_counts(ignoring) -> None:
         np.testing.assert_allclose(a[name], value, rtol=1e-9, atol=1e-13, err_msg=name)
 
 
+def test_a_label_out_of_range_in_an_accumulated_batch_raises_the_label_error(ignoring) -> None:
+    x, y = _ignored(16)
+    y[11] = 7
+    _, module, optimizer = open_module(ignoring)
+    module.count_loss_items(x, y)  # no IndexError of its own: the step's check says what is wrong
+    with pytest.raises(ValueError, match=r"train_epoch: 1 label is out of range in 'labels'.*7 at \[11\]"):
+        module.train_epoch(optimizer, x, y, BATCH, accumulate=2)
+
+
 def test_artifacts_without_the_loss_items_read_them_from_the_eval_model(ignoring, tmp_path: Path) -> None:
     """Artifacts written before the metadata (or by other tools) have the loss in their eval model; a module
     with neither counts rows."""
