@@ -37,7 +37,11 @@ any ``Exp``, ``Neg`` or ``Clip`` (a decay stored as its logarithm: Mamba's
   compute (ViT's class token expanded and concatenated with the patch
   embeddings), added to a product (``MultiheadAttention``'s packed bias
   sliced; a convolution's bias after torch.ao's fused BatchNorm divided the
-  convolution by its per-channel factor), multiplying what weights compute unless it is a slice (a layer
+  convolution by its per-channel factor), sliced and added to what weights
+  compute unless its values are the sines and cosines of a fixed position
+  encoding (a learned position table added to the embeddings, not the
+  Transformer's fixed one: :mod:`onnxtrain.graph.encodings`; a table whose
+  values cannot be read stays a constant), multiplying what weights compute unless it is a slice (a layer
   scale unsqueezed onto the channels; a rotary table sliced to the sequence
   stays a constant), or scaling or shifting a normalization's output
   (``nn.GroupNorm``'s affine, exported as an ``InstanceNormalization``
@@ -101,6 +105,7 @@ import onnx
 
 from onnxtrain.graph import dtypes, torch_metadata, wire
 from onnxtrain.graph.attributes import attribute
+from onnxtrain.graph.encodings import Tables
 from onnxtrain.graph.external import TensorData
 from onnxtrain.graph.io import skeleton
 from onnxtrain.graph.passes.retie import tie_transposed_copies, transposed_copies
@@ -227,14 +232,16 @@ def initializer_roles(model: onnx.ModelProto | str | os.PathLike[str]) -> dict[s
     if not isinstance(model, onnx.ModelProto):  # its large inline weights refer to their bytes in the file, unread
         path = Path(model).resolve()
         folder, model = path.parent, wire.load_light(path)
-    tied = transposed_copies(model, TensorData(base_dir=folder))
+    data = TensorData(base_dir=folder)
+    tied = transposed_copies(model, data)
+    tables = Tables.of(model, data)  # the values, which the copy below may not hold
     if tied or identity_copies(model):  # on a copy without the weights' values: the caller's model is not changed
         model = tie_transposed_copies(untie_identity_copies(skeleton(model)), copies=tied)
-    return _roles(model)
+    return _roles(model, tables)
 
 
-def _roles(model: onnx.ModelProto) -> dict[str, Role]:
-    """:func:`initializer_roles` of ``model`` as it is."""
+def _roles(model: onnx.ModelProto, tables: Tables) -> dict[str, Role]:
+    """:func:`initializer_roles` of ``model`` as it is, the values of its tables read from ``tables``."""
     graph = model.graph
     tensors = {t.name: t for t in graph.initializer if dtypes.is_float(t.data_type)}
     stored = {t.name for t in graph.initializer}
@@ -264,7 +271,7 @@ def _roles(model: onnx.ModelProto) -> dict[str, Role]:
             if use.tensor not in weights | statistics
             and (
                 _meets_weights(use, computed, data)
-                or _viewed_elementwise_weight(use, tensors, producers, computed, data)
+                or _viewed_elementwise_weight(use, tensors, producers, computed, data, tables)
                 or (use.resized and _meets_weights_resized(use, computed))
                 if use.viewed
                 else _elementwise_weight(use.node, use.position, tensors[use.tensor], use.other in computed)
@@ -370,13 +377,16 @@ def _viewed_elementwise_weight(
     producers: Mapping[str, onnx.NodeProto],
     computed: set[str],
     data: set[str],
+    tables: Tables,
 ) -> bool:
     """Whether a view of an initializer of ``tensors`` read by an element-wise node is a weight: added to (or
     subtracted from) a product of what weights compute (``computed``), multiplying what weights compute unless
     sliced (a layer scale unsqueezed to the channels), or scaling or shifting a normalization's output (or what
     it minus its pooling gives, PoolFormer's token mixer), of weights' values or the float inputs' (``data``).
-    A positional table sliced and added to embeddings, rotary tables sliced and multiplying a projection, and
-    tensors unsqueezed to scale the inputs (an image normalization) stay constants."""
+    A table sliced and added to what weights compute (positions added to embeddings) is a weight unless its
+    values are a fixed sinusoidal encoding (:mod:`onnxtrain.graph.encodings`), or cannot be read. Rotary tables
+    sliced and multiplying a projection, and tensors unsqueezed to scale the inputs (an image normalization)
+    stay constants."""
     node = use.node
     source = _through_reshapes(use.other, producers)
     if use.other in computed | data and _normalized(source, producers, tensors.keys()):
@@ -385,7 +395,8 @@ def _viewed_elementwise_weight(
         beside = use.other in computed  # compute: a layer scale, Mamba's skip weight D, its decay -exp(A_log)
     else:  # a bias added to a product, maybe scaled per channel by what weights compute (torch.ao's ConvBn)
         beside = use.other in computed and node.op_type in ("Add", "Sub") and source is not None
-        beside = beside and (_is_product(source) or _scaled_product(source, producers, data))
+        product = beside and (_is_product(source) or _scaled_product(source, producers, data))
+        beside = product or (beside and use.sliced and tables.sinusoidal(use.tensor) is False)
     return beside and _elementwise_weight(node, use.position, tensors[use.tensor], True)
 
 
@@ -574,7 +585,7 @@ def trainable_parameters(model: onnx.ModelProto | str | os.PathLike[str]) -> lis
 def running_statistics(model: onnx.ModelProto) -> list[str]:
     """The initializers of ``model`` as it is (generation's, untied and tied again: :func:`initializer_roles`)
     that are BatchNormalization running statistics, in initializer order."""
-    return [name for name, role in _roles(model).items() if role == "running statistic"]
+    return [name for name, role in _roles(model, Tables.of(model, TensorData())).items() if role == "running statistic"]
 
 
 def _uses(graph: onnx.GraphProto, tensors: set[str], variable: set[str]) -> Iterator[Use]:

@@ -11,6 +11,31 @@ from onnxtrain.artifacts import initializer_roles, trainable_parameters
 from tests.helpers import BOOL, FLOAT, INT64, export_for_training, make_model
 
 
+def sinusoids(positions: int, width: int, *, halves: bool = False) -> np.ndarray:
+    """The Transformer's fixed position encoding, float32 ``[positions, width]``: ``sin(p w_i)`` in the even
+    columns and ``cos(p w_i)`` in the odd ones (``halves``: the sines first, then the cosines)."""
+    angles = np.arange(positions)[:, None] * np.exp(np.arange(0, width, 2) * (-np.log(10000.0) / width))[None]
+    if halves:
+        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
+    table = np.zeros((positions, width), np.float32)
+    table[:, 0::2], table[:, 1::2] = np.sin(angles), np.cos(angles)
+    return table
+
+
+def test_a_table_of_sines_and_cosines_is_told_by_its_values():
+    """Interleaved or in halves, float32 or float16, up to 8,192 positions; not a learned table, zeros, ones, a
+    slice of columns that holds no cosine, or a table scaled past 1."""
+    from onnxtrain.graph.encodings import is_sinusoidal
+
+    rng = np.random.default_rng(0)
+    assert is_sinusoidal(sinusoids(16, 4)) and is_sinusoidal(sinusoids(64, 8, halves=True)[:, None])
+    assert is_sinusoidal(sinusoids(8192, 1024)) and is_sinusoidal(sinusoids(512, 64).astype(np.float16))
+    noisy = sinusoids(16, 4) + rng.normal(size=(16, 4)) * 1e-3
+    for table in (rng.normal(size=(16, 4)) * 0.02, np.zeros((16, 4)), np.ones((16, 4)), sinusoids(16, 8)[:, 0::2],
+                  2 * sinusoids(16, 4), noisy.astype(np.float32), sinusoids(2, 4)):  # fmt: skip
+        assert not is_sinusoidal(table)
+
+
 def _graph_of_every_use() -> onnx.ModelProto:
     """One model reading initializers in each way the roles distinguish."""
     rng = np.random.default_rng(0)
@@ -527,17 +552,18 @@ def test_weights_cut_and_joined_or_viewed_beside_the_inputs_are_weights():
 
 
 def test_a_viewed_tensor_beside_a_product_or_a_normalization_is_its_bias_or_affine():
-    """A packed bias sliced and added to a product, and GroupNorm's weight and bias unsqueezed after an
-    ``InstanceNormalization`` by constant ones: weights. A positional table sliced and added to embeddings,
-    a rotary table sliced and multiplying a projection, and a shift unsqueezed after a normalization that
-    has its own scale: constants."""
+    """A packed bias sliced and added to a product, GroupNorm's weight and bias unsqueezed after an
+    ``InstanceNormalization`` by constant ones, and a learned positional table sliced and added to embeddings:
+    weights. A table of sines and cosines sliced and added to embeddings, a rotary table sliced and
+    multiplying a projection, and a shift unsqueezed after a normalization that has its own scale: constants."""
     f32 = np.float32
     rng = np.random.default_rng(0)
     initializers = [
         ("proj", rng.normal(size=(4, 4)).astype(f32)),
         ("packed_bias", np.zeros(8, f32)),
         ("table", rng.normal(size=(10, 4)).astype(f32)),
-        ("pe", rng.normal(size=(16, 4)).astype(f32)),  # a buffer of sines and cosines
+        ("pe", sinusoids(16, 4)),  # a buffer of sines and cosines
+        ("learned", rng.normal(size=(16, 4)).astype(f32)),  # a learned table
         ("cos_cached", rng.normal(size=(16, 4)).astype(f32)),
         ("group.weight", np.ones(4, f32)),
         ("group.bias", np.zeros(4, f32)),
@@ -559,7 +585,9 @@ def test_a_viewed_tensor_beside_a_product_or_a_normalization_is_its_bias_or_affi
         helper.make_node("Add", ["xp", "bias"], ["biased"]),
         helper.make_node("Gather", ["table", "ids"], ["embedded"]),  # [2, 4]
         helper.make_node("Slice", ["pe", "zero", "two"], ["pe_rows"]),
-        helper.make_node("Add", ["embedded", "pe_rows"], ["positioned"]),
+        helper.make_node("Add", ["embedded", "pe_rows"], ["fixed"]),
+        helper.make_node("Slice", ["learned", "zero", "two"], ["learned_rows"]),
+        helper.make_node("Add", ["fixed", "learned_rows"], ["positioned"]),
         helper.make_node("Slice", ["cos_cached", "zero", "two"], ["cos"]),
         helper.make_node("Mul", ["biased", "cos"], ["rotated"]),
         # GroupNorm of 2 groups over 4 channels, as torch's TorchScript exporter writes it
@@ -582,7 +610,7 @@ def test_a_viewed_tensor_beside_a_product_or_a_normalization_is_its_bias_or_affi
     model = make_model(inputs, nodes, {"y": (FLOAT, [2, 4])}, initializers, opset=18)
     roles = initializer_roles(model)
     assert [name for name, role in roles.items() if role == "weight"] == [
-        "proj", "packed_bias", "table", "group.weight", "group.bias", "ln.weight",
+        "proj", "packed_bias", "table", "learned", "group.weight", "group.bias", "ln.weight",
     ]  # fmt: skip
 
 
@@ -666,16 +694,18 @@ def _torch_layers():
             return q * self.cos_cached[:length] + torch.flip(q, (-1,)) * self.sin_cached[:length]
 
     class Positional(nn.Module):
-        """PyTorch's tutorial: embeddings scaled by sqrt(d), plus a sliced buffer of sines and cosines."""
+        """PyTorch's tutorial: embeddings scaled by sqrt(d), plus a sliced buffer of sines and cosines; and a
+        learned table sliced alike (GPT-style models written by hand), which torch trains."""
 
         def __init__(self) -> None:
             super().__init__()
             self.embedding = nn.Embedding(10, 4)
-            self.register_buffer("pe", torch.randn(16, 1, 4))
+            self.register_buffer("pe", torch.from_numpy(sinusoids(16, 4)).reshape(16, 1, 4))
+            self.learned = nn.Parameter(torch.randn(16, 1, 4) * 0.02)
             self.out = nn.Linear(4, 2)
 
         def forward(self, ids):
-            x = self.embedding(ids) * 2.0 + self.pe[: ids.size(0)]
+            x = self.embedding(ids) * 2.0 + self.pe[: ids.size(0)] + self.learned[: ids.size(0)]
             return self.out(x)
 
     class Interpolated(nn.Module):
@@ -690,7 +720,7 @@ def _torch_layers():
             self.position_embeddings = nn.Parameter(torch.randn(1, 5, 4))
             self.table = nn.Parameter(torch.randn(9, 1))
             self.register_buffer("index", torch.randint(0, 9, (5, 5)))
-            self.register_buffer("pe", torch.randn(8, 4))
+            self.register_buffer("pe", torch.from_numpy(sinusoids(8, 4, halves=True)))
             self.qk = nn.Linear(4, 8)
 
         def forward(self, pixels):
