@@ -274,7 +274,8 @@ def _build(
     training, eval_model = training_block.to_model_proto()  # accumulating gradients, in ONNX Runtime's names
     trainable, frozen_tensors = training_block.parameters()
     described = training_metadata(_loss_name(loss), inputs_to_loss, [o.name for o in proto.graph.output])
-    described |= loss_items_entry(eval_model)  # what the loss is a mean over, for gradient accumulation
+    # what the loss is a mean over, for gradient accumulation (a built-in loss says its reduction)
+    described |= loss_items_entry(eval_model, getattr(loss_of, "_reduction", None) if _built_in(loss_of) else None)
     if half is not None:  # absent: float32
         described[PRECISION_KEY] = precision
     for built_model in (training, eval_model):

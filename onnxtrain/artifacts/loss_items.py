@@ -8,7 +8,9 @@ when each batch's gradient is weighted by its rows
 ``ignore_index``, each weighted by its class's weight where the loss has
 class weights (torch's and ONNX's ``NegativeLogLikelihoodLoss``). A language
 model's batches of padded sequences count their tokens, not their rows (what
-Hugging Face's ``num_items_in_batch`` counts).
+Hugging Face's ``num_items_in_batch`` counts). A loss summed over its batch
+(``reduction="sum"``) is the sum over all the rows when the batches' gradients
+are added as they are: no weights.
 
 :func:`loss_items` reads that from a model that holds its loss's
 ``NegativeLogLikelihoodLoss`` (the eval model; the training model's autodiff
@@ -17,8 +19,10 @@ graph input, read as they are or reshaped, squeezed, cast or passed through
 the loss's label check, with its ``ignore_index`` and constant class
 weights. ``generate_artifacts`` writes it as JSON under
 :data:`~onnxtrain.artifacts.metadata.LOSS_ITEMS_KEY` in both models:
-``{"labels": "labels", "ignore_index": -100, "class_weights": null}``. Any
-other loss writes nothing: rows.
+``{"labels": "labels", "ignore_index": -100, "class_weights": null}``; for a
+loss summed over its batch (that NLL with ``reduction="sum"``, or one of
+``onnxtrain.losses`` built with it), ``{"reduction": "sum"}``. Any other loss
+writes nothing: rows.
 """
 
 from __future__ import annotations
@@ -41,10 +45,14 @@ _LABEL_PATHS: Mapping[str, int] = {
 }  # fmt: skip
 
 
-def loss_items(model: onnx.ModelProto) -> dict[str, Any] | None:
-    """``{"labels", "ignore_index", "class_weights"}`` of ``model``'s mean NLL (module docstring), or ``None``."""
+def loss_items(model: onnx.ModelProto, reduction: str | None = None) -> dict[str, Any] | None:
+    """``{"labels", "ignore_index", "class_weights"}`` of ``model``'s mean NLL, ``{"reduction": "sum"}`` for a
+    summed one or where ``reduction`` (the loss block's, where known) is ``"sum"`` (module docstring), else
+    ``None``."""
     graph = model.graph
     losses = [node for node in all_nodes(graph) if node.op_type == "NegativeLogLikelihoodLoss"]
+    if reduction == "sum" or (len(losses) == 1 and _text(attribute(losses[0], "reduction", "mean")) == "sum"):
+        return {"reduction": "sum"}
     if len(losses) != 1 or _text(attribute(losses[0], "reduction", "mean")) != "mean":
         return None
     node = losses[0]
@@ -62,11 +70,11 @@ def loss_items(model: onnx.ModelProto) -> dict[str, Any] | None:
     return {"labels": labels, "ignore_index": None if ignore is None else int(ignore), "class_weights": weights}
 
 
-def loss_items_entry(model: onnx.ModelProto) -> dict[str, str]:
+def loss_items_entry(model: onnx.ModelProto, reduction: str | None = None) -> dict[str, str]:
     """The metadata entry for :func:`loss_items` of ``model``: ``{}`` where there is none."""
     from onnxtrain.artifacts.metadata import LOSS_ITEMS_KEY
 
-    found = loss_items(model)
+    found = loss_items(model, reduction)
     return {} if found is None else {LOSS_ITEMS_KEY: json.dumps(found)}
 
 

@@ -1,4 +1,4 @@
-"""Fixed positional encodings, told by their values: the sine and cosine of the position times a frequency.
+"""Fixed tables, told by their values: position encodings of sines and cosines, and additive attention masks.
 
 A table of positions sliced to the sequence and added to the embeddings is a
 learned position embedding (a parameter: ``nn.Parameter(torch.zeros(1, L, D))``)
@@ -10,6 +10,10 @@ size-1 axes dropped, a ``[positions, width]`` table whose first row is ``0``
 in magnitude, and each column a sinusoid of the position, which
 ``t[p + 1] + t[p - 1] = 2 cos(w) t[p]`` checks whatever the frequency and
 however the columns are laid out (interleaved or in halves).
+
+A causal mask sliced to the sequence and added to the attention scores
+(``scores + self.mask[:T, :T]``) is a buffer too, which :func:`is_mask` tells:
+only zeros and values of -10,000 or less (or minus infinity), both present.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ def is_sinusoidal(values: np.ndarray) -> bool:
     return bool((np.abs(around - 2.0 * cos_w * middle) <= allowed).all())
 
 
+def is_mask(values: np.ndarray) -> bool:
+    """Whether ``values`` is an additive mask: zeros and values <= -1e4 (or minus infinity), some of each."""
+    table = np.asarray(values, dtype=np.float64)
+    if np.isnan(table).any() or np.isposinf(table).any():
+        return False
+    zeros, masked = table == 0.0, table <= -1e4
+    return bool((zeros | masked).all() and zeros.any() and masked.any())
+
+
 @dataclass(frozen=True)
 class Tables:
     """The float initializers of a model, whose values :meth:`sinusoidal` reads through ``data``."""
@@ -63,9 +76,9 @@ class Tables:
     def of(cls, model: onnx.ModelProto, data: TensorData) -> Tables:
         return cls({t.name: t for t in model.graph.initializer if dtypes.is_float(t.data_type)}, data)
 
-    def sinusoidal(self, name: str) -> bool | None:
-        """Whether initializer ``name`` is a fixed encoding (:func:`is_sinusoidal`); ``None`` where its values
-        cannot be read here (no data, a file not found, too large)."""
+    def fixed(self, name: str) -> bool | None:
+        """Whether initializer ``name`` is a fixed table (:func:`is_sinusoidal`, :func:`is_mask`); ``None`` where
+        its values cannot be read here (no data, a file not found, too large)."""
         tensor = self.tensors.get(name)
         size = int(np.prod(tensor.dims)) if tensor is not None else 0
         if tensor is None or tensor.data_type not in _READ or not 0 < size <= MAX_ELEMENTS:
@@ -79,7 +92,8 @@ class Tables:
             return None
         if len(raw) != size * np.dtype(dtype).itemsize:  # a stub without its data
             return None
-        return is_sinusoidal(np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor.dims))
+        values = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(tensor.dims)
+        return is_sinusoidal(values) or is_mask(values)
 
 
-__all__ = ["MAX_ELEMENTS", "Tables", "is_sinusoidal"]
+__all__ = ["MAX_ELEMENTS", "Tables", "is_mask", "is_sinusoidal"]

@@ -384,7 +384,8 @@ def _viewed_elementwise_weight(
     sliced (a layer scale unsqueezed to the channels), or scaling or shifting a normalization's output (or what
     it minus its pooling gives, PoolFormer's token mixer), of weights' values or the float inputs' (``data``).
     A table sliced and added to what weights compute (positions added to embeddings) is a weight unless its
-    values are a fixed sinusoidal encoding (:mod:`onnxtrain.graph.encodings`), or cannot be read. Rotary tables
+    values are a fixed sinusoidal encoding or an additive mask (:mod:`onnxtrain.graph.encodings`; a mask
+    sliced and added to attention scores, a product, stays a constant too), or cannot be read. Rotary tables
     sliced and multiplying a projection, and tensors unsqueezed to scale the inputs (an image normalization)
     stay constants."""
     node = use.node
@@ -396,7 +397,8 @@ def _viewed_elementwise_weight(
     else:  # a bias added to a product, maybe scaled per channel by what weights compute (torch.ao's ConvBn)
         beside = use.other in computed and node.op_type in ("Add", "Sub") and source is not None
         product = beside and (_is_product(source) or _scaled_product(source, producers, data))
-        beside = product or (beside and use.sliced and tables.sinusoidal(use.tensor) is False)
+        fixed = tables.fixed(use.tensor) if beside and use.sliced else None  # a table sliced to the sequence
+        beside = (product and fixed is not True) or (beside and use.sliced and fixed is False)
     return beside and _elementwise_weight(node, use.position, tensors[use.tensor], True)
 
 

@@ -21,7 +21,9 @@ of the loss over all the group's items, as one batch of them gives. Batches
 of ``n`` items each: ``scale_grad(1 / k)`` before the step. A batch of
 ``r`` items after one of ``n``: the sum so far is scaled by ``n / r`` before
 its train step, and the whole by ``r / (sum of items)`` after the last,
-which weights each batch ``items / sum of items``.
+which weights each batch ``items / sum of items``. A loss summed over its
+batch (``count_loss_items`` gives ``None``) is the sum over the group's rows
+with the gradients added as they are: no weights.
 
 :class:`BatchRates` sets each step's learning rate as that loop would.
 """
@@ -70,7 +72,7 @@ class StepModule(Protocol):
 
     def scale_grad(self, factor: float) -> None: ...
 
-    def count_loss_items(self, *user_inputs: Any) -> float: ...
+    def count_loss_items(self, *user_inputs: Any) -> float | None: ...
 
 
 class BatchRates:
@@ -150,7 +152,9 @@ class BatchStep:
         module = self.module
         if self.accumulate > 1:
             items = module.count_loss_items(*batch)
-            if self._items and items and items != self._last:  # weigh the batches so far as this one will be
+            if items is None:  # a loss summed over its batch: the gradients added as they are
+                items = 0.0
+            elif self._items and items and items != self._last:  # weigh the batches so far as this one will be
                 module.scale_grad(self._last / items)
             if items:  # a batch of no items (every label ignored) adds its gradient as it is: torch's 0 / 0
                 self._last = items

@@ -1,7 +1,7 @@
 """What a batch's loss is a mean over: the weight of each batch in an accumulated step.
 
 The training model's metadata says it (:mod:`onnxtrain.artifacts.loss_items`:
-the labels a mean cross-entropy or NLL counts); artifacts without it (written
+the labels a mean cross-entropy or NLL counts; none for a summed loss); artifacts without it (written
 before it, or by ONNX Runtime's tools) are read from the eval model where the
 module has one, else counted by rows.
 """
@@ -25,11 +25,13 @@ from onnxtrain.training import values
 @dataclass(frozen=True)
 class LossItems:
     """Where a batch's count of loss items comes from: ``labels`` (the position of the labels among the user
-    inputs; ``None``: the batch's rows), ``ignore_index`` and the class ``weights``."""
+    inputs; ``None``: the batch's rows), ``ignore_index`` and the class ``weights``; ``summed``: the loss is a
+    sum over its batch, and the batches of a step are added unweighted."""
 
     labels: int | None = None
     ignore_index: int | None = None
     weights: np.ndarray | None = None
+    summed: bool = False
 
     @classmethod
     def of(cls, models: Sequence[onnx.ModelProto], user_inputs: Sequence[str]) -> LossItems:
@@ -42,13 +44,18 @@ class LossItems:
             if found is not None:
                 break
         names = list(user_inputs)
-        if found is None or found["labels"] not in names:
+        if found is not None and found.get("reduction") == "sum":
+            return cls(summed=True)
+        if found is None or found.get("labels") not in names:
             return cls()
         weights = found["class_weights"]
         return cls(names.index(found["labels"]), found["ignore_index"], None if weights is None else np.array(weights))
 
-    def count(self, batch: Sequence[Any]) -> float:
-        """The items of ``batch`` (the user inputs, in order): its rows, or its counted labels' weight."""
+    def count(self, batch: Sequence[Any]) -> float | None:
+        """The items of ``batch`` (the user inputs, in order): its rows, or its counted labels' weight; ``None``
+        for a loss summed over its batch (no weights)."""
+        if self.summed:
+            return None
         if self.labels is None:
             first = batch[0]
             shape = first.shape() if isinstance(first, ort.OrtValue) else np.shape(first)

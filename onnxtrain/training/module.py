@@ -359,10 +359,11 @@ class Module:
             self._gradient_scale = GradientScale.create(gradients, self.open_session)
         self._gradient_scale(float(factor))
 
-    def count_loss_items(self, *user_inputs: Any) -> float:
+    def count_loss_items(self, *user_inputs: Any) -> float | None:
         """What the loss is a mean over in a batch of ``user_inputs`` (in model order): the labels it counts for
         a cross-entropy or NLL of ``reduction="mean"`` (those not ``ignore_index``, by their class weights),
-        else the rows (:mod:`onnxtrain.training.loss_items`). Gradient accumulation weighs each batch by it."""
+        ``None`` for a loss summed over its batch, else the rows (:mod:`onnxtrain.training.loss_items`).
+        Gradient accumulation weighs each batch by it (not at all where ``None``)."""
         return self._loss_items.count(user_inputs)
 
     @property

@@ -36,6 +36,36 @@ def test_a_table_of_sines_and_cosines_is_told_by_its_values():
         assert not is_sinusoidal(table)
 
 
+def test_a_mask_sliced_and_added_to_attention_scores_is_a_constant_where_a_learned_bias_is_a_weight():
+    """``scores + self.mask[:T, :T]`` (zeros and -inf, or -1e4) as a TorchScript export writes it: a buffer; a
+    learned bias sliced alike and added to the same product: a weight."""
+    from onnxtrain.graph.encodings import is_mask
+
+    f32 = np.float32
+    causal = np.triu(np.full((8, 8), -np.inf, f32), 1)
+    assert is_mask(causal) and is_mask(np.where(np.isinf(causal), -1e4, 0).astype(f32))
+    assert not is_mask(np.zeros((8, 8))) and not is_mask(np.triu(np.full((8, 8), -1.0), 1))
+    rng = np.random.default_rng(0)
+    initializers = [
+        ("q", rng.normal(size=(4, 4)).astype(f32)),
+        ("mask", causal),
+        ("bias", rng.normal(size=(8, 8)).astype(f32) * 0.02),
+        ("zero", np.array([0, 0], np.int64)),
+        ("size", np.array([2, 2], np.int64)),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "q"], ["xq"]),  # [2, 4]
+        helper.make_node("Transpose", ["xq"], ["xq_t"]),
+        helper.make_node("MatMul", ["xq", "xq_t"], ["scores"]),  # [2, 2]
+        helper.make_node("Slice", ["mask", "zero", "size"], ["mask_rows"]),
+        helper.make_node("Add", ["scores", "mask_rows"], ["masked"]),
+        helper.make_node("Slice", ["bias", "zero", "size"], ["bias_rows"]),
+        helper.make_node("Add", ["masked", "bias_rows"], ["y"]),
+    ]
+    model = make_model({"x": (FLOAT, [2, 4])}, nodes, {"y": (FLOAT, [2, 2])}, initializers)
+    assert trainable_parameters(model) == ["q", "bias"]
+
+
 def _graph_of_every_use() -> onnx.ModelProto:
     """One model reading initializers in each way the roles distinguish."""
     rng = np.random.default_rng(0)

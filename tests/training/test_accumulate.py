@@ -130,6 +130,33 @@ def test_batches_are_weighted_by_the_labels_their_loss_counts(ignoring) -> None:
         np.testing.assert_allclose(a[name], value, rtol=1e-9, atol=1e-13, err_msg=name)
 
 
+@pytest.mark.parametrize("loss", ["cross-entropy", "mse"])
+def test_a_loss_summed_over_its_batch_adds_the_gradients_unweighted(loss: str, tmp_path: Path) -> None:
+    """A sum over the batch is a sum over the group's rows when the batches' gradients are added as they are:
+    the step of one batch as large as the group, the short last group included (weighted by rows, the steps
+    were 1/k of it)."""
+    from onnxtrain.artifacts.metadata import LOSS_ITEMS_KEY, read_metadata
+
+    block = (
+        onnxblock.loss.CrossEntropyLoss(reduction="sum", ignore_index=-100)
+        if loss == "cross-entropy"
+        else onnxblock.loss.MSELoss(reduction="sum")
+    )
+    paths = models.generate(tmp_path, models.mlp((6, 16, 4), seed=4, elem_type=DOUBLE), loss=block,
+                            optimizer=optim.SGD())  # fmt: skip
+    assert json.loads(read_metadata(onnx.load(paths["training_model"]))[LOSS_ITEMS_KEY]) == {"reduction": "sum"}
+    x, y = _ignored()
+    target = y if loss == "cross-entropy" else np.random.default_rng(2).standard_normal((ROWS, 4))
+    state_a, module_a, optimizer_a = open_module(paths)
+    state_b, module_b, optimizer_b = open_module(paths)
+    assert module_a.count_loss_items(x, target) is None
+    module_a.train_epoch(optimizer_a, x, target, BATCH, accumulate=ACCUMULATE)
+    module_b.train_epoch(optimizer_b, x, target, BATCH * ACCUMULATE)
+    a, b = snapshot(state_a), snapshot(state_b)
+    for name, value in b.items():
+        np.testing.assert_allclose(a[name], value, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
 def test_a_label_out_of_range_in_an_accumulated_batch_raises_the_label_error(ignoring) -> None:
     x, y = _ignored(16)
     y[11] = 7
