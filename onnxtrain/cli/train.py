@@ -45,8 +45,9 @@ def add_parser(subcommands: Any) -> None:
     parser.add_argument("--batch-size", required=True, type=count(1), metavar="B", help="the last batch may be smaller")
     parser.add_argument(
         "--accumulate", type=count(1), default=1, metavar="K",
-        help="accumulate the gradients of K batches into each optimizer step, each batch weighted by its samples: "
-        "the step of a batch of K*B samples in the memory of one of B (default 1)",
+        help="accumulate the gradients of K batches into each optimizer step, each batch weighted by what its loss "
+        "averages (its samples; for ce and nll its labels not --ignore-index): the step of a batch of K*B samples "
+        "in the memory of one of B (default 1)",
     )  # fmt: skip
     validation = parser.add_mutually_exclusive_group()
     validation.add_argument(

@@ -20,10 +20,10 @@ class Settings:
     constant). ``early_stopping``: stop once this many epochs have passed
     without a lower validation loss, keeping the best state (needs
     validation data); ``None``: run every epoch. ``accumulate``: the
-    batches whose gradients one optimizer step takes, weighted by their rows
-    (:mod:`onnxtrain.training.batch_step`): the step of a batch of
-    ``accumulate * batch_size`` rows in the memory of one of ``batch_size``;
-    an epoch's last group takes the batches that remain.
+    batches whose gradients one optimizer step takes, each weighted by what
+    its loss is a mean over (:mod:`onnxtrain.training.batch_step`): the step
+    of a batch of ``accumulate * batch_size`` rows in the memory of one of
+    ``batch_size``; an epoch's last group takes the batches that remain.
     """
 
     epochs: int

@@ -341,7 +341,8 @@ class Module:
         After ``k`` train steps on batches of equal size, each of a loss that
         is a mean over its batch, ``scale_grad(1 / k)`` makes the gradients
         those of the mean over all ``k`` batches' rows, as one batch of them
-        gives (PyTorch: ``(loss / k).backward()``). Gradients reset or not yet
+        gives (PyTorch: ``(loss / k).backward()``); batches of different sizes
+        are weighted as ``train_epoch(accumulate=k)`` does. Gradients reset or not yet
         computed read as zeros and stay so. An update recorded by
         ``optimizer.step()`` is applied first, from the gradients it was
         recorded with.
@@ -561,11 +562,12 @@ class Module:
 
         ``accumulate=k`` accumulates the gradients of ``k`` batches in a row
         (the last group what remains) and takes one optimizer step per group,
-        on the mean over the group's rows, each batch weighted by its rows
-        (:mod:`onnxtrain.training.batch_step`; :meth:`scale_grad`): for a
-        loss that is a mean over its batch, the step of one batch of
-        ``k * batch_size`` rows, in the memory of one of ``batch_size``. Those
-        passes run step by step.
+        each batch weighted by what its loss is a mean over
+        (:meth:`count_loss_items`: its rows, or the labels a mean
+        cross-entropy counts; no weights for a summed loss;
+        :mod:`onnxtrain.training.batch_step`, :meth:`scale_grad`): the step of
+        one batch of ``k * batch_size`` rows, in the memory of one of
+        ``batch_size``. Those passes run step by step.
 
         The full batches run as an ONNX ``Scan`` over the fused step
         (:mod:`onnxtrain.training.epoch`), in one onnxruntime call; a batch
