@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from onnxtrain import caller
-from onnxtrain.graph.attributes import attribute
+from onnxtrain.graph.attributes import text_attribute
 from onnxtrain.graph.naming import GENERATED
 from onnxtrain.graph.passes.untie import merged_constants
 from onnxtrain.graph.roles import initializer_roles
@@ -281,13 +281,13 @@ def warn_scatters(model: onnx.ModelProto) -> None:
             from_data.update(name for name in node.output if name)
         if node.op_type not in SCATTERS or not is_standard(node) or len(node.input) < 2:
             continue
-        reduction = attribute(node, "reduction", b"none")
+        reduction = text_attribute(node, "reduction", "none")
         source = node.input[0]
         while source in copies:  # torch's detach() is an Identity
             source = copies[source]
         if source in initializers:
             rewritten.append(source)
-        elif reduction == b"none" and node.input[1] in from_data:
+        elif reduction == "none" and node.input[1] in from_data:
             found.append(f"{node.name or node.output[0]} ({node.op_type})")
     if rewritten:
         caller.warn(

@@ -35,7 +35,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxtrain.graph.attributes import attribute
+from onnxtrain.graph.attributes import attribute, text_attribute
 from onnxtrain.graph.walk import all_nodes
 
 #: Operators the labels may pass through on their way to the loss, with the position of the labels.
@@ -51,9 +51,10 @@ def loss_items(model: onnx.ModelProto, reduction: str | None = None) -> dict[str
     ``None``."""
     graph = model.graph
     losses = [node for node in all_nodes(graph) if node.op_type == "NegativeLogLikelihoodLoss"]
-    if reduction == "sum" or (len(losses) == 1 and _text(attribute(losses[0], "reduction", "mean")) == "sum"):
+    reductions = [text_attribute(node, "reduction", "mean") for node in losses]
+    if reduction == "sum" or reductions == ["sum"]:
         return {"reduction": "sum"}
-    if len(losses) != 1 or _text(attribute(losses[0], "reduction", "mean")) != "mean":
+    if reductions != ["mean"]:
         return None
     node = losses[0]
     stored = {t.name for t in graph.initializer}
@@ -76,11 +77,6 @@ def loss_items_entry(model: onnx.ModelProto, reduction: str | None = None) -> di
 
     found = loss_items(model, reduction)
     return {} if found is None else {LOSS_ITEMS_KEY: json.dumps(found)}
-
-
-def _text(value: str | bytes) -> str:
-    """A string attribute's value (onnx gives bytes)."""
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _graph_input(name: str, graph: onnx.GraphProto, inputs: set[str]) -> str | None:

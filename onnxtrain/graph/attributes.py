@@ -1,8 +1,8 @@
 """A node's attributes as Python values: the one place that reads ``AttributeProto``.
 
 Values are ``onnx.helper.get_attribute_value``'s: an ``int``, a ``float``,
-``bytes`` for a string (not decoded), a ``TensorProto``, a ``GraphProto``, or
-a list of one of these.
+``bytes`` for a string (not decoded; :func:`text_attribute` decodes it), a
+``TensorProto``, a ``GraphProto``, or a list of one of these.
 """
 
 from __future__ import annotations
@@ -24,3 +24,9 @@ def attribute(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
         if found.name == name:
             return helper.get_attribute_value(found)
     return default
+
+
+def text_attribute(node: onnx.NodeProto, name: str, default: str) -> str:
+    """``node``'s string attribute ``name``, decoded (``reduction``, ``mode``), or ``default`` where it is not set."""
+    value = attribute(node, name, default)
+    return value.decode() if isinstance(value, bytes) else value

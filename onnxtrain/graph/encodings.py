@@ -19,7 +19,7 @@ only zeros and values of -10,000 or less (or minus infinity), both present.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -67,10 +67,12 @@ def is_mask(values: np.ndarray) -> bool:
 
 @dataclass(frozen=True)
 class Tables:
-    """The float initializers of a model, whose values :meth:`sinusoidal` reads through ``data``."""
+    """The float initializers of a model, whose values :meth:`fixed` reads through ``data``, once each (roles
+    ask again at each round of their fixpoint)."""
 
     tensors: Mapping[str, onnx.TensorProto]
     data: TensorData
+    _told: dict[str, bool | None] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(cls, model: onnx.ModelProto, data: TensorData) -> Tables:
@@ -79,6 +81,11 @@ class Tables:
     def fixed(self, name: str) -> bool | None:
         """Whether initializer ``name`` is a fixed table (:func:`is_sinusoidal`, :func:`is_mask`); ``None`` where
         its values cannot be read here (no data, a file not found, too large)."""
+        if name not in self._told:
+            self._told[name] = self._fixed(name)
+        return self._told[name]
+
+    def _fixed(self, name: str) -> bool | None:
         tensor = self.tensors.get(name)
         size = int(np.prod(tensor.dims)) if tensor is not None else 0
         if tensor is None or tensor.data_type not in _READ or not 0 < size <= MAX_ELEMENTS:

@@ -320,9 +320,8 @@ def _folded_buffers(model: onnx.ModelProto, made: set[str], kinds: Mapping[str, 
             folded.add(name)
     changes = torch_metadata.parameter_changes(model, folded_away=False)
     found = {name for change in changes for name in change.parameters}
-    read = {name for node in all_nodes(graph) for name in node.input}
     parameters = [name for name, kind in kinds.items() if kind == "PARAMETER"]
-    if parameters and all(name in read or name in found for name in parameters):
+    if parameters and all(name in readers or name in found for name in parameters):
         derived = {name for change in changes for name in change.read_as}
         described = {name for name in made - derived if all(map(torch_metadata.has_fx_node, readers.get(name, ())))}
         folded |= described

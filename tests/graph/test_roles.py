@@ -405,12 +405,31 @@ def test_a_view_of_an_initializer_is_a_weight_only_where_it_meets_what_weights_c
     assert trainable_parameters(model) == ["patch.weight", "cls_token", "rel.weight", "proj.weight"]
 
 
+def _from_fx(node: onnx.NodeProto, fx: str, target: str, arguments: str) -> onnx.NodeProto:
+    """``node`` with the FX node torch's dynamo exporter writes on it: ``%fx = target(arguments)``."""
+    from onnxtrain.graph.torch_metadata import FX_NODE_KEY
+
+    node.metadata_props.add(
+        key=FX_NODE_KEY,
+        value=f"%{fx} : [num_users=1] = call_function[target=torch.ops.aten.{target}](args = ({arguments}), "
+        "kwargs = {})",
+    )
+    return node
+
+
+def _signed(model: onnx.ModelProto, *entries: str) -> onnx.ModelProto:
+    """``model`` with the exported program's signature of ``entries`` (``p_w: PARAMETER target='w'``), then
+    the user input ``x``."""
+    from onnxtrain.graph.torch_metadata import SIGNATURE_KEY
+
+    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(["# inputs", *entries, "x: USER_INPUT"]))
+    return model
+
+
 def test_the_signature_of_torchs_dynamo_export_says_which_are_parameters():
     """A buffer added to the logits as a bias is (BART's ``final_logits_bias``) is a constant and a rank-0
     parameter scaling them (CLIP's temperature) a weight where the exported program's signature says so; an
     initializer the signature does not name (one the exporter's optimizer made) keeps the rules."""
-    from onnxtrain.graph.torch_metadata import SIGNATURE_KEY
-
     f32 = np.float32
     initializers = [
         ("head.weight", np.ones((4, 3), f32)),
@@ -426,14 +445,12 @@ def test_the_signature_of_torchs_dynamo_export_says_which_are_parameters():
     ]
     model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 3])}, initializers)
     assert trainable_parameters(model) == ["head.weight", "val_3", "final_logits_bias"]  # the rules alone
-    signature = "\n".join([
-        "# inputs",
+    _signed(
+        model,
         "p_head_weight: PARAMETER target='head.weight'",
         "p_logit_scale: PARAMETER target='logit_scale'",
         "b_final_logits_bias: BUFFER target='final_logits_bias' persistent=True",
-        "x: USER_INPUT",
-    ])  # fmt: skip
-    model.graph.metadata_props.add(key=SIGNATURE_KEY, value=signature)
+    )
     assert trainable_parameters(model) == ["head.weight", "val_3", "logit_scale"]
 
 
@@ -442,8 +459,6 @@ def test_a_buffer_the_dynamo_exporters_optimizer_folded_is_a_constant_where_a_fo
     exporter's optimizer folded it into ``val_125``: the FX node its reader came from read the buffer and no
     parameter, so it is a constant; ``val_135``, a weight's transpose folded, is read where torch read the
     parameter, and stays a weight."""
-    from onnxtrain.graph.torch_metadata import FX_NODE_KEY, SIGNATURE_KEY
-
     f32 = np.float32
     initializers = [
         ("proj.weight", np.ones((4, 4), f32)),
@@ -451,35 +466,23 @@ def test_a_buffer_the_dynamo_exporters_optimizer_folded_is_a_constant_where_a_fo
         ("val_125", np.ones((64, 4), f32)),
     ]
     gather = helper.make_node("GatherND", ["val_125", "positions"], ["sincos"])
-    gather.metadata_props.add(
-        key=FX_NODE_KEY,
-        value="%index_4 : [num_users=1] = call_function[target=torch.ops.aten.index.Tensor](args = "
-        "(%b_rotary_emb_embed_positions, [%unsqueeze]), kwargs = {})",
-    )
     head = helper.make_node("MatMul", ["h", "val_135"], ["scores"])
-    head.metadata_props.add(
-        key=FX_NODE_KEY,
-        value="%linear_1 : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = "
-        "(%add, %p_head_weight), kwargs = {})",
-    )
     nodes = [
         helper.make_node("MatMul", ["x", "proj.weight"], ["p"]),
-        gather,
+        _from_fx(gather, "index_4", "index.Tensor", "%b_rotary_emb_embed_positions, [%unsqueeze]"),
         helper.make_node("Add", ["p", "sincos"], ["h"]),
-        head,
+        _from_fx(head, "linear_1", "linear.default", "%add, %p_head_weight"),
     ]
     model = make_model(
         {"x": (FLOAT, ["n", 4]), "positions": (INT64, ["n", 1])}, nodes, {"scores": (FLOAT, ["n", 3])}, initializers
     )
     assert trainable_parameters(model) == ["proj.weight", "val_135", "val_125"]  # no signature: the rules, a table
-    signature = "\n".join([
-        "# inputs",
+    _signed(
+        model,
         "p_proj_weight: PARAMETER target='proj.weight'",
         "p_head_weight: PARAMETER target='head.weight'",
         "b_rotary_emb_embed_positions: BUFFER target='rotary_emb.embed_positions' persistent=False",
-        "x: USER_INPUT",
-    ])  # fmt: skip
-    model.graph.metadata_props.add(key=SIGNATURE_KEY, value=signature)
+    )
     assert trainable_parameters(model) == ["proj.weight", "val_135"]
     assert initializer_roles(model)["val_125"] == "constant"
 
@@ -489,43 +492,27 @@ def _rotary_at_a_fixed_length(unread_parameter: bool) -> onnx.ModelProto:
     ``unsqueeze_14`` is read by a ``Mul`` whose FX node read ``%unsqueeze_14`` (folded too), beside what a
     weight computes; ``val_27`` is ``q.weight`` transposed (its FX node read ``%p_q_weight``). With
     ``unread_parameter``, a parameter ``w`` no node reads: folded somewhere, maybe into ``unsqueeze_14``."""
-    from onnxtrain.graph.torch_metadata import FX_NODE_KEY, SIGNATURE_KEY
-
     f32 = np.float32
     initializers = [
         ("k.weight", np.ones((4, 4), f32)),
         ("val_27", np.ones((4, 4), f32)),
         ("unsqueeze_14", np.ones((1, 4), f32)),
     ]
-    key = helper.make_node("MatMul", ["x", "k.weight"], ["k"])
-    key.metadata_props.add(
-        key=FX_NODE_KEY,
-        value="%matmul : [num_users=1] = call_function[target=torch.ops.aten.matmul.default](args = "
-        "(%x, %p_k_weight), kwargs = {})",
-    )
-    project = helper.make_node("MatMul", ["x", "val_27"], ["q"])
-    project.metadata_props.add(
-        key=FX_NODE_KEY,
-        value="%linear : [num_users=1] = call_function[target=torch.ops.aten.linear.default](args = "
-        "(%x, %p_q_weight), kwargs = {})",
-    )
-    rotate = helper.make_node("Mul", ["q", "unsqueeze_14"], ["rotated"])
-    rotate.metadata_props.add(
-        key=FX_NODE_KEY,
-        value="%mul_3 : [num_users=1] = call_function[target=torch.ops.aten.mul.Tensor](args = "
-        "(%linear, %unsqueeze_14), kwargs = {})",
-    )
-    nodes = [key, project, rotate, helper.make_node("Add", ["rotated", "k"], ["y"])]
+    nodes = [
+        _from_fx(helper.make_node("MatMul", ["x", "k.weight"], ["k"]), "matmul", "matmul.default", "%x, %p_k_weight"),
+        _from_fx(helper.make_node("MatMul", ["x", "val_27"], ["q"]), "linear", "linear.default", "%x, %p_q_weight"),
+        _from_fx(
+            helper.make_node("Mul", ["q", "unsqueeze_14"], ["rotated"]), "mul_3", "mul.Tensor", "%linear, %unsqueeze_14"
+        ),
+        helper.make_node("Add", ["rotated", "k"], ["y"]),
+    ]
     model = make_model({"x": (FLOAT, ["n", 4])}, nodes, {"y": (FLOAT, ["n", 4])}, initializers)
-    lines = [
+    entries = [
         "p_q_weight: PARAMETER target='q.weight'",
         "p_k_weight: PARAMETER target='k.weight'",
         "b_inv_freq: BUFFER target='rotary.inv_freq' persistent=False",
     ]
-    if unread_parameter:
-        lines.append("p_w: PARAMETER target='w'")
-    model.graph.metadata_props.add(key=SIGNATURE_KEY, value="\n".join(["# inputs", *lines, "x: USER_INPUT"]))
-    return model
+    return _signed(model, *entries, *(["p_w: PARAMETER target='w'"] if unread_parameter else []))
 
 
 def test_a_rotary_table_folded_at_a_fixed_length_is_a_constant_when_every_parameter_is_found():
